@@ -1,0 +1,59 @@
+"""The engine-neutral distributed table that global operators are written against.
+
+Ray (``datahub.engines.ray``) and Spark (``datahub.engines.spark``) each implement it,
+so dedup and connected components are written once and give identical results on both.
+Every function passed in maps ``pyarrow.Table -> pyarrow.Table`` and must be picklable.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import pyarrow as pa
+
+BatchFn = Callable[[pa.Table], pa.Table]
+Aggregate = Literal["min", "max", "sum", "count"]
+
+
+class Frame(ABC):
+    """A lazily evaluated, partitioned table of rows on one engine."""
+
+    @abstractmethod
+    def map_batches(self, fn: BatchFn, *, name: str = "map") -> Frame:
+        """Apply ``fn`` to each batch; it may change rows and columns."""
+
+    @abstractmethod
+    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> Frame:
+        """Group by ``keys``; output columns: the keys plus ``{out: (column, aggregate)}``."""
+
+    @abstractmethod
+    def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> Frame:
+        """Hash join on ``on``."""
+
+    @abstractmethod
+    def union(self, other: Frame) -> Frame:
+        """Rows of both frames (same schema)."""
+
+    @abstractmethod
+    def materialize(self) -> Frame:
+        """Compute now and keep the result, so branches that share it do not recompute it."""
+
+    @abstractmethod
+    def count(self) -> int: ...
+
+    @abstractmethod
+    def iter_batches(self) -> Iterator[pa.Table]:
+        """Stream the rows to the driver, batch by batch."""
+
+    def to_arrow(self) -> pa.Table:
+        """All rows as one table on the driver: for small results only."""
+        batches = [b for b in self.iter_batches() if b.num_rows]
+        if not batches:
+            return self.empty()
+        return pa.concat_tables(batches, promote_options="permissive")
+
+    @abstractmethod
+    def empty(self) -> pa.Table:
+        """An empty table with this frame's schema."""
