@@ -38,8 +38,12 @@ EVENT_PREFIX = "_ev."  # one column per graph node: "modified" | "annotated" | n
 ENVELOPE_COLUMNS = (DROP_REASON, DROP_OP, DROP_REF)
 
 
+QUARANTINED = "_quarantined"  # true for records that could not be read (reader or ingest checks)
+
+
 def is_envelope_column(name: str) -> bool:
-    return name in ENVELOPE_COLUMNS or name.startswith(EVENT_PREFIX)
+    """Columns starting with ``_`` travel with rows through the graph but never reach ``samples``."""
+    return name.startswith("_")
 
 
 class Params(BaseModel):
@@ -124,6 +128,19 @@ class GlobalOperator(Operator):
 
     def apply(self, frame: Frame, context: RunContext) -> Frame:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+def add_quality_signals(table: pa.Table, signals: dict[str, pa.Array | pa.ChunkedArray]) -> pa.Table:
+    """Add (or replace) fields of the ``quality`` struct column; other fields are kept."""
+    fields: dict[str, pa.Array | pa.ChunkedArray] = {}
+    if "quality" in table.column_names:
+        quality = table.column("quality").combine_chunks()
+        for i, field in enumerate(quality.type):
+            fields[field.name] = quality.field(i)
+    for name, values in signals.items():
+        fields[name] = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    struct = pa.StructArray.from_arrays(list(fields.values()), names=list(fields))
+    return _set_column(table, "quality", struct)
 
 
 def _set_column(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) -> pa.Table:

@@ -1,0 +1,5 @@
+"""The Delta lake: tables, schemas, idempotent commits."""
+
+from datahub.lake.lake import Lake
+
+__all__ = ["Lake"]

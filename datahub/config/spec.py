@@ -1,0 +1,194 @@
+"""Job specs: YAML files validated with pydantic before any work starts.
+
+Errors name the file, the field and the fix, e.g.
+``jobs/demo.yaml: graph.dedup.params.threshold: Input should be less than or equal to 1 (got 1.5)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from datahub.errors import SpecError
+
+INGEST_NODE = "ingest"
+_NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSpec(_Model):
+    kind: Literal["ray", "spark"] = "ray"
+    address: str | None = Field(None, description="Ray cluster address; None starts an embedded local Ray")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for an embedded engine; None = all")
+    master: str | None = Field(None, description="Spark master URL; None = local[2]")
+    conf: dict[str, str] = Field(default_factory=dict, description="extra Spark conf / Ray init kwargs")
+
+
+class LakeSpec(_Model):
+    root: str = Field(..., description="directory or s3:// URI holding the Delta tables")
+    storage_options: dict[str, str] = Field(default_factory=dict, description="delta-rs storage options")
+
+
+class InputSpec(_Model):
+    uri: str = Field(..., description="a path, glob or URI (local, s3://, hdfs://)")
+    format: Literal["auto", "jsonl", "parquet", "text", "warc"] = "auto"
+    text_field: str = "text"
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+
+class LimitsSpec(_Model):
+    max_record_bytes: int = Field(1_000_000, ge=1, description="larger records go to quarantine")
+    min_text_chars: int = Field(1, ge=1, description="shorter documents go to quarantine as empty")
+    batch_rows: int = Field(2048, ge=1, description="rows per Arrow batch inside operators")
+
+
+class NodeSpec(_Model):
+    op: str | None = Field(None, description="registered operator name")
+    sink: Literal["samples", "stats"] | None = Field(None, description="where rows leave the graph")
+    table: str | None = Field(None, description="for sink=samples: the lake table (default samples)")
+    after: list[str] = Field(default_factory=lambda: [INGEST_NODE], min_length=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _op_or_sink(self) -> NodeSpec:
+        if (self.op is None) == (self.sink is None):
+            raise ValueError("a node needs exactly one of `op:` (an operator) or `sink:` (samples | stats)")
+        return self
+
+
+class OpenLineageSpec(_Model):
+    transport: Literal["file", "http"] = "file"
+    path: str | None = None
+    url: str | None = None
+    namespace: str = "datahub"
+
+
+class JobSpec(_Model):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    lake: LakeSpec
+    inputs: list[InputSpec] = Field(..., min_length=1)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    graph: dict[str, NodeSpec] = Field(..., min_length=1)
+    schedule: str | None = Field(None, description="cron expression for `datahub schedule render`")
+    openlineage: OpenLineageSpec | None = None
+
+    @field_validator("graph")
+    @classmethod
+    def _node_names(cls, graph: dict[str, NodeSpec]) -> dict[str, NodeSpec]:
+        for name in graph:
+            if name == INGEST_NODE:
+                raise ValueError(f"{INGEST_NODE!r} is the implicit source node; give your node another name")
+            if not _NODE_NAME.match(name):
+                raise ValueError(f"node name {name!r}: use letters, digits, '_' or '-'")
+        return graph
+
+    def job_hash(self) -> str:
+        """Hash of what the job computes (engine and lake location excluded)."""
+        payload = self.model_dump(mode="json", include={"name", "inputs", "limits", "graph"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def expand_env(value: Any, environ: dict[str, str] | None = None) -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in strings (the one place env vars enter specs)."""
+    env = os.environ if environ is None else environ
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in env:
+                return env[name]
+            if default is not None:
+                return default
+            raise SpecError(f"environment variable {name} is not set (referenced as ${{{name}}}); export it or give a default: ${{{name}:-value}}")
+
+        return _ENV_REF.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: expand_env(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_env(v, env) for v in value]
+    return value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (value parsed as YAML) to the raw spec dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise SpecError(f"--set {item!r}: expected key.path=value, e.g. --set graph.dedup.params.threshold=0.9")
+        path, _, text = item.partition("=")
+        keys = [k for k in path.strip().split(".") if k]
+        if not keys:
+            raise SpecError(f"--set {item!r}: empty key")
+        node: Any = raw
+        for key in keys[:-1]:
+            if isinstance(node, list) and key.isdigit():
+                node = node[int(key)]
+                continue
+            if not isinstance(node, dict):
+                raise SpecError(f"{source}: --set {path}: {key!r} is not inside a mapping")
+            node = node.setdefault(key, {})
+        value = yaml.safe_load(text) if text.strip() else ""
+        if isinstance(node, list) and keys[-1].isdigit():
+            node[int(keys[-1])] = value
+        elif isinstance(node, dict):
+            node[keys[-1]] = value
+        else:
+            raise SpecError(f"{source}: --set {path}: cannot set a key inside a {type(node).__name__}")
+    return raw
+
+
+def format_validation_error(source: str, error: ValidationError, *, prefix: str = "") -> str:
+    lines = []
+    for item in error.errors():
+        loc = ".".join(str(part) for part in (prefix.split(".") if prefix else []) + list(item["loc"]))
+        msg = item["msg"]
+        if item["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check the spelling"
+        elif item["type"] == "missing":
+            msg = "required field is missing; add it"
+        got = item.get("input")
+        got_text = "" if item["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{source}: {loc}: {msg}{got_text}")
+    return "\n".join(lines)
+
+
+def load_job_spec(path: str | os.PathLike[str], overrides: list[str] | None = None) -> JobSpec:
+    """Read, override, env-expand and validate a job spec, then check its graph and operators."""
+    source = os.fspath(path)
+    try:
+        text = Path(source).read_text()
+    except OSError as exc:
+        raise SpecError(f"{source}: cannot read job spec: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{source}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: a job spec is a YAML mapping with name, lake, inputs and graph")
+    raw = apply_overrides(raw, overrides or [], source=source)
+    return validate_job_spec(expand_env(raw), source=source)
+
+
+def validate_job_spec(raw: dict[str, Any], *, source: str = "<spec>") -> JobSpec:
+    try:
+        spec = JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(format_validation_error(source, exc)) from None
+    from datahub.pipeline.graph import build_graph
+
+    build_graph(spec, source=source)  # unknown operators, bad params, cycles, dangling edges
+    return spec

@@ -1,0 +1,5 @@
+"""Ray Data engine."""
+
+from datahub.engines.ray.engine import RayEngine, RayFrame
+
+__all__ = ["RayEngine", "RayFrame"]

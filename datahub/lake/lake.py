@@ -1,0 +1,208 @@
+"""The lake: one Delta table per name under one root (a local path or s3://...).
+
+Every write is one commit carrying an app transaction id (DESIGN.md): committing the same
+``txn`` to the same table again is a no-op, so a crashed run can be re-run safely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from datahub.errors import CommitConflictError, LakeError
+from datahub.lake.tables import SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
+
+WriteData = pa.Table | pa.RecordBatchReader | Iterable[pa.Table]
+
+
+class Lake:
+    """A lake root plus the storage options needed to reach it (no global state)."""
+
+    def __init__(self, root: str | os.PathLike[str], *, storage_options: Mapping[str, str] | None = None) -> None:
+        root = os.fspath(root)
+        if "://" not in root:
+            root = os.path.abspath(root)
+        self.root = root.rstrip("/")
+        self.storage_options: dict[str, str] = dict(storage_options or {})
+
+    def __repr__(self) -> str:
+        return f"Lake({self.root!r})"
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.root or self.root.startswith("file://")
+
+    def table_uri(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def exists(self, name: str) -> bool:
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(self.table_uri(name), storage_options=self.storage_options or None)
+
+    def table(self, name: str, version: int | None = None) -> Any:
+        """The ``deltalake.DeltaTable`` for ``name`` (at ``version`` if given)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        try:
+            return DeltaTable(self.table_uri(name), version=version, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            raise LakeError(
+                f"{self.table_uri(name)}: no Delta table {name!r} in lake {self.root}; "
+                "run a job that writes it first (datahub run JOB.yaml)"
+            ) from None
+
+    def tables(self) -> list[str]:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(self.root, **_fsspec_options(self.storage_options))
+        if not fs.exists(path):
+            return []
+        names = []
+        for entry in sorted(fs.ls(path, detail=False)):
+            name = entry.rstrip("/").rsplit("/", 1)[-1]
+            if not name.startswith("_") and self.exists(name):
+                names.append(name)
+        return names
+
+    def version(self, name: str) -> int | None:
+        return self.table(name).version() if self.exists(name) else None
+
+    def read(
+        self,
+        name: str,
+        *,
+        version: int | None = None,
+        columns: list[str] | None = None,
+        filters: Any = None,
+    ) -> pa.Table:
+        """Read a table (or an empty table when it does not exist yet and ``version`` is None)."""
+        if version is None and not self.exists(name):
+            return pa.table({})
+        dataset = self.table(name, version).to_pyarrow_dataset()
+        return dataset.to_table(columns=columns, filter=filters)
+
+    def applied(self, name: str, txn: str) -> bool:
+        """True when a commit with app transaction ``txn`` is already in table ``name``."""
+        return self.exists(name) and self.table(name).transaction_version(txn) is not None
+
+    def commit(
+        self,
+        name: str,
+        data: WriteData,
+        *,
+        txn: str,
+        schema: pa.Schema | None = None,
+        mode: Literal["append", "overwrite"] = "append",
+        metadata: Mapping[str, Any] | None = None,
+        partition_by: list[str] | None = None,
+        max_retries: int = 5,
+    ) -> int | None:
+        """Write ``data`` to table ``name`` as exactly one commit tagged with ``txn``.
+
+        Returns the new table version, or None when ``txn`` was committed before (no-op).
+        Concurrent appends by other writers are retried (Delta optimistic concurrency).
+        """
+        from deltalake import CommitProperties, Transaction, write_deltalake
+        from deltalake.exceptions import CommitFailedError
+
+        if self.applied(name, txn):
+            return None
+        reader = _as_reader(data, schema)
+        exists = self.exists(name)
+        custom = {"datahub.txn": txn, **{k: _meta_value(v) for k, v in (metadata or {}).items()}}
+        props = CommitProperties(
+            custom_metadata=custom,
+            app_transactions=[Transaction(app_id=txn, version=1, last_updated=int(time.time() * 1000))],
+            max_commit_retries=max_retries,
+        )
+        try:
+            write_deltalake(
+                self.table_uri(name),
+                reader,
+                mode=mode,
+                schema_mode="merge" if exists else None,
+                partition_by=None if exists else partition_by,
+                storage_options=self.storage_options or None,
+                commit_properties=props,
+            )
+        except CommitFailedError as exc:
+            if self.applied(name, txn):  # a concurrent writer of the same txn won the race
+                return None
+            raise CommitConflictError(f"{self.table_uri(name)}: commit {txn} failed: {exc}") from exc
+        table = self.table(name)
+        if table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) is None:
+            # delta-rs refuses custom keys at create time; set it right after (also repairs a
+            # table whose creator crashed between the two commits).
+            table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: SCHEMA_VERSION}, raise_if_not_exists=False)
+            table = self.table(name)
+        return int(table.version())
+
+    def history(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
+        return list(self.table(name).history(limit))
+
+    def schema_version(self, name: str) -> str | None:
+        return self.table(name).metadata().configuration.get(SCHEMA_VERSION_PROPERTY)
+
+
+def _meta_value(value: Any) -> Any:
+    return value if isinstance(value, (str, int, float, bool)) or value is None else json.dumps(value, default=str)
+
+
+def _as_reader(data: WriteData, schema: pa.Schema | None) -> pa.RecordBatchReader:
+    if isinstance(data, pa.RecordBatchReader):
+        return data
+    if isinstance(data, pa.Table):
+        table = data.cast(schema) if schema is not None and data.schema != schema else data
+        return pa.RecordBatchReader.from_batches(table.schema, table.to_batches())
+    iterator = iter(data)
+    first = None
+    for first in iterator:
+        if first.num_rows:
+            break
+    if first is None:
+        if schema is None:
+            raise LakeError("nothing to write and no schema given")
+        return pa.RecordBatchReader.from_batches(schema, [])
+    target = schema or first.schema
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for table in _chain(first, iterator):
+            if table.num_rows:
+                yield from table.cast(target).to_batches() if table.schema != target else table.to_batches()
+
+    return pa.RecordBatchReader.from_batches(target, batches())
+
+
+def _chain(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    yield first
+    yield from rest
+
+
+def _fsspec_options(storage_options: Mapping[str, str]) -> dict[str, Any]:
+    """Translate delta-rs style S3 options into s3fs keyword arguments."""
+    if not storage_options:
+        return {}
+    lower = {k.lower(): v for k, v in storage_options.items()}
+    out: dict[str, Any] = {}
+    if "aws_access_key_id" in lower:
+        out["key"] = lower["aws_access_key_id"]
+    if "aws_secret_access_key" in lower:
+        out["secret"] = lower["aws_secret_access_key"]
+    client: dict[str, Any] = {}
+    if "aws_endpoint_url" in lower:
+        client["endpoint_url"] = lower["aws_endpoint_url"]
+    if "aws_region" in lower:
+        client["region_name"] = lower["aws_region"]
+    if client:
+        out["client_kwargs"] = client
+    return out
+
+
+fsspec_options = _fsspec_options

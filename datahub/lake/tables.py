@@ -1,0 +1,69 @@
+"""Arrow schemas of the lake tables (the contracts in DESIGN.md). Versioned by SCHEMA_VERSION."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+SCHEMA_VERSION_PROPERTY = "datahub.schemaVersion"
+
+TABLE_NAMES = ("samples", "quarantine", "lineage", "runs", "qa_results", "minhash_index", "releases")
+
+# `quality` is a struct of signals that quality operators add; its fields evolve (schema merge).
+SAMPLES = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("text", pa.string()),
+        ("source_uri", pa.string()),
+        ("source_offset", pa.int64()),
+        ("source_format", pa.string()),
+        ("ingest_run_id", pa.string()),
+        ("meta", pa.string()),
+    ]
+)
+
+QUARANTINE = pa.schema(
+    [
+        ("source_uri", pa.string()),
+        ("source_offset", pa.int64()),
+        ("source_format", pa.string()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("raw", pa.binary()),  # the first bytes of the bad record, for inspection
+        ("raw_size", pa.int64()),
+        ("run_id", pa.string()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+LINEAGE = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("run_id", pa.string()),
+        ("op", pa.string()),
+        ("params_hash", pa.string()),
+        ("action", pa.string()),
+        ("reason", pa.string()),
+        ("ref", pa.string()),
+        ("ts", pa.timestamp("us", tz="UTC")),
+    ]
+)
+LINEAGE_ACTIONS = ("ingested", "modified", "annotated", "dropped", "quarantined", "released", "exported")
+
+RUN_INPUT = pa.struct([("uri", pa.string()), ("size", pa.int64()), ("etag", pa.string()), ("mtime", pa.string())])
+RUNS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("job_name", pa.string()),
+        ("job_hash", pa.string()),
+        ("engine", pa.string()),
+        ("status", pa.string()),  # succeeded | failed
+        ("started", pa.timestamp("us", tz="UTC")),
+        ("finished", pa.timestamp("us", tz="UTC")),
+        ("operators", pa.list_(pa.string())),
+        ("inputs", pa.list_(RUN_INPUT)),
+        ("counts", pa.string()),  # JSON: records_read, samples_written, dropped{reason: n}, quarantined
+        ("table_versions", pa.string()),  # JSON: {table: delta version written}
+        ("error", pa.string()),
+    ]
+)

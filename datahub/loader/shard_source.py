@@ -1,0 +1,172 @@
+"""Fetch shard bytes from the preferred storage tier, with checksum, failover and an optional local cache.
+
+A replica that is missing, unreadable, of the wrong size or with the wrong sha256 makes the
+source try the next tier; the first failover per tier is logged (later ones are counted in
+``failovers``), so a dead tier does not flood the trainer log. The cache keeps verified shards
+under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently used files past
+``cache_limit_bytes``; a cache hit is checked by size only, as its bytes were verified on entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from datahub.loader.errors import NoReadableReplicaError
+from datahub.loader.manifest import Manifest, ShardEntry
+
+log = logging.getLogger("datahub.loader")
+
+
+class ShardSource:
+    """Reads whole shards as ``bytes``; thread-safe for distinct shards (the prefetcher uses threads)."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        tier_preference: Sequence[str] | None = None,
+        storage: Mapping[str, Mapping[str, Any]] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
+        verify: bool = True,
+    ) -> None:
+        self.manifest = manifest
+        self.tier_preference = list(tier_preference) if tier_preference else None
+        self.storage = {tier: dict(options) for tier, options in (storage or {}).items()}
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self.cache_limit_bytes = cache_limit_bytes
+        self.verify = verify
+        self.reads: Counter[tuple[str, str]] = Counter()  # (tier or "cache", shard name) -> times read
+        self.failovers: Counter[str] = Counter()  # tier -> replicas that failed
+        self._filesystems: dict[str, Any] = {}
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+
+    def __getstate__(self) -> dict[str, Any]:  # filesystems do not travel to DataLoader workers
+        state = self.__dict__.copy()
+        state["_filesystems"] = {}
+        return state
+
+    def tiers_for(self, shard: ShardEntry) -> list[str]:
+        if self.tier_preference is None:
+            return list(shard.replicas)
+        return [tier for tier in self.tier_preference if tier in shard.replicas]
+
+    def read(self, shard_index: int) -> bytes:
+        shard = self.manifest.shards[shard_index]
+        cached = self._cache_get(shard)
+        if cached is not None:
+            return cached
+        problems: list[str] = []
+        for tier in self.tiers_for(shard):
+            uri = shard.replicas[tier]
+            try:
+                data = self._fetch(tier, uri)
+                self.reads[(tier, shard.name)] += 1
+                problem = self._check(shard, data)
+            except (OSError, ValueError) as error:  # FileNotFoundError, permission, network, bad URL
+                problem = f"{type(error).__name__}: {error}"
+            if problem is None:
+                self._cache_put(shard, data)
+                return data
+            problems.append(f"{tier} ({uri}): {problem}")
+            self.failovers[tier] += 1
+            if self.failovers[tier] == 1:
+                log.warning("shard %s: replica on tier %s unusable (%s); failing over to the next tier; "
+                            "further failures on %s are counted, not logged", shard.name, tier, problem, tier)
+        skipped = sorted(set(shard.replicas) - set(self.tiers_for(shard)))
+        hint = f"; tiers with a replica but not in tier_preference: {skipped}" if skipped else ""
+        tried = "; ".join(problems) or "no tier in tier_preference holds a replica"
+        raise NoReadableReplicaError(
+            f"release {self.manifest.release}: no readable replica of shard {shard.name}: {tried}{hint}. "
+            "Check the tier's storage options and re-run `datahub export` or `datahub tier` to repair the replica."
+        )
+
+    def _fetch(self, tier: str, uri: str) -> bytes:
+        if "://" not in uri or uri.startswith("file://"):
+            path = uri[len("file://") :] if uri.startswith("file://") else uri
+            with open(path, "rb") as handle:  # plain POSIX (cfs mount): no fsspec layer on the hot path
+                return handle.read()
+        fs = self._filesystems.get(tier)
+        if fs is None:
+            import fsspec.core
+
+            fs, _ = fsspec.core.url_to_fs(uri, **self.storage.get(tier, {}))
+            self._filesystems[tier] = fs
+        with fs.open(uri, "rb") as handle:
+            return handle.read()
+
+    def _check(self, shard: ShardEntry, data: bytes) -> str | None:
+        if len(data) != shard.size:
+            return f"size {len(data)} bytes, manifest says {shard.size}"
+        if self.verify and shard.sha256:
+            digest = hashlib.sha256(data).hexdigest()  # releases the GIL: prefetch threads hash in parallel
+            if digest != shard.sha256:
+                return f"sha256 {digest[:12]}... does not match manifest {shard.sha256[:12]}..."
+        return None
+
+    # --- local cache -------------------------------------------------------------------------------------
+
+    def _cache_path(self, shard: ShardEntry) -> Path | None:
+        if self.cache_dir is None:
+            return None
+        return self.cache_dir / f"{(shard.sha256 or 'nosha')[:16]}-{shard.name}"
+
+    def _cache_get(self, shard: ShardEntry) -> bytes | None:
+        path = self._cache_path(shard)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        if len(data) != shard.size:
+            path.unlink(missing_ok=True)
+            return None
+        os.utime(path)  # LRU clock
+        self.reads[("cache", shard.name)] += 1
+        return data
+
+    def _cache_put(self, shard: ShardEntry, data: bytes) -> None:
+        path = self._cache_path(shard)
+        if path is None or (self.cache_limit_bytes is not None and len(data) > self.cache_limit_bytes):
+            return
+        assert self.cache_dir is not None
+        handle, temp = tempfile.mkstemp(dir=self.cache_dir, prefix=".partial-")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(temp, path)  # atomic: concurrent workers never see a half-written shard
+        except OSError as error:
+            Path(temp).unlink(missing_ok=True)
+            log.warning("cache dir %s: cannot store shard %s (%s); reading without cache", self.cache_dir, shard.name, error)
+            return
+        self._evict()
+
+    def _evict(self) -> None:
+        if self.cache_limit_bytes is None or self.cache_dir is None:
+            return
+        entries = []
+        for entry in os.scandir(self.cache_dir):
+            if entry.is_file() and not entry.name.startswith(".partial-"):
+                stat = entry.stat()
+                entries.append((stat.st_mtime, stat.st_size, entry.path))
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in sorted(entries):
+            if total <= self.cache_limit_bytes:
+                break
+            Path(path).unlink(missing_ok=True)
+            total -= size
+
+    def cache_bytes(self) -> int:
+        if self.cache_dir is None:
+            return 0
+        return sum(e.stat().st_size for e in os.scandir(self.cache_dir) if e.is_file())

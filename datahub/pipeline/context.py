@@ -1,0 +1,38 @@
+"""What a running job knows about itself; passed explicitly to global operators."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from datahub.config.spec import JobSpec
+    from datahub.engines.base import Engine
+    from datahub.engines.frame import Frame
+    from datahub.lake.lake import Lake
+
+ProgressFn = Callable[[str, int, int | None], None]  # (stage, done, total or None)
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    spec: JobSpec
+    lake: Lake
+    engine: Engine
+    full: bool = False
+    progress: ProgressFn | None = None
+    # Extra tables a global operator wants committed with this run (e.g. minhash_index),
+    # committed with the run's transaction id after the samples.
+    side_outputs: dict[str, list[Frame | pa.Table]] = field(default_factory=dict)
+    counters: dict[str, Any] = field(default_factory=dict)
+
+    def add_side_output(self, table: str, data: Frame | pa.Table) -> None:
+        self.side_outputs.setdefault(table, []).append(data)
+
+    def report(self, stage: str, done: int, total: int | None = None) -> None:
+        if self.progress is not None:
+            self.progress(stage, done, total)

@@ -1,0 +1,104 @@
+"""The ingest stage: read one file and turn its records into graph rows.
+
+Every record read becomes exactly one row: a live sample (with ``sample_id`` and origin
+columns) or a quarantined row (``_quarantined`` true, reason in ``_drop_reason``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.operator import DROP_OP, DROP_REASON, DROP_REF, QUARANTINED
+from datahub.sample_id import sample_ids
+from operators.ingest.base import InputFile, reader_for
+
+INGEST_OP = "ingest@1"
+
+ROW = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("text", pa.string()),
+        ("source_uri", pa.string()),
+        ("source_offset", pa.int64()),
+        ("source_format", pa.string()),
+        ("ingest_run_id", pa.string()),
+        ("meta", pa.string()),
+        (DROP_REASON, pa.string()),
+        (DROP_OP, pa.string()),
+        (DROP_REF, pa.string()),
+        (QUARANTINED, pa.bool_()),
+        ("_raw", pa.binary()),
+        ("_raw_size", pa.int64()),
+    ]
+)
+
+
+class IngestFiles:
+    """Picklable read function handed to the engine: one input file -> graph rows."""
+
+    def __init__(self, *, run_id: str, max_record_bytes: int, min_text_chars: int, batch_rows: int) -> None:
+        self.run_id = run_id
+        self.max_record_bytes = max_record_bytes
+        self.min_text_chars = min_text_chars
+        self.batch_rows = batch_rows
+
+    def __call__(self, file: InputFile) -> Iterator[pa.Table]:
+        import operators.ingest  # noqa: F401  (registers the readers in this worker)
+
+        reader = reader_for(file.format)(max_record_bytes=self.max_record_bytes, batch_rows=self.batch_rows)
+        for batch in reader.read(file):
+            table = self._rows(batch.samples, batch.quarantine)
+            if table.num_rows:
+                yield table
+
+    def _rows(self, samples: pa.Table, bad: pa.Table) -> pa.Table:
+        n = samples.num_rows
+        texts = samples.column("text")
+        # Too short after stripping whitespace: an empty document, quarantined with its origin.
+        length = pc.utf8_length(pc.utf8_trim_whitespace(texts))
+        empty = pc.fill_null(pc.less(length, self.min_text_chars), True)
+        good = pa.table(
+            {
+                "sample_id": sample_ids(texts),
+                "text": texts,
+                "source_uri": samples.column("source_uri"),
+                "source_offset": samples.column("source_offset"),
+                "source_format": samples.column("source_format"),
+                "ingest_run_id": pa.array([self.run_id] * n, pa.string()),
+                "meta": samples.column("meta"),
+                DROP_REASON: pc.if_else(empty, pa.scalar("empty_document"), pa.scalar(None, pa.string())),
+                DROP_OP: pc.if_else(empty, pa.scalar(INGEST_OP), pa.scalar(None, pa.string())),
+                DROP_REF: pa.nulls(n, pa.string()),
+                QUARANTINED: empty,
+                "_raw": pa.nulls(n, pa.binary()),
+                "_raw_size": pc.if_else(empty, pc.binary_length(pc.cast(texts, pa.binary())), pa.scalar(None, pa.int64())),
+            },
+            schema=ROW,
+        )
+        m = bad.num_rows
+        if not m:
+            return good
+        detail = [json.dumps({"detail": d}) for d in bad.column("detail").to_pylist()]
+        quarantined = pa.table(
+            {
+                "sample_id": pa.nulls(m, pa.string()),
+                "text": pa.nulls(m, pa.string()),
+                "source_uri": bad.column("source_uri"),
+                "source_offset": bad.column("source_offset"),
+                "source_format": bad.column("source_format"),
+                "ingest_run_id": pa.array([self.run_id] * m, pa.string()),
+                "meta": pa.nulls(m, pa.string()),
+                DROP_REASON: bad.column("reason"),
+                DROP_OP: pa.array([INGEST_OP] * m, pa.string()),
+                DROP_REF: pa.array(detail, pa.string()),
+                QUARANTINED: pa.array([True] * m),
+                "_raw": bad.column("raw"),
+                "_raw_size": bad.column("raw_size"),
+            },
+            schema=ROW,
+        )
+        return pa.concat_tables([good, quarantined])

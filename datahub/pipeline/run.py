@@ -1,0 +1,228 @@
+"""Run a job: list inputs, build the graph on an engine, stream it to sinks, commit.
+
+Crash safety: the run id is a pure function of the job, its new input files and the last
+successful run, so a re-run after a crash gets the same id; each table's commit carries
+that id as its Delta app transaction, so tables already committed are skipped and the
+``runs`` row, committed last, marks the run done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.config.spec import INGEST_NODE, JobSpec
+from datahub.engines.base import Engine, make_engine
+from datahub.engines.frame import Frame
+from datahub.lake.lake import Lake
+from datahub.lake.tables import LINEAGE, QUARANTINE, RUNS
+from datahub.operator import BatchOperator, GlobalOperator, apply_batch_operator
+from datahub.pipeline.context import ProgressFn, RunContext
+from datahub.pipeline.graph import Graph, build_graph
+from datahub.pipeline.ingest import IngestFiles
+from datahub.pipeline.inputs import list_input_files
+from datahub.pipeline.sinks import SamplesSink, StatsSink
+from operators.ingest.base import InputFile
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    job_name: str
+    status: str  # succeeded | failed | skipped (nothing new) | already_committed
+    lake: str
+    inputs: list[str] = field(default_factory=list)
+    counts: dict[str, Any] = field(default_factory=dict)
+    table_versions: dict[str, int | None] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    duration_s: float = 0.0
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def previous_runs(lake: Lake, job_name: str) -> pa.Table:
+    """Successful runs of ``job_name``, oldest first."""
+    runs = lake.read("runs")
+    if not runs.num_rows:
+        return RUNS.empty_table()
+    mask = pc.and_(pc.equal(runs.column("job_name"), job_name), pc.equal(runs.column("status"), "succeeded"))
+    return runs.filter(mask).sort_by([("finished", "ascending")])
+
+
+def ingested_identities(runs: pa.Table) -> set[tuple[str, int, str]]:
+    seen: set[tuple[str, int, str]] = set()
+    for inputs in runs.column("inputs").to_pylist() if runs.num_rows else []:
+        for item in inputs or []:
+            seen.add((item["uri"], item["size"], item["etag"] or item["mtime"]))
+    return seen
+
+
+def file_identity(file: InputFile) -> tuple[str, int, str]:
+    return (file.uri, file.size, file.etag or file.mtime)
+
+
+def compute_run_id(spec: JobSpec, files: list[InputFile], last_run_id: str | None, full: bool) -> str:
+    payload = json.dumps(
+        {"job": spec.job_hash(), "files": [file_identity(f) for f in files], "after": last_run_id, "full": full},
+        sort_keys=True,
+    )
+    return f"{spec.name}-{hashlib.sha256(payload.encode()).hexdigest()[:12]}"
+
+
+def run_job(
+    spec: JobSpec,
+    *,
+    full: bool = False,
+    engine: Engine | None = None,
+    progress: ProgressFn | None = None,
+    source: str = "<spec>",
+) -> RunResult:
+    """Run ``spec`` once, incrementally (only new input files) unless ``full``."""
+    started = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
+    graph = build_graph(spec, source=source)
+    all_files = list_input_files(spec.inputs, source=source)
+    history = previous_runs(lake, spec.name)
+    if full:
+        files = all_files
+    else:
+        done = ingested_identities(history)
+        files = [f for f in all_files if file_identity(f) not in done]
+    last_run_id = history.column("run_id")[-1].as_py() if history.num_rows else None
+    run_id = compute_run_id(spec, files, last_run_id, full)
+    result = RunResult(run_id, spec.name, "succeeded", lake.root, inputs=[f.uri for f in files])
+    if not files:
+        result.status = "skipped"
+        return result
+    if lake.applied("runs", run_id):
+        result.status = "already_committed"
+        return result
+
+    own_engine = engine is None
+    engine = engine or make_engine(spec.engine)
+    staging = tempfile.mkdtemp(prefix=f"datahub-{run_id}-")
+    try:
+        if own_engine:
+            engine.start()
+        context = RunContext(run_id=run_id, spec=spec, lake=lake, engine=engine, full=full, progress=progress)
+        sinks = execute_graph(graph, files, context, staging)
+        samples_sinks = [s for s in sinks.values() if isinstance(s, tuple)]
+        versions: dict[str, int | None] = {}
+        for table_name, sink in samples_sinks:
+            versions[table_name] = _commit_staged(lake, table_name, sink.samples, run_id, spec, None)
+            result.counts = sink.counts.as_dict()
+            versions["quarantine"] = _commit_staged(lake, "quarantine", sink.quarantine, run_id, spec, QUARANTINE)
+            versions["lineage"] = _commit_staged(lake, "lineage", sink.lineage, run_id, spec, LINEAGE)
+        for table_name, parts in context.side_outputs.items():
+            tables = [p if isinstance(p, pa.Table) else p.to_arrow() for p in parts]
+            tables = [t for t in tables if t.num_rows]
+            if tables:
+                versions[table_name] = lake.commit(table_name, pa.concat_tables(tables, promote_options="permissive"), txn=run_id,
+                                                   metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
+        result.stats = {name: s.as_dict() for name, s in sinks.items() if isinstance(s, StatsSink)}
+        result.counts["context"] = context.counters
+        result.table_versions = versions
+        result.duration_s = round(time.perf_counter() - t0, 3)
+        _commit_run_row(lake, spec, graph, result, files, engine.name, started, txn=run_id)
+        return result
+    except Exception as exc:
+        result.status = "failed"
+        result.error = f"{type(exc).__name__}: {exc}"
+        result.duration_s = round(time.perf_counter() - t0, 3)
+        try:  # record the failure; its own txn, so the successful re-run can still commit
+            _commit_run_row(lake, spec, graph, result, files, engine.name, started,
+                            txn=f"{run_id}/failed/{int(time.time() * 1000)}", detail=traceback.format_exc(limit=5))
+        except Exception:  # noqa: BLE001 - the original error matters more
+            pass
+        raise
+    finally:
+        if own_engine:
+            engine.stop()
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, staging: str) -> dict[str, Any]:
+    """Build the frames node by node and drain every sink; returns the sinks by node name."""
+    spec = context.spec
+    reader = IngestFiles(
+        run_id=context.run_id,
+        max_record_bytes=spec.limits.max_record_bytes,
+        min_text_chars=spec.limits.min_text_chars,
+        batch_rows=spec.limits.batch_rows,
+    )
+    frames: dict[str, Frame] = {INGEST_NODE: context.engine.read_files(files, reader)}
+    fan_out: dict[str, int] = {INGEST_NODE: sum(INGEST_NODE in n.upstream for n in graph.nodes.values())}
+    fan_out.update({name: len(node.downstream) for name, node in graph.nodes.items()})
+    node_ops = {n.name: (n.operator.op_id, n.operator.params_hash) for n in graph.operators() if n.operator is not None}
+    sinks: dict[str, Any] = {}
+    if fan_out[INGEST_NODE] > 1:
+        frames[INGEST_NODE] = frames[INGEST_NODE].materialize()
+    first_samples = True
+    for name in graph.order:
+        node = graph.nodes[name]
+        frame = frames[node.upstream[0]]
+        for other in node.upstream[1:]:
+            frame = frame.union(frames[other])
+        if isinstance(node.operator, BatchOperator):
+            frame = frame.map_batches(partial(apply_batch_operator, node.operator, node=name), name=name)
+        elif isinstance(node.operator, GlobalOperator):
+            frame = node.operator.apply(frame, context)
+        elif node.sink == "samples":
+            sink = SamplesSink(f"{staging}/{name}", context.run_id, node_ops, write_ingested=first_samples)
+            first_samples = False
+            sink.consume(frame.iter_batches(), progress=lambda done: context.report("rows", done))
+            sinks[name] = (node.table or "samples", sink)
+            continue
+        elif node.sink == "stats":
+            stats = StatsSink()
+            stats.consume(frame.iter_batches())
+            sinks[name] = stats
+            continue
+        if fan_out.get(name, 0) > 1:
+            frame = frame.materialize()
+        frames[name] = frame
+    return sinks
+
+
+def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSpec, schema: pa.Schema | None) -> int | None:
+    data = staged.table()
+    if data is None:
+        if schema is None or lake.exists(table):
+            return None
+        data = schema.empty_table()  # create the table so readers find it
+    if table == "lineage":
+        data = data.sort_by([("sample_id", "ascending")])  # file min/max stats narrow id lookups
+    return lake.commit(table, data, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
+
+
+def _commit_run_row(lake: Lake, spec: JobSpec, graph: Graph, result: RunResult, files: list[InputFile],
+                    engine: str, started: datetime, *, txn: str, detail: str | None = None) -> None:
+    row = {
+        "run_id": result.run_id,
+        "job_name": spec.name,
+        "job_hash": spec.job_hash(),
+        "engine": engine,
+        "status": result.status,
+        "started": started,
+        "finished": datetime.now(timezone.utc),
+        "operators": graph.operator_ids(),
+        "inputs": [{"uri": f.uri, "size": f.size, "etag": f.etag, "mtime": f.mtime} for f in files],
+        "counts": json.dumps({**result.counts, "stats": result.stats, "duration_s": result.duration_s}, default=str),
+        "table_versions": json.dumps(result.table_versions),
+        "error": None if result.error is None else (result.error + ("\n" + detail if detail else "")),
+    }
+    lake.commit("runs", pa.Table.from_pylist([row], RUNS), txn=txn, metadata={"datahub.run_id": result.run_id})

@@ -1,0 +1,3 @@
+"""Cleaning operators: normalization that changes ``text``."""
+
+from operators.clean import whitespace  # noqa: F401  (registration)

@@ -1,0 +1,155 @@
+"""Readers turn one input file into Arrow batches of raw samples plus quarantined records.
+
+A reader never raises on bad data: a record that cannot be read becomes a quarantine row
+with its reason and origin (file + offset), so nothing is lost silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from datahub.errors import OperatorError
+
+RAW_SAMPLE = pa.schema(
+    [
+        ("text", pa.string()),
+        ("source_uri", pa.string()),
+        ("source_offset", pa.int64()),
+        ("source_format", pa.string()),
+        ("meta", pa.string()),
+    ]
+)
+RAW_QUARANTINE = pa.schema(
+    [
+        ("source_uri", pa.string()),
+        ("source_offset", pa.int64()),
+        ("source_format", pa.string()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+        ("raw", pa.binary()),
+        ("raw_size", pa.int64()),
+    ]
+)
+RAW_PREVIEW_BYTES = 4096  # enough of a bad record to see what is wrong with it
+
+
+@dataclass(frozen=True)
+class InputFile:
+    uri: str
+    size: int
+    etag: str
+    mtime: str
+    format: str
+    text_field: str = "text"
+    storage_options: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class ReadBatch:
+    samples: pa.Table
+    quarantine: pa.Table
+
+
+@dataclass
+class _Buffer:
+    uri: str
+    fmt: str
+    max_rows: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    bad: list[dict[str, Any]] = field(default_factory=list)
+
+    def sample(self, text: str, offset: int, meta: dict[str, Any] | None) -> None:
+        self.rows.append(
+            {"text": text, "source_uri": self.uri, "source_offset": offset, "source_format": self.fmt,
+             "meta": json.dumps(meta, ensure_ascii=False, sort_keys=True, default=str) if meta else None}
+        )
+
+    def quarantine(self, offset: int, reason: str, detail: str, raw: bytes | None) -> None:
+        self.bad.append(
+            {"source_uri": self.uri, "source_offset": offset, "source_format": self.fmt, "reason": reason,
+             "detail": detail[:1000], "raw": None if raw is None else bytes(raw[:RAW_PREVIEW_BYTES]),
+             "raw_size": None if raw is None else len(raw)}
+        )
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows) + len(self.bad) >= self.max_rows
+
+    def flush(self) -> ReadBatch:
+        batch = ReadBatch(pa.Table.from_pylist(self.rows, RAW_SAMPLE), pa.Table.from_pylist(self.bad, RAW_QUARANTINE))
+        self.rows, self.bad = [], []
+        return batch
+
+
+class Reader:
+    """Base of the readers; subclasses implement :meth:`records`, filling the buffer."""
+
+    format: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *, max_record_bytes: int, batch_rows: int = 2048) -> None:
+        self.max_record_bytes = max_record_bytes
+        self.batch_rows = batch_rows
+
+    def read(self, file: InputFile) -> Iterator[ReadBatch]:
+        buffer = _Buffer(file.uri, self.format, self.batch_rows)
+        try:
+            for _ in self.records(file, buffer):
+                if buffer.full:
+                    yield buffer.flush()
+        except Exception as exc:  # an unreadable file is one quarantined record, never a crash
+            buffer.quarantine(-1, "unreadable_file", f"{type(exc).__name__}: {exc}", None)
+        yield buffer.flush()
+
+    def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:  # pragma: no cover
+        """Read ``file``, calling buffer.sample / buffer.quarantine; yield after each record."""
+        raise NotImplementedError
+
+    def open(self, file: InputFile) -> Any:
+        import fsspec
+
+        return fsspec.open(file.uri, "rb", **dict(file.storage_options)).open()
+
+    def decode(self, raw: bytes, offset: int, buffer: _Buffer) -> str | None:
+        """UTF-8 decode with size check; bad records go to quarantine and give None."""
+        if len(raw) > self.max_record_bytes:
+            buffer.quarantine(offset, "oversize", f"{len(raw)} bytes > max_record_bytes={self.max_record_bytes}", raw)
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            buffer.quarantine(offset, "invalid_utf8", str(exc), raw)
+            return None
+
+
+_READERS: dict[str, type[Reader]] = {}
+
+
+def register_reader(cls: type[Reader]) -> type[Reader]:
+    if cls.format in _READERS and _READERS[cls.format] is not cls:
+        raise OperatorError(f"reader format {cls.format!r} registered twice ({_READERS[cls.format].__qualname__}, {cls.__qualname__})")
+    _READERS[cls.format] = cls
+    return cls
+
+
+def reader_for(fmt: str) -> type[Reader]:
+    try:
+        return _READERS[fmt]
+    except KeyError:
+        raise OperatorError(f"no reader for format {fmt!r}; known: {', '.join(sorted(_READERS))}") from None
+
+
+def detect_format(uri: str) -> str:
+    name = uri.lower()
+    for fmt, cls in sorted(_READERS.items()):
+        if any(name.endswith(s) for s in cls.suffixes):
+            return fmt
+    raise OperatorError(
+        f"{uri}: cannot tell the input format from the file name; set `format:` on the input "
+        f"(one of {', '.join(sorted(_READERS))})"
+    )

@@ -1,0 +1,66 @@
+"""JSON Lines (plain, .gz, .zst): one JSON object per line; ``source_offset`` = 1-based line number."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
+from operators.ingest.compression import decompress
+
+
+@register_reader
+class JsonlReader(Reader):
+    format = "jsonl"
+    suffixes = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson", ".jsonl.zstd")
+
+    def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:
+        line_no = 0
+        with self.open(file) as raw_stream:
+            stream = decompress(raw_stream, file.uri)
+            while True:
+                try:
+                    # readline bounded: a line without newline can not eat all memory
+                    line = stream.readline(self.max_record_bytes + 2)
+                except (EOFError, OSError) as exc:  # truncated gzip / zstd, corrupt stream
+                    buffer.quarantine(line_no + 1, "truncated_file", f"{type(exc).__name__}: {exc} after line {line_no}", None)
+                    yield None
+                    return
+                if not line:
+                    return
+                line_no += 1
+                if len(line) > self.max_record_bytes + 1 and not line.endswith(b"\n"):
+                    size = len(line)
+                    while True:  # skip the rest of the oversize line
+                        more = stream.readline(1 << 20)
+                        size += len(more)
+                        if not more or more.endswith(b"\n"):
+                            break
+                    buffer.quarantine(line_no, "oversize", f"line of >= {size} bytes > max_record_bytes={self.max_record_bytes}", line)
+                    yield None
+                    continue
+                line = line.rstrip(b"\r\n")
+                if not line.strip():
+                    continue  # blank lines are not records
+                text = self.decode(line, line_no, buffer)
+                if text is None:
+                    yield None
+                    continue
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    buffer.quarantine(line_no, "invalid_json", str(exc), line)
+                    yield None
+                    continue
+                if not isinstance(record, dict):
+                    buffer.quarantine(line_no, "not_an_object", f"JSON {type(record).__name__}, expected an object", line)
+                    yield None
+                    continue
+                body = record.pop(file.text_field, None)
+                if not isinstance(body, str):
+                    reason = "missing_text_field" if body is None else "text_not_a_string"
+                    buffer.quarantine(line_no, reason, f"field {file.text_field!r} is {type(body).__name__}", line)
+                    yield None
+                    continue
+                buffer.sample(body, line_no, record)
+                yield None

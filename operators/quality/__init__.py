@@ -1,0 +1,1 @@
+"""Quality operators: signals in the ``quality`` struct, optional drops with reasons."""
