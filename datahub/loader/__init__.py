@@ -1,0 +1,28 @@
+"""The trainer-side reader of exported releases.
+
+``ReleaseDataset`` (a ``torch.utils.data.IterableDataset`` when torch is installed) and
+``ray_dataset`` (a Ray Dataset for Ray Train). Both are resolved on first access so that
+``import datahub.loader`` imports neither torch nor ray.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from datahub.loader.dataset import ReleaseDataset
+    from datahub.loader.ray_data import ray_dataset
+
+__all__ = ["ReleaseDataset", "ray_dataset"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ReleaseDataset":
+        from datahub.loader.dataset import ReleaseDataset
+
+        return ReleaseDataset
+    if name == "ray_dataset":
+        from datahub.loader.ray_data import ray_dataset
+
+        return ray_dataset
+    raise AttributeError(f"module 'datahub.loader' has no attribute {name!r}")

@@ -1,0 +1,249 @@
+"""ReleaseDataset: a torch IterableDataset over a release's shards, exactly-once, deterministic and resumable.
+
+The order and the rank/worker split live in ``plan``; shard bytes come from ``ShardSource``
+(tiers, cache, checksums) through a ``Prefetcher``; ``tar_index`` gives random access inside a
+shard. Torch is optional: without it the class is a plain iterable with the same API.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from datahub.loader.decode import DecodeMode, make_decoder
+from datahub.loader.manifest import Manifest, load_manifest
+from datahub.loader.plan import EpochOrder, RankStream, Uneven, rank_stream, resolve_topology, stream_positions
+from datahub.loader.prefetch import Prefetcher
+from datahub.loader.shard_source import ShardSource
+from datahub.loader.tar_index import ShardIndex, index_tar
+
+try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)
+    from torch.utils.data import IterableDataset as _Base
+    from torch.utils.data import get_worker_info as _get_worker_info
+except ImportError:  # pragma: no cover - exercised in the no-torch test via a subprocess
+    _Base = object  # type: ignore[assignment,misc]
+
+    def _get_worker_info() -> Any:
+        return None
+
+
+STATE_FORMAT = "datahub.loader/1"
+_CHUNK_ITEMS = 1 << 16  # plan this many rank items at a time: bounded memory on billion-sample releases
+
+
+class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
+    """Iterate one rank's share of a release: each sample exactly once per epoch over all ranks and workers.
+
+    Every rank gets the same number of items; ``uneven="pad"`` (default) repeats a sample on
+    short ranks and marks it ``is_padding=True`` (mask its loss), ``uneven="drop"`` leaves the
+    last ``num_samples % world_size`` positions of the epoch's order unread. Call ``set_epoch``
+    at each epoch start, as with DistributedSampler. ``state_dict``/``load_state_dict`` resume
+    mid-epoch in O(1); see ``datahub.loader.plan`` for the elastic (new world size) rule.
+    """
+
+    def __init__(
+        self,
+        release_or_manifest: str | Mapping[str, Any] | Manifest,
+        *,
+        lake: str | None = None,
+        storage: Mapping[str, Mapping[str, Any]] | None = None,
+        tier_preference: Sequence[str] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int = 8192,
+        decode: DecodeMode | Callable[[dict[str, Any]], Any] = "text",
+        batch_size: int | None = None,
+        uneven: Uneven = "pad",
+        prefetch_shards: int = 2,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit_bytes: int | None = None,
+        verify: bool = True,
+    ) -> None:
+        if uneven not in ("pad", "drop"):
+            raise ValueError(f"uneven must be 'pad' or 'drop'; got {uneven!r}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None; got {batch_size}")
+        manifest_options = None
+        if isinstance(release_or_manifest, str) and "://" in release_or_manifest and storage:
+            manifest_options = next(iter(storage.values()))  # a manifest URI on an object store
+        self.manifest = load_manifest(release_or_manifest, lake=lake, storage_options=manifest_options)
+        self.rank, self.world_size = resolve_topology(rank, world_size)
+        self.seed, self.epoch = int(seed), int(epoch)
+        self.shuffle, self.shuffle_buffer = shuffle, int(shuffle_buffer or 0)
+        self.batch_size, self.uneven = batch_size, uneven
+        self.prefetch_shards = prefetch_shards
+        self._decode = make_decoder(decode)
+        self.source = ShardSource(self.manifest, tier_preference=tier_preference, storage=storage,
+                                  cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify)
+        self._segments: list[tuple[int, int]] = []  # past (world_size, samples consumed per rank)
+        self._start = 0  # samples of this rank's stream already consumed before this iteration
+        self._worker_resume: dict[str, int] | None = None
+        self._consumed = 0  # samples yielded by the live iterator in this process
+        self._worker: tuple[int, int] | None = None  # (worker_id, num_workers) when inside a DataLoader worker
+        self._worker_items = 0
+
+    # --- plan -------------------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning (clears a loaded resume point)."""
+        self.epoch = int(epoch)
+        self._segments, self._start, self._worker_resume, self._consumed = [], 0, None, 0
+
+    def _order(self) -> EpochOrder:
+        return EpochOrder([shard.samples for shard in self.manifest.shards], digest=self.manifest.release_digest,
+                          seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer)
+
+    def _stream(self) -> RankStream:
+        return rank_stream(self.manifest.num_samples, segments=self._segments, world_size=self.world_size,
+                           rank=self.rank, uneven=self.uneven)
+
+    def __len__(self) -> int:
+        """Items (samples, or batches when batch_size is set) this rank yields from the current start point."""
+        remaining = max(0, len(self._stream()) - self._start)
+        size = self.batch_size or 1
+        return -(-remaining // size)
+
+    # --- resume -----------------------------------------------------------------------------------------
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Position of this rank in the epoch, the same dict on every rank in synchronous training.
+
+        ``consumed``: items (samples, or batches when batch_size is set) the trainer received from the
+        current iteration; needed with a plain DataLoader with workers, whose dataset copies run in other
+        processes. Without it, the count this process yielded is used (num_workers=0, or inside a
+        StatefulDataLoader worker, which then also records the worker's own position).
+        """
+        if consumed is None:
+            samples = self._consumed
+        else:
+            samples = min(consumed * (self.batch_size or 1), max(0, len(self._stream()) - self._start))
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT, "release": self.manifest.release, "release_digest": self.manifest.release_digest,
+            "seed": self.seed, "epoch": self.epoch, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
+            "uneven": self.uneven, "batch_size": self.batch_size, "world_size": self.world_size,
+            "segments": [list(segment) for segment in self._segments], "consumed": self._start + samples,
+        }
+        if self._worker is not None and consumed is None:
+            worker_id, num_workers = self._worker
+            state["consumed"] = self._start
+            state["worker"] = {"worker_id": worker_id, "num_workers": num_workers, "items": self._worker_items}
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at ``state``; with another world size the rest of the epoch is re-cut over the new ranks."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a ReleaseDataset state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+        mine = {"release_digest": self.manifest.release_digest, "seed": self.seed, "shuffle": self.shuffle,
+                "shuffle_buffer": self.shuffle_buffer, "uneven": self.uneven, "batch_size": self.batch_size}
+        clashes = [f"{key}: checkpoint {state[key]!r}, dataset {value!r}" for key, value in mine.items() if state[key] != value]
+        if clashes:
+            raise ValueError("cannot resume: the checkpoint was taken with a different order (" + "; ".join(clashes)
+                             + "); construct the ReleaseDataset with the checkpoint's settings")
+        self.epoch = int(state["epoch"])
+        self._segments = [(int(w), int(n)) for w, n in state["segments"]]
+        self._consumed = 0
+        self._worker_resume = dict(state["worker"]) if "worker" in state else None
+        if int(state["world_size"]) == self.world_size:
+            self._start = int(state["consumed"])
+        else:
+            if self._worker_resume is not None:
+                raise ValueError("cannot resume a StatefulDataLoader worker state with a different world size; "
+                                 "save ReleaseDataset.state_dict(consumed=...) per rank for elastic resumes")
+            self._segments.append((int(state["world_size"]), int(state["consumed"])))
+            self._start = 0
+
+    # --- iteration --------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Any]:
+        info = _get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._worker = (worker_id, num_workers) if info is not None else None
+        first = 0
+        if self._worker_resume is not None:
+            resume = self._worker_resume
+            if (resume["worker_id"], resume["num_workers"]) != (worker_id, num_workers):
+                raise ValueError(f"worker state is for worker {resume['worker_id']} of {resume['num_workers']}, "
+                                 f"loaded into worker {worker_id} of {num_workers}; keep num_workers when resuming")
+            first = int(resume["items"])
+        self._consumed, self._worker_items = 0, first
+        return self._iterate(worker_id, num_workers, first)
+
+    def _worker_chunks(self, stream: RankStream, order: EpochOrder, worker_id: int, num_workers: int, first: int
+                       ) -> Iterator[tuple[list[int], list[int], list[bool], np.ndarray]]:
+        """This worker's samples in chunks: (shard ids, sample indexes, padding flags, per-item sample counts)."""
+        size = self.batch_size or 1
+        remaining = max(0, len(stream) - self._start)
+        total_items = -(-remaining // size)
+        items = range(worker_id + first * num_workers, total_items, num_workers)
+        for lo in range(0, len(items), _CHUNK_ITEMS):
+            chunk = np.asarray(items[lo : lo + _CHUNK_ITEMS], dtype=np.int64)
+            item_starts = self._start + chunk * size
+            if size == 1:
+                offsets = item_starts
+                counts = np.ones(len(chunk), dtype=np.int64)
+            else:
+                offsets = (item_starts[:, None] + np.arange(size)).ravel()
+                offsets = offsets[offsets < len(stream)]
+                counts = np.minimum(size, len(stream) - item_starts)
+            positions, padding = stream_positions(stream, offsets)
+            shards, indexes = order.lookup(positions)
+            yield shards.tolist(), indexes.tolist(), padding.tolist(), counts
+
+    def _iterate(self, worker_id: int, num_workers: int, first: int) -> Iterator[Any]:
+        stream, order = self._stream(), self._order()
+        names = [shard.name for shard in self.manifest.shards]
+        decode, batch_size = self._decode, self.batch_size
+        prefetcher = Prefetcher(self.source.read, depth=self.prefetch_shards, threads=2)
+        live: dict[int, tuple[ShardIndex, memoryview]] = {}
+        chunks = self._worker_chunks(stream, order, worker_id, num_workers, first)
+        upcoming = next(chunks, None)
+        if upcoming is not None:
+            prefetcher.schedule(dict.fromkeys(upcoming[0]))
+        try:
+            while upcoming is not None:
+                shards, indexes, padding, counts = upcoming
+                upcoming = next(chunks, None)
+                later = set(upcoming[0]) if upcoming is not None else set()
+                if upcoming is not None:
+                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0]) if s not in live)
+                # release each shard after its last use in this chunk unless the next chunk needs it too
+                last_use = {shard: k for k, shard in enumerate(shards)}
+                release_at = {k: shard for shard, k in last_use.items() if shard not in later}
+                batch: list[Any] = []
+                item, in_item = 0, 0
+                current_shard, current = -1, None
+                for k, shard in enumerate(shards):
+                    if shard != current_shard:
+                        current = live.get(shard)
+                        if current is None:
+                            data = prefetcher.take(shard)
+                            current = live[shard] = (index_tar(data, where=names[shard]), memoryview(data))
+                        current_shard = shard
+                    assert current is not None
+                    sample = decode(current[0], current[1], indexes[k], padding[k], names[shard])
+                    if k in release_at:
+                        del live[release_at[k]]
+                        if release_at[k] == current_shard:
+                            current_shard, current = -1, None
+                    if batch_size is None:
+                        self._consumed += 1
+                        self._worker_items += 1
+                        yield sample
+                        continue
+                    batch.append(sample)
+                    in_item += 1
+                    if in_item == counts[item]:
+                        self._consumed += in_item
+                        self._worker_items += 1
+                        item, in_item = item + 1, 0
+                        out, batch = batch, []
+                        yield out
+        finally:
+            prefetcher.close()
+            live.clear()

@@ -1,0 +1,69 @@
+"""``ray_dataset``: a release as a Ray Dataset (one block per shard), for Ray Train's ``datasets=``.
+
+Ray Train splits the dataset over its workers itself (``streaming_split``); shards are read with
+the same tier failover, cache and checksum as ReleaseDataset. Ray is imported on call.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from datahub.errors import MissingDependencyError
+from datahub.loader.manifest import Manifest, load_manifest
+from datahub.loader.shard_source import ShardSource
+from datahub.loader.tar_index import index_tar
+
+
+def _read_shards(batch: dict[str, Any], source: ShardSource) -> Any:
+    import pyarrow as pa
+
+    sample_ids: list[str] = []
+    texts: list[str] = []
+    metas: list[str | None] = []
+    shard_names: list[str] = []
+    for shard_index in batch["shard_index"]:
+        data = source.read(int(shard_index))
+        name = source.manifest.shards[int(shard_index)].name
+        index = index_tar(data, where=name)
+        view = memoryview(data)
+        for i, key in enumerate(index.keys):
+            members = index.members[i]
+            offset, size = members["txt"]
+            sample_ids.append(key)
+            texts.append(str(view[offset : offset + size], "utf-8"))
+            meta = members.get("json")
+            metas.append(str(view[meta[0] : meta[0] + meta[1]], "utf-8") if meta else None)
+            shard_names.append(name)
+    return pa.table({"sample_id": sample_ids, "text": texts, "meta": metas, "shard": shard_names})
+
+
+def ray_dataset(
+    release_or_manifest: str | Mapping[str, Any] | Manifest,
+    *,
+    lake: str | None = None,
+    storage: Mapping[str, Mapping[str, Any]] | None = None,
+    tier_preference: Sequence[str] | None = None,
+    verify: bool = True,
+    shuffle_seed: int | None = None,
+) -> Any:
+    """Columns: sample_id, text, meta (the sample's JSON metadata as a string), shard.
+
+    ``shuffle_seed`` permutes the shard order (use ``ds.random_shuffle`` or Ray Train's
+    local shuffle buffer for sample-level mixing).
+    """
+    try:
+        import ray.data
+    except ImportError:
+        raise MissingDependencyError("ray_dataset needs Ray Data: pip install 'datahub[ray]'") from None
+    manifest = load_manifest(release_or_manifest, lake=lake)
+    source = ShardSource(manifest, tier_preference=tier_preference, storage=storage, verify=verify)
+    shard_indexes = list(range(len(manifest.shards)))
+    if shuffle_seed is not None:
+        import numpy as np
+
+        shard_indexes = np.random.default_rng(shuffle_seed).permutation(len(shard_indexes)).tolist()
+    items = [{"shard_index": i} for i in shard_indexes]
+    dataset = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    return dataset.map_batches(_read_shards, fn_kwargs={"source": source}, batch_size=1, batch_format="numpy")
