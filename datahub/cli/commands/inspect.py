@@ -1,0 +1,72 @@
+"""`datahub inspect LAKE [TABLE]`: tables, schemas, versions, row counts."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from datahub.cli.output import console, print_json
+
+
+def inspect_lake(root: str, table: str | None = None, *, storage_options: dict[str, str] | None = None) -> dict:
+    """Describe a lake (every table) or one table: version, rows, files, schema, recent commits."""
+    from datahub.lake import Lake
+
+    lake = Lake(root, storage_options=storage_options)
+    names = [table] if table else lake.tables()
+    out: dict = {"lake": lake.root, "tables": {}}
+    for name in names:
+        dt = lake.table(name)
+        actions = dt.get_add_actions(flatten=True)
+        rows = actions.column("num_records").to_pylist() if actions.num_rows else []
+        info = {
+            "version": dt.version(),
+            "rows": int(sum(r or 0 for r in rows)),
+            "files": actions.num_rows,
+            "schema_version": dt.metadata().configuration.get("datahub.schemaVersion"),
+            "partition_columns": dt.metadata().partition_columns,
+        }
+        if table:
+            info["schema"] = [{"name": f.name, "type": str(f.type)} for f in dt.schema().to_arrow()]
+            info["history"] = [
+                {"version": h.get("version"), "operation": h.get("operation"), "timestamp": h.get("timestamp"),
+                 "txn": h.get("datahub.txn")}
+                for h in dt.history(10)
+            ]
+        out["tables"][name] = info
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("inspect")
+    def inspect(
+        lake: str = typer.Argument(..., help="Lake root: a path or s3://bucket/prefix."),
+        table: Optional[str] = typer.Argument(None, help="One table to describe in detail (schema, history)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Show the lake's tables with their Delta versions and row counts (or one table in detail)."""
+        from rich.table import Table
+
+        info = inspect_lake(lake, table)
+        if as_json:
+            print_json(info)
+            return
+        out = console()
+        if not info["tables"]:
+            out.print(f"no Delta tables under {info['lake']}")
+            return
+        grid = Table(title=f"lake {info['lake']}")
+        for column in ("table", "version", "rows", "files", "schema v"):
+            grid.add_column(column, justify="right" if column != "table" else "left")
+        for name, t in info["tables"].items():
+            grid.add_row(name, str(t["version"]), str(t["rows"]), str(t["files"]), str(t["schema_version"]))
+        out.print(grid)
+        if table:
+            t = info["tables"][table]
+            out.print("[bold]schema[/]")
+            for f in t["schema"]:
+                out.print(f"  {f['name']}: {f['type']}")
+            out.print("[bold]history[/]")
+            for h in t["history"]:
+                out.print(f"  v{h['version']} {h['operation']} txn={h['txn']}")
