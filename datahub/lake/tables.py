@@ -67,3 +67,17 @@ RUNS = pa.schema(
         ("error", pa.string()),
     ]
 )
+
+# One row per (run, suite): a failed suite makes that table version not releasable.
+QA_RESULTS = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("table", pa.string()),
+        ("table_version", pa.int64()),
+        ("suite", pa.string()),
+        ("suite_version", pa.string()),
+        ("success", pa.bool_()),
+        ("results", pa.string()),  # JSON list: [{expectation, kwargs, success, observed}]
+        ("ts", pa.timestamp("us", tz="UTC")),
+    ]
+)
