@@ -46,7 +46,8 @@ def write_release(
         with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
             for index in range(count):
                 key = sample_id(shard_index, index)
-                text = (f"sample {key} of shard {shard_index} " * 8)[: max(text_bytes, 24)]
+                base = f"sample {key} of shard {shard_index} "
+                text = (base * (text_bytes // len(base) + 1))[: max(text_bytes, 24)]
                 meta = {"sample_id": key, "source_uri": f"file:///in/{shard_index}.jsonl",
                         "meta": {"shard": shard_index, "index": index}}
                 _add(tar, f"{key}.txt", text.encode())

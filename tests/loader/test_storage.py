@@ -1,0 +1,116 @@
+"""Tier preference, checksum failover with one log line, clear errors, the size-limited cache."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from datahub.loader.dataset import ReleaseDataset
+from datahub.loader.errors import NoReadableReplicaError
+from tests.loader.shards import all_ids, write_release
+
+
+@pytest.fixture
+def two_tiers(tmp_path: Path) -> dict:
+    return write_release(tmp_path, samples_per_shard=(5, 5, 5), tiers=("cfs", "ceph"))
+
+
+def read_all(tmp_path: Path, **kwargs) -> tuple[ReleaseDataset, list[str]]:
+    dataset = ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, shuffle=False, **kwargs)
+    return dataset, [s["sample_id"] for s in dataset]
+
+
+def test_reads_from_the_preferred_tier(tmp_path: Path, two_tiers: dict) -> None:
+    dataset, ids = read_all(tmp_path, tier_preference=["ceph", "cfs"])
+    assert ids == all_ids(two_tiers)
+    assert {tier for tier, _ in dataset.source.reads} == {"ceph"}
+
+
+def test_corrupt_and_missing_replicas_fail_over_and_log_once(
+    tmp_path: Path, two_tiers: dict, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = tmp_path / "cfs" / two_tiers["shards"][0]["name"]
+    data = bytearray(first.read_bytes())
+    data[700] ^= 0xFF  # same size, wrong sha256
+    first.write_bytes(bytes(data))
+    (tmp_path / "cfs" / two_tiers["shards"][2]["name"]).unlink()
+    with caplog.at_level(logging.WARNING, logger="datahub.loader"):
+        dataset, ids = read_all(tmp_path, tier_preference=["cfs", "ceph"], prefetch_shards=0)
+    assert ids == all_ids(two_tiers)
+    lines = [r.getMessage() for r in caplog.records if r.name == "datahub.loader"]
+    assert len(lines) == 1 and "sha256" in lines[0] and "cfs" in lines[0]
+    assert dataset.source.failovers["cfs"] == 2
+    assert dataset.source.reads[("ceph", two_tiers["shards"][0]["name"])] == 1
+    assert dataset.source.reads[("cfs", two_tiers["shards"][1]["name"])] == 1
+
+
+def test_no_readable_replica_names_shard_and_tiers(tmp_path: Path, two_tiers: dict) -> None:
+    name = two_tiers["shards"][1]["name"]
+    (tmp_path / "cfs" / name).unlink()
+    (tmp_path / "ceph" / name).write_bytes(b"truncated")
+    with pytest.raises(NoReadableReplicaError) as error:
+        read_all(tmp_path, tier_preference=["cfs", "ceph"])
+    message = str(error.value)
+    assert name in message and "cfs" in message and "FileNotFoundError" in message
+    assert "ceph" in message and "size 9 bytes" in message
+
+
+def test_tier_not_preferred_is_named_in_the_error(tmp_path: Path, two_tiers: dict) -> None:
+    shutil.rmtree(tmp_path / "cfs")
+    with pytest.raises(NoReadableReplicaError, match=r"not in tier_preference: \['ceph'\]"):
+        read_all(tmp_path, tier_preference=["cfs"])
+
+
+def test_cache_serves_second_epoch_and_respects_size_limit(tmp_path: Path, two_tiers: dict) -> None:
+    shard_size = two_tiers["shards"][0]["size"]
+    cache = tmp_path / "cache"
+    dataset, _ = read_all(tmp_path, cache_dir=cache, cache_limit_bytes=2 * shard_size + 10, prefetch_shards=0)
+    assert dataset.source.cache_bytes() <= 2 * shard_size + 10
+    assert len(list(cache.iterdir())) == 2  # the least recently used shard was evicted
+    last = two_tiers["shards"][2]["name"]
+    dataset.source.read(2)
+    assert dataset.source.reads[("cache", last)] == 1 and dataset.source.reads[("cfs", last)] == 1
+    unlimited, _ = read_all(tmp_path, cache_dir=tmp_path / "cache2")
+    shutil.rmtree(tmp_path / "cfs")
+    again, ids = read_all(tmp_path, cache_dir=tmp_path / "cache2", tier_preference=["cfs"])
+    assert ids == all_ids(two_tiers) and {tier for tier, _ in again.source.reads} == {"cache"}
+
+
+def test_release_name_resolves_under_lake_exports(tmp_path: Path) -> None:
+    write_release(tmp_path / "lake" / "_exports" / "demo-v1", samples_per_shard=(3,))
+    dataset = ReleaseDataset("demo-v1", lake=str(tmp_path / "lake"), rank=0, world_size=1)
+    assert len(list(dataset)) == 3
+    with pytest.raises(Exception, match="without lake="):
+        ReleaseDataset("demo-v1", rank=0, world_size=1)
+
+
+def test_s3_style_replica_through_fsspec_memory(tmp_path: Path) -> None:
+    import fsspec
+
+    manifest = write_release(tmp_path, samples_per_shard=(4, 4))
+    memory = fsspec.filesystem("memory")
+    for shard in manifest["shards"]:
+        memory.pipe(f"memory://bucket/{shard['name']}", Path(shard["replicas"]["cfs"]).read_bytes())
+        shard["replicas"] = {"ceph": f"memory://bucket/{shard['name']}"}
+    dataset = ReleaseDataset(manifest, storage={"ceph": {}}, rank=0, world_size=1)
+    assert sorted(s["sample_id"] for s in dataset) == all_ids(manifest)
+
+
+def test_import_without_torch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    write_release(tmp_path, samples_per_shard=(3, 2))
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import datahub.loader\n"
+        "from datahub.loader import ReleaseDataset\n"
+        f"ds = ReleaseDataset({str(tmp_path / 'manifest.json')!r}, rank=0, world_size=1)\n"
+        "assert len(list(ds)) == 5 and 'torch' not in str(type(ds).__mro__)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+    lazy = "import sys, datahub.loader; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", lazy], check=True, cwd=Path(__file__).parents[2])
