@@ -1,0 +1,206 @@
+"""Near-duplicate clusters as connected components, written once against ``Frame``.
+
+Graph: documents are nodes; each LSH band key links every document that produced it.
+Labels start as each document's own ``sample_id`` and iterate (min-label propagation,
+with pointer jumping so chains converge in O(log n) rounds rather than O(length)):
+
+1. band label  = min label over the band's members           (join + groupby min)
+2. new label   = min band label over the document's bands    (join + groupby min)
+3. new label   = min(new label, new label of that label)     (self join: pointer jumping)
+
+until no label changes. The fixpoint labels every component with its smallest
+``sample_id``. Keep rule per cluster: highest ``quality_score`` (null/NaN lowest) if the
+documents have one, then smallest ``sample_id``; the others are dropped as ``dup_of`` it.
+Everything here is pyarrow; the functions passed to the Frame are picklable classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.dedup.lsh import band_keys
+from operators.dedup.minhash import MinHasher
+
+if TYPE_CHECKING:
+    from datahub.engines.frame import Frame
+
+SAMPLE_ID = "sample_id"
+BAND_KEY = "band_key"
+CLUSTER_ID = "cluster_id"
+KEEPER = "keeper"
+QUALITY_SCORE = "quality_score"
+EDGE_SCHEMA = pa.schema([(SAMPLE_ID, pa.string()), (BAND_KEY, pa.int64())])
+
+
+class ConvergenceError(RuntimeError):
+    """Label propagation did not settle within ``max_iterations`` rounds."""
+
+
+@dataclass(frozen=True)
+class BandEdges:
+    """Batch function: documents -> one ``(sample_id, band_key)`` row per band (empty texts give none)."""
+
+    minhasher: MinHasher
+    bands: int
+    rows: int
+    text_column: str = "text"
+    id_column: str = SAMPLE_ID
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if table.num_rows == 0:
+            return EDGE_SCHEMA.empty_table()
+        signatures = self.minhasher.signatures(table.column(self.text_column))
+        nonempty = np.flatnonzero((signatures != self.minhasher.empty_value).any(axis=1))
+        keys = band_keys(signatures[nonempty], self.bands, self.rows)
+        ids = table.column(self.id_column).take(pa.array(np.repeat(nonempty, self.bands)))
+        return pa.table({SAMPLE_ID: ids.cast(pa.string()), BAND_KEY: pa.array(keys.ravel())}, schema=EDGE_SCHEMA)
+
+
+@dataclass(frozen=True)
+class _Select:
+    columns: tuple[str, ...]
+    renames: tuple[tuple[str, str], ...] = ()
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        table = table.select(list(self.columns))
+        mapping = dict(self.renames)
+        return table.rename_columns([mapping.get(c, c) for c in table.column_names])
+
+
+@dataclass(frozen=True)
+class _KeepIfGreater:
+    column: str
+    minimum: int
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.filter(pc.greater(table.column(self.column), self.minimum))
+
+
+class _SelfLabel:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        ids = table.column(SAMPLE_ID)
+        return pa.table({SAMPLE_ID: ids, "label": ids})
+
+
+class _Jump:
+    """label := min(label, label of label); a missing label-of-label keeps the label."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        label = table.column("label")
+        jumped = pc.min_element_wise(label, table.column("label_of_label"), skip_nulls=True)
+        return pa.table({SAMPLE_ID: table.column(SAMPLE_ID), "label": jumped})
+
+
+class _Changed:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        differ = pc.fill_null(pc.not_equal(table.column("label"), table.column("old_label")), True)
+        return table.filter(differ).select([SAMPLE_ID])
+
+
+def connected_components(edges: Frame, *, max_iterations: int = 64) -> Frame:
+    """``(sample_id, cluster_id)`` for every document that shares a band key with another."""
+    counts = edges.groupby_agg([BAND_KEY], {"members": (SAMPLE_ID, "count")})
+    shared = counts.map_batches(_KeepIfGreater("members", 1), name="dedup.shared_bands")
+    shared = shared.map_batches(_Select((BAND_KEY,)), name="dedup.shared_band_keys")
+    edges = edges.join(shared, on=[BAND_KEY]).materialize()
+    nodes = edges.groupby_agg([SAMPLE_ID], {"degree": (BAND_KEY, "count")})
+    labels = nodes.map_batches(_SelfLabel(), name="dedup.initial_labels").materialize()
+    for _ in range(max_iterations):
+        band_label = edges.join(labels, on=[SAMPLE_ID]).groupby_agg([BAND_KEY], {"band_label": ("label", "min")})
+        proposed = edges.join(band_label, on=[BAND_KEY]).groupby_agg([SAMPLE_ID], {"label": ("band_label", "min")})
+        proposed = proposed.materialize()
+        label_of_label = proposed.map_batches(
+            _Select((SAMPLE_ID, "label"), (("label", "label_of_label"), (SAMPLE_ID, "label"))), name="dedup.label_of_label"
+        )
+        # Join on the proposed label: rename the proposal's own id to avoid a name clash.
+        jumped = proposed.join(label_of_label, on=["label"], how="left").map_batches(_Jump(), name="dedup.jump")
+        jumped = jumped.materialize()
+        old = labels.map_batches(_Select((SAMPLE_ID, "label"), (("label", "old_label"),)), name="dedup.old_labels")
+        changed = jumped.join(old, on=[SAMPLE_ID]).map_batches(_Changed(), name="dedup.changed").count()
+        labels = jumped
+        if changed == 0:
+            return labels.map_batches(_Select((SAMPLE_ID, "label"), (("label", CLUSTER_ID),)), name="dedup.components")
+    raise ConvergenceError(
+        f"connected components did not converge in {max_iterations} rounds; raise max_iterations "
+        "(pointer jumping makes this rare: check for a degenerate band key shared by very many documents)"
+    )
+
+
+class _ScoreOrLowest:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        score = pc.cast(table.column(QUALITY_SCORE), pa.float64())
+        score = pc.fill_null(pc.if_else(pc.is_nan(score), -np.inf, score), -np.inf)
+        return pa.table({SAMPLE_ID: table.column(SAMPLE_ID), CLUSTER_ID: table.column(CLUSTER_ID), QUALITY_SCORE: score})
+
+
+class _BestOnly:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        best = pc.equal(table.column(QUALITY_SCORE), table.column("best_score"))
+        return table.filter(best).select([CLUSTER_ID, SAMPLE_ID])
+
+
+class _MarkDuplicate:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        duplicate = pc.not_equal(table.column(SAMPLE_ID), table.column(KEEPER))
+        return table.select([SAMPLE_ID, CLUSTER_ID, KEEPER]).append_column("is_duplicate", duplicate)
+
+
+def choose_keepers(components: Frame, scores: Frame | None = None) -> Frame:
+    """``(sample_id, cluster_id, keeper, is_duplicate)`` per clustered document.
+
+    ``scores`` is ``(sample_id, quality_score)``; without it the keeper is the cluster id
+    (its smallest ``sample_id``), which costs no extra shuffle.
+    """
+    if scores is None:
+        keepers = components.groupby_agg([CLUSTER_ID], {KEEPER: (SAMPLE_ID, "min")})
+    else:
+        scored = components.join(scores, on=[SAMPLE_ID], how="left").map_batches(_ScoreOrLowest(), name="dedup.scores")
+        scored = scored.materialize()
+        best = scored.groupby_agg([CLUSTER_ID], {"best_score": (QUALITY_SCORE, "max")})
+        top = scored.join(best, on=[CLUSTER_ID]).map_batches(_BestOnly(), name="dedup.best")
+        keepers = top.groupby_agg([CLUSTER_ID], {KEEPER: (SAMPLE_ID, "min")})
+    return components.join(keepers, on=[CLUSTER_ID]).map_batches(_MarkDuplicate(), name="dedup.keep_rule")
+
+
+@dataclass(frozen=True)
+class MarkDuplicates:
+    """Batch function over documents left-joined with ``choose_keepers``: mark non-keepers dropped."""
+
+    reason: str = "near_duplicate"
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from datahub.operator import Operator
+
+        keeper = table.column(KEEPER)
+        mask = pc.fill_null(pc.not_equal(table.column(SAMPLE_ID), keeper), False)
+        # sample ids are hex digests: no JSON escaping needed, so build the strings vectorized.
+        refs = pc.binary_join_element_wise(
+            '{"dup_of": "', keeper, '", "cluster_id": "', table.column(CLUSTER_ID), '"}', ""
+        )
+        marked = Operator.mark_dropped(table, mask, self.reason, ref=refs)
+        drop = [c for c in (KEEPER, CLUSTER_ID, "is_duplicate") if c in marked.column_names]
+        return marked.drop_columns(drop)
+
+
+def near_duplicate_clusters(
+    documents: Frame,
+    *,
+    minhasher: MinHasher,
+    bands: int,
+    rows: int,
+    text_column: str = "text",
+    use_quality_score: bool = False,
+    max_iterations: int = 64,
+) -> Frame:
+    """Signatures -> band edges -> components -> keep rule, on any engine's Frame."""
+    edges = documents.map_batches(BandEdges(minhasher, bands, rows, text_column), name="dedup.band_edges")
+    components = connected_components(edges, max_iterations=max_iterations)
+    scores = None
+    if use_quality_score:
+        scores = documents.map_batches(_Select((SAMPLE_ID, QUALITY_SCORE)), name="dedup.quality_scores")
+    return choose_keepers(components, scores)
