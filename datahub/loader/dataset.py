@@ -200,7 +200,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         names = [shard.name for shard in self.manifest.shards]
         decode, batch_size = self._decode, self.batch_size
         prefetcher = Prefetcher(self.source.read, depth=self.prefetch_shards, threads=2)
-        live: dict[int, tuple[ShardIndex, memoryview]] = {}
+        live: list[tuple[ShardIndex, memoryview] | None] = [None] * len(names)
         chunks = self._worker_chunks(stream, order, worker_id, num_workers, first)
         upcoming = next(chunks, None)
         if upcoming is not None:
@@ -211,26 +211,20 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                 upcoming = next(chunks, None)
                 later = set(upcoming[0]) if upcoming is not None else set()
                 if upcoming is not None:
-                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0]) if s not in live)
+                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0]) if live[s] is None)
                 # release each shard after its last use in this chunk unless the next chunk needs it too
                 last_use = {shard: k for k, shard in enumerate(shards)}
                 release_at = {k: shard for shard, k in last_use.items() if shard not in later}
                 batch: list[Any] = []
                 item, in_item = 0, 0
-                current_shard, current = -1, None
                 for k, shard in enumerate(shards):
-                    if shard != current_shard:
-                        current = live.get(shard)
-                        if current is None:
-                            data = prefetcher.take(shard)
-                            current = live[shard] = (index_tar(data, where=names[shard]), memoryview(data))
-                        current_shard = shard
-                    assert current is not None
+                    current = live[shard]
+                    if current is None:
+                        data = prefetcher.take(shard)
+                        current = live[shard] = (index_tar(data, where=names[shard]), memoryview(data))
                     sample = decode(current[0], current[1], indexes[k], padding[k], names[shard])
                     if k in release_at:
-                        del live[release_at[k]]
-                        if release_at[k] == current_shard:
-                            current_shard, current = -1, None
+                        live[shard] = None
                     if batch_size is None:
                         self._consumed += 1
                         self._worker_items += 1
@@ -246,4 +240,3 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                         yield out
         finally:
             prefetcher.close()
-            live.clear()

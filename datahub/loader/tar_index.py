@@ -65,7 +65,10 @@ def index_tar(buffer: bytes | memoryview, *, where: str = "shard") -> ShardIndex
         header = offset
         nul = find(b"\x00", header, header + 100)
         name_bytes = buf[header : (nul if nul >= 0 else header + 100)]
-        size = _octal(buf[header + 124 : header + 136], where)
+        try:  # fast path: 11 octal digits then NUL, as tarfile and GNU tar write
+            size = int(buf[header + 124 : header + 135], 8)
+        except ValueError:
+            size = _octal(buf[header + 124 : header + 136], where)
         typeflag = buf[header + 156 : header + 157]
         data = header + BLOCK
         if data + size > end:
