@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datahub.errors import IntegrityError
 
 BLOCK = 512
-_REGULAR = (b"0", b"\x00", b"7")
+_REGULAR = (0x30, 0x00, 0x37)  # '0', NUL, '7'
+_GNU_LONGNAME, _PAX, _PAX_GLOBAL = 0x4C, 0x78, 0x67  # 'L', 'x', 'g'
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +61,7 @@ def index_tar(buffer: bytes | memoryview, *, where: str = "shard") -> ShardIndex
     offset = 0
     find = buf.find
     while offset + BLOCK <= end:
-        if buf[offset] == 0 and buf[offset : offset + BLOCK].count(0) == BLOCK:
+        if buf[offset] == 0 and buf.count(0, offset, offset + BLOCK) == BLOCK:
             break  # end-of-archive marker
         header = offset
         nul = find(b"\x00", header, header + 100)
@@ -69,16 +70,16 @@ def index_tar(buffer: bytes | memoryview, *, where: str = "shard") -> ShardIndex
             size = int(buf[header + 124 : header + 135], 8)
         except ValueError:
             size = _octal(buf[header + 124 : header + 136], where)
-        typeflag = buf[header + 156 : header + 157]
+        typeflag = buf[header + 156]
         data = header + BLOCK
         if data + size > end:
             raise IntegrityError(f"{where}: tar member at byte {header} runs past the end of the shard")
         offset = data + ((size + BLOCK - 1) // BLOCK) * BLOCK
-        if typeflag == b"L":
+        if typeflag == _GNU_LONGNAME:
             long_name = buf[data : data + size].rstrip(b"\x00").decode("utf-8")
             continue
-        if typeflag in (b"x", b"g"):
-            if typeflag == b"x":
+        if typeflag == _PAX or typeflag == _PAX_GLOBAL:
+            if typeflag == _PAX:
                 long_name = _pax_path(buf[data : data + size]) or long_name
             continue
         if typeflag not in _REGULAR:
