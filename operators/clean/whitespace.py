@@ -7,13 +7,15 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pydantic import Field
+
 from datahub.operator import BatchOperator, Params, register
 
 
 class NormalizeParams(Params):
     unicode_form: Literal["NFC", "NFKC", "none"] = "NFC"
     collapse_spaces: bool = True  # runs of spaces/tabs -> one space
-    max_blank_lines: int = 1  # at most this many empty lines in a row
+    max_blank_lines: int = Field(1, ge=0, le=10)  # at most this many empty lines in a row
     strip: bool = True
 
 

@@ -28,7 +28,9 @@ def inspect_lake(root: str, table: str | None = None, *, storage_options: dict[s
             "partition_columns": dt.metadata().partition_columns,
         }
         if table:
-            info["schema"] = [{"name": f.name, "type": str(f.type)} for f in dt.schema().to_arrow()]
+            import pyarrow as pa
+
+            info["schema"] = [{"name": f.name, "type": str(f.type)} for f in pa.schema(dt.schema().to_arrow())]
             info["history"] = [
                 {"version": h.get("version"), "operation": h.get("operation"), "timestamp": h.get("timestamp"),
                  "txn": h.get("datahub.txn")}
