@@ -12,17 +12,7 @@ from tests.loader.shards import all_ids, write_release
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
-def test_ray_dataset_reads_all_samples(tmp_path: Path, ray_session: None) -> None:
+def test_ray_dataset_reads_all_samples(tmp_path: Path, ray_engine: object) -> None:
     from datahub.loader import ray_dataset
 
     manifest = write_release(tmp_path, samples_per_shard=(4, 3, 2))
