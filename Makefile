@@ -1,0 +1,50 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+EXTRAS := all,torch,bench
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: install demo test test-fast system-deps services bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q -U pip
+	# torch 2.13.0 CPU is installed from this machine's disk; an unpinned torch pulls a CUDA build.
+	$(BIN)/python -m pip install -q 'torch==2.13.0'
+	$(BIN)/python -m pip install -q -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## demo: fresh lake, the main job on the bundled corpus (embedded local Ray), then the lake summary
+demo: install
+	rm -rf lake/demo
+	$(BIN)/datahub run jobs/demo.yaml
+	$(BIN)/datahub inspect lake/demo
+
+## system-deps: Debian packages the test-suite needs (Ceph, Chromium); needs root, skipped otherwise
+system-deps:
+	bash .ci/system-deps.sh
+
+## services: a single-host Ceph cluster with an S3 endpoint on 127.0.0.1 (tests use it)
+services: system-deps
+	bash .ci/ceph.sh start || echo "warning: Ceph did not start; Ceph tests skip outside CI and fail in CI"
+
+## test: the whole suite (set-up included)
+test: install services
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "error: pytest collected no tests"; exit 1; fi; exit $$rc
+
+test-fast: install
+	$(BIN)/python -m pytest -q -p no:cacheprovider -x tests
+
+bench: install
+	for b in benchmarks/*.py; do case $$b in */_*) continue;; esac; echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+lint: install
+	$(BIN)/python -m mypy datahub
+
+clean:
+	rm -rf lake out build *.egg-info
