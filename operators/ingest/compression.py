@@ -15,7 +15,10 @@ def decompress(stream: IO[bytes], uri: str) -> IO[bytes]:
         import zstandard
 
         return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True))  # type: ignore[arg-type]
-    return stream
+    if isinstance(stream, io.BufferedReader):
+        return stream
+    # fsspec remote files (s3fs, webhdfs) have no readline(size): buffer them like local files
+    return io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
 
 
 def strip_compression_suffix(uri: str) -> str:
