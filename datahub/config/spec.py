@@ -74,6 +74,26 @@ class OpenLineageSpec(_Model):
     namespace: str = "datahub"
 
 
+class QASpec(_Model):
+    """Great Expectations suites (schemas/gx/<name>.json) run on the committed table version."""
+
+    suites: list[str] = Field(default_factory=lambda: ["samples.v1"], min_length=1)
+    table: str = "samples"
+
+    @field_validator("suites")
+    @classmethod
+    def _known_suites(cls, suites: list[str]) -> list[str]:
+        from datahub.errors import SpecError
+        from datahub.qa.suites import load_suite
+
+        for name in suites:
+            try:
+                load_suite(name)
+            except SpecError as exc:  # pydantic reports ValueErrors with the field path
+                raise ValueError(str(exc)) from None
+        return suites
+
+
 class JobSpec(_Model):
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     description: str = ""
@@ -84,6 +104,14 @@ class JobSpec(_Model):
     graph: dict[str, NodeSpec] = Field(..., min_length=1)
     schedule: str | None = Field(None, description="cron expression for `datahub schedule render`")
     openlineage: OpenLineageSpec | None = None
+    qa: QASpec | None = Field(None, description="QA suites to run after the samples commit (datahub.qa)")
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, schedule: str | None) -> str | None:
+        from datahub.schedule.cron import validate_cron
+
+        return None if schedule is None else validate_cron(schedule)
 
     @field_validator("graph")
     @classmethod

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from datahub.errors import CommitConflictError, LakeError
 from datahub.lake.tables import SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
+from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_policy, storage_errors
 
 WriteData = pa.Table | pa.RecordBatchReader | Iterable[pa.Table]
 
@@ -23,8 +24,10 @@ WriteData = pa.Table | pa.RecordBatchReader | Iterable[pa.Table]
 class Lake:
     """A lake root plus the storage options needed to reach it (no global state)."""
 
-    def __init__(self, root: str | os.PathLike[str], *, storage_options: Mapping[str, str] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, storage_options: Mapping[str, str] | None = None,
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
         root = os.fspath(root)
+        self.retry = retry  # transient storage errors in read/commit are retried with backoff
         if "://" not in root:
             root = os.path.abspath(root)
         self.root = root.rstrip("/")
@@ -83,10 +86,15 @@ class Lake:
         filters: Any = None,
     ) -> pa.Table:
         """Read a table (or an empty table when it does not exist yet and ``version`` is None)."""
-        if version is None and not self.exists(name):
-            return pa.table({})
-        dataset = self.table(name, version).to_pyarrow_dataset()
-        return dataset.to_table(columns=columns, filter=filters)
+
+        def attempt() -> pa.Table:
+            with storage_errors(f"read {self.table_uri(name)}"):
+                if version is None and not self.exists(name):
+                    return pa.table({})
+                dataset = self.table(name, version).to_pyarrow_dataset()
+                return dataset.to_table(columns=columns, filter=filters)
+
+        return retry_policy(attempt, self.retry)
 
     def applied(self, name: str, txn: str) -> bool:
         """True when a commit with app transaction ``txn`` is already in table ``name``."""
@@ -102,13 +110,29 @@ class Lake:
         mode: Literal["append", "overwrite"] = "append",
         metadata: Mapping[str, Any] | None = None,
         partition_by: list[str] | None = None,
+        predicate: str | None = None,
         max_retries: int = 5,
     ) -> int | None:
         """Write ``data`` to table ``name`` as exactly one commit tagged with ``txn``.
 
         Returns the new table version, or None when ``txn`` was committed before (no-op).
         Concurrent appends by other writers are retried (Delta optimistic concurrency).
+        ``mode="overwrite"`` with a ``predicate`` (SQL) replaces only the matching rows.
+        Transient storage errors are retried with backoff when ``data`` is a ``pa.Table``
+        (a stream cannot be replayed); the txn check makes a retried commit idempotent.
         """
+        attempts = self.retry if isinstance(data, pa.Table) else RetryPolicy(attempts=1)
+
+        def attempt() -> int | None:
+            with storage_errors(f"commit {txn} to {self.table_uri(name)}"):
+                return self._commit_once(name, data, txn=txn, schema=schema, mode=mode, metadata=metadata,
+                                         partition_by=partition_by, predicate=predicate, max_retries=max_retries)
+
+        return retry_policy(attempt, attempts)
+
+    def _commit_once(self, name: str, data: WriteData, *, txn: str, schema: pa.Schema | None, mode: str,
+                     metadata: Mapping[str, Any] | None, partition_by: list[str] | None, predicate: str | None,
+                     max_retries: int) -> int | None:
         from deltalake import CommitProperties, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
@@ -126,7 +150,8 @@ class Lake:
             write_deltalake(
                 self.table_uri(name),
                 reader,
-                mode=mode,
+                mode=mode,  # type: ignore[arg-type]
+                predicate=predicate if exists else None,
                 schema_mode="merge" if exists else None,
                 partition_by=None if exists else partition_by,
                 storage_options=self.storage_options or None,

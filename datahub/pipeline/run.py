@@ -27,11 +27,14 @@ from datahub.engines.base import Engine, make_engine
 from datahub.engines.frame import Frame
 from datahub.lake.lake import Lake
 from datahub.lake.tables import LINEAGE, QUARANTINE, RUNS
+from datahub.lineage.openlineage import emit_run_event
 from datahub.operator import BatchOperator, GlobalOperator, apply_batch_operator
 from datahub.pipeline.context import ProgressFn, RunContext
+from datahub.pipeline.faults import checkpoint
 from datahub.pipeline.graph import Graph, build_graph
 from datahub.pipeline.ingest import IngestFiles
 from datahub.pipeline.inputs import list_input_files
+from datahub.pipeline.lease import JobLease
 from datahub.pipeline.sinks import SamplesSink, StatsSink
 from operators.ingest.base import InputFile
 
@@ -90,7 +93,21 @@ def run_job(
     progress: ProgressFn | None = None,
     source: str = "<spec>",
 ) -> RunResult:
-    """Run ``spec`` once, incrementally (only new input files) unless ``full``."""
+    """Run ``spec`` once, incrementally (only new input files) unless ``full``.
+
+    Holds the job's lease on the lake for the whole run (a second run of the same job is
+    refused with ``RunLockedError``). ``full`` reprocesses every input file and replaces this
+    job's rows in the samples and quarantine tables in one commit each (``mode="overwrite"``
+    with a predicate on the job's run ids; other jobs' rows stay, Delta keeps the old version
+    for time travel); lineage is an event log and is appended to.
+    """
+    lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
+    with JobLease(lake, spec.name, source=source, full=full) as lease:
+        return _run_leased(spec, lease=lease, full=full, engine=engine, progress=progress, source=source)
+
+
+def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | None, progress: ProgressFn | None,
+                source: str) -> RunResult:
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
@@ -104,6 +121,7 @@ def run_job(
         files = [f for f in all_files if file_identity(f) not in done]
     last_run_id = history.column("run_id")[-1].as_py() if history.num_rows else None
     run_id = compute_run_id(spec, files, last_run_id, full)
+    lease.update(run_id=run_id)
     result = RunResult(run_id, spec.name, "succeeded", lake.root, inputs=[f.uri for f in files])
     if not files:
         result.status = "skipped"
@@ -111,6 +129,8 @@ def run_job(
     if lake.applied("runs", run_id):
         result.status = "already_committed"
         return result
+    lineage_outputs = [lake.table_uri(t) for t in ("samples", "quarantine", "lineage", "runs")]
+    emit_run_event(spec, "START", run_id=run_id, inputs=result.inputs, outputs=lineage_outputs)
 
     own_engine = engine is None
     engine = engine or make_engine(spec.engine)
@@ -120,24 +140,43 @@ def run_job(
             engine.start()
         context = RunContext(run_id=run_id, spec=spec, lake=lake, engine=engine, full=full, progress=progress)
         sinks = execute_graph(graph, files, context, staging)
+        checkpoint("after_graph")
+        lease.ensure_held()
+        replace = _job_rows_predicate(spec.name) if full else None
         samples_sinks = [s for s in sinks.values() if isinstance(s, tuple)]
         versions: dict[str, int | None] = {}
         for table_name, sink in samples_sinks:
-            versions[table_name] = _commit_staged(lake, table_name, sink.samples, run_id, spec, None)
+            versions[table_name] = _commit_staged(lake, table_name, sink.samples, run_id, spec, None,
+                                                  replace=replace and replace.format(column="ingest_run_id"))
+            checkpoint(f"after_commit:{table_name}")
             result.counts = sink.counts.as_dict()
-            versions["quarantine"] = _commit_staged(lake, "quarantine", sink.quarantine, run_id, spec, QUARANTINE)
+            versions["quarantine"] = _commit_staged(lake, "quarantine", sink.quarantine, run_id, spec, QUARANTINE,
+                                                    replace=replace and replace.format(column="run_id"))
+            checkpoint("after_commit:quarantine")
             versions["lineage"] = _commit_staged(lake, "lineage", sink.lineage, run_id, spec, LINEAGE)
+            checkpoint("after_commit:lineage")
         for table_name, parts in context.side_outputs.items():
             tables = [p if isinstance(p, pa.Table) else p.to_arrow() for p in parts]
             tables = [t for t in tables if t.num_rows]
             if tables:
                 versions[table_name] = lake.commit(table_name, pa.concat_tables(tables, promote_options="permissive"), txn=run_id,
                                                    metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
+                checkpoint(f"after_commit:{table_name}")
         result.stats = {name: s.as_dict() for name, s in sinks.items() if isinstance(s, StatsSink)}
         result.counts["context"] = context.counters
+        if spec.qa is not None and spec.qa.table in versions:  # QA gate: recorded in qa_results, never fails the run
+            from datahub.qa import run_for_job
+
+            result.counts["qa"] = run_for_job(lake, suites=spec.qa.suites, table=spec.qa.table,
+                                              version=versions[spec.qa.table], run_id=run_id)
         result.table_versions = versions
         result.duration_s = round(time.perf_counter() - t0, 3)
+        checkpoint("before_commit:runs")
+        lease.ensure_held()
         _commit_run_row(lake, spec, graph, result, files, engine.name, started, txn=run_id)
+        checkpoint("after_commit:runs")
+        emit_run_event(spec, "COMPLETE", run_id=run_id, inputs=result.inputs,
+                       outputs=[lake.table_uri(t) for t in [*result.table_versions, "runs"]])
         return result
     except Exception as exc:
         result.status = "failed"
@@ -148,6 +187,7 @@ def run_job(
                             txn=f"{run_id}/failed/{int(time.time() * 1000)}", detail=traceback.format_exc(limit=5))
         except Exception:  # noqa: BLE001 - the original error matters more
             pass
+        emit_run_event(spec, "FAIL", run_id=run_id, inputs=result.inputs, outputs=lineage_outputs, error=result.error)
         raise
     finally:
         if own_engine:
@@ -184,7 +224,7 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
         elif node.sink == "samples":
             sink = SamplesSink(f"{staging}/{name}", context.run_id, node_ops, write_ingested=first_samples)
             first_samples = False
-            sink.consume(frame.iter_batches(), progress=lambda done: context.report("rows", done))
+            sink.consume(frame.iter_batches(), progress=lambda done: (checkpoint("streaming"), context.report("rows", done)))
             sinks[name] = (node.table or "samples", sink)
             continue
         elif node.sink == "stats":
@@ -194,11 +234,18 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
             continue
         if fan_out.get(name, 0) > 1:
             frame = frame.materialize()
+        checkpoint(f"after_node:{name}")
         frames[name] = frame
     return sinks
 
 
-def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSpec, schema: pa.Schema | None) -> int | None:
+def _job_rows_predicate(job: str) -> str:
+    """SQL matching rows written by runs of ``job`` (run ids are ``{job}-{12 hex}``), for --full."""
+    return "{column} LIKE '" + job.replace("'", "''").replace("_", "\\_") + "-" + "_" * 12 + "'"
+
+
+def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSpec, schema: pa.Schema | None,
+                   *, replace: str | None = None) -> int | None:
     data = staged.table()
     if data is None:
         if schema is None or lake.exists(table):
@@ -206,7 +253,8 @@ def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSp
         data = schema.empty_table()  # create the table so readers find it
     if table == "lineage":
         data = data.sort_by([("sample_id", "ascending")])  # file min/max stats narrow id lookups
-    return lake.commit(table, data, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
+    return lake.commit(table, data, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name},
+                       mode="overwrite" if replace else "append", predicate=replace)
 
 
 def _commit_run_row(lake: Lake, spec: JobSpec, graph: Graph, result: RunResult, files: list[InputFile],

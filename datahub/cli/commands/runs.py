@@ -1,0 +1,104 @@
+"""`datahub runs LAKE`: the runs of each job with status, counts, durations and how to resume."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+import typer
+
+from datahub.cli.output import console, print_json
+
+
+def list_runs(root: str, *, job: str | None = None, storage_options: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Runs recorded in the lake's ``runs`` table plus runs seen only through their lease.
+
+    status: succeeded | failed (its error and a resume hint) | running (lease held) |
+    interrupted (a lease left by a killed run: no ``runs`` row, holder gone or expired).
+    A failed row whose run id later succeeded is marked ``resumed``.
+    """
+    from datahub.lake import Lake
+    from datahub.pipeline.lease import list_leases
+
+    lake = Lake(root, storage_options=storage_options)
+    table = lake.read("runs")
+    rows = table.to_pylist() if table.num_rows else []
+    succeeded = {r["run_id"] for r in rows if r["status"] == "succeeded"}
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        if job and r["job_name"] != job:
+            continue
+        counts = json.loads(r["counts"] or "{}")
+        item = {
+            "run_id": r["run_id"], "job": r["job_name"], "status": r["status"], "engine": r["engine"],
+            "started": r["started"], "finished": r["finished"],
+            "duration_s": counts.get("duration_s") or _seconds(r["started"], r["finished"]),
+            "inputs": len(r["inputs"] or []),
+            "records_read": counts.get("records_read", 0), "samples_written": counts.get("samples_written", 0),
+            "dropped": counts.get("dropped_total", 0), "quarantined": counts.get("quarantined_total", 0),
+            "error": r["error"], "hint": None,
+        }
+        if r["status"] == "failed":
+            if r["run_id"] in succeeded:
+                item["status"] = "failed (resumed)"
+            else:
+                item["hint"] = f"fix the error above, then re-run: datahub run <job spec of {r['job_name']}> --lake {lake.root}"
+        out.append(item)
+    for lease in list_leases(lake):
+        if job and lease.job != job:
+            continue
+        if lease.run_id in succeeded:
+            continue  # killed after its runs row: nothing to resume
+        stale = lease.is_stale()
+        out.append({
+            "run_id": lease.run_id, "job": lease.job, "status": "interrupted" if stale else "running", "engine": None,
+            "started": datetime.fromtimestamp(lease.acquired, timezone.utc), "finished": None,
+            "duration_s": None if stale else round(datetime.now(timezone.utc).timestamp() - lease.acquired, 1),
+            "inputs": None, "records_read": None, "samples_written": None, "dropped": None, "quarantined": None,
+            "error": "the run stopped without recording a result (killed?)" if stale else None,
+            "hint": f"interrupted, re-run with: {lease.rerun_command()}" if stale else f"lease {lease.describe()}",
+        })
+    out.sort(key=lambda item: item["started"] or datetime.min.replace(tzinfo=timezone.utc))
+    return out
+
+
+def _seconds(started: datetime | None, finished: datetime | None) -> float | None:
+    return round((finished - started).total_seconds(), 3) if started and finished else None
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("runs")
+    def runs(
+        lake: str = typer.Argument(..., help="Lake root: a path or s3://bucket/prefix."),
+        job: Optional[str] = typer.Option(None, "--job", help="Only runs of this job."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """List runs with status, counts and durations; failed or interrupted runs say how to resume."""
+        from rich.table import Table
+
+        items = list_runs(lake, job=job)
+        if as_json:
+            print_json(items)
+            return
+        out = console()
+        if not items:
+            out.print(f"no runs recorded in {lake}" + (f" for job {job!r}" if job else ""))
+            return
+        grid = Table(title=f"runs in {lake}")
+        for column in ("run", "job", "status", "started", "duration", "inputs", "read", "written", "dropped", "quarantined"):
+            grid.add_column(column, justify="left" if column in ("run", "job", "status", "started") else "right")
+        colors = {"succeeded": "green", "failed": "red", "interrupted": "yellow", "running": "cyan"}
+        for i in items:
+            status = f"[{colors.get(i['status'], 'white')}]{i['status']}[/]"
+            started = i["started"].strftime("%Y-%m-%d %H:%M:%S") if i["started"] else ""
+            grid.add_row(str(i["run_id"]), i["job"], status, started,
+                         "" if i["duration_s"] is None else f"{i['duration_s']:.1f}s",
+                         *("" if i[k] is None else str(i[k]) for k in ("inputs", "records_read", "samples_written", "dropped", "quarantined")))
+        out.print(grid)
+        for i in items:
+            if i["status"] in ("failed", "interrupted"):
+                first = (i["error"] or "").splitlines()[0] if i["error"] else ""
+                out.print(f"[bold]{i['run_id']}[/] {i['status']}: {first}")
+                if i["hint"]:
+                    out.print(f"  {i['hint']}")

@@ -1,0 +1,38 @@
+"""`datahub schedule render`: Kubernetes CronJobs or Airflow DAGs that run job specs on their cron schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from datahub.cli.output import console, print_json
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Run jobs on a schedule with an existing scheduler (Kubernetes, Airflow).",
+                        no_args_is_help=True)
+    app.add_typer(group, name="schedule")
+
+    @group.command("render")
+    def render(
+        jobs: list[Path] = typer.Argument(..., help="Job spec YAML files with a `schedule:` cron field."),
+        target: str = typer.Option(..., "--target", help="k8s-cronjob | airflow"),
+        out: Path = typer.Option(Path("deploy"), "--out", help="Directory to write manifests / DAG files into."),
+        image: str = typer.Option("datahub:latest", "--image", help="Container image for k8s-cronjob (see docker/)."),
+        lake: Optional[str] = typer.Option(None, "--lake", help="Pass --lake to `datahub run` (lake root as seen by the scheduled pod/worker)."),
+        jobs_dir: Optional[str] = typer.Option(None, "--jobs-dir", help="airflow: where the job files live on the workers."),
+        namespace: Optional[str] = typer.Option(None, "--namespace", help="k8s-cronjob: metadata.namespace."),
+        as_json: bool = typer.Option(False, "--json", help="Print the written files as JSON."),
+    ) -> None:
+        """Write one CronJob manifest (concurrencyPolicy Forbid) or Airflow DAG per job; each calls `datahub run`."""
+        from datahub.schedule.render import render_jobs
+
+        written = render_jobs([str(j) for j in jobs], target=target, out=out, image=image, lake=lake,  # type: ignore[arg-type]
+                              jobs_dir=jobs_dir, namespace=namespace)
+        if as_json:
+            print_json([{"job": w.job, "target": w.target, "path": str(w.path)} for w in written])
+            return
+        for w in written:
+            console().print(f"[green]wrote[/] {w.path}  ({w.target}, job {w.job})")
