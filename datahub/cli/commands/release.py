@@ -1,0 +1,191 @@
+"""`datahub release ...`: create, list, show, diff, merge, promote, rollback, redact (thin over datahub.release)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from datahub.cli.output import console, print_json
+
+LAKE = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix.")
+
+
+def _lake(root: str):  # type: ignore[no-untyped-def]
+    from datahub.lake import Lake
+
+    return Lake(root)
+
+
+def _print_release(release, *, title: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    out = console()
+    if title:
+        out.print(title)
+    out.print(f"  name          {release.name}  ({release.kind})")
+    out.print(f"  frozen        {release.table} v{release.version}")
+    out.print(f"  rows          {release.row_count}")
+    out.print(f"  digest        {release.digest}")
+    out.print(f"  created       {release.created:%Y-%m-%d %H:%M:%S} UTC by {release.creator}")
+    out.print(f"  qa            {release.qa_status.replace('_', ' ')}")
+    if release.parents:
+        out.print(f"  from          {', '.join(release.parents)}")
+    out.print(f"  runs          {', '.join(release.run_ids) or '-'}")
+    out.print(f"  channels      {', '.join(release.channels) or '-'}")
+    out.print(f"  schema v      {release.schema_version}")
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Versioned dataset releases: frozen Delta versions, QA-gated, immutable names.",
+                        no_args_is_help=True)
+    app.add_typer(group, name="release")
+
+    @group.command("create")
+    def create(
+        name: str = typer.Argument(..., help="Release name (immutable), e.g. corpus-2024.06."),
+        lake: str = LAKE,
+        table: str = typer.Option("samples", "--table", help="Table to freeze."),
+        version: Optional[int] = typer.Option(None, "--version", help="Delta version to freeze (default: latest)."),
+        require_qa: bool = typer.Option(False, "--require-qa", help="Refuse when no QA suite ran on that version."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Freeze a table version as a release; refused when its latest QA results failed."""
+        from datahub.release import create_release
+
+        release = create_release(_lake(lake), name, table=table, version=version, require_qa=require_qa)
+        if as_json:
+            print_json(release.as_dict())
+            return
+        _print_release(release, title=f"[bold green]release {name} created[/]")
+        if release.qa_status == "no_qa_results":
+            console().print(f"  [yellow]note: no QA results for {release.table} v{release.version}[/] "
+                            "(use --require-qa to refuse releases without QA)")
+
+    @group.command("list")
+    def list_(lake: str = LAKE, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+        """All releases, oldest first, with their channels."""
+        from rich.table import Table
+
+        from datahub.release import list_releases
+
+        releases = list_releases(_lake(lake))
+        if as_json:
+            print_json([r.as_dict() for r in releases])
+            return
+        grid = Table(title=f"releases in {lake}")
+        for column in ("name", "kind", "table", "version", "rows", "created", "qa", "channels"):
+            grid.add_column(column)
+        for r in releases:
+            grid.add_row(r.name, r.kind, r.table, str(r.version), str(r.row_count), f"{r.created:%Y-%m-%d %H:%M}",
+                         r.qa_status, ", ".join(r.channels))
+        console().print(grid if releases else f"no releases in {lake}")
+
+    @group.command("show")
+    def show(name: str = typer.Argument(...), lake: str = LAKE,
+             as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+        """One release in detail."""
+        from datahub.release import get_release
+
+        release = get_release(_lake(lake), name)
+        if as_json:
+            print_json(release.as_dict())
+            return
+        _print_release(release, title=f"[bold]release {name}[/]")
+        if release.details:
+            console().print(f"  details       {release.details}")
+
+    @group.command("diff")
+    def diff(
+        old: str = typer.Argument(..., help="The older release."),
+        new: str = typer.Argument(..., help="The newer release."),
+        lake: str = LAKE,
+        ids: bool = typer.Option(False, "--ids", help="Also list the added and removed sample ids."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Samples added and removed between two releases, overall and per source."""
+        from rich.table import Table
+
+        from datahub.release import diff_releases
+
+        result = diff_releases(_lake(lake), old, new, with_ids=ids)
+        if as_json:
+            print_json(result.as_dict())
+            return
+        out = console()
+        out.print(f"[bold]{old} -> {new}[/]: [green]+{result.added}[/] [red]-{result.removed}[/] ({result.unchanged} unchanged)")
+        if result.by_source:
+            grid = Table()
+            for column in ("source", "added", "removed"):
+                grid.add_column(column)
+            for source, c in result.by_source.items():
+                grid.add_row(source, str(c["added"]), str(c["removed"]))
+            out.print(grid)
+        if ids:
+            for sample_id in result.added_ids or []:
+                out.print(f"+ {sample_id}")
+            for sample_id in result.removed_ids or []:
+                out.print(f"- {sample_id}")
+
+    @group.command("merge")
+    def merge(
+        new: str = typer.Argument(..., help="Name of the merged release."),
+        sources: list[str] = typer.Option(..., "--from", help="An input release (repeat: --from A --from B)."),
+        lake: str = LAKE,
+        weights: Optional[str] = typer.Option(None, "--weights", help="Mixture per input release: A=0.7,B=0.3."),
+        dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Drop exact duplicates across the inputs."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the weighted sampling."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Combine releases into a new frozen one (deduplicated, optionally weighted)."""
+        from datahub.release import merge_releases, parse_weights
+
+        release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=dedup, seed=seed)
+        if as_json:
+            print_json(release.as_dict())
+            return
+        _print_release(release, title=f"[bold green]release {new} merged[/]")
+        d = release.details
+        console().print(f"  read          {d['rows_read']}; duplicates removed {d['duplicates_removed']}"
+                        + (f"; quotas {d['quotas']}" if d.get("quotas") else ""))
+
+    @group.command("promote")
+    def promote_(name: str = typer.Argument(...), lake: str = LAKE,
+                 channel: str = typer.Option("stable", "--channel", help="Channel to move.")) -> None:
+        """Point a channel at a release."""
+        from datahub.release import promote
+
+        promote(_lake(lake), name, channel=channel)
+        console().print(f"[green]{channel}[/] -> {name}")
+
+    @group.command("rollback")
+    def rollback_(lake: str = LAKE, channel: str = typer.Option("stable", "--channel", help="Channel to move back.")) -> None:
+        """Move a channel back to the release it pointed at before."""
+        from datahub.release import rollback
+
+        release = rollback(_lake(lake), channel=channel)
+        console().print(f"[yellow]{channel}[/] rolled back -> {release.name if release else '-'}")
+
+    @group.command("redact")
+    def redact_(
+        new: str = typer.Argument(..., help="Name of the new release without the samples."),
+        source: str = typer.Option(..., "--from", help="The release to redact from."),
+        lake: str = LAKE,
+        sample: list[str] = typer.Option([], "--sample", help="A sample id to remove (repeatable)."),
+        source_uri: Optional[str] = typer.Option(None, "--source", help="Remove every sample of this input file."),
+        ids_file: Optional[str] = typer.Option(None, "--ids-file", help="A file of sample ids, one per line."),
+        reason: str = typer.Option(..., "--reason", help="Why (recorded in lineage): copyright, PII, ..."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Take-down: a new release without the samples; lists every release that holds them."""
+        from datahub.release import read_ids_file, redact
+
+        ids = list(sample) + (read_ids_file(ids_file) if ids_file else [])
+        release = redact(_lake(lake), new, source=source, reason=reason, sample_ids=ids, source_uri=source_uri)
+        if as_json:
+            print_json(release.as_dict())
+            return
+        _print_release(release, title=f"[bold green]release {new} created without {release.details['removed']} sample(s)[/]")
+        out = console()
+        out.print(f"  reason        {reason}")
+        out.print("  [bold]releases holding the redacted samples[/] (old ones stay readable by time travel until vacuumed):")
+        for name, count in release.details["contained_in"].items():
+            out.print(f"    {name}: {count}")

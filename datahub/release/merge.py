@@ -1,0 +1,160 @@
+"""``release.merge``: combine releases into a new one, deduplicated across them, optionally weighted.
+
+Dedup uses the exact-dedup kernel of ``operators.dedup.exact`` (xxh3-128 of normalized text):
+the first copy wins, in ``--from`` order. Weights fix the mixture of the output: with
+per-source counts ``c`` (after dedup) and normalized weights ``w``, the output has
+``N = min(c_s / w_s)`` rows, ``floor(w_s * N)`` from each source (no source is upsampled),
+picked by the smallest seeded hash of sample_id (deterministic, order-independent).
+The rows are materialized in the Delta table ``release_<NEW>`` with a ``release_source``
+column naming the input release of each row; lineage records the same.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.errors import ReleaseError
+from datahub.lake.lake import Lake
+from datahub.lake.tables import LINEAGE
+from datahub.release.digest import id_keys
+from datahub.release.freeze import freeze, refuse_taken, release_txn
+from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, read_release
+
+MERGE_OP = "release.merge@1"
+SOURCE_COLUMN = "release_source"
+
+
+def parse_weights(text: str | None) -> dict[str, float] | None:
+    """``"A=0.7,B=0.3"`` -> {"A": 0.7, "B": 0.3}."""
+    if not text:
+        return None
+    weights: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ReleaseError(f"--weights {text!r}: expected NAME=WEIGHT pairs, e.g. --weights A=0.7,B=0.3")
+    return weights
+
+
+def _content_keys(rows: pa.Table) -> tuple[pa.Array, str]:
+    try:
+        from operators.dedup.exact import content_hash_hex
+    except ImportError:  # the dedup library is optional here; sample_id is a content hash too
+        return rows.column("sample_id").combine_chunks(), "sample_id"
+    return content_hash_hex(rows.column("text")), "exact_content_hash"
+
+
+def _dedup(rows: pa.Table, new: str, ts: datetime) -> tuple[pa.Table, pa.Table, str]:
+    keys, method = _content_keys(rows)
+    rows = rows.append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    rows = rows.append_column("_key", keys)
+    first = rows.group_by("_key", use_threads=False).aggregate([("_row", "min")])
+    keep = pc.is_in(rows.column("_row"), value_set=first.column("_row_min"))
+    kept, dups = rows.filter(keep), rows.filter(pc.invert(keep))
+    winners = kept.select(["_key", "sample_id", SOURCE_COLUMN]).rename_columns(["_key", "dup_of", "dup_release"])
+    dups = dups.join(winners, "_key", join_type="left outer")
+    dups = dups.filter(pc.not_equal(dups.column("sample_id"), dups.column("dup_of")))  # same sample twice: not a drop
+    refs = [
+        json.dumps({"dup_of": d, "dup_release": dr, "release": new, "from": s, "method": method})
+        for d, dr, s in zip(dups.column("dup_of").to_pylist(), dups.column("dup_release").to_pylist(),
+                            dups.column(SOURCE_COLUMN).to_pylist())
+    ]
+    n = dups.num_rows
+    dropped = pa.table(
+        {
+            "sample_id": dups.column("sample_id"),
+            "run_id": pa.array([release_txn(new)] * n, pa.string()),
+            "op": pa.array([MERGE_OP] * n, pa.string()),
+            "params_hash": pa.nulls(n, pa.string()),
+            "action": pa.array(["dropped"] * n, pa.string()),
+            "reason": pa.array(["merge_duplicate"] * n, pa.string()),
+            "ref": pa.array(refs, pa.string()),
+            "ts": pa.array([ts] * n, pa.timestamp("us", tz="UTC")),
+        },
+        schema=LINEAGE,
+    )
+    return kept.sort_by("_row").drop_columns(["_row", "_key"]), dropped, method
+
+
+def _sample(rows: pa.Table, weights: dict[str, float], sources: list[str], seed: int) -> tuple[pa.Table, dict[str, int]]:
+    unknown = sorted(set(weights) - set(sources))
+    missing = [s for s in sources if s not in weights]
+    if unknown or missing:
+        raise ReleaseError(f"--weights must name each --from release exactly: unknown {unknown}, missing {missing}")
+    if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise ReleaseError(f"--weights {weights}: weights must be >= 0 and not all 0")
+    total = sum(weights.values())
+    share = {s: weights[s] / total for s in sources}
+    source_col = rows.column(SOURCE_COLUMN)
+    counts = {s: int(pc.sum(pc.cast(pc.equal(source_col, s), pa.int64())).as_py() or 0) for s in sources}
+    empty = [s for s in sources if share[s] > 0 and counts[s] == 0]
+    if empty:
+        raise ReleaseError(f"--weights: release(s) {empty} have no rows left after cross-release dedup, so no "
+                           "mixture with those weights exists; give them weight 0 or merge with --no-dedup")
+    size = min(counts[s] / share[s] for s in sources if share[s] > 0)
+    quotas = {s: int(np.floor(share[s] * size + 1e-9)) for s in sources}
+    keys = id_keys(rows.column("sample_id"), seed=seed)
+    picks = []
+    for s in sources:
+        idx = np.flatnonzero(np.asarray(pc.equal(source_col, s).to_numpy(zero_copy_only=False)))
+        order = idx[np.argsort(keys[idx], kind="stable")][: quotas[s]]
+        picks.append(order)
+    chosen = np.sort(np.concatenate(picks)) if picks else np.array([], dtype=np.int64)
+    return rows.take(pa.array(chosen, pa.int64())), quotas
+
+
+def merge_releases(
+    lake: Lake,
+    new: str,
+    *,
+    sources: list[str],
+    weights: dict[str, float] | None = None,
+    dedup: bool = True,
+    seed: int = 0,
+    creator: str | None = None,
+) -> Release:
+    """Merge releases ``sources`` into release ``new`` (rows materialized in ``release_<new>``)."""
+    check_name(new)
+    refuse_taken(lake, new)
+    if len(sources) < 1 or len(set(sources)) != len(sources):
+        raise ReleaseError(f"merge {new!r}: give each input release once with --from (got {sources})")
+    parents = [get_release(lake, s) for s in sources]
+    ts = datetime.now(timezone.utc)
+    parts = []
+    for parent in parents:
+        rows = read_release(lake, parent)
+        if SOURCE_COLUMN in rows.column_names:  # merging a merge: keep the original input release
+            rows = rows.drop_columns([SOURCE_COLUMN])
+        parts.append(rows.append_column(SOURCE_COLUMN, pa.array([parent.name] * rows.num_rows, pa.string())))
+    rows = pa.concat_tables(parts, promote_options="permissive")
+    read_counts = {p.name: n.num_rows for p, n in zip(parents, parts)}
+    dropped = LINEAGE.empty_table()
+    method = None
+    before = rows.num_rows
+    if dedup:
+        rows, dropped, method = _dedup(rows, new, ts)
+    removed = before - rows.num_rows
+    quotas = None
+    if weights:
+        rows, quotas = _sample(rows, weights, sources, seed)
+    table = MATERIALIZED_PREFIX + new
+    lake.commit(table, rows, txn=release_txn(new), metadata={"datahub.release": new})
+    version = int(lake.table(table).version())
+    details = {"sources": sources, "rows_read": read_counts, "dedup": dedup, "dedup_method": method,
+               "duplicates_removed": removed, "weights": weights, "seed": seed, "quotas": quotas}
+    return freeze(
+        lake, new, table=table, version=version, sample_ids=rows.column("sample_id"), kind="merge",
+        qa_status="inherited", parents=sources, creator=creator, details=details, extra_lineage=dropped,
+        run_ids=sorted({r for p in parents for r in p.run_ids}), jobs=sorted({j for p in parents for j in p.jobs}),
+        released_reason=pc.binary_join_element_wise(pa.array(["merged_from:"] * rows.num_rows, pa.string()),
+                                                   rows.column(SOURCE_COLUMN).combine_chunks(), ""),
+    )

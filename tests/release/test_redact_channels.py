@@ -1,0 +1,95 @@
+"""release.redact (take-downs across releases) and release.channels (movable pointers)."""
+
+from __future__ import annotations
+
+import pyarrow.compute as pc
+import pytest
+from typer.testing import CliRunner
+
+from datahub.cli.main import app
+from datahub.errors import ReleaseError
+from datahub.lake import Lake
+from datahub.release import channel_history, channel_of, create_release, get_release, promote, redact, rollback
+from datahub.sample_id import sample_id_of
+from tests.release.helpers import add_samples
+
+
+def test_redact_across_two_releases(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, ["keep me", "private phone number 555", "another one"], "a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "r1")
+    add_samples(lake, ["newer doc", "book text"], "book.txt", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "r2")
+    secret = sample_id_of("private phone number 555")
+
+    r3 = redact(lake, "r3", source="r2", sample_ids=[secret], reason="PII: phone number")
+    assert r3.kind == "redact" and r3.parents == ("r2",) and r3.row_count == 4
+    assert r3.details["contained_in"] == {"r1": 1, "r2": 1}
+    assert r3.details["reason"] == "PII: phone number" and r3.details["removed_ids"] == [secret]
+    assert secret not in lake.read(r3.table, version=r3.version).column("sample_id").to_pylist()
+    # old releases stay readable (Delta time travel) and unchanged
+    for name in ("r1", "r2"):
+        old = get_release(lake, name)
+        assert secret in lake.read(old.table, version=old.version).column("sample_id").to_pylist()
+    lineage = lake.read("lineage")
+    events = lineage.filter(pc.equal(lineage.column("sample_id"), secret)).to_pylist()
+    drop = [e for e in events if e["action"] == "dropped"]
+    assert len(drop) == 1 and drop[0]["reason"] == "redacted: PII: phone number" and drop[0]["op"] == "release.redact@1"
+    assert sorted(e["ref"] for e in events if e["action"] == "released") == ["r1", "r2"]
+
+    # by source: every sample of the file; the new release (r3) is listed too
+    r4 = redact(lake, "r4", source="r3", source_uri="book.txt", reason="copyright take-down")
+    assert r4.row_count == 2 and r4.details["contained_in"] == {"r2": 2, "r3": 2}
+    with pytest.raises(ReleaseError, match="holds none"):
+        redact(lake, "r5", source="r4", sample_ids=[secret], reason="again")
+    with pytest.raises(ReleaseError, match="--reason"):
+        redact(lake, "r5", source="r4", sample_ids=[secret], reason=" ")
+
+
+def test_channels_move_and_roll_back(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, ["one"], "a", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "r1")
+    v_two = add_samples(lake, ["two"], "a", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "r2")
+    assert channel_of(lake, "stable") is None
+    promote(lake, "r1", channel="stable")
+    promote(lake, "r2", channel="stable")
+    promote(lake, "r1", channel="canary")
+    assert channel_of(lake, "stable").name == "r2"
+    assert get_release(lake, "r1").channels == ("canary",)
+    assert rollback(lake, channel="stable").name == "r1"
+    assert channel_of(lake, "stable").name == "r1"
+    assert get_release(lake, "r1").channels == ("canary", "stable")
+    with pytest.raises(ReleaseError, match="cannot roll back"):
+        rollback(lake, channel="stable")
+    with pytest.raises(ReleaseError, match="no release"):
+        promote(lake, "r9", channel="stable")
+    assert [e.action for e in channel_history(lake, "stable")] == ["promote", "promote", "rollback"]
+    assert get_release(lake, "r2").version == v_two and get_release(lake, "r2").row_count == 2  # releases do not move
+
+
+def test_cli_release_commands(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, ["one", "two"], "a", run_id="job-aaaaaaaaaaaa")
+    runner = CliRunner()
+    result = runner.invoke(app, ["release", "create", "cli-1", "--lake", lake.root])
+    assert result.exit_code == 0, result.output
+    assert "no QA results" in result.output
+    shown = runner.invoke(app, ["release", "show", "cli-1", "--lake", lake.root, "--json"])
+    import json
+
+    data = json.loads(shown.output)
+    assert data["name"] == "cli-1" and data["row_count"] == 2 and data["digest"].startswith("sum128:")
+    again = runner.invoke(app, ["release", "create", "cli-1", "--lake", lake.root])
+    assert isinstance(again.exception, ReleaseError)
+    sample = sample_id_of("one")
+    red = runner.invoke(app, ["release", "redact", "cli-2", "--from", "cli-1", "--sample", sample,
+                              "--reason", "test", "--lake", lake.root])
+    assert red.exit_code == 0, red.output
+    assert "cli-1: 1" in red.output
+    diff = runner.invoke(app, ["release", "diff", "cli-1", "cli-2", "--lake", lake.root, "--json", "--ids"])
+    assert json.loads(diff.output)["removed_ids"] == [sample]
+    assert runner.invoke(app, ["release", "promote", "cli-2", "--lake", lake.root]).exit_code == 0
+    listed = json.loads(runner.invoke(app, ["release", "list", "--lake", lake.root, "--json"]).output)
+    assert [(r["name"], r["channels"]) for r in listed] == [("cli-1", []), ("cli-2", ["stable"])]
