@@ -1,0 +1,79 @@
+"""`datahub tier plan|apply`: place exported releases on tiers by the storage policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from datahub.cli.output import console, print_json, progress
+
+tier_app = typer.Typer(help="Move exported releases between storage tiers (cfs, ceph, hdfs) by policy.",
+                       no_args_is_help=True)
+
+
+def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[str]):  # type: ignore[no-untyped-def]
+    from datahub.errors import SpecError
+    from datahub.lake import Lake
+    from datahub.storage import load_storage_config
+
+    if not storage:
+        storage = [Path("storage.yaml")]
+    config = load_storage_config(storage[0])
+    for extra in storage[1:]:  # a second region: its tiers join under their own names
+        config = config.merged(load_storage_config(extra))
+    if tiers is not None and not release:
+        raise SpecError("--tiers needs --release NAME (which release to place on those tiers)")
+    targets = {name: [t.strip() for t in tiers.split(",") if t.strip()] for name in release} if tiers else None
+    return Lake(lake), config, (release or None), targets
+
+
+def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
+    out = console()
+    if not plan.moves:
+        out.print("nothing to move: every release is where the policy wants it")
+        return
+    for m in plan.moves:
+        what = f"copy {m.source} -> {m.tier}" if m.action == "copy" else f"delete from {m.tier}"
+        extra = " (leftover of an interrupted apply)" if m.leftover else ""
+        out.print(f"  {m.release}: {what}, {m.shards} shards, {m.bytes} bytes"
+                  + (f" [class {m.storage_class}]" if m.storage_class else "") + extra)
+    out.print(f"total: copy {plan.bytes_to_copy} bytes, delete {plan.bytes_to_delete} bytes")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(tier_app, name="tier")
+
+
+_LAKE = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix.")
+_STORAGE = typer.Option([], "--storage", help="Storage YAML; give it twice to add a second region's tiers.")
+_RELEASE = typer.Option([], "--release", help="Only this release (repeatable).")
+_TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on.")
+
+
+@tier_app.command("plan")
+def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
+         tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Dry run: what would be copied and deleted, and how many bytes."""
+    from datahub.export.tiering import plan_tiers
+
+    the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
+    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets)
+    print_json(result.as_dict()) if as_json else _print_plan(result)
+
+
+@tier_app.command("apply")
+def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
+          tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Copy -> verify checksum at the destination -> update manifests -> delete sources. Safe to re-run."""
+    from datahub.export.tiering import TierPlan, apply_tiers, plan_tiers
+
+    the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
+    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets)
+    with progress("tier apply", enabled=not as_json) as update:
+        done = apply_tiers(the_lake, result, storage=config, progress=update)
+    if as_json:
+        print_json(TierPlan(tuple(done)).as_dict())
+        return
+    _print_plan(TierPlan(tuple(done)))

@@ -1,0 +1,74 @@
+"""Turn rows of a frozen samples table into WebDataset members: KEY.txt, KEY.json, KEY.<binary column>.
+
+``text`` becomes ``.txt``; every binary column becomes a member named after the column;
+all other columns (sample_id, source_uri, source_offset, meta, quality, ...) go into
+``.json`` with sorted keys, so the bytes depend only on the row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.errors import IntegrityError
+from datahub.export.tar import check_extension, check_key
+
+TEXT_COLUMN = "text"
+KEY_COLUMN = "sample_id"
+
+
+def prepare(table: pa.Table, *, shuffle_seed: int | None, where: str) -> pa.Table:
+    """Live rows without envelope columns, in export order: by sample_id, or a seeded permutation of that."""
+    if KEY_COLUMN not in table.column_names:
+        raise IntegrityError(f"{where}: no {KEY_COLUMN!r} column; only samples-like tables can be exported")
+    if "_drop_reason" in table.column_names:
+        table = table.filter(pc.is_null(table["_drop_reason"]))
+    table = table.select([c for c in table.column_names if not c.startswith("_")])
+    for column in table.column_names:
+        if pa.types.is_binary(table.schema.field(column).type) or pa.types.is_large_binary(table.schema.field(column).type):
+            check_extension(column, where=f"{where}: binary column {column!r}")
+    ids = table[KEY_COLUMN]
+    if ids.null_count:
+        raise IntegrityError(f"{where}: {ids.null_count} rows have a null sample_id; fix the table before exporting")
+    if pc.count_distinct(ids).as_py() != table.num_rows:
+        raise IntegrityError(f"{where}: sample_id is not unique ({table.num_rows} rows, "
+                             f"{pc.count_distinct(ids).as_py()} distinct ids): a shard key must name one sample; add exact "
+                             "dedup to the job graph (or release a deduplicated table version) before exporting")
+    bad = pc.invert(pc.match_substring_regex(ids, r"^[A-Za-z0-9_-]{1,90}$"))
+    if pc.any(bad).as_py():
+        check_key(pc.filter(ids, bad)[0].as_py(), where=where)
+    order = pc.sort_indices(table, sort_keys=[(KEY_COLUMN, "ascending")])
+    if shuffle_seed is not None:
+        order = pa.array(np.asarray(order)[np.random.default_rng(shuffle_seed).permutation(len(order))])
+    return table.take(order)
+
+
+def encode(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
+    """(key, [(extension, bytes), ...]) per row, in table order."""
+    binary = [c for c in table.column_names
+              if pa.types.is_binary(table.schema.field(c).type) or pa.types.is_large_binary(table.schema.field(c).type)]
+    json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary]
+    has_text = TEXT_COLUMN in table.column_names
+    for batch in table.to_batches(max_chunksize=batch_rows):
+        cols = {c: batch.column(c).to_pylist() for c in batch.column_names}
+        for i in range(batch.num_rows):
+            key = cols[KEY_COLUMN][i]
+            record = {c: _json_value(c, cols[c][i]) for c in json_columns}
+            members = [("txt", (cols[TEXT_COLUMN][i] or "").encode("utf-8") if has_text else b""),
+                       ("json", json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                                           default=str).encode("utf-8"))]
+            members.extend((c, cols[c][i]) for c in binary if cols[c][i] is not None)
+            yield key, members
+
+
+def _json_value(column: str, value: object) -> object:
+    if column == "meta" and isinstance(value, str):  # meta is stored as a JSON string; export it as an object
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value

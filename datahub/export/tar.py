@@ -1,0 +1,91 @@
+"""Deterministic POSIX ustar writing for WebDataset shards.
+
+Every header is fixed except name and size (mtime 0, uid/gid 0, uname/gname "datahub",
+mode 0644), so the same samples in the same order give byte-identical shards. Member names
+are validated: a sample can only ever write ``KEY.EXT`` at the top of the archive.
+"""
+
+from __future__ import annotations
+
+import re
+
+from datahub.errors import IntegrityError
+
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar's default record size; GNU tar and tarfile pad the archive to it
+_ZERO_BLOCK = bytes(BLOCK)
+# The webdataset reader splits key from extension at the first dot of the basename, so keys
+# hold no dot; extensions are lowercase words (txt, json, jpg, wav, ...).
+_KEY = re.compile(r"^[A-Za-z0-9_-]{1,90}$")
+_EXT = re.compile(r"^[a-z0-9][a-z0-9_]{0,8}$")
+_UNAME = b"datahub"
+
+
+def check_key(key: str, *, where: str = "sample") -> str:
+    """A sample key: letters, digits, '_' or '-', 1-90 chars (no '/', '.', '..', control characters)."""
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise IntegrityError(
+            f"{where}: sample key {key!r} is not a valid shard key: use 1-90 characters of [A-Za-z0-9_-] "
+            "(no '/', '.', or control characters; the webdataset reader splits the key at the first dot)"
+        )
+    return key
+
+
+def check_extension(ext: str, *, where: str = "column") -> str:
+    if not isinstance(ext, str) or not _EXT.match(ext):
+        raise IntegrityError(
+            f"{where}: {ext!r} cannot be a member extension: use 1-9 lowercase letters, digits or '_' "
+            "(rename the column, e.g. image_jpg -> jpg)"
+        )
+    return ext
+
+
+def member_name(key: str, ext: str) -> str:
+    return f"{check_key(key)}.{check_extension(ext)}"
+
+
+def _octal(value: int, width: int) -> bytes:
+    return f"{value:0{width - 1}o}".encode() + b"\x00"
+
+
+def header(name: str, size: int) -> bytes:
+    """The 512-byte ustar header of a regular file ``name`` of ``size`` bytes."""
+    raw = name.encode("ascii")
+    if len(raw) > 100 or "/" in name or ".." in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise IntegrityError(f"tar member name {name!r} is not allowed (max 100 bytes, no '/', '..' or control characters)")
+    if size >= 8**11:
+        raise IntegrityError(f"tar member {name!r}: {size} bytes does not fit a ustar header (max 8 GiB)")
+    block = bytearray(BLOCK)
+    block[0 : len(raw)] = raw
+    block[100:108] = _octal(0o644, 8)
+    block[108:116] = _octal(0, 8)  # uid
+    block[116:124] = _octal(0, 8)  # gid
+    block[124:136] = _octal(size, 12)
+    block[136:148] = _octal(0, 12)  # mtime: fixed for byte-identical shards
+    block[148:156] = b" " * 8  # checksum is computed over the header with this field as spaces
+    block[156:157] = b"0"
+    block[257:263] = b"ustar\x00"
+    block[263:265] = b"00"
+    block[265 : 265 + len(_UNAME)] = _UNAME
+    block[297 : 297 + len(_UNAME)] = _UNAME
+    block[329:337] = _octal(0, 8)
+    block[337:345] = _octal(0, 8)
+    block[148:156] = f"{sum(block):06o}".encode() + b"\x00 "
+    return bytes(block)
+
+
+def member_bytes(name: str, data: bytes) -> bytes:
+    """Header, data and zero padding to the next 512-byte boundary."""
+    pad = -len(data) % BLOCK
+    return header(name, len(data)) + data + (b"\x00" * pad if pad else b"")
+
+
+def member_size(data_size: int) -> int:
+    """Bytes one member takes in the archive."""
+    return BLOCK + data_size + (-data_size % BLOCK)
+
+
+def end_of_archive(written: int) -> bytes:
+    """Two zero blocks, then zero padding to a full record (as GNU tar writes it)."""
+    total = written + 2 * BLOCK
+    return _ZERO_BLOCK * 2 + bytes(-total % RECORD)

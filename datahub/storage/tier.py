@@ -1,0 +1,248 @@
+"""One storage tier: URIs for an export directory, atomic publish, checksummed reads, deletes.
+
+Publishing is atomic on every kind: cfs writes a temp file then ``os.replace``; ceph is one
+S3 PUT (an object appears whole or not at all); hdfs writes a temp file then WebHDFS RENAME.
+Credentials are resolved here, kept in the filesystem object only, and never returned in
+URIs, manifests or ``repr``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from datahub.errors import IntegrityError, SpecError, StorageError
+from datahub.storage.config import CephTier, CfsTier, HdfsTier
+
+_CHUNK = 8 * 1024 * 1024
+
+
+class Tier:
+    """A configured tier by name; filesystems are created lazily and reused."""
+
+    def __init__(self, name: str, spec: CfsTier | CephTier | HdfsTier, *, source: str = "<storage>") -> None:
+        self.name = name
+        self.spec = spec
+        self.source = source
+        self._fs: Any = None
+
+    def __repr__(self) -> str:  # never the credentials
+        return f"Tier({self.name!r}, kind={self.kind!r}, root={self.root_uri!r})"
+
+    @property
+    def kind(self) -> str:
+        return self.spec.kind
+
+    @property
+    def root_uri(self) -> str:
+        spec = self.spec
+        if isinstance(spec, CfsTier):
+            return spec.path.rstrip("/") or "/"
+        if isinstance(spec, CephTier):
+            return f"s3://{spec.bucket}" + (f"/{spec.prefix.strip('/')}" if spec.prefix.strip("/") else "")
+        return spec.url
+
+    def uri(self, *parts: str) -> str:
+        """The URI (a plain path on cfs) of ``parts`` under the tier root, as written into manifests."""
+        return "/".join([self.root_uri.rstrip("/"), *(p.strip("/") for p in parts)])
+
+    # --- filesystem ----------------------------------------------------------------------------------------
+
+    def reader_options(self) -> dict[str, Any]:
+        """fsspec options a reader (the loader) needs besides the URI; includes credentials, so do not log it."""
+        spec = self.spec
+        if isinstance(spec, CephTier):
+            key, secret = self._s3_credentials(spec)
+            return {"key": key, "secret": secret,
+                    "client_kwargs": {"endpoint_url": spec.endpoint_url, "region_name": spec.region}}
+        if isinstance(spec, HdfsTier):
+            return {"user": spec.user} if spec.user else {}
+        return {}
+
+    def filesystem(self) -> Any:
+        if self._fs is None:
+            import fsspec
+
+            if isinstance(self.spec, CfsTier):
+                self._fs = fsspec.filesystem("file")
+            elif isinstance(self.spec, CephTier):
+                self._fs = fsspec.filesystem("s3", skip_instance_cache=True, **self.reader_options())
+            else:
+                from fsspec.utils import infer_storage_options
+
+                where = infer_storage_options(self.spec.url)
+                self._fs = fsspec.filesystem("webhdfs", host=where["host"], port=where["port"],
+                                             skip_instance_cache=True, **self.reader_options())
+        return self._fs
+
+    def _path(self, uri: str) -> str:
+        """The filesystem path of a URI of this tier (what fsspec methods take)."""
+        if isinstance(self.spec, CfsTier):
+            return uri
+        if isinstance(self.spec, CephTier):
+            return uri[len("s3://"):]
+        from fsspec.utils import infer_storage_options
+
+        return str(infer_storage_options(uri)["path"])
+
+    def _s3_credentials(self, spec: CephTier) -> tuple[str, str]:
+        creds = spec.credentials
+        where = f"{self.source}: tiers.{self.name}.credentials"
+        if creds.file:
+            values = _read_credentials_file(Path(os.path.expanduser(creds.file)), where=where)
+            key = values.get("access_key_id") or values.get("aws_access_key_id")
+            secret = values.get("secret_access_key") or values.get("aws_secret_access_key")
+            if not key or not secret:
+                raise SpecError(f"{where}.file: {creds.file} needs access_key_id and secret_access_key entries")
+            return key, secret
+        key, secret = os.environ.get(creds.key_env), os.environ.get(creds.secret_env)
+        if not key or not secret:
+            raise SpecError(f"{where}: set the environment variables {creds.key_env} and {creds.secret_env} "
+                            "or give credentials.file")
+        return key, secret
+
+    # --- operations ----------------------------------------------------------------------------------------
+
+    def size(self, uri: str) -> int | None:
+        """Size in bytes, or None when the object does not exist."""
+        try:
+            if isinstance(self.spec, CfsTier):
+                return os.stat(uri).st_size
+            info = self.filesystem().info(self._path(uri))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot stat {uri}: {exc}") from exc
+        return int(info["size"]) if info.get("type", "file") != "directory" else None
+
+    def read(self, uri: str) -> bytes:
+        try:
+            if isinstance(self.spec, CfsTier):
+                return Path(uri).read_bytes()
+            return bytes(self.filesystem().cat_file(self._path(uri)))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
+
+    def sha256(self, uri: str) -> str:
+        """Stream the object and hash it (reads at the destination: this is the verification)."""
+        digest = hashlib.sha256()
+        try:
+            if isinstance(self.spec, CfsTier):
+                with open(uri, "rb") as handle:
+                    while chunk := handle.read(_CHUNK):
+                        digest.update(chunk)
+            else:
+                with self.filesystem().open(self._path(uri), "rb", block_size=_CHUNK) as handle:
+                    while chunk := handle.read(_CHUNK):
+                        digest.update(chunk)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
+        return digest.hexdigest()
+
+    def verify(self, uri: str, *, size: int, sha256: str) -> bool:
+        """True when the object exists with exactly this size and sha256."""
+        if self.size(uri) != size:
+            return False
+        try:
+            return self.sha256(uri) == sha256
+        except FileNotFoundError:
+            return False
+
+    def publish(self, uri: str, data: bytes) -> None:
+        """Write ``data`` at ``uri`` atomically: readers see the old object or the whole new one."""
+        try:
+            if isinstance(self.spec, CfsTier):
+                _publish_posix(Path(uri), data)
+            elif isinstance(self.spec, CephTier):
+                fs = self.filesystem()
+                fs.pipe_file(self._path(uri), data)  # one PUT (or one completed multipart upload)
+                fs.invalidate_cache(self._path(uri).rsplit("/", 1)[0])
+            else:
+                fs = self.filesystem()
+                path = self._path(uri)
+                parent, name = path.rsplit("/", 1)
+                fs.mkdir(parent)  # MKDIRS: creates parents, fine when present
+                temp = f"{parent}/.{name}.partial-{uuid.uuid4().hex[:12]}"
+                with fs.open(temp, "wb") as handle:
+                    handle.write(data)
+                if fs.exists(path):  # WebHDFS RENAME refuses to overwrite
+                    fs.rm(path)
+                fs.mv(temp, path)
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
+
+    def publish_verified(self, uri: str, data: bytes, *, sha256: str | None = None) -> str:
+        """Publish, then read back and compare sha256; returns the digest. Raises IntegrityError on mismatch."""
+        expected = sha256 or hashlib.sha256(data).hexdigest()
+        self.publish(uri, data)
+        if not self.verify(uri, size=len(data), sha256=expected):
+            raise IntegrityError(f"tier {self.name}: {uri} does not match what was written (size {len(data)}, "
+                                 f"sha256 {expected[:12]}...); check the tier's health and re-run")
+        return expected
+
+    def delete(self, uri: str, *, recursive: bool = False) -> None:
+        """Delete an object (or a directory with ``recursive``); missing is fine."""
+        try:
+            if isinstance(self.spec, CfsTier):
+                import shutil
+
+                if recursive and os.path.isdir(uri):
+                    shutil.rmtree(uri, ignore_errors=True)
+                else:
+                    Path(uri).unlink(missing_ok=True)
+                return
+            fs = self.filesystem()
+            path = self._path(uri)
+            if fs.exists(path):
+                fs.rm(path, recursive=recursive)
+            if isinstance(self.spec, CephTier):
+                fs.invalidate_cache(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot delete {uri}: {exc}") from exc
+
+    def exists(self, uri: str) -> bool:
+        if isinstance(self.spec, CfsTier):
+            return os.path.exists(uri)
+        try:
+            return bool(self.filesystem().exists(self._path(uri)))
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot check {uri}: {exc}") from exc
+
+
+def _publish_posix(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:12]}"
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())  # on NFS, rename only publishes what the server holds
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+
+
+def _read_credentials_file(path: Path, *, where: str) -> dict[str, str]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"{where}.file: cannot read {path}: {exc.strerror}") from None
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", "[")):
+            continue
+        sep = "=" if "=" in line else ":"
+        name, _, value = line.partition(sep)
+        values[name.strip().lower()] = value.strip().strip("'\"")
+    return values

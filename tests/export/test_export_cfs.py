@@ -1,0 +1,174 @@
+"""Export to the cfs tier (a local directory): determinism, format, manifest, lineage, resume."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from datahub.errors import IntegrityError, ReleaseError
+from datahub.export import export_table_version, read_lake_manifest
+from datahub.export.tar import end_of_archive
+from datahub.storage.tier import Tier
+from tests.export.helpers import cfs_storage, make_lake, samples_table
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _export(lake, version, storage, tier="cfs", release="rel-v1", **kw):
+    return export_table_version(lake, table="samples", version=version, release_name=release, tier=tier,
+                                storage=storage, **kw)
+
+
+def test_shards_are_byte_identical_across_runs_and_seeded_order_differs(tmp_path) -> None:
+    lake, version = make_lake(tmp_path / "lake", 120)
+    storage = cfs_storage(("cfs", tmp_path / "a"), ("other", tmp_path / "b"))
+    first = _export(lake, version, storage, shard_samples=25)
+    lake2, version2 = make_lake(tmp_path / "lake2", 120)
+    second = _export(lake2, version2, storage, tier="other", shard_samples=25)
+    assert [s.sha256 for s in first.shards] == [s.sha256 for s in second.shards]
+    assert [s.samples for s in first.shards] == [25, 25, 25, 25, 20]
+    for shard in first.shards:
+        data = Path(shard.replicas["cfs"]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (shard.size, shard.sha256)
+
+    seeded = _export(make_lake(tmp_path / "lake3", 120)[0], version, storage, tier="other", release="rel-s",
+                     shard_samples=25, shuffle_seed=7)
+    import webdataset as wds
+
+    def keys(manifest, tier):
+        urls = [s.replicas[tier] for s in manifest.shards]
+        return [s["__key__"] for s in wds.WebDataset(urls, shardshuffle=False)]
+
+    sorted_keys, seeded_keys = keys(first, "cfs"), keys(seeded, "other")
+    assert sorted_keys == sorted(sorted_keys) and len(sorted_keys) == 120
+    assert seeded_keys != sorted_keys and sorted(seeded_keys) == sorted_keys
+    again = _export(make_lake(tmp_path / "lake4", 120)[0], version, cfs_storage(("other", tmp_path / "c")),
+                    tier="other", release="rel-s", shard_samples=25, shuffle_seed=7)
+    assert [s.sha256 for s in again.shards] == [s.sha256 for s in seeded.shards]
+
+
+def test_members_are_readable_by_webdataset_and_tar(tmp_path) -> None:
+    import webdataset as wds
+
+    lake, version = make_lake(tmp_path / "lake", 30, with_binary=True)
+    manifest = _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs")), shard_samples=10)
+    source = {r["sample_id"]: r for r in samples_table(30, with_binary=True).to_pylist()}
+    seen = 0
+    for sample in wds.WebDataset([s.replicas["cfs"] for s in manifest.shards], shardshuffle=False):
+        row = source[sample["__key__"]]
+        meta = json.loads(sample["json"])
+        assert sample["txt"].decode() == row["text"]
+        assert sample["png"] == row["png"]
+        assert meta["sample_id"] == row["sample_id"] and meta["source_offset"] == row["source_offset"]
+        assert meta["meta"] == json.loads(row["meta"]) and meta["quality"] == row["quality"]
+        seen += 1
+    assert seen == 30
+    names = subprocess.run(["tar", "tf", manifest.shards[0].replicas["cfs"]], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert len(names) == 30 and [n.split(".")[0] for n in names[0:3]] == [names[0].split(".")[0]] * 3
+
+
+def test_shard_size_bounds_every_shard_but_the_single_sample_case(tmp_path) -> None:
+    lake, version = make_lake(tmp_path / "lake", 200)
+    manifest = _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs")), shard_size="40KB")
+    assert len(manifest.shards) > 3
+    for shard in manifest.shards:
+        body = shard.size - len(end_of_archive(0))  # padding to a record may add up to one 10 KiB record
+        assert body <= 40_000
+    assert sum(s.samples for s in manifest.shards) == manifest.num_samples == 200
+    assert manifest.shard_pattern == f"rel-v1-{{000000..{len(manifest.shards) - 1:06d}}}.tar"
+
+
+def test_manifest_matches_schema_loader_contract_and_lake_copy(tmp_path) -> None:
+    from datahub.loader.manifest import load_manifest
+    from datahub.loader.shard_source import ShardSource
+
+    lake, version = make_lake(tmp_path / "lake", 50)
+    manifest = _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs")), shard_samples=20, release_digest="ab" * 32)
+    schema = json.loads((REPO / "schemas/manifest.v1.json").read_text())
+    on_tier = json.loads((tmp_path / "cfs/rel-v1/manifest.json").read_text())
+    jsonschema.validate(on_tier, schema)
+    in_lake = json.loads((tmp_path / "lake/_exports/rel-v1/manifest.json").read_text())
+    assert in_lake == on_tier and on_tier["release_digest"] == "ab" * 32 and on_tier["table_version"] == version
+    loaded = load_manifest("rel-v1", lake=str(tmp_path / "lake"))
+    assert loaded.num_samples == 50 and [s.sha256 for s in loaded.shards] == [s.sha256 for s in manifest.shards]
+    source = ShardSource(loaded)
+    assert source.read(2) == Path(manifest.shards[2].replicas["cfs"]).read_bytes()
+    assert not list((tmp_path / "cfs/rel-v1").glob(".*partial*")) and not (tmp_path / "cfs/rel-v1/_partial").exists()
+
+
+def test_lineage_holds_the_shard_index_and_is_committed_once(tmp_path) -> None:
+    lake, version = make_lake(tmp_path / "lake", 40)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+    manifest = _export(lake, version, storage, shard_samples=15)
+    rows = lake.read("lineage").to_pylist()
+    assert len(rows) == 40 and {r["action"] for r in rows} == {"exported"}
+    by_shard: dict[str, list[str]] = {}
+    for r in rows:
+        ref = json.loads(r["ref"])
+        assert ref["tier"] == "cfs" and ref["member"] == f"{r['sample_id']}.txt"
+        by_shard.setdefault(ref["shard"], []).append(r["sample_id"])
+    import webdataset as wds
+
+    for shard in manifest.shards:
+        uri = shard.replicas["cfs"]
+        assert sorted(by_shard[uri]) == sorted(s["__key__"] for s in wds.WebDataset(uri, shardshuffle=False))
+    lineage_version = lake.version("lineage")
+    assert _export(lake, version, storage, shard_samples=15) == manifest  # no-op
+    assert lake.version("lineage") == lineage_version
+    with pytest.raises(ReleaseError, match="other settings"):
+        _export(lake, version, storage, shard_samples=16)
+
+
+def test_crashed_export_publishes_no_manifest_and_resume_skips_verified_shards(tmp_path, monkeypatch) -> None:
+    lake, version = make_lake(tmp_path / "lake", 100)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+    real_publish = Tier.publish
+    writes: list[str] = []
+    crash = [True]
+
+    def crash_on_fourth_shard(self, uri, data):
+        if uri.endswith(".tar"):
+            writes.append(uri.rsplit("/", 1)[-1])
+            if crash[0] and len(writes) == 4:
+                raise OSError("disk went away")
+        return real_publish(self, uri, data)
+
+    monkeypatch.setattr(Tier, "publish", crash_on_fourth_shard)
+    with pytest.raises(OSError, match="disk went away"):
+        _export(lake, version, storage, shard_samples=10)
+    assert not (tmp_path / "cfs/rel-v1/manifest.json").exists() and read_lake_manifest(lake, "rel-v1") is None
+    assert not lake.exists("lineage")
+
+    # corrupt the second finished shard: the resume must notice and rebuild it and everything after
+    second = tmp_path / "cfs/rel-v1/rel-v1-000001.tar"
+    second.write_bytes(b"\0" * second.stat().st_size)
+    writes.clear()
+    crash[0] = False
+    manifest = _export(lake, version, storage, shard_samples=10)
+    assert writes == [f"rel-v1-{i:06d}.tar" for i in range(1, 10)]
+    for shard in manifest.shards:
+        assert hashlib.sha256(Path(shard.replicas["cfs"]).read_bytes()).hexdigest() == shard.sha256
+    assert read_lake_manifest(lake, "rel-v1") == manifest
+
+
+def test_tables_that_cannot_be_keyed_are_refused(tmp_path) -> None:
+    import pyarrow as pa
+
+    from datahub.lake import Lake
+
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+    lake = Lake(tmp_path / "dup")
+    table = samples_table(5)
+    version = lake.commit("samples", pa.concat_tables([table, table.slice(0, 1)]), txn="t")
+    with pytest.raises(IntegrityError, match="not unique"):
+        _export(lake, version, storage)
+    lake = Lake(tmp_path / "dots")
+    version = lake.commit("samples", table.set_column(0, "sample_id", pa.array(["a.b", "c", "d", "e", "f"])), txn="t")
+    with pytest.raises(IntegrityError, match="'a.b' is not a valid shard key"):
+        _export(lake, version, storage)

@@ -1,0 +1,129 @@
+"""tier plan/apply across cfs and hdfs (the WebHDFS-protocol server on loopback): copy, verify, switch, delete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from datahub.export import export_table_version, read_lake_manifest
+from datahub.export.tiering import apply_tiers, plan_tiers
+from datahub.storage import ReleaseState, Tier, validate_storage_config
+from tests.export.helpers import make_lake
+from tests.servers.webhdfs import WebHdfsServer
+
+
+@pytest.fixture
+def webhdfs(tmp_path):
+    with WebHdfsServer(tmp_path / "hdfs-data") as server:
+        yield server
+
+
+def _storage(tmp_path, server):
+    return validate_storage_config({
+        "tiers": {"cfs": {"kind": "cfs", "path": str(tmp_path / "cfs")},
+                  "hdfs": {"kind": "hdfs", "url": server.url("/datahub/releases"), "user": "datahub"}},
+        "policy": {"classes": {"hot": ["cfs", "hdfs"], "warm": ["hdfs"]}},
+    }, source="storage.yaml")
+
+
+def test_export_to_hdfs_uses_rename_and_loader_reads_it(tmp_path, webhdfs) -> None:
+    from datahub.loader.manifest import load_manifest
+    from datahub.loader.shard_source import ShardSource
+
+    lake, version = make_lake(tmp_path / "lake", 60)
+    storage = _storage(tmp_path, webhdfs)
+    manifest = export_table_version(lake, table="samples", version=version, release_name="r1", tier="hdfs",
+                                    storage=storage, shard_samples=25)
+    assert webhdfs.ops["RENAME"] >= len(manifest.shards) + 1  # shards + manifest went through temp + rename
+    assert manifest.shards[0].replicas["hdfs"] == webhdfs.url("/datahub/releases/r1/r1-000000.tar")
+    on_disk = webhdfs.root / "datahub/releases/r1"
+    assert sorted(p.name for p in on_disk.iterdir()) == ["manifest.json", "r1-000000.tar", "r1-000001.tar", "r1-000002.tar"]
+    source = ShardSource(load_manifest("r1", lake=str(tmp_path / "lake")),
+                         storage={"hdfs": storage.tier("hdfs").reader_options()})
+    assert source.read(1) == (on_disk / "r1-000001.tar").read_bytes()
+
+
+def test_plan_apply_moves_by_policy_resumes_and_is_idempotent(tmp_path, webhdfs, monkeypatch) -> None:
+    lake, version = make_lake(tmp_path / "lake", 80)
+    storage = _storage(tmp_path, webhdfs)
+    manifest = export_table_version(lake, table="samples", version=version, release_name="r1", tier="cfs",
+                                    storage=storage, shard_samples=20)
+    total = sum(s.size for s in manifest.shards)
+
+    hot = {"r1": ReleaseState("r1", channels=("stable",))}
+    plan = plan_tiers(lake, storage=storage, states=hot)
+    assert [(m.action, m.tier, m.source, m.bytes, m.storage_class) for m in plan.moves] == [
+        ("copy", "hdfs", "cfs", total, "hot")]
+
+    # interrupt the copy after two shards landed: no manifest mentions hdfs yet
+    real = Tier.publish_verified
+    calls = []
+
+    def flaky(self, uri, data, *, sha256=None):
+        calls.append(uri)
+        if len(calls) == 3:
+            raise ConnectionError("namenode went away")
+        return real(self, uri, data, sha256=sha256)
+
+    monkeypatch.setattr(Tier, "publish_verified", flaky)
+    with pytest.raises(ConnectionError):
+        apply_tiers(lake, plan, storage=storage)
+    assert read_lake_manifest(lake, "r1").tiers == ["cfs"]
+    monkeypatch.setattr(Tier, "publish_verified", real)
+    creates_before = webhdfs.ops["CREATE"]
+    apply_tiers(lake, plan_tiers(lake, storage=storage, states=hot), storage=storage)
+    assert webhdfs.ops["CREATE"] - creates_before == (len(manifest.shards) - 2) + 1  # the 2 missing shards + manifest
+    after_copy = read_lake_manifest(lake, "r1")
+    assert after_copy.tiers == ["cfs", "hdfs"]
+    assert json.loads((tmp_path / "cfs/r1/manifest.json").read_text()) == after_copy.to_dict()
+    exported = [json.loads(r["ref"])["tier"] for r in lake.read("lineage").to_pylist()]
+    assert sorted(set(exported)) == ["cfs", "hdfs"] and len(exported) == 160
+    assert plan_tiers(lake, storage=storage, states=hot).moves == ()  # applying twice is a no-op
+
+    # the release cools down to warm: hdfs only; cfs goes after the manifest stops naming it
+    warm = {"r1": ReleaseState("r1")}
+    plan = plan_tiers(lake, storage=storage, states=warm)
+    assert [(m.action, m.tier) for m in plan.moves] == [("delete", "cfs")] and plan.bytes_to_delete == total
+    apply_tiers(lake, plan, storage=storage)
+    final = read_lake_manifest(lake, "r1")
+    assert final.tiers == ["hdfs"] and not (tmp_path / "cfs/r1").exists()
+    with fsspec.open(final.shards[3].replicas["hdfs"], "rb", **storage.tier("hdfs").reader_options()) as handle:
+        import hashlib
+
+        assert hashlib.sha256(handle.read()).hexdigest() == final.shards[3].sha256
+    assert plan_tiers(lake, storage=storage, states=warm).moves == ()
+
+
+def test_delete_interrupted_after_manifest_switch_is_finished_as_leftover(tmp_path, webhdfs, monkeypatch) -> None:
+    lake, version = make_lake(tmp_path / "lake", 30)
+    storage = _storage(tmp_path, webhdfs)
+    export_table_version(lake, table="samples", version=version, release_name="r2", tier="cfs", storage=storage,
+                         shard_samples=10)
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r2": ["cfs", "hdfs"]}), storage=storage)
+    monkeypatch.setattr(Tier, "delete", lambda self, uri, recursive=False: (_ for _ in ()).throw(OSError("crash")))
+    with pytest.raises(OSError):
+        apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r2": ["hdfs"]}), storage=storage)
+    monkeypatch.undo()
+    assert read_lake_manifest(lake, "r2").tiers == ["hdfs"] and (tmp_path / "cfs/r2").exists()
+    plan = plan_tiers(lake, storage=storage, targets={"r2": ["hdfs"]})
+    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", "cfs", True)]
+    apply_tiers(lake, plan, storage=storage)
+    assert not Path(tmp_path / "cfs/r2").exists()
+    assert plan_tiers(lake, storage=storage, targets={"r2": ["hdfs"]}).moves == ()
+
+
+def test_cross_region_copy_uses_a_second_storage_config(tmp_path, webhdfs) -> None:
+    lake, version = make_lake(tmp_path / "lake", 20)
+    home = _storage(tmp_path, webhdfs)
+    export_table_version(lake, table="samples", version=version, release_name="r3", tier="cfs", storage=home,
+                         shard_samples=8)
+    remote = validate_storage_config({"tiers": {"cfs-eu": {"kind": "cfs", "path": str(tmp_path / "eu")}}}, source="eu.yaml")
+    both = home.merged(remote)
+    apply_tiers(lake, plan_tiers(lake, storage=both, targets={"r3": ["cfs", "cfs-eu"]}), storage=both)
+    manifest = read_lake_manifest(lake, "r3")
+    assert manifest.tiers == ["cfs", "cfs-eu"]
+    for shard in manifest.shards:
+        assert Path(shard.replicas["cfs-eu"]).read_bytes() == Path(shard.replicas["cfs"]).read_bytes()
