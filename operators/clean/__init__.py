@@ -1,3 +1,3 @@
 """Cleaning operators: normalization that changes ``text``."""
 
-from operators.clean import whitespace  # noqa: F401  (registration)
+from operators.clean import boilerplate, unicode_fix, whitespace  # noqa: F401  (registration)
