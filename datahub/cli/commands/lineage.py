@@ -1,0 +1,79 @@
+"""`datahub lineage SAMPLE_ID | --source URI | optimize`: the story of a sample or of an input file."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from datahub.cli.output import console, print_json
+
+_COLORS = {"ingested": "cyan", "modified": "yellow", "annotated": "blue", "dropped": "red", "quarantined": "magenta",
+           "released": "green", "exported": "green"}
+
+
+def _print_story(story) -> None:  # type: ignore[no-untyped-def]
+    out = console()
+    out.print(f"[bold]sample {story.sample_id}[/]  fate: [bold]{story.fate}[/]")
+    if not story.events:
+        out.print("  no lineage events for this id (check the id, or run `datahub lineage --source URI`)")
+    for event in story.events:
+        action = event["action"]
+        color = _COLORS.get(action, "white")
+        detail = []
+        if event["params_hash"]:
+            detail.append(f"params {event['params_hash']}")
+        if event["reason"]:
+            detail.append(f"reason {event['reason']}")
+        if event["ref"] is not None:
+            detail.append(f"{event['ref']}")
+        out.print(f"  {event['ts'][:19]}  [{color}]{action:<11}[/] {event['op'] or '':<24} run {event['run_id']}  "
+                  + "  ".join(detail), soft_wrap=True)
+    if story.releases:
+        out.print(f"  in releases: {', '.join(story.releases)}")
+
+
+def _print_source(story) -> None:  # type: ignore[no-untyped-def]
+    from rich.table import Table
+
+    out = console()
+    out.print(f"[bold]{story.source_uri}[/]: " + ", ".join(f"{k} {v}" for k, v in story.counts.items()))
+    grid = Table()
+    for column in ("offset", "sample_id", "fate", "reason", "by", "releases"):
+        grid.add_column(column)
+    for r in story.records:
+        grid.add_row(str(r["source_offset"]), r.get("sample_id") or "-", r["fate"], r.get("reason") or "",
+                     r.get("op") or "", ", ".join(r.get("releases") or []))
+    out.print(grid)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("lineage")
+    def lineage(
+        sample_id: Optional[str] = typer.Argument(None, help="A sample id, or `optimize` to Z-order the lineage table."),
+        lake: str = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix."),
+        source: Optional[str] = typer.Option(None, "--source", help="An input file URI: what became of each record."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """The story of one sample (origin, operators, drops, releases, exports), or of one input file."""
+        from datahub.lake import Lake
+        from datahub.lineage import optimize_lineage, sample_lineage, source_lineage
+
+        root = Lake(lake)
+        if sample_id == "optimize":
+            metrics = optimize_lineage(root)
+            if as_json:
+                print_json(metrics)
+            else:
+                console().print(f"lineage Z-ordered by sample_id: v{metrics['version']}, "
+                                f"{metrics.get('numFilesRemoved')} files -> {metrics.get('numFilesAdded')}")
+            return
+        if (sample_id is None) == (source is None):
+            raise typer.BadParameter("give a SAMPLE_ID or --source URI (one of them)")
+        if source is not None:
+            story = source_lineage(root, source)
+            print_json(story.as_dict()) if as_json else _print_source(story)
+            return
+        assert sample_id is not None
+        story = sample_lineage(root, sample_id)
+        print_json(story.as_dict()) if as_json else _print_story(story)

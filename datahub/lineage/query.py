@@ -1,0 +1,154 @@
+"""Lineage lookups: the whole story of one sample, or what became of every record of one file.
+
+One-sample lookups are a point query on ``lineage``: Delta file statistics prune files whose
+sample_id min/max excludes the id (``file_pruning_predicate``) and Parquet row-group
+statistics prune inside the rest; the pipeline and releases write each commit sorted by
+sample_id, and ``datahub lineage optimize`` Z-orders older files so the pruning stays tight.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from datahub.lake.lake import Lake
+
+LINEAGE_TABLE = "lineage"
+# Order of actions inside one run (events of one run share a timestamp).
+_ACTION_ORDER = {"ingested": 0, "modified": 1, "annotated": 2, "quarantined": 3, "dropped": 4, "released": 5, "exported": 6}
+
+
+def lineage_events(lake: Lake, sample_ids: str | list[str]) -> pa.Table:
+    """Every lineage row of one sample id (or several), in time order."""
+    ids = [sample_ids] if isinstance(sample_ids, str) else list(sample_ids)
+    if not ids or not lake.exists(LINEAGE_TABLE):
+        from datahub.lake.tables import LINEAGE
+
+        return LINEAGE.empty_table()
+    table = lake.table(LINEAGE_TABLE)
+    if len(ids) == 1:
+        pruning = [("sample_id", "=", ids[0])]
+        condition = ds.field("sample_id") == ids[0]
+    else:
+        pruning = [("sample_id", "in", ids)]
+        condition = ds.field("sample_id").isin(ids)
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)
+    rows = dataset.to_table(filter=condition)
+    rank = pa.array([_ACTION_ORDER.get(a, 9) for a in rows.column("action").to_pylist()], pa.int8())
+    rows = rows.append_column("_rank", rank)
+    return rows.sort_by([("ts", "ascending"), ("_rank", "ascending")]).drop_columns(["_rank"])
+
+
+def _ref(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text  # released rows carry the plain release name
+
+
+@dataclass(frozen=True)
+class SampleStory:
+    sample_id: str
+    fate: str  # kept | dropped | quarantined | redacted | unknown
+    origins: list[dict[str, Any]] = field(default_factory=list)  # source_uri, source_offset, run_id
+    events: list[dict[str, Any]] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)
+    exports: list[Any] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _fate(events: list[dict[str, Any]]) -> str:
+    if not events:
+        return "unknown"
+    pipeline = [e for e in events if not (e["run_id"] or "").startswith("release/")]
+    if any(e["action"] == "quarantined" for e in pipeline):
+        return "quarantined"
+    if any(e["action"] == "dropped" for e in pipeline):
+        return "dropped"
+    if any(e["action"] == "dropped" and (e["op"] or "").startswith("release.redact") for e in events):
+        return "redacted"
+    return "kept"
+
+
+def story_from_events(sample_id: str, rows: list[dict[str, Any]]) -> SampleStory:
+    events = []
+    for row in rows:
+        event = {k: row[k] for k in ("action", "op", "params_hash", "reason", "run_id")}
+        event["ts"] = row["ts"].isoformat() if row["ts"] is not None else None
+        event["ref"] = _ref(row["ref"])
+        events.append(event)
+    origins = [
+        {**(e["ref"] if isinstance(e["ref"], dict) else {}), "run_id": e["run_id"]} for e in events if e["action"] == "ingested"
+    ]
+    releases = list(dict.fromkeys(e["ref"] for e in events if e["action"] == "released"))
+    exports = [e["ref"] for e in events if e["action"] == "exported"]
+    return SampleStory(sample_id, _fate(events), origins, events, releases, exports)
+
+
+def sample_lineage(lake: Lake, sample_id: str) -> SampleStory:
+    """Origin, every operator that changed or annotated it, drops with reasons, releases, exports."""
+    return story_from_events(sample_id, lineage_events(lake, sample_id).to_pylist())
+
+
+@dataclass(frozen=True)
+class SourceStory:
+    source_uri: str
+    records: list[dict[str, Any]]  # one per record (source_offset): sample_id, fate, reason, op, ref, releases
+    counts: dict[str, int]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
+    """What became of every record of one input file: kept, dropped (why), quarantined.
+
+    Records that never got a sample_id (unparseable) come from the ``quarantine`` table.
+    Two records of one file with the same text share a sample_id, so they share a fate.
+    """
+    records: dict[int, dict[str, Any]] = {}
+    if lake.exists(LINEAGE_TABLE):
+        needle = json.dumps(source_uri)
+        ingested = lake.table(LINEAGE_TABLE).to_pyarrow_dataset().to_table(
+            columns=["sample_id", "ref", "run_id"], filter=ds.field("action") == "ingested"
+        )
+        ingested = ingested.filter(pc.match_substring(ingested.column("ref"), needle))
+        for row in ingested.to_pylist():
+            ref = _ref(row["ref"])
+            if isinstance(ref, dict) and ref.get("source_uri") == source_uri:
+                records[int(ref["source_offset"])] = {"source_offset": int(ref["source_offset"]),
+                                                      "sample_id": row["sample_id"], "ingest_run_id": row["run_id"]}
+        ids = sorted({r["sample_id"] for r in records.values()})
+        events = lineage_events(lake, ids).to_pylist() if ids else []
+        by_id: dict[str, list[dict[str, Any]]] = {}
+        for event in events:
+            by_id.setdefault(event["sample_id"], []).append(event)
+        for record in records.values():
+            story = story_from_events(record["sample_id"], by_id.get(record["sample_id"], []))
+            last_drop = next((e for e in reversed(story.events) if e["action"] in ("dropped", "quarantined")), None)
+            record.update(fate=story.fate, releases=story.releases,
+                          reason=last_drop["reason"] if last_drop and story.fate != "kept" else None,
+                          op=last_drop["op"] if last_drop and story.fate != "kept" else None,
+                          ref=last_drop["ref"] if last_drop and story.fate != "kept" else None)
+    if lake.exists("quarantine"):
+        bad = lake.read("quarantine", columns=["source_offset", "reason", "detail", "run_id"],
+                        filters=ds.field("source_uri") == source_uri)
+        for row in bad.to_pylist():
+            offset = int(row["source_offset"])
+            record = records.setdefault(offset, {"source_offset": offset, "sample_id": None, "releases": [],
+                                                 "op": None, "ref": None, "ingest_run_id": row["run_id"]})
+            record.update(fate="quarantined", reason=row["reason"], detail=row["detail"])
+    ordered = [records[k] for k in sorted(records)]
+    counts: dict[str, int] = {}
+    for record in ordered:
+        counts[record["fate"]] = counts.get(record["fate"], 0) + 1
+    return SourceStory(source_uri, ordered, dict(sorted(counts.items())))
