@@ -48,21 +48,13 @@ def _octal(value: int, width: int) -> bytes:
     return f"{value:0{width - 1}o}".encode() + b"\x00"
 
 
-def header(name: str, size: int) -> bytes:
-    """The 512-byte ustar header of a regular file ``name`` of ``size`` bytes."""
-    raw = name.encode("ascii")
-    if len(raw) > 100 or "/" in name or ".." in name or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        raise IntegrityError(f"tar member name {name!r} is not allowed (max 100 bytes, no '/', '..' or control characters)")
-    if size >= 8**11:
-        raise IntegrityError(f"tar member {name!r}: {size} bytes does not fit a ustar header (max 8 GiB)")
+def _template() -> bytes:
     block = bytearray(BLOCK)
-    block[0 : len(raw)] = raw
     block[100:108] = _octal(0o644, 8)
     block[108:116] = _octal(0, 8)  # uid
     block[116:124] = _octal(0, 8)  # gid
-    block[124:136] = _octal(size, 12)
     block[136:148] = _octal(0, 12)  # mtime: fixed for byte-identical shards
-    block[148:156] = b" " * 8  # checksum is computed over the header with this field as spaces
+    block[148:156] = b" " * 8  # the checksum is computed with this field as spaces
     block[156:157] = b"0"
     block[257:263] = b"ustar\x00"
     block[263:265] = b"00"
@@ -70,8 +62,25 @@ def header(name: str, size: int) -> bytes:
     block[297 : 297 + len(_UNAME)] = _UNAME
     block[329:337] = _octal(0, 8)
     block[337:345] = _octal(0, 8)
-    block[148:156] = f"{sum(block):06o}".encode() + b"\x00 "
     return bytes(block)
+
+
+_TEMPLATE = _template()
+_TEMPLATE_SUM = sum(_TEMPLATE)
+_SAFE_NAME = re.compile(r"^[\x20-\x7e]{1,100}$")
+
+
+def header(name: str, size: int) -> bytes:
+    """The 512-byte ustar header of a regular file ``name`` of ``size`` bytes (only name and size vary)."""
+    if not _SAFE_NAME.match(name) or "/" in name or ".." in name:
+        raise IntegrityError(f"tar member name {name!r} is not allowed (1-100 printable ASCII bytes, no '/' or '..')")
+    if size >= 8**11:
+        raise IntegrityError(f"tar member {name!r}: {size} bytes does not fit a ustar header (max 8 GiB)")
+    raw = name.encode("ascii")
+    size_field = _octal(size, 12)
+    checksum = _TEMPLATE_SUM + sum(raw) + sum(size_field)
+    return b"".join((raw, _TEMPLATE[len(raw):124], size_field, _TEMPLATE[136:148],
+                     f"{checksum:06o}".encode(), b"\x00 ", _TEMPLATE[156:]))
 
 
 def member_bytes(name: str, data: bytes) -> bytes:
