@@ -1,0 +1,51 @@
+"""`datahub qa LAKE`: run a Great Expectations suite on a table version; exit 1 when it fails."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from datahub.cli.output import console, print_json
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("qa")
+    def qa(
+        lake: str = typer.Argument(..., help="Lake root: a path or s3://bucket/prefix."),
+        version: Optional[int] = typer.Option(None, "--version", help="Table version to check (default: latest)."),
+        suite: list[str] = typer.Option(["samples.v1"], "--suite", help="Suite name under schemas/gx (repeatable)."),
+        table: str = typer.Option("samples", "--table", help="Lake table to validate."),
+        no_record: bool = typer.Option(False, "--no-record", help="Do not write the result to qa_results."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Validate a table version against QA suites and record the outcome in qa_results."""
+        from datahub.lake import Lake
+        from datahub.qa import run_suites
+
+        results = run_suites(Lake(lake), suites=suite, table=table, version=version, commit=not no_record)
+        ok = all(r.success for r in results)
+        if as_json:
+            print_json({"success": ok, "results": [r.as_dict() for r in results]})
+        else:
+            out = console()
+            for r in results:
+                mark = "[green]passed[/]" if r.success else "[bold red]FAILED[/]"
+                out.print(f"{r.suite} (v{r.suite_version}) on {r.table}@{r.table_version}: {mark}")
+                for e in r.results:
+                    state = "skip" if e["success"] is None else ("ok  " if e["success"] else "FAIL")
+                    column = e["kwargs"].get("column", "")
+                    extra = e.get("skipped") or e.get("error") or _observed(e["observed"])
+                    out.print(f"  {state} {e['expectation']} {column} {extra}")
+        if not ok:
+            raise typer.Exit(1)
+
+
+def _observed(observed: dict | None) -> str:
+    if not observed:
+        return ""
+    if "observed_value" in observed:
+        return f"observed={observed['observed_value']}"
+    if observed.get("unexpected_count"):
+        return f"unexpected={observed['unexpected_count']}/{observed.get('element_count')}"
+    return ""

@@ -1,0 +1,129 @@
+"""QA results: run suites on a table version, record them in ``qa_results``, read them back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.lake.lake import Lake
+from datahub.lake.tables import QA_RESULTS
+
+QA_TABLE = "qa_results"
+
+
+@dataclass(frozen=True)
+class QAResult:
+    """One suite's outcome on one table version."""
+
+    run_id: str
+    table: str
+    table_version: int
+    suite: str
+    suite_version: str
+    success: bool
+    results: list[dict[str, Any]] = field(default_factory=list)
+    ts: datetime | None = None
+
+    @property
+    def failed_expectations(self) -> list[dict[str, Any]]:
+        return [r for r in self.results if r.get("success") is False]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "failed_expectations": self.failed_expectations}
+
+
+def run_suite(
+    lake: Lake,
+    *,
+    suite: str,
+    table: str = "samples",
+    version: int | None = None,
+    run_id: str | None = None,
+    commit: bool = True,
+    suites_dir: str | Path | None = None,
+) -> QAResult:
+    """Validate ``table`` at ``version`` (default: latest) against ``suite``; record it unless ``commit=False``."""
+    return run_suites(lake, suites=[suite], table=table, version=version, run_id=run_id, commit=commit,
+                      suites_dir=suites_dir)[0]
+
+
+def run_suites(
+    lake: Lake,
+    *,
+    suites: Sequence[str],
+    table: str = "samples",
+    version: int | None = None,
+    run_id: str | None = None,
+    commit: bool = True,
+    suites_dir: str | Path | None = None,
+) -> list[QAResult]:
+    """Run several suites on one table version (the table is read once)."""
+    from datahub.qa.suites import load_suite
+    from datahub.qa.validate import run_expectations, validation_frame
+
+    loaded = [load_suite(name, suites_dir=suites_dir) for name in suites]  # bad names fail before reading
+    if version is None:
+        version = int(lake.table(table).version())
+    frame = validation_frame(lake.read(table, version=version))
+    run_id = run_id or f"qa-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}"
+    out = []
+    for s in loaded:
+        success, results = run_expectations(frame, s)
+        result = QAResult(run_id, table, version, s.name, s.version, success, results, datetime.now(timezone.utc))
+        if commit:
+            record(lake, result)
+        out.append(result)
+    return out
+
+
+def record(lake: Lake, result: QAResult) -> int | None:
+    """Commit one result row; idempotent per (run, table, version, suite)."""
+    row = {**{k: getattr(result, k) for k in QA_RESULTS.names if k != "results"}, "results": json.dumps(result.results)}
+    txn = f"qa/{result.run_id}/{result.table}@{result.table_version}/{result.suite}"
+    return lake.commit(QA_TABLE, pa.Table.from_pylist([row], QA_RESULTS), txn=txn,
+                       metadata={"datahub.run_id": result.run_id})
+
+
+def results_for(lake: Lake, *, table: str, version: int) -> list[QAResult]:
+    """The latest recorded result of each suite for ``table`` at ``version`` (sorted by suite)."""
+    if not lake.exists(QA_TABLE):
+        return []
+    rows = lake.read(QA_TABLE, filters=(pc.field("table") == table) & (pc.field("table_version") == version))
+    latest: dict[str, dict[str, Any]] = {}
+    for row in rows.sort_by([("ts", "ascending")]).to_pylist():
+        latest[row["suite"]] = row
+    return [
+        QAResult(r["run_id"], r["table"], int(r["table_version"]), r["suite"], r["suite_version"], bool(r["success"]),
+                 json.loads(r["results"] or "[]"), r["ts"])
+        for _, r in sorted(latest.items())
+    ]
+
+
+def releasable(lake: Lake, *, table: str, version: int, required: Sequence[str] = ()) -> bool:
+    """True when at least one suite ran on this version, the latest run of each passed, and every
+    suite in ``required`` is among them."""
+    results = results_for(lake, table=table, version=version)
+    names = {r.suite for r in results}
+    return bool(results) and all(r.success for r in results) and set(required) <= names
+
+
+def run_for_job(lake: Lake, *, suites: Sequence[str], table: str, version: int | None, run_id: str) -> dict[str, Any]:
+    """What ``run_job`` calls after its samples commit: run the job's suites, return counts."""
+    if version is None:  # nothing new committed (a re-run, or every row dropped): check the current version
+        if not lake.exists(table):
+            return {"table": table, "table_version": None, "success": None, "suites": {}, "skipped": "no table"}
+        version = int(lake.table(table).version())
+    results = run_suites(lake, suites=suites, table=table, version=version, run_id=run_id)
+    return {
+        "table": table,
+        "table_version": version,
+        "success": all(r.success for r in results),
+        "suites": {r.suite: {"success": r.success, "failed": len(r.failed_expectations)} for r in results},
+    }
