@@ -29,7 +29,7 @@ from typing import Any
 
 from datahub.errors import RunLockedError, StorageError
 from datahub.lake.lake import Lake, fsspec_options
-from datahub.retry import retry, storage_errors
+from datahub.retry import DEFAULT_POLICY, retry_policy, storage_errors
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +235,7 @@ def _call(where: str, fn: Any) -> Any:
         with storage_errors(where):
             return fn()
 
-    return retry(attempt, attempts=5, backoff=0.5)
+    return retry_policy(attempt, DEFAULT_POLICY)
 
 
 def read_lease(lake: Lake, job: str) -> LeaseInfo | None:

@@ -76,7 +76,7 @@ def test_kill_then_rerun_matches_clean_run(point, corpus, clean, tmp_path, ray_e
     assert [r["status"] for r in list_runs(str(lake_root))] == ["succeeded"]
 
 
-@pytest.mark.parametrize("point", ["after_commit:samples", "after_commit:lineage"])
+@pytest.mark.parametrize("point", ["after_commit:lineage"])
 def test_kill_during_incremental_run(point, tmp_path, ray_engine):
     """Second run with one new file, killed, re-run: same lake as two clean runs."""
     corpus_dir = make_corpus(tmp_path / "corpus", files=2, per_file=10)

@@ -1,0 +1,112 @@
+"""Job leases on a local lake and on real Ceph S3: refuse, expire, take over a dead holder, heartbeat."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from datahub.errors import RunLockedError
+from datahub.lake import Lake
+from datahub.pipeline.lease import JobLease, list_leases, read_lease
+from tests.ceph import ceph_s3  # noqa: F401
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_second_holder_is_refused_with_a_clear_message(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    with JobLease(lake, "demo", ttl_s=30) as first:
+        first.update(run_id="demo-abc")
+        with pytest.raises(RunLockedError) as error:
+            JobLease(lake, "demo").acquire()
+        message = str(error.value)
+        assert "job 'demo' is already running" in message and "run demo-abc" in message
+        assert f"{lake.root}/_leases/demo.json" in message
+        JobLease(lake, "other-job").acquire().release()  # leases are per job
+    assert read_lease(lake, "demo") is None
+    JobLease(lake, "demo").acquire().release()  # free again after release
+
+
+def test_lease_of_a_dead_process_on_this_host_is_taken_over(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    lease = JobLease(lake, "demo", ttl_s=3600).acquire()
+    path = tmp_path / "lake" / "_leases" / "demo.json"
+    raw = json.loads(path.read_text())
+    raw["pid"] = _dead_pid()
+    path.write_text(json.dumps(raw, sort_keys=True))
+    assert read_lease(lake, "demo").is_stale()
+    taker = JobLease(lake, "demo").acquire()
+    assert taker.took_over is not None and taker.took_over.pid == raw["pid"]
+    # the original holder finds out at its next renewal and must not commit any more
+    with pytest.raises(RunLockedError, match="lost the lease"):
+        lease.renew()
+    with pytest.raises(RunLockedError):
+        lease.ensure_held()
+    lease.release()  # must not delete the new holder's lease
+    assert read_lease(lake, "demo").owner == taker.info.owner
+    taker.release()
+
+
+def test_expired_lease_of_another_host_is_taken_over_and_live_one_is_not(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    JobLease(lake, "demo", ttl_s=0.3).acquire()  # never renewed, never released
+    path = tmp_path / "lake" / "_leases" / "demo.json"
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "host": "some-other-pod"}, sort_keys=True))
+    with pytest.raises(RunLockedError):
+        JobLease(lake, "demo").acquire()
+    time.sleep(0.4)
+    JobLease(lake, "demo").acquire().release()
+
+
+def test_heartbeat_keeps_a_short_lease_alive(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    with JobLease(lake, "demo", ttl_s=0.4):
+        first = read_lease(lake, "demo").expires
+        time.sleep(1.0)  # longer than the ttl: only renewals keep it valid
+        current = read_lease(lake, "demo")
+        assert current.expires > first and not current.is_stale()
+        with pytest.raises(RunLockedError):
+            JobLease(lake, "demo").acquire()
+
+
+def test_racing_takeovers_have_exactly_one_winner(tmp_path):
+    lake_root = tmp_path / "lake"
+    lake = Lake(lake_root)
+    JobLease(lake, "demo").acquire()
+    path = lake_root / "_leases" / "demo.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "pid": _dead_pid()}, sort_keys=True))
+    script = (
+        "import sys, time; from datahub.lake import Lake; from datahub.pipeline.lease import JobLease\n"
+        "from datahub.errors import RunLockedError\n"
+        f"time.sleep(max(0, {time.time() + 1.5} - time.time()))\n"
+        "try:\n    JobLease(Lake(sys.argv[1]), 'demo', ttl_s=60).acquire(); print('won')\n"
+        "except RunLockedError: print('lost')\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(lake_root)], stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    outcomes = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+    assert outcomes == ["lost", "lost", "lost", "won"]
+
+
+def test_lease_on_ceph_s3(ceph_s3):  # noqa: F811
+    lake = Lake(f"s3://{ceph_s3.new_bucket('lease')}/lake", storage_options=ceph_s3.storage_options())
+    with JobLease(lake, "demo", ttl_s=0.8) as held:
+        with pytest.raises(RunLockedError, match="already running"):
+            JobLease(lake, "demo").acquire()
+        time.sleep(1.2)  # heartbeat renews by conditional PUT (If-Match)
+        assert not read_lease(lake, "demo").is_stale()
+        assert [lease.owner for lease in list_leases(lake)] == [held.info.owner]
+    assert read_lease(lake, "demo") is None
+    stale = JobLease(lake, "demo", ttl_s=0.2).acquire()  # left behind, expires
+    time.sleep(0.3)
+    taker = JobLease(lake, "demo").acquire()
+    assert taker.took_over is not None and taker.took_over.owner == stale.info.owner
+    taker.release()
