@@ -1,0 +1,191 @@
+"""Whole fuzzy dedup, datahub kernels vs datatrove's MinHash pipeline, on the same JSONL.
+
+Corpus: English man pages with planted near-duplicates (``_corpus.planted_corpus``), in two
+Parquet files (not JSONL: datatrove's JSONL reader/writer need ``orjson``, not installed
+here; Parquet is read by both, so the input is the same). Same parameters for both: word 5-grams, 14 bands x 8 rows (112 permutations,
+datatrove's defaults), 64-bit hashes. datahub runs in one process on the test ArrowFrame
+(read JSONL -> normalize -> signatures -> band keys -> connected components -> keep rule
+-> filtered Parquet); the Ray wiring comes later. datatrove runs its four stages with
+LocalPipelineExecutor, workers=2 (tasks=2 for signatures and filtering, tasks=14 =
+num_buckets for bucketing, which it requires, tasks=1 for clustering).
+
+Ground truth: connected components of the pairs whose exact word-5-gram Jaccard (our
+normalization) is >= --threshold; F1 is pairwise over same-cluster pairs. Ends with
+``time_ratio_vs_datatrove: X`` (datatrove seconds / datahub seconds), ``f1: X``, ``f1_datatrove: X``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from benchmarks._corpus import components, exact_jaccard_pairs, pair_scores, planted_corpus  # noqa: E402
+from operators.dedup.clustering import MarkDuplicates, near_duplicate_clusters  # noqa: E402
+from operators.dedup.minhash import MinHasher  # noqa: E402
+from operators.dedup.normalize import normalize_texts  # noqa: E402
+from tests.operators.dedup.arrow_frame import ArrowFrame  # noqa: E402
+
+BANDS, ROWS, NGRAM = 14, 8, 5
+
+
+def run_datahub(inputs: list[Path], out_dir: Path) -> tuple[float, dict[str, str], int]:
+    start = time.perf_counter()
+    table = pa.concat_tables([pq.read_table(p) for p in inputs]).rename_columns(["sample_id", "text"])
+    docs = ArrowFrame(table, batch_size=1024)
+    hasher = MinHasher(num_perm=BANDS * ROWS, seed=1, scheme="affine64", ngram=NGRAM)
+    clusters = near_duplicate_clusters(docs, minhasher=hasher, bands=BANDS, rows=ROWS).to_arrow()
+    joined = table.join(clusters, keys="sample_id", join_type="left outer", use_threads=False)
+    marked = MarkDuplicates()(joined)
+    kept = marked.filter(pc.is_null(marked.column("_drop_reason"))).select(["sample_id", "text"])
+    pq.write_table(kept, out_dir / "kept.parquet")
+    elapsed = time.perf_counter() - start
+    labels = dict(zip(clusters.column("sample_id").to_pylist(), clusters.column("cluster_id").to_pylist()))
+    return elapsed, labels, kept.num_rows
+
+
+def _stub_tokenizers(folder: Path) -> None:
+    """datatrove.pipeline.dedup imports HF `tokenizers` (for exact-substring dedup) at import
+    time; MinHash never uses it. If it is not installed, put an inert stand-in on the path
+    (via PYTHONPATH too, so datatrove's worker processes see it)."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("tokenizers") is not None:
+        return
+    package = folder / "tokenizers"
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("Tokenizer = object\n")
+    (package / "processors.py").write_text("TemplateProcessing = object\n")
+    sys.path.insert(0, str(folder))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+
+
+def _xxhash64_of_str(text: str) -> int:
+    # datatrove 0.10.1 passes str to xxhash.xxh64_intdigest, which the installed xxhash
+    # rejects ("Strings must be encoded"); the same hash of the UTF-8 bytes, as intended.
+    import xxhash
+
+    return xxhash.xxh64_intdigest(text.encode("utf-8"))
+
+
+def run_datatrove(input_dir: Path, work: Path) -> tuple[float, dict[str, str], int]:
+    _stub_tokenizers(work / "stubs")
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup.minhash import (
+        MinhashConfig,
+        MinhashDedupBuckets,
+        MinhashDedupCluster,
+        MinhashDedupFilter,
+        MinhashDedupSignature,
+    )
+    from datatrove.pipeline.readers import ParquetReader
+    from datatrove.pipeline.writers import ParquetWriter
+    from datatrove.utils.hashing import HashConfig
+
+    config = MinhashConfig(n_grams=NGRAM, num_buckets=BANDS, hashes_per_bucket=ROWS, hash_config=HashConfig(precision=64))
+    reader = ParquetReader(str(input_dir))
+    start = time.perf_counter()
+    common = {"workers": 2, "logging_dir": None, "skip_completed": False}
+    signature = MinhashDedupSignature(output_folder=str(work / "sigs"), config=config)
+    signature._hash_func = _xxhash64_of_str
+    LocalPipelineExecutor([reader, signature], tasks=2, **common).run()
+    LocalPipelineExecutor(
+        [MinhashDedupBuckets(input_folder=str(work / "sigs"), output_folder=str(work / "buckets"), config=config)],
+        tasks=BANDS,
+        **common,
+    ).run()
+    LocalPipelineExecutor(
+        [MinhashDedupCluster(input_folder=str(work / "buckets"), output_folder=str(work / "remove"), config=config, save_cluster_id=True)],
+        tasks=1,
+        **common,
+    ).run()
+    LocalPipelineExecutor(
+        [
+            ParquetReader(str(input_dir)),
+            MinhashDedupFilter(
+                input_folder=str(work / "remove"),
+                exclusion_writer=ParquetWriter(str(work / "removed")),
+                load_cluster_ids=True,
+            ),
+            ParquetWriter(str(work / "kept")),
+        ],
+        tasks=2,
+        **common,
+    ).run()
+    elapsed = time.perf_counter() - start
+    labels: dict[str, str] = {}
+    kept = 0
+    for folder in ("kept", "removed"):
+        for path in sorted((work / folder).glob("*.parquet")):
+            for record in pq.read_table(path).to_pylist():
+                kept += folder == "kept"
+                cluster = (record.get("metadata") or {}).get("minhash_cluster_id")
+                if cluster is not None and cluster != -1:
+                    labels[record["id"]] = str(cluster)
+    return elapsed, labels, kept
+
+
+def to_labels(ids: list[str], clusters: dict[str, str]) -> np.ndarray:
+    codes: dict[str, int] = {}
+    out = np.arange(len(ids))
+    for i, doc in enumerate(ids):
+        if doc in clusters:
+            out[i] = len(ids) + codes.setdefault(clusters[doc], len(codes))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=3000)
+    parser.add_argument("--threshold", type=float, default=0.75, help="ground-truth exact Jaccard threshold")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    from loguru import logger
+
+    logger.remove()
+
+    texts, _ = planted_corpus(args.docs)
+    ids = [f"doc{i:07d}" for i in range(len(texts))]
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        input_dir = tmp_path / "input"
+        input_dir.mkdir()
+        half = len(texts) // 2
+        for part, (lo, hi) in enumerate([(0, half), (half, len(texts))]):
+            pq.write_table(pa.table({"id": ids[lo:hi], "text": texts[lo:hi]}), input_dir / f"part{part}.parquet")
+        inputs = sorted(input_dir.glob("*.parquet"))
+
+        hasher = MinHasher(ngram=NGRAM)
+        hashes, offsets = hasher.shingler(normalize_texts(pa.array(texts)))
+        truth = components(len(texts), exact_jaccard_pairs(hashes, offsets, args.threshold))
+        n_true_dups = len(texts) - len(np.unique(truth))
+
+        (tmp_path / "ours").mkdir()
+        ours_s, ours_clusters, ours_kept = run_datahub(inputs, tmp_path / "ours")
+        dt_s, dt_clusters, dt_kept = run_datatrove(input_dir, tmp_path / "datatrove")
+
+    p, r, f1 = pair_scores(truth, to_labels(ids, ours_clusters))
+    dp, dr, df1 = pair_scores(truth, to_labels(ids, dt_clusters))
+    print(f"docs: {len(texts)}; ground truth (exact Jaccard >= {args.threshold}): {n_true_dups} removable duplicates")
+    print(f"params: word {NGRAM}-grams, {BANDS} bands x {ROWS} rows, 64-bit hashes")
+    print(f"datahub   : {ours_s:7.2f} s  kept {ours_kept}  removed {len(texts) - ours_kept}  precision {p:.3f} recall {r:.3f} f1 {f1:.3f}")
+    print(f"datatrove : {dt_s:7.2f} s  kept {dt_kept}  removed {len(texts) - dt_kept}  precision {dp:.3f} recall {dr:.3f} f1 {df1:.3f}")
+    print()
+    print(f"time_ratio_vs_datatrove: {dt_s / ours_s:.2f}")
+    print(f"f1: {f1:.3f}")
+    print(f"f1_datatrove: {df1:.3f}")
+
+
+if __name__ == "__main__":
+    main()
