@@ -1,0 +1,338 @@
+"""Arrow on Spark: type mapping, IPC blobs and the picklable functions run inside ``mapInArrow``.
+
+Spark needs a ``mapInArrow`` output schema before it runs anything, but a batch operator's
+output schema is only known from real rows (an operator sees no rows of an all-dropped or
+empty batch, so such batches lack e.g. the ``quality`` struct). So a chain of batch
+functions first writes each output batch as one Arrow IPC blob (a ``binary`` column; the
+schema travels inside the blob), the driver unifies the schemas of all blobs, and a second
+``mapInArrow`` decodes the blobs into typed columns, filling missing columns and struct
+fields with nulls. Frames keep their exact Arrow schema; Spark carries a compatible one.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+BatchFn = Callable[[pa.Table], pa.Table]
+IPC_COLUMN = "ipc"
+IPC_DDL = f"{IPC_COLUMN} binary"
+# Rows per IPC blob: a blob is one Spark row, so keep it far below Spark's 2 GiB value limit.
+MAX_BLOB_ROWS = 4096
+
+
+# ---- types ------------------------------------------------------------------------------
+
+
+def spark_compatible_type(arrow_type: pa.DataType) -> pa.DataType:
+    """The Arrow type Spark can carry for ``arrow_type`` (Spark has no unsigned, null or fixed-size types)."""
+    t = arrow_type
+    if pa.types.is_null(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_uint8(t):
+        return pa.int16()
+    if pa.types.is_uint16(t):
+        return pa.int32()
+    if pa.types.is_uint32(t):
+        return pa.int64()
+    if pa.types.is_uint64(t):
+        return pa.decimal128(20, 0)  # exact and order-preserving, unlike a wrapping int64
+    if pa.types.is_float16(t):
+        return pa.float32()
+    if pa.types.is_dictionary(t):
+        return spark_compatible_type(t.value_type)
+    if pa.types.is_timestamp(t):
+        return pa.timestamp("us", tz="UTC" if t.tz else None)
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, spark_compatible_type(f.type)) for f in t])
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return pa.list_(spark_compatible_type(t.value_type))
+    if pa.types.is_map(t):
+        return pa.map_(spark_compatible_type(t.key_type), spark_compatible_type(t.item_type))
+    return t
+
+
+def spark_compatible_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, spark_compatible_type(f.type)) for f in schema])
+
+
+def spark_name(name: str) -> str:
+    """A top-level column name Spark resolves literally (pyspark's mapInArrow trips over dots)."""
+    return name.replace("%", "%25").replace(".", "%2E").replace("`", "%60")
+
+
+def arrow_name(name: str) -> str:
+    return name.replace("%60", "`").replace("%2E", ".").replace("%25", "%")
+
+
+def spark_side_schema(schema: pa.Schema) -> pa.Schema:
+    """What Spark carries: compatible types, escaped top-level names."""
+    return pa.schema([pa.field(spark_name(f.name), spark_compatible_type(f.type)) for f in schema])
+
+
+def spark_schema(schema: pa.Schema) -> Any:
+    """The ``pyspark.sql.types.StructType`` for an Arrow schema."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(spark_side_schema(schema))
+
+
+def from_spark_side(table: pa.Table) -> pa.Table:
+    return table.rename_columns([arrow_name(c) for c in table.column_names])
+
+
+# ---- conforming -------------------------------------------------------------------------
+
+
+def conform_array(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
+    """Cast ``values`` to ``target``; struct fields are matched by name, missing ones become null."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
+    if values.type == target:
+        return values
+    n = len(values)
+    if pa.types.is_null(target):
+        return pa.nulls(n)
+    if pa.types.is_null(values.type):
+        return pa.nulls(n, target)
+    if pa.types.is_struct(target) and pa.types.is_struct(values.type):
+        present = {values.type.field(i).name: i for i in range(values.type.num_fields)}
+        children = [
+            conform_array(values.field(present[f.name]), f.type) if f.name in present else pa.nulls(n, f.type)
+            for f in target
+        ]
+        return pa.StructArray.from_arrays(children, fields=list(target), mask=values.is_null() if values.null_count else None)
+    # unsafe: uint64 <-> decimal128(20, 0) and timestamp unit changes are exact here
+    return values.cast(target, safe=False)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema``'s columns: cast by name, missing columns all null."""
+    if table.schema == schema:
+        return table
+    n = table.num_rows
+    columns = [
+        conform_array(table.column(f.name), f.type) if f.name in table.column_names else pa.nulls(n, f.type)
+        for f in schema
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def unify(schemas: Iterable[pa.Schema]) -> pa.Schema:
+    """One schema for batches that may lack columns or struct fields (nulls promote to the real type)."""
+    return pa.unify_schemas(list(schemas), promote_options="permissive")
+
+
+# ---- IPC blobs --------------------------------------------------------------------------
+
+
+def encode(table: pa.Table) -> list[bytes]:
+    """One IPC stream per slice of at most MAX_BLOB_ROWS rows (one blob even for 0 rows: it carries the schema)."""
+    blobs = []
+    for start in range(0, max(table.num_rows, 1), MAX_BLOB_ROWS):
+        part = table.slice(start, MAX_BLOB_ROWS)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, part.schema) as writer:
+            writer.write_table(part)
+        blobs.append(sink.getvalue().to_pybytes())
+    return blobs
+
+
+def decode(blob: bytes | bytearray | memoryview) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).read_all()
+
+
+def blob_schema(blob: bytes | bytearray | memoryview) -> pa.Schema:
+    return pa.ipc.open_stream(pa.py_buffer(blob)).schema
+
+
+def _blobs(batch: pa.RecordBatch) -> Iterator[Any]:
+    column = batch.column(IPC_COLUMN)
+    for i in range(batch.num_rows):
+        scalar = column[i]
+        if scalar.is_valid:
+            yield scalar.as_buffer()
+
+
+def _ipc_batch(blobs: Sequence[bytes]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(blobs, pa.binary())], names=[IPC_COLUMN])
+
+
+# ---- functions run by mapInArrow on the executors --------------------------------------
+
+
+@dataclass(frozen=True)
+class ApplyChain:
+    """Input (typed rows of ``input_schema``, or IPC blobs when it is None) -> fns -> output.
+
+    ``output_schema`` None: IPC blobs (schema still open); else typed Spark-compatible batches.
+    """
+
+    fns: tuple[BatchFn, ...]
+    input_schema: pa.Schema | None
+    output_schema: pa.Schema | None = None
+    node: str = "map"
+
+    def _tables(self, batch: pa.RecordBatch) -> Iterator[pa.Table]:
+        if self.input_schema is None:
+            for blob in _blobs(batch):
+                yield decode(blob)
+        else:
+            yield conform(from_spark_side(pa.Table.from_batches([batch])), self.input_schema)
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        spark_output = spark_side_schema(self.output_schema) if self.output_schema is not None else None
+        for batch in batches:
+            for table in self._tables(batch):
+                for fn in self.fns:
+                    table = fn(table)
+                if spark_output is None:
+                    yield _ipc_batch(encode(table))
+                elif table.num_rows:
+                    try:
+                        typed = conform(conform(table, self.output_schema), spark_compatible_schema(self.output_schema))  # type: ignore[arg-type]
+                        typed = typed.rename_columns(spark_output.names)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                        raise TypeError(
+                            f"graph node {self.node!r}: a batch with schema {table.schema} does not fit the "
+                            f"frame schema {self.output_schema}: {exc}"
+                        ) from exc
+                    yield from typed.to_batches()
+
+
+@dataclass(frozen=True)
+class SchemasOf:
+    """IPC blobs -> the distinct serialized schemas of this partition."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        seen: dict[bytes, None] = {}
+        for batch in batches:
+            for blob in _blobs(batch):
+                seen.setdefault(blob_schema(blob).serialize().to_pybytes())
+        yield pa.record_batch([pa.array(list(seen), pa.binary())], names=["schema"])
+
+
+@dataclass(frozen=True)
+class RowCounts:
+    """IPC blobs -> one row count per blob (the blobs are not decoded beyond their batch headers)."""
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            counts = [sum(b.num_rows for b in pa.ipc.open_stream(blob)) for blob in _blobs(batch)]
+            yield pa.record_batch([pa.array(counts, pa.int64())], names=["rows"])
+
+
+@dataclass(frozen=True)
+class ReadFiles:
+    """An index of input files -> IPC blobs of the rows ``read`` yields for each file."""
+
+    read: Callable[[Any], Iterator[pa.Table]]
+    files: tuple[Any, ...]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            for index in batch.column("index").to_pylist():
+                for table in self.read(self.files[index]):
+                    yield _ipc_batch(encode(table))
+
+
+# ---- executors write Parquet ------------------------------------------------------------
+
+WRITTEN_DDL = "uri string, size long, rows long, stats string"
+
+
+@dataclass(frozen=True)
+class WriteParquet:
+    """IPC blobs of one partition -> one Parquet file under ``directory``; yields its description."""
+
+    directory: str
+    schema: pa.Schema
+    storage_options: tuple[tuple[str, str], ...] = ()
+    prefix: str = "part"
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import fsspec
+        import pyarrow.parquet as pq
+
+        from datahub.lake.lake import fsspec_options
+
+        fs, root = fsspec.core.url_to_fs(self.directory, **fsspec_options(dict(self.storage_options)))
+        scheme = self.directory.split("://", 1)[0] + "://" if "://" in self.directory else ""
+        name = f"{self.prefix}-{uuid.uuid4().hex}.parquet"
+        path = f"{root.rstrip('/')}/{name}"
+        stats = _FileStats(self.schema)
+        writer = None
+        try:
+            for table in (decode(blob) for batch in batches for blob in _blobs(batch)):
+                if not table.num_rows:
+                    continue
+                table = conform(table, self.schema)
+                if writer is None:
+                    fs.makedirs(root, exist_ok=True)
+                    handle = fs.open(path, "wb")
+                    writer = pq.ParquetWriter(handle, self.schema)
+                writer.write_table(table)
+                stats.update(table)
+        finally:
+            if writer is not None:
+                writer.close()
+                handle.close()
+        if writer is None:  # an empty partition writes no file
+            yield pa.RecordBatch.from_pylist([], schema=_WRITTEN)
+            return
+        size = int(fs.info(path)["size"])
+        uri = scheme + path if scheme else path
+        yield pa.RecordBatch.from_pylist([{"uri": uri, "size": size, "rows": stats.rows, "stats": stats.to_json()}], schema=_WRITTEN)
+
+
+_WRITTEN = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
+_STATS_MAX_STRING = 32  # Delta's default string stats prefix length; longer bounds are left out
+
+
+class _FileStats:
+    """Delta file statistics (numRecords, minValues, maxValues, nullCount) of top-level primitive columns."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.rows = 0
+        self.columns = [f.name for f in schema if _stat_type(f.type)]
+        self.min: dict[str, Any] = {}
+        self.max: dict[str, Any] = {}
+        self.nulls: dict[str, int] = {name: 0 for name in self.columns}
+        self.unbounded: set[str] = set()
+
+    def update(self, table: pa.Table) -> None:
+        import pyarrow.compute as pc
+
+        self.rows += table.num_rows
+        for name in self.columns:
+            column = table.column(name)
+            self.nulls[name] += column.null_count
+            bounds = pc.min_max(column)
+            low, high = bounds["min"].as_py(), bounds["max"].as_py()
+            if low is None:
+                continue
+            self.min[name] = low if name not in self.min else min(self.min[name], low)
+            self.max[name] = high if name not in self.max else max(self.max[name], high)
+
+    def to_json(self) -> str:
+        def bound(value: Any) -> Any:
+            if isinstance(value, str) and len(value) > _STATS_MAX_STRING:
+                return None
+            return value.isoformat().replace("+00:00", "Z") if hasattr(value, "isoformat") else value
+
+        mins = {k: bound(v) for k, v in self.min.items() if bound(v) is not None}
+        maxs = {k: bound(v) for k, v in self.max.items() if bound(v) is not None}
+        return json.dumps({"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls})
+
+
+def _stat_type(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_timestamp(t) or pa.types.is_date(t))

@@ -1,0 +1,112 @@
+"""The SparkSession datahub runs on: master and conf from the EngineSpec, Java checked first.
+
+Master: ``engine.master`` (use ``master: ${SPARK_MASTER:-local[2]}`` in a spec to take it
+from the environment), else ``engine.conf["spark.master"]``, else the master spark-submit
+passed (``PYSPARK_GATEWAY_PORT`` set), else ``local[2]``. Workers run this interpreter
+(``sys.executable``, so they find pyarrow and datahub) unless ``spark.pyspark.python`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from datahub.errors import MissingDependencyError, TerminalError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from datahub.config.spec import EngineSpec
+
+DEFAULT_MASTER = "local[2]"
+JAVA_HINT = (
+    "install a Java 17 (or 21) runtime, e.g. `apt-get install openjdk-17-jre-headless` on Debian/Ubuntu, "
+    "or set JAVA_HOME to a JDK/JRE directory that has bin/java"
+)
+
+
+def find_java(environ: Mapping[str, str]) -> str:
+    """The java executable Spark's launcher will use (JAVA_HOME first, then PATH), or a clear error."""
+    java_home = environ.get("JAVA_HOME")
+    if java_home:
+        candidate = os.path.join(java_home, "bin", "java")
+        if os.access(candidate, os.X_OK):
+            return candidate
+        raise TerminalError(f"the Spark engine needs Java: JAVA_HOME={java_home} has no executable bin/java; {JAVA_HINT}")
+    found = shutil.which("java", path=environ.get("PATH", ""))
+    if found is None:
+        raise TerminalError(f"the Spark engine needs Java, but JAVA_HOME is not set and no `java` is on PATH; {JAVA_HINT}")
+    return found
+
+
+def resolve_master(spec: EngineSpec, environ: Mapping[str, str]) -> str | None:
+    """The master URL to set, or None when spark-submit already chose one."""
+    if spec.master:
+        return spec.master
+    if "spark.master" in spec.conf:
+        return spec.conf["spark.master"]
+    if environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its --master wins
+        return None
+    return DEFAULT_MASTER
+
+
+def _is_local(master: str | None) -> bool:
+    return master is not None and (master.startswith("local") or "//127.0.0.1" in master or "//localhost" in master)
+
+
+def _local_cores(master: str) -> int:
+    inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
+    return (os.cpu_count() or 1) if inside.startswith("*") else max(1, int(inside.split(",")[0]))
+
+
+def session_conf(spec: EngineSpec, *, python: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """Spark conf for ``spec``: quiet, UTC, workers on ``python``; ``engine.conf`` overrides all of it."""
+    master = resolve_master(spec, environ)
+    conf: dict[str, str] = {
+        "spark.app.name": "datahub",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",  # Arrow timestamps cross the JVM as UTC
+        "spark.pyspark.python": python,
+        "spark.pyspark.driver.python": python,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
+        "spark.executorEnv.PYTHONWARNINGS": "ignore::FutureWarning",  # pyspark's pandas-version notice
+        "spark.driver.memory": "2g",
+    }
+    if master is not None:
+        conf["spark.master"] = master
+    if master is not None and master.startswith("local"):
+        conf["spark.sql.shuffle.partitions"] = str(max(4, 2 * _local_cores(master)))
+    if _is_local(master):  # an embedded or loopback cluster: never listen on other interfaces
+        conf["spark.driver.bindAddress"] = "127.0.0.1"
+        conf["spark.driver.host"] = "127.0.0.1"
+    conf.update(spec.conf)
+    return conf
+
+
+def build_session(spec: EngineSpec, *, environ: Mapping[str, str] | None = None) -> SparkSession:
+    """Start (or join) a SparkSession configured from ``spec``."""
+    env = os.environ if environ is None else environ
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as exc:
+        raise MissingDependencyError(f"the Spark engine needs pyspark ({exc}); install it with: pip install 'datahub[spark]'") from exc
+    find_java(env)
+    conf = session_conf(spec, python=sys.executable, environ=env)
+    builder: Any = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    configure_context(session, conf)
+    return session
+
+
+def configure_context(session: SparkSession, conf: Mapping[str, str]) -> None:
+    """Per-context settings Spark does not take from conf: worker python and log level."""
+    context = session.sparkContext
+    # pyspark reads only PYSPARK_PYTHON for its workers; set it on this context, not in os.environ.
+    context.pythonExec = conf.get("spark.pyspark.python", sys.executable)
+    context.setLogLevel(conf.get("spark.log.level", "WARN"))
