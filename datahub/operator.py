@@ -194,7 +194,9 @@ def apply_batch_operator(operator: BatchOperator, table: pa.Table, *, node: str)
     processed = _set_column(processed, EVENT_PREFIX + node, event)
     if dead.num_rows:
         dead = _set_column(dead, EVENT_PREFIX + node, pa.nulls(dead.num_rows, pa.string()))
-        return pa.concat_tables([processed, dead.select(processed.column_names)], promote_options="permissive")
+        # Columns an operator added (e.g. `quality`) are null for the dead rows.
+        dead = dead.select([c for c in processed.column_names if c in dead.column_names])
+        return pa.concat_tables([processed, dead], promote_options="permissive").select(processed.column_names)
     return processed
 
 
