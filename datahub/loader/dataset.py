@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from datahub.loader.decode import DecodeMode, make_decoder
+from datahub.loader.decode import DecodeMode, SampleReader, make_decoder
 from datahub.loader.manifest import Manifest, load_manifest
 from datahub.loader.plan import EpochOrder, RankStream, Uneven, rank_stream, resolve_topology, stream_positions
 from datahub.loader.prefetch import Prefetcher
 from datahub.loader.shard_source import ShardSource
-from datahub.loader.tar_index import ShardIndex, index_tar
+from datahub.loader.tar_index import index_tar
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)
     from torch.utils.data import IterableDataset as _Base
@@ -86,7 +86,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         self._worker_resume: dict[str, int] | None = None
         self._consumed = 0  # samples yielded by the live iterator in this process
         self._worker: tuple[int, int] | None = None  # (worker_id, num_workers) when inside a DataLoader worker
-        self._worker_items = 0
+        self._worker_items = 0  # items yielded before the live iterator, plus its batches (samples count via _consumed)
 
     # --- plan -------------------------------------------------------------------------------------------
 
@@ -132,7 +132,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         if self._worker is not None and consumed is None:
             worker_id, num_workers = self._worker
             state["consumed"] = self._start
-            state["worker"] = {"worker_id": worker_id, "num_workers": num_workers, "items": self._worker_items}
+            items = self._worker_items + (self._consumed if self.batch_size is None else 0)
+            state["worker"] = {"worker_id": worker_id, "num_workers": num_workers, "items": items}
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -175,7 +176,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         return self._iterate(worker_id, num_workers, first)
 
     def _worker_chunks(self, stream: RankStream, order: EpochOrder, worker_id: int, num_workers: int, first: int
-                       ) -> Iterator[tuple[list[int], list[int], list[bool], np.ndarray]]:
+                       ) -> Iterator[tuple[list[int], list[int], list[bool], list[int]]]:
         """This worker's samples in chunks: (shard ids, sample indexes, padding flags, per-item sample counts)."""
         size = self.batch_size or 1
         remaining = max(0, len(stream) - self._start)
@@ -193,14 +194,14 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                 counts = np.minimum(size, len(stream) - item_starts)
             positions, padding = stream_positions(stream, offsets)
             shards, indexes = order.lookup(positions)
-            yield shards.tolist(), indexes.tolist(), padding.tolist(), counts
+            yield shards.tolist(), indexes.tolist(), padding.tolist(), counts.tolist()
 
     def _iterate(self, worker_id: int, num_workers: int, first: int) -> Iterator[Any]:
         stream, order = self._stream(), self._order()
         names = [shard.name for shard in self.manifest.shards]
         decode, batch_size = self._decode, self.batch_size
         prefetcher = Prefetcher(self.source.read, depth=self.prefetch_shards, threads=2)
-        live: list[tuple[ShardIndex, memoryview] | None] = [None] * len(names)
+        readers: dict[int, SampleReader] = {}  # shards in use: sample reader bound to the shard's index and bytes
         chunks = self._worker_chunks(stream, order, worker_id, num_workers, first)
         upcoming = next(chunks, None)
         if upcoming is not None:
@@ -211,32 +212,36 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                 upcoming = next(chunks, None)
                 later = set(upcoming[0]) if upcoming is not None else set()
                 if upcoming is not None:
-                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0]) if live[s] is None)
-                # release each shard after its last use in this chunk unless the next chunk needs it too
-                last_use = {shard: k for k, shard in enumerate(shards)}
-                release_at = {k: shard for shard, k in last_use.items() if shard not in later}
+                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0]) if s not in readers)
+                # a shard is released at the first switch after its last use in this chunk, unless the
+                # next chunk needs it too: at most the shards of one shuffle block stay in memory
+                last_use = dict(zip(shards, range(len(shards))))
+                current, read = -1, None
                 batch: list[Any] = []
-                item, in_item = 0, 0
-                for k, shard in enumerate(shards):
-                    current = live[shard]
-                    if current is None:
-                        data = prefetcher.take(shard)
-                        current = live[shard] = (index_tar(data, where=names[shard]), memoryview(data))
-                    sample = decode(current[0], current[1], indexes[k], padding[k], names[shard])
-                    if k in release_at:
-                        live[shard] = None
+                item = 0
+                for k, shard, i, pad in zip(range(len(shards)), shards, indexes, padding):
+                    if shard != current:
+                        if current >= 0 and last_use[current] < k and current not in later:
+                            del readers[current]
+                        read = readers.get(shard)
+                        if read is None:
+                            data = prefetcher.take(shard)
+                            read = readers[shard] = decode(index_tar(data, where=names[shard]), memoryview(data), names[shard])
+                        current = shard
                     if batch_size is None:
+                        sample = read(i, pad)  # type: ignore[misc]
                         self._consumed += 1
-                        self._worker_items += 1
                         yield sample
                         continue
-                    batch.append(sample)
-                    in_item += 1
-                    if in_item == counts[item]:
-                        self._consumed += in_item
+                    batch.append(read(i, pad))  # type: ignore[misc]
+                    if len(batch) == counts[item]:
+                        self._consumed += len(batch)
                         self._worker_items += 1
-                        item, in_item = item + 1, 0
+                        item += 1
                         out, batch = batch, []
                         yield out
+                for shard in [s for s in readers if s not in later]:
+                    del readers[shard]
         finally:
+            readers.clear()
             prefetcher.close()

@@ -6,10 +6,11 @@ import io
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from datahub.errors import IntegrityError
-from datahub.loader.tar_index import index_tar
+from datahub.loader.tar_index import _index_general, _index_plain_ustar, index_tar
 from tests.loader.shards import all_ids, write_release
 
 
@@ -56,3 +57,91 @@ def test_webdataset_library_reads_the_fixture_shards(tmp_path: Path) -> None:
     samples = list(webdataset.WebDataset(urls, shardshuffle=False, empty_check=False))
     assert [s["__key__"] for s in samples] == all_ids(manifest)
     assert all(set(s) >= {"txt", "json"} for s in samples)
+
+
+def _tar(members: list[tuple[str, bytes] | tarfile.TarInfo], fmt: int = tarfile.USTAR_FORMAT) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=fmt) as tar:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                tar.addfile(member)
+                continue
+            name, payload = member
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    return buffer.getvalue()
+
+
+def _as_dicts(index) -> tuple[list[str], list[dict[str, tuple[int, int]]]]:
+    return index.keys, index.members
+
+
+def _directory(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info
+
+
+ODD_LAYOUTS = {
+    "export layout": [("000a.txt", b"alpha"), ("000a.json", b"{}"), ("000b.txt", b""), ("000b.json", b"[1]")],
+    "dots in directories and keys": [("d.v1/x.y.txt", b"1"), ("d.v1/x.y.json", b"2"), ("d.v2/x.txt", b"3")],
+    "members without extension and directories": [_directory("dir"), ("README", b"r"), ("k.txt", b"t"),
+                                                   ("dir/", b""), ("k.bin", b"\x00" * 1000)],
+    "a key that comes back later is a new sample": [("a.txt", b"1"), ("b.txt", b"2"), ("a.json", b"3")],
+    "a repeated extension: the later member wins": [("a.txt", b"first"), ("a.txt", b"second!"), ("a.json", b"{}")],
+    "a 100-byte name without NUL": [("n" * 96 + ".txt", b"x" * 513)],
+    "long extensions": [("a.tar.gz.sha256sum", b"h"), ("a.txt", b"t")],
+    "empty archive": [],
+}
+
+
+@pytest.mark.parametrize("layout", ODD_LAYOUTS, ids=list(ODD_LAYOUTS))
+def test_vectorized_index_agrees_with_the_general_parser(layout: str) -> None:
+    data = _tar(ODD_LAYOUTS[layout])
+    fast = _index_plain_ustar(np.frombuffer(data, np.uint8))
+    assert fast is not None, "plain ustar shards must take the vectorized path"
+    general = _index_general(data, "x.tar")
+    assert _as_dicts(fast) == _as_dicts(general)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:  # and both agree with tarfile on the bytes
+        expected = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    for key, members in zip(fast.keys, fast.members):
+        for ext, (offset, size) in members.items():
+            assert data[offset : offset + size] == expected[f"{key}.{ext}"]
+
+
+def test_archive_without_end_marker_and_with_trailing_garbage() -> None:
+    data = _tar([("a.txt", b"x" * 700), ("b.txt", b"y")])
+    members_end = 5 * 512  # header + 2 data blocks for a, header + 1 data block for b
+    for variant in (data[:members_end], data[:members_end] + b"\x00" * 1024 + b"garbage" * 100):
+        fast = _index_plain_ustar(np.frombuffer(variant, np.uint8))
+        assert fast is not None and _as_dicts(fast) == _as_dicts(_index_general(variant, "x"))
+        assert fast.keys == ["a", "b"]
+
+
+def test_exotic_headers_fall_back_to_the_general_parser() -> None:
+    long_name = "p" * 120 + ".txt"
+    for fmt in (tarfile.PAX_FORMAT, tarfile.GNU_FORMAT):
+        data = _tar([(long_name, b"hi")], fmt)
+        assert _index_plain_ustar(np.frombuffer(data, np.uint8)) is None
+        assert index_tar(data).keys == ["p" * 120]
+    prefixed = _tar([("d" * 90 + "/" + "e" * 60 + ".txt", b"z")])  # ustar splits this name into prefix + name
+    assert _index_plain_ustar(np.frombuffer(prefixed, np.uint8)) is None
+    assert index_tar(prefixed).keys == ["d" * 90 + "/" + "e" * 60]
+    non_ascii = _tar([("é.txt", b"z")], tarfile.GNU_FORMAT)
+    assert index_tar(non_ascii).keys == ["é"]
+
+
+def test_bounds_per_extension() -> None:
+    data = _tar([("a.txt", b"one"), ("a.json", b"{}"), ("b.json", b"[]"), ("c.txt", b"first"), ("c.txt", b"last")])
+    index = index_tar(data)
+    starts, stops = index.bounds("txt")
+    assert [data[s:e] if s >= 0 else None for s, e in zip(starts, stops)] == [b"one", None, b"last"]
+    assert index.bounds("npy") == ([-1, -1, -1], [-1, -1, -1])
+
+
+def test_damaged_size_field_is_an_integrity_error_from_both_paths() -> None:
+    data = bytearray(_tar([("a.txt", b"x")]))
+    data[124:135] = b"0000000zz00"
+    with pytest.raises(IntegrityError, match="non-octal size"):
+        index_tar(bytes(data), where="x.tar")
