@@ -20,6 +20,10 @@ from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_policy, storage_err
 
 WriteData = pa.Table | pa.RecordBatchReader | Iterable[pa.Table]
 
+# Tables looked up by one key: every commit is sorted by it and written in small row groups,
+# so a one-sample lookup reads one row group per file (file and row-group min/max skipping).
+SORTED_LAYOUT: dict[str, tuple[str, int]] = {"lineage": ("sample_id", 32_768)}
+
 
 class Lake:
     """A lake root plus the storage options needed to reach it (no global state)."""
@@ -111,6 +115,7 @@ class Lake:
         metadata: Mapping[str, Any] | None = None,
         partition_by: list[str] | None = None,
         predicate: str | None = None,
+        row_group_rows: int | None = None,
         max_retries: int = 5,
     ) -> int | None:
         """Write ``data`` to table ``name`` as exactly one commit tagged with ``txn``.
@@ -118,6 +123,7 @@ class Lake:
         Returns the new table version, or None when ``txn`` was committed before (no-op).
         Concurrent appends by other writers are retried (Delta optimistic concurrency).
         ``mode="overwrite"`` with a ``predicate`` (SQL) replaces only the matching rows.
+        ``row_group_rows`` caps Parquet row groups, so readers filtering on a sorted column skip more.
         Transient storage errors are retried with backoff when ``data`` is a ``pa.Table``
         (a stream cannot be replayed); the txn check makes a retried commit idempotent.
         """
@@ -126,18 +132,23 @@ class Lake:
         def attempt() -> int | None:
             with storage_errors(f"commit {txn} to {self.table_uri(name)}"):
                 return self._commit_once(name, data, txn=txn, schema=schema, mode=mode, metadata=metadata,
-                                         partition_by=partition_by, predicate=predicate, max_retries=max_retries)
+                                         partition_by=partition_by, predicate=predicate, max_retries=max_retries,
+                                         row_group_rows=row_group_rows)
 
         return retry_policy(attempt, attempts)
 
     def _commit_once(self, name: str, data: WriteData, *, txn: str, schema: pa.Schema | None, mode: str,
                      metadata: Mapping[str, Any] | None, partition_by: list[str] | None, predicate: str | None,
-                     max_retries: int) -> int | None:
-        from deltalake import CommitProperties, Transaction, write_deltalake
+                     max_retries: int, row_group_rows: int | None) -> int | None:
+        from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
         if self.applied(name, txn):
             return None
+        layout = SORTED_LAYOUT.get(name)
+        if layout is not None and isinstance(data, pa.Table) and layout[0] in data.column_names:
+            data = data.sort_by([(layout[0], "ascending")])
+            row_group_rows = row_group_rows or layout[1]
         reader = _as_reader(data, schema)
         exists = self.exists(name)
         custom = {"datahub.txn": txn, **{k: _meta_value(v) for k, v in (metadata or {}).items()}}
@@ -156,6 +167,7 @@ class Lake:
                 partition_by=None if exists else partition_by,
                 storage_options=self.storage_options or None,
                 commit_properties=props,
+                writer_properties=WriterProperties(max_row_group_size=row_group_rows) if row_group_rows else None,
             )
         except CommitFailedError as exc:
             if self.applied(name, txn):  # a concurrent writer of the same txn won the race

@@ -251,8 +251,6 @@ def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSp
         if schema is None or lake.exists(table):
             return None
         data = schema.empty_table()  # create the table so readers find it
-    if table == "lineage":
-        data = data.sort_by([("sample_id", "ascending")])  # file min/max stats narrow id lookups
     return lake.commit(table, data, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name},
                        mode="overwrite" if replace else "append", predicate=replace)
 
