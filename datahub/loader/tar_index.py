@@ -88,9 +88,7 @@ def _index_plain_ustar(array: np.ndarray) -> ShardIndex | None:
     fields = blocks[:, 120:136].copy()  # one strided gather; the rest works on this small contiguous copy
     words = fields.view("<u8")
     plain = ((words[:, 0] & _DIGITS_MASK[0]) == _DIGITS_WANT[0]) & ((words[:, 1] & _DIGITS_MASK[1]) == _DIGITS_WANT[1])
-    sizes = np.zeros(count, dtype=np.int64)
-    for column in range(4, 15):
-        sizes = sizes * 8 + (fields[:, column] & 7)
+    sizes = _octal_words(np.ascontiguousarray(words[:, 0]), np.ascontiguousarray(words[:, 1]))
     following = np.arange(1, count + 1) + ((sizes + BLOCK - 1) >> 9)
     following[~plain] = count  # stop the chain at anything but a plain header (end marker included)
     chain = memoryview(following)  # plain ints per lookup without converting the whole array
@@ -109,20 +107,24 @@ def _index_plain_ustar(array: np.ndarray) -> ShardIndex | None:
     if not headers:
         return _build([], [], [], [], [])
     heads = np.asarray(headers, dtype=np.int64)
-    typeflags = blocks[heads, 156]
+    header_blocks = blocks[heads]  # one gather of the headers; the checks below then read cached memory
+    typeflags = header_blocks[:, 156]
     if np.isin(typeflags, (_GNU_LONGNAME, _PAX, _PAX_GLOBAL)).any():
         return None
-    prefixed = heads[blocks[heads, 345] != 0]
-    if len(prefixed) and (blocks[prefixed, 257:262] == np.frombuffer(b"ustar", np.uint8)).all(axis=1).any():
+    prefixed = header_blocks[header_blocks[:, 345] != 0]
+    if len(prefixed) and (prefixed[:, 257:262] == np.frombuffer(b"ustar", np.uint8)).all(axis=1).any():
         return None  # names with a ustar prefix
-    heads = heads[np.isin(typeflags, _REGULAR)]
-    names = blocks[heads, :100]
+    regular = np.isin(typeflags, _REGULAR)
+    heads = heads[regular]
+    names = header_blocks[regular, :100] if not regular.all() else np.ascontiguousarray(header_blocks[:, :100])
     if names.size and names.max() >= 0x80:
         return None  # non-ASCII names: the general parser decodes (and rejects) UTF-8
     strings = names.view("S100").ravel()  # numpy strips the NUL padding
     length = np.strings.str_len(strings)
     if np.count_nonzero(names) != int(length.sum()):  # equal only if no row has a NUL before its last byte
         return None  # a NUL inside the name field ends the name: the general parser handles it
+    if len(length):
+        strings = strings.astype(f"S{max(1, int(length.max()))}")  # narrow strings: the string ops below scale with width
     slash = np.strings.rfind(strings, b"/") if (names == 0x2F).any() else np.full(len(strings), -1)
     dot = np.strings.find(strings, b".", slash + 1)
     has_dot = dot >= 0  # a member without an extension belongs to no sample field
@@ -143,6 +145,23 @@ def _index_plain_ustar(array: np.ndarray) -> ShardIndex | None:
         member_offset=(heads + 1) * BLOCK,
         member_size=sizes[heads],
     )
+
+
+def _octal_words(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Value of the 11 octal digits in bytes 4..7 of ``low`` and 0..6 of ``high`` (little-endian words).
+
+    SWAR: each step merges neighbouring lanes (the lower byte is the more significant digit), so a
+    word of digits takes three multiply-add-mask steps instead of a loop over digits.
+    """
+    u = np.uint64
+    digits = high & u(0x0007070707070707)  # byte 7 (the field's NUL) counts as a trailing 0 digit
+    digits = (digits * u(8) + (digits >> u(8))) & u(0x00FF00FF00FF00FF)
+    digits = (digits * u(64) + (digits >> u(16))) & u(0x0000FFFF0000FFFF)
+    low7 = ((digits * u(4096) + (digits >> u(32))) & u(0xFFFFFFFF)) >> u(3)
+    top = (low >> u(32)) & u(0x07070707)
+    top = (top * u(8) + (top >> u(8))) & u(0x00FF00FF)
+    top4 = (top * u(64) + (top >> u(16))) & u(0xFFFF)
+    return ((top4 << u(21)) | low7).astype(np.int64)
 
 
 def _distinct(values: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
