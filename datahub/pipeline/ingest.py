@@ -12,21 +12,17 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.lake.tables import SAMPLES
 from datahub.operator import DROP_OP, DROP_REASON, DROP_REF, QUARANTINED
 from datahub.sample_id import sample_ids
 from operators.ingest.base import InputFile, reader_for
 
 INGEST_OP = "ingest@1"
 
+# A graph row: the samples columns plus the envelope that travels through operators.
 ROW = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("text", pa.string()),
-        ("source_uri", pa.string()),
-        ("source_offset", pa.int64()),
-        ("source_format", pa.string()),
-        ("ingest_run_id", pa.string()),
-        ("meta", pa.string()),
+    list(SAMPLES)
+    + [
         (DROP_REASON, pa.string()),
         (DROP_OP, pa.string()),
         (DROP_REF, pa.string()),
