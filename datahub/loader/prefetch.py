@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 from concurrent.futures import Future, ThreadPoolExecutor
 
 
 class Prefetcher:
     """``schedule`` shard ids in the order they will be ``take``n; reads run on threads (I/O and sha256 drop the GIL)."""
 
-    def __init__(self, read: Callable[[int], bytes], *, depth: int = 2, threads: int = 2) -> None:
+    def __init__(self, read: Callable[[int], Any], *, depth: int = 2, threads: int = 2) -> None:
         self._read = read
         self._depth = max(0, depth)
         self._queue: deque[int] = deque()
-        self._futures: dict[int, Future[bytes]] = {}
+        self._futures: dict[int, Future[Any]] = {}
         self._pool = ThreadPoolExecutor(max(1, min(threads, self._depth)), thread_name_prefix="datahub-prefetch") if self._depth else None
 
     def schedule(self, shard_ids: Iterable[int]) -> None:
@@ -27,7 +28,7 @@ class Prefetcher:
             if shard not in self._futures:
                 self._futures[shard] = self._pool.submit(self._read, shard)
 
-    def take(self, shard: int) -> bytes:
+    def take(self, shard: int) -> Any:
         future = self._futures.pop(shard, None)
         if future is None:
             try:

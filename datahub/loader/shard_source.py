@@ -5,12 +5,18 @@ source try the next tier; the first failover per tier is logged (later ones are 
 ``failovers``), so a dead tier does not flood the trainer log. The cache keeps verified shards
 under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently used files past
 ``cache_limit_bytes``; a cache hit is checked by size only, as its bytes were verified on entry.
+
+Local files (a POSIX path, ``file://`` or a cache hit) are memory-mapped read-only rather than
+copied into the process: the decoders read the page cache directly, which saves one full copy of
+every shard (the largest single cost after decoding). Replicas and cache entries are replaced
+atomically (rename) or unlinked, never rewritten in place, so a live mapping keeps its bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import os
 import tempfile
 from collections import Counter
@@ -23,9 +29,21 @@ from datahub.loader.manifest import Manifest, ShardEntry
 
 log = logging.getLogger("datahub.loader")
 
+ShardBytes = bytes | mmap.mmap  # what ``read`` returns: both support len, the buffer protocol and hashlib
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # populate: map all pages now, no fault per page
+
+
+def map_file(path: str | os.PathLike[str]) -> ShardBytes:
+    """The file's bytes, memory-mapped read-only (an empty file gives b"", as mmap cannot map it)."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return b""
+        return mmap.mmap(handle.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
+
 
 class ShardSource:
-    """Reads whole shards as ``bytes``; thread-safe for distinct shards (the prefetcher uses threads)."""
+    """Reads whole shards (bytes, or a read-only mmap for local files); thread-safe for distinct shards."""
 
     def __init__(
         self,
@@ -59,7 +77,7 @@ class ShardSource:
             return list(shard.replicas)
         return [tier for tier in self.tier_preference if tier in shard.replicas]
 
-    def read(self, shard_index: int) -> bytes:
+    def read(self, shard_index: int) -> ShardBytes:
         shard = self.manifest.shards[shard_index]
         cached = self._cache_get(shard)
         if cached is not None:
@@ -89,11 +107,10 @@ class ShardSource:
             "Check the tier's storage options and re-run `datahub export` or `datahub tier` to repair the replica."
         )
 
-    def _fetch(self, tier: str, uri: str) -> bytes:
+    def _fetch(self, tier: str, uri: str) -> ShardBytes:
         if "://" not in uri or uri.startswith("file://"):
             path = uri[len("file://") :] if uri.startswith("file://") else uri
-            with open(path, "rb") as handle:  # plain POSIX (cfs mount): no fsspec layer on the hot path
-                return handle.read()
+            return map_file(path)  # plain POSIX (cfs mount): no fsspec layer and no copy on the hot path
         fs = self._filesystems.get(tier)
         if fs is None:
             import fsspec.core
@@ -103,7 +120,7 @@ class ShardSource:
         with fs.open(uri, "rb") as handle:
             return handle.read()
 
-    def _check(self, shard: ShardEntry, data: bytes) -> str | None:
+    def _check(self, shard: ShardEntry, data: ShardBytes) -> str | None:
         if len(data) != shard.size:
             return f"size {len(data)} bytes, manifest says {shard.size}"
         if self.verify and shard.sha256:
@@ -119,13 +136,12 @@ class ShardSource:
             return None
         return self.cache_dir / f"{(shard.sha256 or 'nosha')[:16]}-{shard.name}"
 
-    def _cache_get(self, shard: ShardEntry) -> bytes | None:
+    def _cache_get(self, shard: ShardEntry) -> ShardBytes | None:
         path = self._cache_path(shard)
         if path is None:
             return None
         try:
-            with open(path, "rb") as handle:
-                data = handle.read()
+            data = map_file(path)
         except FileNotFoundError:
             return None
         if len(data) != shard.size:
@@ -135,7 +151,7 @@ class ShardSource:
         self.reads[("cache", shard.name)] += 1
         return data
 
-    def _cache_put(self, shard: ShardEntry, data: bytes) -> None:
+    def _cache_put(self, shard: ShardEntry, data: ShardBytes) -> None:
         path = self._cache_path(shard)
         if path is None or (self.cache_limit_bytes is not None and len(data) > self.cache_limit_bytes):
             return

@@ -114,3 +114,24 @@ def test_import_without_torch(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
     lazy = "import sys, datahub.loader; assert 'torch' not in sys.modules and 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", lazy], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_local_shards_are_mapped_and_survive_atomic_replacement(tmp_path: Path) -> None:
+    import mmap
+    import os
+
+    from datahub.loader.shard_source import map_file
+
+    path = tmp_path / "s.tar"
+    path.write_bytes(b"old bytes" * 100)
+    mapped = map_file(path)
+    assert isinstance(mapped, mmap.mmap) and mapped[:] == b"old bytes" * 100
+    replacement = tmp_path / "s.tar.partial"
+    replacement.write_bytes(b"new")
+    os.replace(replacement, path)  # how tiers and the cache publish: the live mapping keeps the old inode
+    assert mapped[:9] == b"old bytes" and map_file(path)[:] == b"new"
+    path.unlink()
+    assert len(mapped) == 900
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(b"")
+    assert map_file(empty) == b""
