@@ -35,11 +35,17 @@ _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # populate: map
 
 def map_file(path: str | os.PathLike[str]) -> ShardBytes:
     """The file's bytes, memory-mapped read-only (an empty file gives b"", as mmap cannot map it)."""
+    return _map_file(path)[0]
+
+
+def _map_file(path: str | os.PathLike[str]) -> tuple[ShardBytes, tuple[int, ...]]:
+    """The mapping and the identity of the file mapped (device, inode, size, mtime)."""
     with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            return b""
-        return mmap.mmap(handle.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ)
+        stat = os.fstat(handle.fileno())
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if stat.st_size == 0:
+            return b"", identity
+        return mmap.mmap(handle.fileno(), stat.st_size, flags=_MAP_FLAGS, prot=mmap.PROT_READ), identity
 
 
 class ShardSource:
@@ -64,6 +70,10 @@ class ShardSource:
         self.reads: Counter[tuple[str, str]] = Counter()  # (tier or "cache", shard name) -> times read
         self.failovers: Counter[str] = Counter()  # tier -> replicas that failed
         self._filesystems: dict[str, Any] = {}
+        # local replicas whose sha256 matched, by (sha256, device, inode, size, mtime): a later epoch maps the
+        # same unchanged file and need not hash it again; a rewrite or replacement changes the identity
+        self._verified: set[tuple[Any, ...]] = set()
+        self.hashed: Counter[str] = Counter()  # shard name -> times its bytes were hashed
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
 
@@ -86,9 +96,9 @@ class ShardSource:
         for tier in self.tiers_for(shard):
             uri = shard.replicas[tier]
             try:
-                data = self._fetch(tier, uri)
+                data, identity = self._fetch(tier, uri)
                 self.reads[(tier, shard.name)] += 1
-                problem = self._check(shard, data)
+                problem = self._check(shard, data, identity)
             except (OSError, ValueError) as error:  # FileNotFoundError, permission, network, bad URL
                 problem = f"{type(error).__name__}: {error}"
             if problem is None:
@@ -107,10 +117,10 @@ class ShardSource:
             "Check the tier's storage options and re-run `datahub export` or `datahub tier` to repair the replica."
         )
 
-    def _fetch(self, tier: str, uri: str) -> ShardBytes:
+    def _fetch(self, tier: str, uri: str) -> tuple[ShardBytes, tuple[int, ...] | None]:
         if "://" not in uri or uri.startswith("file://"):
             path = uri[len("file://") :] if uri.startswith("file://") else uri
-            return map_file(path)  # plain POSIX (cfs mount): no fsspec layer and no copy on the hot path
+            return _map_file(path)  # plain POSIX (cfs mount): no fsspec layer and no copy on the hot path
         fs = self._filesystems.get(tier)
         if fs is None:
             import fsspec.core
@@ -118,15 +128,21 @@ class ShardSource:
             fs, _ = fsspec.core.url_to_fs(uri, **self.storage.get(tier, {}))
             self._filesystems[tier] = fs
         with fs.open(uri, "rb") as handle:
-            return handle.read()
+            return handle.read(), None  # remote bytes are hashed on every read
 
-    def _check(self, shard: ShardEntry, data: ShardBytes) -> str | None:
+    def _check(self, shard: ShardEntry, data: ShardBytes, identity: tuple[int, ...] | None) -> str | None:
         if len(data) != shard.size:
             return f"size {len(data)} bytes, manifest says {shard.size}"
         if self.verify and shard.sha256:
+            key = (shard.sha256, *identity) if identity is not None else None
+            if key is not None and key in self._verified:
+                return None
+            self.hashed[shard.name] += 1
             digest = hashlib.sha256(data).hexdigest()  # releases the GIL: prefetch threads hash in parallel
             if digest != shard.sha256:
                 return f"sha256 {digest[:12]}... does not match manifest {shard.sha256[:12]}..."
+            if key is not None:
+                self._verified.add(key)
         return None
 
     # --- local cache -------------------------------------------------------------------------------------

@@ -135,3 +135,26 @@ def test_local_shards_are_mapped_and_survive_atomic_replacement(tmp_path: Path) 
     empty = tmp_path / "empty.tar"
     empty.write_bytes(b"")
     assert map_file(empty) == b""
+
+
+def test_unchanged_local_replica_is_hashed_once_per_dataset(tmp_path: Path, two_tiers: dict) -> None:
+    import os
+
+    dataset = ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, shuffle=False,
+                             tier_preference=["cfs", "ceph"], prefetch_shards=0)
+    names = [shard["name"] for shard in two_tiers["shards"]]
+    assert [s["sample_id"] for s in dataset] == all_ids(two_tiers)
+    dataset.set_epoch(1)
+    assert [s["sample_id"] for s in dataset] == all_ids(two_tiers)
+    assert all(dataset.source.hashed[name] == 1 for name in names)  # epoch 1 read the files but did not re-hash
+    assert all(dataset.source.reads[("cfs", name)] == 2 for name in names)
+    first = tmp_path / "cfs" / names[0]
+    data = bytearray(first.read_bytes())
+    data[700] ^= 0xFF
+    first.write_bytes(bytes(data))  # rewritten in place: new mtime/size identity, so it is hashed again
+    stat = first.stat()
+    os.utime(first, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    dataset.set_epoch(2)
+    assert [s["sample_id"] for s in dataset] == all_ids(two_tiers)
+    assert dataset.source.hashed[names[0]] == 3 and dataset.source.failovers["cfs"] == 1  # cfs twice, then ceph
+    assert dataset.source.reads[("ceph", names[0])] == 1
