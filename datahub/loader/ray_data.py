@@ -6,14 +6,16 @@ the same tier failover, cache and checksum as ReleaseDataset. Ray is imported on
 
 from __future__ import annotations
 
-import json
+import codecs
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from datahub.errors import MissingDependencyError
+from datahub.errors import IntegrityError, MissingDependencyError
 from datahub.loader.manifest import Manifest, load_manifest
 from datahub.loader.shard_source import ShardSource
 from datahub.loader.tar_index import index_tar
+
+_utf8 = codecs.utf_8_decode
 
 
 def _read_shards(batch: dict[str, Any], source: ShardSource) -> Any:
@@ -28,14 +30,15 @@ def _read_shards(batch: dict[str, Any], source: ShardSource) -> Any:
         name = source.manifest.shards[int(shard_index)].name
         index = index_tar(data, where=name)
         view = memoryview(data)
+        text_starts, text_stops = index.bounds("txt")
+        meta_starts, meta_stops = index.bounds("json")
         for i, key in enumerate(index.keys):
-            members = index.members[i]
-            offset, size = members["txt"]
+            if text_starts[i] < 0:
+                raise IntegrityError(f"shard {name}: sample {key} has no .txt member")
             sample_ids.append(key)
-            texts.append(str(view[offset : offset + size], "utf-8"))
-            meta = members.get("json")
-            metas.append(str(view[meta[0] : meta[0] + meta[1]], "utf-8") if meta else None)
-            shard_names.append(name)
+            texts.append(_utf8(view[text_starts[i] : text_stops[i]], None, True)[0])
+            metas.append(_utf8(view[meta_starts[i] : meta_stops[i]], None, True)[0] if meta_starts[i] >= 0 else None)
+        shard_names.extend([name] * len(index.keys))
     return pa.table({"sample_id": sample_ids, "text": texts, "meta": metas, "shard": shard_names})
 
 
