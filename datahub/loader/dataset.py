@@ -200,7 +200,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         stream, order = self._stream(), self._order()
         names = [shard.name for shard in self.manifest.shards]
         decode, batch_size = self._decode, self.batch_size
-        prefetcher = Prefetcher(self.source.read, depth=self.prefetch_shards, threads=2)
+        prefetcher = Prefetcher(self.source.read_buffer, depth=self.prefetch_shards, threads=2)
         readers: dict[int, SampleReader] = {}  # shards in use: sample reader bound to the shard's index and bytes
         chunks = self._worker_chunks(stream, order, worker_id, num_workers, first)
         upcoming = next(chunks, None)
@@ -227,6 +227,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                         if read is None:
                             data = prefetcher.take(shard)
                             read = readers[shard] = decode(index_tar(data, where=names[shard]), memoryview(data), names[shard])
+                            del data  # the reader holds the shard now; a release frees it
                         current = shard
                     if batch_size is None:
                         sample = read(i, pad)  # type: ignore[misc]

@@ -26,7 +26,7 @@ def _read_shards(batch: dict[str, Any], source: ShardSource) -> Any:
     metas: list[str | None] = []
     shard_names: list[str] = []
     for shard_index in batch["shard_index"]:
-        data = source.read(int(shard_index))
+        data = source.read_buffer(int(shard_index))
         name = source.manifest.shards[int(shard_index)].name
         index = index_tar(data, where=name)
         view = memoryview(data)

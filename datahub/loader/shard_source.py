@@ -6,8 +6,8 @@ source try the next tier; the first failover per tier is logged (later ones are 
 under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently used files past
 ``cache_limit_bytes``; a cache hit is checked by size only, as its bytes were verified on entry.
 
-Local files (a POSIX path, ``file://`` or a cache hit) are memory-mapped read-only rather than
-copied into the process: the decoders read the page cache directly, which saves one full copy of
+``read_buffer`` (what the loaders use) memory-maps local files (a POSIX path, ``file://`` or a cache
+hit) read-only rather than copying them into the process: the decoders read the page cache directly, which saves one full copy of
 every shard (the largest single cost after decoding). Replicas and cache entries are replaced
 atomically (rename) or unlinked, never rewritten in place, so a live mapping keeps its bytes.
 """
@@ -38,18 +38,20 @@ def map_file(path: str | os.PathLike[str]) -> ShardBytes:
     return _map_file(path)[0]
 
 
-def _map_file(path: str | os.PathLike[str]) -> tuple[ShardBytes, tuple[int, ...]]:
-    """The mapping and the identity of the file mapped (device, inode, size, mtime)."""
+def _map_file(path: str | os.PathLike[str], *, mapped: bool = True) -> tuple[ShardBytes, tuple[int, ...]]:
+    """The bytes (a mapping, or a copy when not ``mapped``) and the file's identity (device, inode, size, mtime)."""
     with open(path, "rb") as handle:
         stat = os.fstat(handle.fileno())
         identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if not mapped:
+            return handle.read(), identity
         if stat.st_size == 0:
             return b"", identity
         return mmap.mmap(handle.fileno(), stat.st_size, flags=_MAP_FLAGS, prot=mmap.PROT_READ), identity
 
 
 class ShardSource:
-    """Reads whole shards (bytes, or a read-only mmap for local files); thread-safe for distinct shards."""
+    """Reads whole shards (``read``: bytes; ``read_buffer``: zero-copy); thread-safe for distinct shards."""
 
     def __init__(
         self,
@@ -87,16 +89,24 @@ class ShardSource:
             return list(shard.replicas)
         return [tier for tier in self.tier_preference if tier in shard.replicas]
 
-    def read(self, shard_index: int) -> ShardBytes:
+    def read(self, shard_index: int) -> bytes:
+        """The shard's verified bytes, as a ``bytes`` copy."""
+        return self._read(shard_index, mapped=False)  # type: ignore[return-value]
+
+    def read_buffer(self, shard_index: int) -> ShardBytes:
+        """The shard's verified bytes without a copy: a read-only mmap for local files, else bytes."""
+        return self._read(shard_index, mapped=True)
+
+    def _read(self, shard_index: int, *, mapped: bool) -> ShardBytes:
         shard = self.manifest.shards[shard_index]
-        cached = self._cache_get(shard)
+        cached = self._cache_get(shard, mapped=mapped)
         if cached is not None:
             return cached
         problems: list[str] = []
         for tier in self.tiers_for(shard):
             uri = shard.replicas[tier]
             try:
-                data, identity = self._fetch(tier, uri)
+                data, identity = self._fetch(tier, uri, mapped=mapped)
                 self.reads[(tier, shard.name)] += 1
                 problem = self._check(shard, data, identity)
             except (OSError, ValueError) as error:  # FileNotFoundError, permission, network, bad URL
@@ -117,10 +127,10 @@ class ShardSource:
             "Check the tier's storage options and re-run `datahub export` or `datahub tier` to repair the replica."
         )
 
-    def _fetch(self, tier: str, uri: str) -> tuple[ShardBytes, tuple[int, ...] | None]:
+    def _fetch(self, tier: str, uri: str, *, mapped: bool) -> tuple[ShardBytes, tuple[int, ...] | None]:
         if "://" not in uri or uri.startswith("file://"):
             path = uri[len("file://") :] if uri.startswith("file://") else uri
-            return _map_file(path)  # plain POSIX (cfs mount): no fsspec layer and no copy on the hot path
+            return _map_file(path, mapped=mapped)  # plain POSIX (cfs mount): no fsspec layer and no copy on the hot path
         fs = self._filesystems.get(tier)
         if fs is None:
             import fsspec.core
@@ -152,12 +162,12 @@ class ShardSource:
             return None
         return self.cache_dir / f"{(shard.sha256 or 'nosha')[:16]}-{shard.name}"
 
-    def _cache_get(self, shard: ShardEntry) -> ShardBytes | None:
+    def _cache_get(self, shard: ShardEntry, *, mapped: bool) -> ShardBytes | None:
         path = self._cache_path(shard)
         if path is None:
             return None
         try:
-            data = map_file(path)
+            data = _map_file(path, mapped=mapped)[0]
         except FileNotFoundError:
             return None
         if len(data) != shard.size:

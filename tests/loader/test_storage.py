@@ -158,3 +158,18 @@ def test_unchanged_local_replica_is_hashed_once_per_dataset(tmp_path: Path, two_
     assert [s["sample_id"] for s in dataset] == all_ids(two_tiers)
     assert dataset.source.hashed[names[0]] == 3 and dataset.source.failovers["cfs"] == 1  # cfs twice, then ceph
     assert dataset.source.reads[("ceph", names[0])] == 1
+
+
+def test_read_copies_and_read_buffer_maps(tmp_path: Path, two_tiers: dict) -> None:
+    import mmap
+
+    from datahub.loader.manifest import load_manifest
+    from datahub.loader.shard_source import ShardSource
+
+    source = ShardSource(load_manifest(str(tmp_path / "manifest.json")), cache_dir=tmp_path / "cache")
+    expected = (tmp_path / "cfs" / two_tiers["shards"][1]["name"]).read_bytes()
+    copied = source.read(1)
+    assert type(copied) is bytes and copied == expected
+    mapped = source.read_buffer(1)  # now a cache hit, mapped from the cache dir
+    assert isinstance(mapped, mmap.mmap) and mapped[:] == expected and source.reads[("cache", two_tiers["shards"][1]["name"])] == 1
+    assert isinstance(ShardSource(source.manifest).read_buffer(0), mmap.mmap)
