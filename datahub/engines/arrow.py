@@ -1,0 +1,94 @@
+"""A single-process ``Frame`` over an in-memory pyarrow Table: no cluster, no workers.
+
+Engine-neutral reference implementation of the Frame interface: global operators
+(dedup) run on it in benchmarks and unit tests exactly as on Ray or Spark.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
+
+import pyarrow as pa
+
+from datahub.engines.base import Engine, ReadFn
+from datahub.engines.frame import Aggregate, BatchFn, Frame
+
+if TYPE_CHECKING:
+    from operators.ingest.base import InputFile
+
+_JOIN_TYPES = {"inner": "inner", "left": "left outer", "left_anti": "left anti"}
+
+
+class ArrowFrame(Frame):
+    """Eager: every operation returns a new frame over a new table; batches of ``batch_size`` rows."""
+
+    def __init__(self, table: pa.Table, *, batch_size: int = 1000) -> None:
+        self.table = table
+        self.batch_size = batch_size
+
+    def _new(self, table: pa.Table) -> ArrowFrame:
+        return ArrowFrame(table, batch_size=self.batch_size)
+
+    def map_batches(self, fn: BatchFn, *, name: str = "map") -> Frame:
+        outputs = [fn(pa.Table.from_batches([b], self.table.schema)) for b in self.table.to_batches(self.batch_size)]
+        if not outputs:
+            outputs = [fn(self.table.schema.empty_table())]
+        return self._new(pa.concat_tables(outputs, promote_options="permissive"))
+
+    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> Frame:
+        grouped = self.table.group_by(keys, use_threads=False).aggregate(
+            [(column, agg) for column, agg in aggregations.values()]
+        )
+        names = {f"{column}_{agg}": out for out, (column, agg) in aggregations.items()}
+        return self._new(grouped.rename_columns([names.get(c, c) for c in grouped.column_names]))
+
+    def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> Frame:
+        assert isinstance(other, ArrowFrame)
+        return self._new(self.table.join(other.table, keys=on, join_type=_JOIN_TYPES[how], use_threads=False))
+
+    def union(self, other: Frame) -> Frame:
+        assert isinstance(other, ArrowFrame)
+        right = other.table.select(self.table.column_names)
+        return self._new(pa.concat_tables([self.table, right], promote_options="permissive"))
+
+    def materialize(self) -> Frame:
+        return self
+
+    def count(self) -> int:
+        return self.table.num_rows
+
+    def iter_batches(self) -> Iterator[pa.Table]:
+        for batch in self.table.to_batches(self.batch_size):
+            yield pa.Table.from_batches([batch], self.table.schema)
+
+    def empty(self) -> pa.Table:
+        return self.table.schema.empty_table()
+
+
+
+class ArrowEngine(Engine):
+    """The in-process engine over ``ArrowFrame``: pass ``engine=ArrowEngine()`` to ``run_job``.
+
+    For benchmarks and small jobs: reads files one after another on the driver, no workers.
+    """
+
+    name = "arrow"
+
+    def __init__(self, *, batch_size: int = 8192) -> None:
+        self.batch_size = batch_size
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def read_files(self, files: list[InputFile], read: ReadFn) -> ArrowFrame:
+        tables = [t for f in files for t in read(f) if t.num_rows]
+        if not tables:
+            return ArrowFrame(pa.table({}), batch_size=self.batch_size)
+        return ArrowFrame(pa.concat_tables(tables, promote_options="permissive"), batch_size=self.batch_size)
+
+    def from_arrow(self, table: pa.Table) -> ArrowFrame:
+        return ArrowFrame(table, batch_size=self.batch_size)

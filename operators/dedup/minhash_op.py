@@ -1,0 +1,218 @@
+"""``minhash_dedup``: near-duplicate removal with MinHash + LSH, clustered on the engine.
+
+Pipeline (every step a Frame operation, so it runs distributed on Ray or Spark):
+
+1. live rows -> MinHash signatures -> one ``(sample_id, band_key)`` edge per LSH band;
+2. incremental: edges of samples kept by earlier runs (lake ``minhash_index``) that share a
+   band key with a new document join the graph; their signatures are never recomputed;
+3. optional ``verify``: candidate pairs confirmed by exact shingle Jaccard (``verify.py``);
+4. connected components over the (confirmed) edges (``clustering.connected_components``);
+5. keep rule (``ranking.py``): lake samples first, then best ``quality.<keep_by>``, then
+   smallest ``sample_id``; the rest are dropped as ``near_duplicate`` with ref
+   ``{"dup_of", "cluster_id", "method": "minhash", "jaccard"?}``;
+6. kept new samples' band keys are appended to ``minhash_index`` (a run side output).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from datahub.operator import GlobalOperator, register
+from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, BandEdges, connected_components
+from operators.dedup.index import MINHASH_INDEX, read_index
+from operators.dedup.lsh import optimal_bands
+from operators.dedup.minhash import MinHasher
+from operators.dedup.params import MinhashDedupParams
+from operators.dedup.ranking import lake_ranks, row_ranks
+from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkByKeeper, NotEqual, Select, alive_mask
+from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
+
+if TYPE_CHECKING:
+    from datahub.engines.frame import Frame
+    from datahub.pipeline.context import RunContext
+
+CLUSTER = "_dedup_cluster"
+SAMPLE_KEEPER = "_dedup_sample_keeper"
+
+
+@dataclass(frozen=True)
+class AddRank:
+    keep_by: str | None
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.append_column(ROW_RANK, row_ranks(table, self.keep_by))
+
+
+@dataclass(frozen=True)
+class KeptIds:
+    """Sample ids of rows still alive after marking."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.filter(alive_mask(table)).select([SAMPLE_ID])
+
+
+@dataclass(frozen=True)
+class IndexRows:
+    params_hash: str
+    run_id: str
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        n = table.num_rows
+        return pa.table({
+            SAMPLE_ID: pc.cast(table.column(SAMPLE_ID), pa.string()),
+            BAND_KEY: pc.cast(table.column(BAND_KEY), pa.int64()),
+            "params_hash": pa.array([self.params_hash] * n, pa.string()),
+            "run_id": pa.array([self.run_id] * n, pa.string()),
+        })
+
+
+@register
+class MinhashDedup(GlobalOperator):
+    """Near duplicates by MinHash-LSH (Broder 1997; Leskovec et al., MMDS ch. 3)."""
+
+    name = "minhash_dedup"
+    version = "1"
+    Params = MinhashDedupParams
+    params: MinhashDedupParams
+
+    def __init__(self, params: object = None) -> None:
+        super().__init__(params)  # type: ignore[arg-type]
+        p = self.params
+        if p.bands is not None and p.rows is not None:
+            self.bands, self.rows = p.bands, p.rows
+        else:
+            self.bands, self.rows = optimal_bands(p.threshold, p.num_perm)
+        self.minhasher = MinHasher(num_perm=p.num_perm, seed=p.seed, scheme=p.scheme, shingle=p.shingle, ngram=p.ngram,
+                                   normalization=p.normalization.build())
+
+    @property
+    def index_params_hash(self) -> str:
+        """What band keys depend on (not threshold/verify/keep_by): rows with another hash never match."""
+        p = self.params
+        payload = {"op": self.name, "v": self.version, "normalization": p.normalization.model_dump(), "shingle": p.shingle,
+                   "ngram": p.ngram, "num_perm": p.num_perm, "seed": p.seed, "scheme": p.scheme,
+                   "bands": self.bands, "rows": self.rows}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def apply(self, frame: Frame, context: RunContext) -> Frame:
+        p = self.params
+        frame = frame.materialize()
+        dead = frame.map_batches(KeepAlive(alive=False), name="minhash_dedup.pass_through")
+        docs = frame.map_batches(KeepAlive(alive=True), name="minhash_dedup.alive").map_batches(
+            AddRank(p.keep_by), name="minhash_dedup.rank").materialize()
+        if docs.count() == 0:
+            return frame
+        new_edges = docs.map_batches(BandEdges(self.minhasher, self.bands, self.rows), name="minhash_dedup.band_edges")
+        new_edges = new_edges.materialize()
+        ranks = docs.map_batches(Select((SAMPLE_ID, ROW_RANK)), name="minhash_dedup.ranks")
+        edges, lake_ids, known = new_edges, None, None
+        if p.incremental:
+            edges, lake_ids, known = self._with_lake_edges(new_edges, context)
+            if lake_ids is not None:
+                ranks = ranks.union(context.engine.from_arrow(pa.table({SAMPLE_ID: lake_ids, ROW_RANK: lake_ranks(lake_ids)})))
+        jaccard = None
+        if p.verify:
+            edges, jaccard = self._verified_edges(edges, docs, lake_ids, context)
+        components = connected_components(edges, max_iterations=p.max_iterations).map_batches(
+            Select((SAMPLE_ID, CLUSTER_ID), ((CLUSTER_ID, CLUSTER),)), name="minhash_dedup.clusters").materialize()
+        # Per sample: its best row (rows sharing a sample_id are exact copies; lake copy first).
+        per_sample = ranks.groupby_agg([SAMPLE_ID], {SAMPLE_KEEPER: (ROW_RANK, "min"), "rows": (ROW_RANK, "count")})
+        per_sample = per_sample.materialize()
+        keepers = components.join(ranks, on=[SAMPLE_ID]).groupby_agg([CLUSTER], {KEEPER_RANK: (ROW_RANK, "min")})
+        clustered = components.join(keepers, on=[CLUSTER])
+        decisions = per_sample.join(clustered, on=[SAMPLE_ID], how="left").map_batches(
+            _ClusterOrSample(), name="minhash_dedup.decisions")
+        if jaccard is not None:
+            decisions = decisions.join(jaccard, on=[SAMPLE_ID], how="left")
+        marked = docs.join(decisions, on=[SAMPLE_ID]).map_batches(
+            MarkByKeeper(self.op_id, "near_duplicate", "minhash", CLUSTER, (ROW_RANK, KEEPER_RANK, CLUSTER, JACCARD)),
+            name="minhash_dedup.mark",
+        ).materialize()
+        context.add_side_output(MINHASH_INDEX, self._index_rows(marked, new_edges, per_sample, known, context))
+        return marked.union(dead)
+
+    def _with_lake_edges(self, new_edges: Frame, context: RunContext) -> tuple[Frame, pa.Array | None, pa.Table | None]:
+        """Add the lake's edges that share a band key with a new document."""
+        match, known = read_index(context, MINHASH_INDEX, columns=[SAMPLE_ID, BAND_KEY], params_hash=self.index_params_hash)
+        if not match.num_rows:
+            return new_edges, None, known
+        new_keys = new_edges.groupby_agg([BAND_KEY], {"n": (SAMPLE_ID, "count")}).map_batches(
+            Select((BAND_KEY,)), name="minhash_dedup.new_band_keys")
+        lake_edges = context.engine.from_arrow(match.select([SAMPLE_ID, BAND_KEY])).join(new_keys, on=[BAND_KEY])
+        matched = lake_edges.to_arrow()  # only lake samples sharing a band with a new one: small
+        if not matched.num_rows:
+            return new_edges, None, known
+        matched = matched.select([SAMPLE_ID, BAND_KEY]).cast(pa.schema([(SAMPLE_ID, pa.string()), (BAND_KEY, pa.int64())]))
+        lake_ids = pc.unique(matched.column(SAMPLE_ID).combine_chunks())
+        return new_edges.union(context.engine.from_arrow(matched)), lake_ids, known
+
+    def _verified_edges(self, edges: Frame, docs: Frame, lake_ids: pa.Array | None,
+                        context: RunContext) -> tuple[Frame, Frame]:
+        """Edges of confirmed (member, anchor) pairs only, and the best Jaccard per sample."""
+        p = self.params
+        buckets = edges.groupby_agg([BAND_KEY], {"members": (SAMPLE_ID, "count"), ANCHOR: (SAMPLE_ID, "min")})
+        buckets = buckets.map_batches(_SharedBuckets(), name="minhash_dedup.shared_buckets").materialize()
+        starred = edges.join(buckets, on=[BAND_KEY]).map_batches(NotEqual(SAMPLE_ID, ANCHOR), name="minhash_dedup.members")
+        starred = starred.materialize()
+        pairs = starred.groupby_agg([SAMPLE_ID, ANCHOR], {"bands": (BAND_KEY, "count")}).map_batches(
+            Select((SAMPLE_ID, ANCHOR)), name="minhash_dedup.pairs")
+        texts = docs.map_batches(Select((SAMPLE_ID, "text")), name="minhash_dedup.texts")
+        if lake_ids is not None and len(lake_ids):
+            lake_texts = context.lake.read("samples", columns=[SAMPLE_ID, "text"],
+                                           filters=ds.field(SAMPLE_ID).isin(lake_ids.to_pylist()))
+            if lake_texts.num_rows:
+                texts = texts.union(context.engine.from_arrow(lake_texts.select([SAMPLE_ID, "text"])))
+        texts = texts.materialize()
+        anchor_texts = texts.map_batches(Select((SAMPLE_ID, "text"), ((SAMPLE_ID, ANCHOR), ("text", ANCHOR_TEXT))),
+                                         name="minhash_dedup.anchor_texts")
+        checked = pairs.join(texts, on=[SAMPLE_ID]).join(anchor_texts, on=[ANCHOR]).map_batches(
+            JaccardCheck(self.minhasher.shingler, p.normalization.build(), p.threshold), name="minhash_dedup.jaccard")
+        confirmed = checked.groupby_agg([SAMPLE_ID, ANCHOR], {JACCARD: (JACCARD, "max")}).materialize()
+        member_edges = starred.join(confirmed.map_batches(Select((SAMPLE_ID, ANCHOR)), name="minhash_dedup.confirmed"),
+                                    on=[SAMPLE_ID, ANCHOR]).map_batches(Select((SAMPLE_ID, BAND_KEY)), name="minhash_dedup.member_edges")
+        anchor_edges = buckets.map_batches(Select((ANCHOR, BAND_KEY), ((ANCHOR, SAMPLE_ID),)), name="minhash_dedup.anchor_edges")
+        best = confirmed.map_batches(Select((SAMPLE_ID, JACCARD)), name="minhash_dedup.jaccard_member").union(
+            confirmed.map_batches(Select((ANCHOR, JACCARD), ((ANCHOR, SAMPLE_ID),)), name="minhash_dedup.jaccard_anchor"))
+        best = best.groupby_agg([SAMPLE_ID], {JACCARD: (JACCARD, "max")})
+        return member_edges.union(anchor_edges.map_batches(Select((SAMPLE_ID, BAND_KEY)), name="minhash_dedup.anchor_order")), best
+
+    def _index_rows(self, marked: Frame, new_edges: Frame, per_sample: Frame, known: pa.Table | None,
+                    context: RunContext) -> Frame:
+        """``minhash_index`` rows: every band key of every kept new sample, each exactly once."""
+        kept = marked.map_batches(KeptIds(), name="minhash_dedup.kept").groupby_agg(
+            [SAMPLE_ID], {"rows": (SAMPLE_ID, "count")})
+        rows = new_edges.join(kept.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.kept_ids"), on=[SAMPLE_ID])
+        if known is not None and known.num_rows:  # --full: never repeat a sample the index lists
+            seen = pa.table({SAMPLE_ID: pc.unique(known.column(SAMPLE_ID))})
+            rows = rows.join(context.engine.from_arrow(seen), on=[SAMPLE_ID], how="left_anti")
+        repeated = per_sample.map_batches(_Repeated(), name="minhash_dedup.repeated").count()
+        if repeated:  # one sample_id in several rows emitted its edges several times
+            rows = rows.groupby_agg([SAMPLE_ID, BAND_KEY], {"n": (SAMPLE_ID, "count")})
+        return rows.map_batches(IndexRows(self.index_params_hash, context.run_id), name="minhash_dedup.index_rows").materialize()
+
+
+class _ClusterOrSample:
+    """Keeper rank and cluster of a sample: its cluster's if clustered, else its own best row's."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        keeper = pc.coalesce(table.column(KEEPER_RANK), table.column(SAMPLE_KEEPER))
+        cluster = pc.coalesce(table.column(CLUSTER), table.column(SAMPLE_ID))
+        return pa.table({SAMPLE_ID: table.column(SAMPLE_ID), CLUSTER: cluster, KEEPER_RANK: keeper})
+
+
+class _SharedBuckets:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        shared = table.filter(pc.greater(table.column("members"), 1))
+        return shared.select([BAND_KEY, ANCHOR])
+
+
+class _Repeated:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.filter(pc.greater(table.column("rows"), 1))
