@@ -31,7 +31,7 @@ from operators.dedup.lsh import optimal_bands
 from operators.dedup.minhash import MinHasher
 from operators.dedup.params import MinhashDedupParams
 from operators.dedup.ranking import lake_ranks, row_ranks
-from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkByKeeper, NotEqual, Select, alive_mask
+from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkByKeeper, NotEqual, Select, alive_mask, string_columns
 from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
 
 if TYPE_CHECKING:
@@ -202,6 +202,7 @@ class _ClusterOrSample:
     """Keeper rank and cluster of a sample: its cluster's if clustered, else its own best row's."""
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        table = string_columns(table)
         keeper = pc.coalesce(table.column(KEEPER_RANK), table.column(SAMPLE_KEEPER))
         cluster = pc.coalesce(table.column(CLUSTER), table.column(SAMPLE_ID))
         return pa.table({SAMPLE_ID: table.column(SAMPLE_ID), CLUSTER: cluster, KEEPER_RANK: keeper})

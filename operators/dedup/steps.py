@@ -121,6 +121,7 @@ class MarkByKeeper:
     same_sample_reason: str = "exact_duplicate"
 
     def __call__(self, table: pa.Table) -> pa.Table:
+        table = string_columns(table)
         if not table.num_rows:
             return string_columns(table.drop_columns([c for c in self.drop_columns if c in table.column_names]))
         keeper_rank = table.column(KEEPER_RANK)
