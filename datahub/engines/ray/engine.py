@@ -40,7 +40,10 @@ class RayFrame(Frame):
                 aggs.append(Count(alias_name=out))
             else:
                 aggs.append(kinds[kind](column, alias_name=out))
-        return self._wrap(self.dataset.groupby(keys if len(keys) > 1 else keys[0]).aggregate(*aggs))
+        # num_partitions: Ray's default hash shuffle has 200 partitions, each a task; on small
+        # frames (every label-propagation round of dedup) that costs seconds per groupby.
+        grouped = self.dataset.groupby(keys if len(keys) > 1 else keys[0], num_partitions=self.parallelism)
+        return self._wrap(grouped.aggregate(*aggs))
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> RayFrame:
         assert isinstance(other, RayFrame)
