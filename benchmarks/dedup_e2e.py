@@ -34,7 +34,7 @@ from benchmarks._corpus import components, exact_jaccard_pairs, pair_scores, pla
 from operators.dedup.clustering import MarkDuplicates, near_duplicate_clusters  # noqa: E402
 from operators.dedup.minhash import MinHasher  # noqa: E402
 from operators.dedup.normalize import normalize_texts  # noqa: E402
-from tests.operators.dedup.arrow_frame import ArrowFrame  # noqa: E402
+from datahub.engines.arrow import ArrowFrame  # noqa: E402
 
 BANDS, ROWS, NGRAM = 14, 8, 5
 
