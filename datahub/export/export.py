@@ -13,18 +13,21 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.export.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
-from datahub.export.samples import KEY_COLUMN, encode, prepare
-from datahub.export.tar import end_of_archive, member_bytes
+from datahub.export.samples import KEY_COLUMN, encode_tar, prepare
+from datahub.export.tar import end_of_archive
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import Tier
 
@@ -90,11 +93,13 @@ def export_table_version(
     shuffle_seed: int | None = None,
     release_digest: str | None = None,
     progress: Progress | None = None,
+    upload_workers: int = 1,
 ) -> Manifest:
     """Write ``table`` at Delta ``version`` as shards ``{release}-NNNNNN.tar`` on ``tier``; return the manifest.
 
     Same table version + settings -> byte-identical shards. Exporting again to the same tier
-    is a no-op; to another tier it adds that tier's replicas to the manifest.
+    is a no-op; to another tier it adds that tier's replicas to the manifest. Shard N+1 is built
+    while shard N uploads; ``upload_workers`` uploads run at once (1 keeps publishes in shard order).
     """
     if not _RELEASE_NAME.match(release_name):
         raise SpecError(f"release name {release_name!r}: use letters, digits, '.', '_' or '-' (max 128, no '/')")
@@ -104,6 +109,8 @@ def export_table_version(
     size_limit = parse_size(shard_size) if shard_size is not None else (None if shard_samples else DEFAULT_SHARD_SIZE)
     if size_limit is not None and size_limit < 4096:
         raise SpecError(f"--shard-size must be at least 4096 bytes, got {size_limit}")
+    if upload_workers < 1:
+        raise SpecError(f"upload_workers must be >= 1, got {upload_workers}")
     settings = {"table": table, "table_version": int(version), "shard_size": size_limit, "shard_samples": shard_samples,
                 "shuffle_seed": shuffle_seed, "format": FORMAT}
     export_key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
@@ -118,14 +125,18 @@ def export_table_version(
     if existing is not None and target.name in existing.tiers:
         return existing  # already exported to this tier: applying twice is a no-op
 
-    data = prepare(lake.read(table, version=version), shuffle_seed=shuffle_seed, where=f"{lake.root}/{table}@v{version}")
     journal = _Journal(target, release_name, export_key)
-    done = journal.verified()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-journal") as early:
+        # reading the journal (and opening the tier's connection) overlaps the Delta read and sort
+        verifying = early.submit(journal.verified)
+        data = prepare(lake.read(table, version=version), shuffle_seed=shuffle_seed,
+                       where=f"{lake.root}/{table}@v{version}")
+        done = verifying.result()
     start = done[-1].end if done else 0
     report("shards", len(done), None)
     for shard in _write_shards(data.slice(start), target, release_name, first_index=len(done), first_row=start,
-                               shard_size=size_limit, shard_samples=shard_samples):
-        journal.record(shard)
+                               shard_size=size_limit, shard_samples=shard_samples, upload_workers=upload_workers,
+                               record=journal.record):
         done.append(shard)
         report("shards", len(done), None)
 
@@ -177,34 +188,99 @@ def _resolve_tier(tier: str | Tier, storage: StorageConfig | None) -> Tier:
     return storage.tier(tier)
 
 
-def _write_shards(rows: pa.Table, tier: Tier, release: str, *, first_index: int, first_row: int,
-                  shard_size: int | None, shard_samples: int | None) -> Any:
-    parts: list[bytes] = []
+@dataclass(frozen=True)
+class _Built:
+    """One shard's bytes, built and waiting for upload."""
+
+    index: int
+    name: str
+    body: bytes
+    samples: int
+    start: int
+
+
+def _build_shards(rows: pa.Table, release: str, *, first_index: int, first_row: int,
+                  shard_size: int | None, shard_samples: int | None) -> Iterator[_Built]:
+    """Cut ``rows`` into shards in order. A shard closes before the sample that would take it past
+    ``shard_size`` (less 1024 bytes of end-of-archive) or at ``shard_samples``; a shard holds at least one sample."""
+    pieces: list[pa.Buffer] = []
     written = count = 0
     index, start = first_index, first_row
 
-    def flush() -> _Done:
-        body = b"".join(parts) + end_of_archive(written)
-        name = shard_name(release, index)
-        uri = tier.uri(release, name)
-        tier.publish(uri, body)
-        if tier.size(uri) != len(body):
-            raise IntegrityError(f"tier {tier.name}: {uri} has the wrong size after writing; check the tier and re-run")
-        return _Done(index, name, len(body), hashlib.sha256(body).hexdigest(), count, start, start + count)
+    def close() -> _Built:
+        body = b"".join([*pieces, end_of_archive(written)])  # the one copy of the shard's bytes
+        return _Built(index, shard_name(release, index), body, count, start)
 
-    for key, members in encode(rows):
-        sample = b"".join(member_bytes(f"{key}.{ext}", payload) for ext, payload in members)
-        full = (shard_samples is not None and count >= shard_samples) or (
-            shard_size is not None and written + len(sample) + 1024 > shard_size)
-        if count and full:
-            yield flush()
-            index, start = index + 1, start + count
-            parts, written, count = [], 0, 0
-        parts.append(sample)
-        written += len(sample)
-        count += 1
+    for samples in encode_tar(rows):
+        offsets = np.frombuffer(samples.buffers()[1], dtype=np.int64)[samples.offset:samples.offset + len(samples) + 1]
+        data = samples.buffers()[2]
+        position, total = 0, len(samples)
+        while position < total:
+            take = total - position
+            if shard_samples is not None:
+                take = min(take, shard_samples - count)
+            if shard_size is not None:  # how many of the next samples still fit, by cumulative size
+                limit = offsets[position] + (shard_size - 1024 - written)
+                take = min(take, int(np.searchsorted(offsets[position + 1:], limit, side="right")))
+            if count == 0:
+                take = max(take, 1)
+            if take:
+                begin, stop = int(offsets[position]), int(offsets[position + take])
+                pieces.append(data.slice(begin, stop - begin))
+                written += stop - begin
+                count += take
+                position += take
+            if position < total:  # the next sample does not fit: this shard is full
+                yield close()
+                index, start = index + 1, start + count
+                pieces, written, count = [], 0, 0
     if count:
-        yield flush()
+        yield close()
+
+
+def _upload(tier: Tier, release: str, shard: _Built, record: Callable[[_Done], None]) -> _Done:
+    """Hash the bytes we send, publish them, check the size the tier reports, journal the shard.
+
+    Runs in an upload thread. Verification here is the size at the destination (one HEAD/stat) plus
+    the sha256 of the exact bytes sent; a resume re-reads and re-hashes every journalled shard at the
+    destination (``_Journal.verified``) before trusting it.
+    """
+    digest = hashlib.sha256(shard.body).hexdigest()  # hashlib releases the GIL: overlaps the next build
+    uri = tier.uri(release, shard.name)
+    tier.publish(uri, shard.body)
+    if tier.size(uri) != len(shard.body):
+        raise IntegrityError(f"tier {tier.name}: {uri} has the wrong size after writing; check the tier and re-run")
+    done = _Done(shard.index, shard.name, len(shard.body), digest, shard.samples, shard.start,
+                 shard.start + shard.samples)
+    record(done)
+    return done
+
+
+def _write_shards(rows: pa.Table, tier: Tier, release: str, *, first_index: int, first_row: int,
+                  shard_size: int | None, shard_samples: int | None, upload_workers: int = 1,
+                  record: Callable[[_Done], None] = lambda shard: None) -> Iterator[_Done]:
+    """Build shard N+1 while shard N uploads; yield finished shards in order.
+
+    At most ``upload_workers`` uploads run at once and one more shard waits built, so memory stays
+    at about ``(upload_workers + 2) * shard_size``. A failed upload raises here after the shards
+    before it were journalled (``record``, called after each upload); a journal entry past a gap is
+    ignored by ``_Journal.verified``, so a re-run uploads from the first unjournalled shard (same bytes).
+    """
+    built = _build_shards(rows, release, first_index=first_index, first_row=first_row, shard_size=shard_size,
+                          shard_samples=shard_samples)
+    with ThreadPoolExecutor(max_workers=upload_workers, thread_name_prefix="datahub-export-upload") as pool:
+        pending: deque[Future[_Done]] = deque()
+        try:
+            for shard in built:
+                pending.append(pool.submit(_upload, tier, release, shard, record))
+                del shard  # the future holds the bytes until uploaded
+                while len(pending) > upload_workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 class _Journal:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+import pyarrow as pa
+
 from datahub.errors import IntegrityError
 
 BLOCK = 512
@@ -98,3 +101,46 @@ def end_of_archive(written: int) -> bytes:
     """Two zero blocks, then zero padding to a full record (as GNU tar writes it)."""
     total = written + 2 * BLOCK
     return _ZERO_BLOCK * 2 + bytes(-total % RECORD)
+
+
+def member_blocks(names: pa.Array, sizes: np.ndarray) -> pa.Array:
+    """``header(name, size)`` for many members at once, as a large_binary array of 512-byte values.
+
+    Same bytes as :func:`header` (tests compare them); one numpy pass instead of a Python call per member.
+    """
+    import pyarrow.compute as pc
+
+    n = len(names)
+    names = pc.cast(names, pa.large_binary())
+    sizes = np.asarray(sizes, dtype=np.int64)
+    text = pc.cast(names, pa.large_string())
+    bad = pc.or_(pc.invert(pc.match_substring_regex(text, r"^[\x20-\x7e]{1,100}$")),
+                 pc.or_(pc.match_substring(text, "/"), pc.match_substring(text, "..")))
+    too_big = sizes >= 8**11
+    if n and (pc.any(bad).as_py() or too_big.any()):
+        first = int(np.flatnonzero(np.asarray(pc.fill_null(bad, True)) | too_big)[0])
+        header(names[first].as_py().decode("ascii", "replace"), int(sizes[first]))  # raises with the message
+    names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
+    offsets = np.frombuffer(names.buffers()[1], dtype=np.int64)[names.offset:names.offset + n + 1]
+    data = np.frombuffer(names.buffers()[2], dtype=np.uint8) if n else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    blocks = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (n, 1))
+    rows = np.repeat(np.arange(n), lengths)
+    columns = np.arange(int(lengths.sum())) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    blocks[rows, columns] = data[offsets[0]:offsets[-1]]
+    blocks[:, 124:135] = ((sizes[:, None] >> (3 * np.arange(10, -1, -1))) & 7) + ord("0")  # 11 octal digits
+    blocks[:, 135] = 0
+    checksum = blocks.sum(axis=1, dtype=np.int64)  # the template holds spaces in the checksum field
+    blocks[:, 148:154] = ((checksum[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
+    blocks[:, 154], blocks[:, 155] = 0, ord(" ")
+    value_offsets = np.arange(n + 1, dtype=np.int64) * BLOCK
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(value_offsets),
+                                                                   pa.py_buffer(blocks.reshape(-1))])
+
+
+def zero_padding(sizes: np.ndarray) -> pa.Array:
+    """Per member, the zero bytes that pad ``size`` data bytes to the next 512-byte boundary (large_binary)."""
+    pads = -np.asarray(sizes, dtype=np.int64) % BLOCK
+    value_offsets = np.concatenate([[0], np.cumsum(pads)]).astype(np.int64)
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(pads), [None, pa.py_buffer(value_offsets),
+                                                                           pa.py_buffer(bytes(int(value_offsets[-1])))])

@@ -200,10 +200,16 @@ class Tier:
                 return
             fs = self.filesystem()
             path = self._path(uri)
-            if fs.exists(path):
-                fs.rm(path, recursive=recursive)
             if isinstance(self.spec, CephTier):
                 fs.invalidate_cache(path)
+                # S3 has no directories: one listing and one bulk DeleteObjects, not exists + expand + rmdir
+                objects = fs.find(path) if recursive else [path]
+                if objects:
+                    fs.rm(objects)
+                fs.invalidate_cache(path)
+                return
+            if fs.exists(path):
+                fs.rm(path, recursive=recursive)
         except FileNotFoundError:
             return
         except OSError as exc:
