@@ -49,10 +49,10 @@ def kept(lake: Lake) -> set[str]:
     return set(lake.read("samples").column("sample_id").to_pylist())
 
 
-def expected_kept(originals: list[str], near: list[str]) -> set[str]:
-    """Keep rule without scores: the smallest sample_id of each {original i, near i} pair."""
+def expected_kept(originals: list[str], near: list[str], exact_of: dict[int, str] | None = None) -> set[str]:
+    """Keep rule without scores: the smallest sample_id of each {original i, copy} pair."""
     ids = {sample_id_of(t) for t in originals}
-    for i, text in enumerate(near):
+    for i, text in [*enumerate(near), *(exact_of or {}).items()]:
         pair = sorted([sample_id_of(originals[i]), sample_id_of(text)])
         ids.discard(pair[1])
         ids.add(pair[0])
@@ -83,15 +83,15 @@ def test_exact_and_near_duplicates_dropped_with_lineage_then_incremental_on_ray(
     assert result.status == "succeeded", result.error
     counts = result.counts
     assert counts["records_read"] == counts["samples_written"] + counts["dropped_total"] + counts["quarantined_total"]
-    assert kept(lake) == expected_kept(originals, near)
+    assert kept(lake) == expected_kept(originals, near, {6: exact[1]})
     d = drops(lake)
     for i in range(4):
         dropped, keeper = dup_partner(originals, near, i)
         ref = d[dropped]
         assert ref["reason"] == "near_duplicate" and ref["method"] == "minhash" and ref["op"] == "minhash_dedup@1"
         assert ref["dup_of"] == keeper and ref["cluster_id"] == min(keeper, dropped)
-    upper = d[sample_id_of(exact[1])]
-    assert upper["reason"] == "exact_duplicate" and upper["dup_of"] == sample_id_of(originals[6])
+    lower, upper = sorted([sample_id_of(originals[6]), sample_id_of(exact[1])])
+    assert d[upper]["reason"] == "exact_duplicate" and d[upper]["dup_of"] == lower and d[upper]["method"] == "exact"
     # originals[5] and originals[7] appear twice with one sample_id: exactly one row kept
     assert counts["samples_written"] == len(originals)
     index_rows = lake.read("minhash_index").num_rows
@@ -106,7 +106,7 @@ def test_exact_and_near_duplicates_dropped_with_lineage_then_incremental_on_ray(
     second = run_job(spec_for(inputs, tmp_path / "lake"), engine=ray_engine)
     assert second.status == "succeeded", second.error and second.counts["records_read"] == 2
     ref = drops(lake)[sample_id_of(late)]
-    assert ref["dup_of"] == sample_id_of(originals[10]) and ref.get("keeper_in_lake") is True
+    assert ref["dup_of"] == sample_id_of(originals[10]) and ref["reason"] == "near_duplicate" and ref.get("keeper_in_lake") is True
     assert sample_id_of(fresh) in kept(lake)
     index = lake.read("minhash_index")
     per_band = index_rows // len(originals)
@@ -122,7 +122,7 @@ def test_two_runs_keep_the_same_samples(tmp_path):
     first = run_job(spec_for(inputs, tmp_path / "l1"), engine=ArrowEngine(batch_size=5))
     second = run_job(spec_for(inputs, tmp_path / "l2"), engine=ArrowEngine(batch_size=3))
     assert first.status == second.status == "succeeded"
-    assert kept(Lake(tmp_path / "l1")) == kept(Lake(tmp_path / "l2")) == expected_kept(originals, near)
+    assert kept(Lake(tmp_path / "l1")) == kept(Lake(tmp_path / "l2")) == expected_kept(originals, near, {6: exact[1]})
     assert drops(Lake(tmp_path / "l1")) == drops(Lake(tmp_path / "l2"))
 
 
