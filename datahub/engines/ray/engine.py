@@ -30,25 +30,28 @@ class RayFrame(Frame):
     def map_batches(self, fn: BatchFn, *, name: str = "map") -> RayFrame:
         return self._wrap(self.dataset.map_batches(_NamedFn(fn, name), batch_format="pyarrow", batch_size=None, zero_copy_batch=True))
 
-    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> RayFrame:
-        from ray.data.aggregate import Count, Max, Min, Sum
+    def _blocks(self) -> tuple[list[Any], pa.Schema]:
+        """The frame computed into object-store blocks, with its schema."""
+        refs = self.dataset.to_arrow_refs()
+        schema = self.empty().schema
+        return list(refs), schema
 
-        kinds = {"min": Min, "max": Max, "sum": Sum}
-        aggs = []
-        for out, (column, kind) in aggregations.items():
-            if kind == "count":
-                aggs.append(Count(alias_name=out))
-            else:
-                aggs.append(kinds[kind](column, alias_name=out))
-        # num_partitions: Ray's default hash shuffle has 200 partitions, each a task; on small
-        # frames (every label-propagation round of dedup) that costs seconds per groupby.
-        grouped = self.dataset.groupby(keys if len(keys) > 1 else keys[0], num_partitions=self.parallelism)
-        return self._wrap(grouped.aggregate(*aggs))
+    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> RayFrame:
+        import ray.data
+
+        from datahub.engines.ray.shuffle import hash_shuffle
+
+        refs = hash_shuffle([self._blocks()], [keys], self.parallelism, _GroupBy(keys, aggregations))
+        return self._wrap(ray.data.from_arrow_refs(refs))
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> RayFrame:
+        import ray.data
+
+        from datahub.engines.ray.shuffle import hash_shuffle
+
         assert isinstance(other, RayFrame)
-        join_type = {"inner": "inner", "left": "left_outer", "left_anti": "left_anti"}[how]
-        return self._wrap(self.dataset.join(other.dataset, join_type=join_type, num_partitions=self.parallelism, on=tuple(on)))
+        refs = hash_shuffle([self._blocks(), other._blocks()], [on, on], self.parallelism, _Join(on, how))
+        return self._wrap(ray.data.from_arrow_refs(refs))
 
     def union(self, other: Frame) -> RayFrame:
         assert isinstance(other, RayFrame)
@@ -70,6 +73,42 @@ class RayFrame(Frame):
             ray_schema = self.dataset.schema()
             schema = getattr(ray_schema, "base_schema", None) if ray_schema is not None else None
         return (schema or pa.schema([])).empty_table()
+
+
+class _GroupBy:
+    """Reducer: pyarrow group_by over one partition (all rows of each key are here)."""
+
+    def __init__(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> None:
+        self.keys = keys
+        self.aggregations = aggregations
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        specs: list[tuple[Any, str]] = []
+        for column, kind in self.aggregations.values():
+            spec = ([], "count_all") if kind == "count" else (column, kind)
+            if spec not in specs:
+                specs.append(spec)
+        grouped = table.group_by(self.keys, use_threads=False).aggregate(specs)
+        # pyarrow names an aggregate "{column}_{kind}" ("count_all" for a row count)
+        columns = {key: grouped.column(key) for key in self.keys}
+        for out, (column, kind) in self.aggregations.items():
+            columns[out] = grouped.column("count_all" if kind == "count" else f"{column}_{kind}")
+        return pa.table(columns)
+
+
+class _Join:
+    """Reducer: pyarrow hash join over one co-partitioned pair."""
+
+    _TYPES = {"inner": "inner", "left": "left outer", "left_anti": "left anti"}
+
+    def __init__(self, on: list[str], how: str) -> None:
+        self.on = on
+        self.how = how
+
+    def __call__(self, left: pa.Table, right: pa.Table) -> pa.Table:
+        joined = left.join(right, self.on, join_type=self._TYPES[self.how], use_threads=False)
+        # same column order as the left side first, then the right's new columns
+        return joined.select([c for c in left.column_names] + [c for c in joined.column_names if c not in left.column_names])
 
 
 class _NamedFn:

@@ -1,0 +1,62 @@
+"""Hash shuffles on Ray core tasks, for RayFrame's groupby and join.
+
+Ray Data's own hash shuffle starts aggregator actors and costs about ten seconds per call on a
+small machine, whatever the data size; global operators (dedup's label propagation) call it
+many times. Here a shuffle is two waves of plain tasks: each input block is split by key hash
+into P parts (one task per block), then each of the P reducers concatenates its parts and runs
+pyarrow's group_by or join. Data moves through the object store; nothing is collected on the
+driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import ray
+
+from datahub.engines.partition import split_by_key
+
+
+@ray.remote
+def _split(table: pa.Table, keys: list[str], partitions: int) -> Any:
+    # an empty block may carry no schema at all; reducers skip empty parts
+    parts = [table] * partitions if table.num_rows == 0 else split_by_key(table, keys, partitions)
+    return parts[0] if partitions == 1 else tuple(parts)
+
+
+@ray.remote
+def _reduce(fn: Callable[..., pa.Table], schemas: Sequence[pa.Schema], *sides_and_parts: Any) -> pa.Table:
+    # sides_and_parts: counts per side, then the parts of side 0, side 1, ...
+    counts = sides_and_parts[: len(schemas)]
+    parts = list(sides_and_parts[len(schemas):])
+    tables = []
+    for schema, count in zip(schemas, counts):
+        mine, parts = parts[:count], parts[count:]
+        mine = [p for p in mine if p.num_rows] or [schema.empty_table()]
+        tables.append(pa.concat_tables(mine, promote_options="permissive"))
+    return fn(*tables)
+
+
+def hash_shuffle(
+    sides: Sequence[tuple[list[ray.ObjectRef], pa.Schema]],
+    keys: Sequence[list[str]],
+    partitions: int,
+    reduce_fn: Callable[..., pa.Table],
+) -> list[ray.ObjectRef]:
+    """Co-partition every side by its keys and run ``reduce_fn(side0, side1, ...)`` per partition."""
+    split_refs: list[list[list[ray.ObjectRef]]] = []  # side -> block -> partition
+    for (blocks, _), side_keys in zip(sides, keys):
+        per_block = []
+        for block in blocks:
+            out = _split.options(num_returns=partitions).remote(block, side_keys, partitions)
+            per_block.append([out] if partitions == 1 else list(out))
+        split_refs.append(per_block)
+    schemas = [schema for _, schema in sides]
+    results = []
+    for p in range(partitions):
+        counts = [len(per_block) for per_block in split_refs]
+        parts = [per_block[b][p] for per_block in split_refs for b in range(len(per_block))]
+        results.append(_reduce.remote(reduce_fn, schemas, *counts, *parts))
+    return results
