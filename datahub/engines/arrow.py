@@ -13,11 +13,11 @@ import pyarrow as pa
 
 from datahub.engines.base import Engine, ReadFn
 from datahub.engines.frame import Aggregate, BatchFn, Frame
+from datahub.engines.kernels import aggregate_table, join_tables
 
 if TYPE_CHECKING:
     from operators.ingest.base import InputFile
 
-_JOIN_TYPES = {"inner": "inner", "left": "left outer", "left_anti": "left anti"}
 
 
 class ArrowFrame(Frame):
@@ -37,15 +37,11 @@ class ArrowFrame(Frame):
         return self._new(pa.concat_tables(outputs, promote_options="permissive"))
 
     def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> Frame:
-        grouped = self.table.group_by(keys, use_threads=False).aggregate(
-            [(column, agg) for column, agg in aggregations.values()]
-        )
-        names = {f"{column}_{agg}": out for out, (column, agg) in aggregations.items()}
-        return self._new(grouped.rename_columns([names.get(c, c) for c in grouped.column_names]))
+        return self._new(aggregate_table(self.table, keys, aggregations))
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> Frame:
         assert isinstance(other, ArrowFrame)
-        return self._new(self.table.join(other.table, keys=on, join_type=_JOIN_TYPES[how], use_threads=False))
+        return self._new(join_tables(self.table, other.table, on, how))
 
     def union(self, other: Frame) -> Frame:
         assert isinstance(other, ArrowFrame)

@@ -62,6 +62,12 @@ def register(app: typer.Typer) -> None:
         out.print(f"  samples dropped    {c.get('dropped_total', 0)}" + (f"  ({', '.join(f'{k}: {v}' for k, v in dropped.items())})" if dropped else ""))
         quarantined = c.get("quarantined", {})
         out.print(f"  quarantined        {c.get('quarantined_total', 0)}" + (f"  ({', '.join(f'{k}: {v}' for k, v in quarantined.items())})" if quarantined else ""))
+        qa = c.get("qa")
+        if qa:
+            verdicts = ", ".join(f"{name} {'passed' if v['success'] else 'FAILED (%d expectations)' % v['failed']}"
+                                 for name, v in qa["suites"].items())
+            colour = "green" if qa["success"] else "red"
+            out.print(f"  qa                 [{colour}]{verdicts}[/] ({qa['table']} v{qa['table_version']})")
         out.print(f"  lake               {result.lake}")
         versions = ", ".join(f"{t} v{v}" for t, v in result.table_versions.items() if v is not None)
         out.print(f"  delta versions     {versions or 'unchanged'}")

@@ -76,39 +76,29 @@ class RayFrame(Frame):
 
 
 class _GroupBy:
-    """Reducer: pyarrow group_by over one partition (all rows of each key are here)."""
+    """Reducer: group one hash partition (all rows of each key are in it)."""
 
     def __init__(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> None:
         self.keys = keys
         self.aggregations = aggregations
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        specs: list[tuple[Any, str]] = []
-        for column, kind in self.aggregations.values():
-            spec = ([], "count_all") if kind == "count" else (column, kind)
-            if spec not in specs:
-                specs.append(spec)
-        grouped = table.group_by(self.keys, use_threads=False).aggregate(specs)
-        # pyarrow names an aggregate "{column}_{kind}" ("count_all" for a row count)
-        columns = {key: grouped.column(key) for key in self.keys}
-        for out, (column, kind) in self.aggregations.items():
-            columns[out] = grouped.column("count_all" if kind == "count" else f"{column}_{kind}")
-        return pa.table(columns)
+        from datahub.engines.kernels import aggregate_table
+
+        return aggregate_table(table, self.keys, self.aggregations)
 
 
 class _Join:
-    """Reducer: pyarrow hash join over one co-partitioned pair."""
-
-    _TYPES = {"inner": "inner", "left": "left outer", "left_anti": "left anti"}
+    """Reducer: join one co-partitioned pair."""
 
     def __init__(self, on: list[str], how: str) -> None:
         self.on = on
         self.how = how
 
     def __call__(self, left: pa.Table, right: pa.Table) -> pa.Table:
-        joined = left.join(right, self.on, join_type=self._TYPES[self.how], use_threads=False)
-        # same column order as the left side first, then the right's new columns
-        return joined.select([c for c in left.column_names] + [c for c in joined.column_names if c not in left.column_names])
+        from datahub.engines.kernels import join_tables
+
+        return join_tables(left, right, self.on, self.how)
 
 
 class _NamedFn:
