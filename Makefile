@@ -18,11 +18,15 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-## demo: fresh lake, the main job on the bundled corpus (embedded local Ray), then the lake summary
+## demo: fresh lake; the main job on the bundled corpus (embedded local Ray); release, export, read it back
 demo: install
-	rm -rf lake/demo
+	rm -rf lake/demo lake/demo-cfs
 	$(BIN)/datahub run jobs/demo.yaml
 	$(BIN)/datahub inspect lake/demo
+	$(BIN)/datahub release create demo-v1 --lake lake/demo
+	$(BIN)/datahub export demo-v1 --lake lake/demo --tier cfs --storage jobs/storage.demo.yaml --shard-samples 50
+	$(BIN)/python -c "from datahub.loader import ReleaseDataset; ds = ReleaseDataset('demo-v1', lake='lake/demo'); \
+	  print('ReleaseDataset read', sum(1 for _ in ds), 'samples of release demo-v1')"
 
 ## system-deps: Debian packages the test-suite needs (Ceph, Chromium); needs root, skipped otherwise
 system-deps:

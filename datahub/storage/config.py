@@ -29,14 +29,13 @@ class CfsTier(_Model):
     """A POSIX mount (Tencent CFS is NFS or CFS Turbo): publish by write-to-temp then rename."""
 
     kind: Literal["cfs"]
-    path: str = Field(..., description="absolute directory on the mount, e.g. /mnt/cfs/releases")
+    path: str = Field(..., description="directory on the mount, e.g. /mnt/cfs/releases (relative: from the current directory)")
 
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: str) -> str:
-        if not os.path.isabs(os.path.expanduser(value)):
-            raise ValueError(f"must be an absolute path, got {value!r}")
-        return os.path.expanduser(value)
+        # a relative path resolves against the current directory, like job spec paths
+        return os.path.abspath(os.path.expanduser(value))
 
 
 class S3Credentials(_Model):
