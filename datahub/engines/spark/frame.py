@@ -10,7 +10,6 @@ when a join, groupBy, union or ``empty()`` needs typed columns.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -89,10 +88,7 @@ class SparkFrame(Frame):
         """Persist the blobs and unify the schemas of every batch: the exact schema of real rows."""
         if self._known is not None:
             return self._known
-        from pyspark import StorageLevel
-
-        blobs = self._encoded_df().persist(StorageLevel.MEMORY_AND_DISK)
-        _unpersist_with(self, blobs)
+        blobs = _keep(self._encoded_df(), eager=False)  # computed by the schema job just below
         found = {row[0] for row in blobs.mapInArrow(SchemasOf(), "schema binary").collect() if row[0] is not None}
         schemas = [pa.ipc.read_schema(pa.py_buffer(s)) for s in sorted(found)]
         if not schemas:  # no partitions at all: ask the functions about an empty input
@@ -196,17 +192,10 @@ class SparkFrame(Frame):
         return SparkFrame(self.session, blobs, schema=schema, encoded=True, parents=(self, other))
 
     def materialize(self) -> SparkFrame:
-        from pyspark import StorageLevel
-
         if self._is_rows:
-            self.df.persist(StorageLevel.MEMORY_AND_DISK)
-            _unpersist_with(self, self.df)
-            self.df.count()
-            return self
-        if self._known is not None and not self.fns and self.df.storageLevel == StorageLevel.NONE:
-            self.df.persist(StorageLevel.MEMORY_AND_DISK)
-            _unpersist_with(self, self.df)
-            self.df.count()
+            return self._new(_keep(self.df, eager=True), schema=self._schema, encoded=False)
+        if self._known is not None and not self.fns:
+            return SparkFrame(self.session, _keep(self.df, eager=True), schema=self._known[1], encoded=True, name=self.name, parents=(self,))
         blobs, schema = self._discover()
         return SparkFrame(self.session, blobs, schema=schema, encoded=True, name=self.name, parents=(self,))
 
@@ -223,10 +212,23 @@ class SparkFrame(Frame):
         target = self._schema if self._is_rows or self._known is not None else None
         if self._known is not None:
             target = self._known[1]
-        for row in self._encoded_df().toLocalIterator(prefetchPartitions=True):
-            table = decode(row[0])
-            if table.num_rows:
-                yield conform(table, target) if target is not None else table
+        from pyspark import StorageLevel
+
+        blobs = self._encoded_df()
+        cached_here = self._known is None and blobs.storageLevel == StorageLevel.NONE
+        if cached_here:
+            # toLocalIterator computes one partition at a time; compute them all in parallel
+            # first (spilling to executor disk), then stream the cached blobs to the driver.
+            blobs = blobs.persist(StorageLevel.MEMORY_AND_DISK)
+            blobs.count()
+        try:
+            for row in blobs.toLocalIterator(prefetchPartitions=True):
+                table = decode(row[0])
+                if table.num_rows:
+                    yield conform(table, target) if target is not None else table
+        finally:
+            if cached_here:
+                _safe_unpersist(blobs)
 
     def empty(self) -> pa.Table:
         return self.schema.empty_table()
@@ -260,10 +262,18 @@ def _col(name: str) -> Any:
     return F.col("`" + spark_name(name) + "`")
 
 
-def _unpersist_with(owner: Any, df: DataFrame) -> None:
-    """Free the cached data once no frame refers to it any more (Spark would recompute if needed)."""
-    finalizer = weakref.finalize(owner, _safe_unpersist, df)
-    finalizer.atexit = False
+def _keep(df: DataFrame, *, eager: bool) -> DataFrame:
+    """Keep ``df``'s data and cut its plan: iterative algorithms (connected components) would
+    otherwise grow the plan every round until planning dominates or the JVM stack overflows.
+
+    With a checkpoint dir (``spark.checkpoint.dir``) the copy is reliable (survives executor
+    loss); otherwise it is a local checkpoint in the executors' block managers (memory, then disk).
+    """
+    from pyspark import StorageLevel
+
+    if df.sparkSession.sparkContext.getCheckpointDir():
+        return df.checkpoint(eager=eager)
+    return df.localCheckpoint(eager=eager, storageLevel=StorageLevel.MEMORY_AND_DISK)
 
 
 def _safe_unpersist(df: DataFrame) -> None:
