@@ -76,7 +76,7 @@ def test_dedup_job_is_identical_on_ray_and_spark(tmp_path, ray_engine, spark_eng
     originals = make_corpus(30, seed=3)
     rng = random.Random(4)
     docs = originals + [edit_words(t, 0.03, rng) for t in originals[:12]] + originals[:5]  # near + exact dups
-    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs) + "{a broken record\n")
     graph = {name: {"op": name, "after": [previous]} for name, previous in zip(_dedup_operators(), ["ingest"] + _dedup_operators())}
     graph["samples"] = {"sink": "samples", "after": [_dedup_operators()[-1]]}
     spec_text = json.dumps({"name": "dedup-parity", "lake": {"root": "x"}, "inputs": [{"uri": str(corpus)}], "graph": graph})
