@@ -31,7 +31,17 @@ def test_export_then_tier_plan_and_apply(tmp_path) -> None:
     assert json.loads(runner.invoke(app, ["tier", "apply", *args]).stdout)["moves"] == []
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text("tiers:\n  cfs:\n    kind: cfs\n    path: relative/dir\n")
+    bad.write_text("tiers:\n  cfs:\n    kind: cfs\n    mount: /mnt/cfs\n")
     failed = runner.invoke(app, ["export", "r2", "--lake", str(tmp_path / "lake"), "--tier", "cfs", "--storage", str(bad),
                                  "--table", "samples"])
     assert failed.exit_code != 0 and "tiers.cfs.cfs.path" in str(failed.exception)
+
+
+def test_relative_cfs_path_resolves_against_the_working_directory(tmp_path, monkeypatch) -> None:
+    """Like a job spec's lake root, a relative tier path is taken from the current directory."""
+    from datahub.storage import load_storage_config
+
+    storage = tmp_path / "storage.yaml"
+    storage.write_text("tiers:\n  cfs:\n    kind: cfs\n    path: ./shards/hot\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_storage_config(storage).tiers["cfs"].path == str(tmp_path / "shards" / "hot")
