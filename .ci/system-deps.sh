@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Debian packages the test-suite needs: Ceph (real S3 via RGW) and Chromium (report rendering test).
+# Debian packages the test-suite needs: Ceph (real S3 via RGW), Chromium (report rendering test) and a
+# Compose client (`docker-compose config` validates docker/compose.yaml; no Docker engine is needed for that).
 # Installs only what is missing; does nothing without root.
 set -euo pipefail
-packages=(ceph-mon ceph-osd ceph-mgr radosgw ceph-common chromium)
+packages=(ceph-mon ceph-osd ceph-mgr radosgw ceph-common chromium docker-compose)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
