@@ -88,7 +88,8 @@ class MinhashDedup(GlobalOperator):
         if p.bands is not None and p.rows is not None:
             self.bands, self.rows = p.bands, p.rows
         else:
-            self.bands, self.rows = optimal_bands(p.threshold, p.num_perm)
+            self.bands, self.rows = optimal_bands(p.threshold, p.num_perm, false_positive_weight=p.false_positive_weight,
+                                                  false_negative_weight=p.false_negative_weight)
         self.minhasher = MinHasher(num_perm=p.num_perm, seed=p.seed, scheme=p.scheme, shingle=p.shingle, ngram=p.ngram,
                                    normalization=p.normalization.build())
 

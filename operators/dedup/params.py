@@ -43,6 +43,10 @@ class MinhashDedupParams(DedupParams):
     threshold: float = Field(0.8, gt=0, le=1)
     bands: int | None = Field(None, ge=1)
     rows: int | None = Field(None, ge=1)
+    # datasketch MinHashLSH(weights=(fp, fn)): how optimal (bands, rows) trade false positives
+    # (pairs below threshold becoming candidates) against false negatives (pairs above it missed).
+    false_positive_weight: float = Field(0.5, ge=0, le=1)
+    false_negative_weight: float = Field(0.5, ge=0, le=1)
     seed: int = Field(1, ge=0, lt=2**32)
     scheme: Literal["affine32", "affine64"] = "affine32"
     verify: bool = Field(False, description="confirm LSH candidate pairs by exact shingle Jaccard >= threshold")
@@ -50,6 +54,11 @@ class MinhashDedupParams(DedupParams):
 
     @model_validator(mode="after")
     def _bands_and_rows(self) -> MinhashDedupParams:
+        if abs(self.false_positive_weight + self.false_negative_weight - 1.0) > 1e-9:
+            raise ValueError(
+                f"false_positive_weight + false_negative_weight must be 1, got {self.false_positive_weight} + "
+                f"{self.false_negative_weight}; e.g. 0.3 and 0.7 to favour recall"
+            )
         if (self.bands is None) != (self.rows is None):
             raise ValueError("give both bands and rows, or neither (then they follow from threshold and num_perm)")
         if self.bands is not None and self.rows is not None and self.bands * self.rows > self.num_perm:

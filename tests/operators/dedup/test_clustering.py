@@ -1,8 +1,16 @@
+import json
 import random
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+
+from datahub.config.spec import validate_job_spec
+from datahub.engines.arrow import ArrowEngine
+from datahub.lake import Lake
+from datahub.pipeline.run import run_job
+from datahub.sample_id import sample_id_of
 
 from operators.dedup.clustering import (
     ConvergenceError,
@@ -11,7 +19,6 @@ from operators.dedup.clustering import (
     connected_components,
     near_duplicate_clusters,
 )
-from operators.dedup.lsh import optimal_bands
 from operators.dedup.minhash import MinHasher
 from operators.dedup.normalize import normalize_texts
 from tests.operators.dedup.arrow_frame import ArrowFrame
@@ -73,26 +80,43 @@ def test_mark_duplicates_sets_drop_reason_and_ref():
 EDIT_RATES = [0.0, 0.002, 0.005, 0.01, 0.1, 0.3]
 
 
-def test_accuracy_on_planted_near_duplicates():
-    threshold, num_perm = 0.8, 128
-    # Recall-leaning weights (datasketch `weights=`): J ~ 0.9 pairs are found with p = 0.98, not 0.93.
-    bands, rows = optimal_bands(threshold, num_perm, false_positive_weight=0.3, false_negative_weight=0.7)
+def test_accuracy_on_planted_near_duplicates(tmp_path):
+    """The real ``minhash_dedup`` operator through ``run_job`` (verify off, the default)."""
+    threshold = 0.8
     rng = random.Random(5)
     originals = make_corpus(400, seed=11, words=300)
     texts, source = list(originals), list(range(len(originals)))
-    for _ in range(250):
+    for _ in range(400):
         i = rng.randrange(len(originals))
         texts.append(edit_words(originals[i], rng.choice(EDIT_RATES), rng))
         source.append(i)
-    ids = [f"{i:05d}" for i in range(len(texts))]
-    docs = ArrowFrame(pa.table({"sample_id": ids, "text": texts}), batch_size=128)
-    hasher = MinHasher(num_perm=num_perm)
-    result = near_duplicate_clusters(docs, minhasher=hasher, bands=bands, rows=rows).to_arrow()
+    # Exact copies (edit rate 0) collapse to one sample_id: score the distinct documents.
+    ids = [sample_id_of(t) for t in texts]
+    first = {}
+    for doc, sid in enumerate(ids):
+        first.setdefault(sid, doc)
+    distinct = sorted(first.values())
+    texts, source, ids = [texts[d] for d in distinct], [source[d] for d in distinct], [ids[d] for d in distinct]
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    # Recall-leaning weights (datasketch `weights=`): J ~ 0.9 pairs are found with p = 0.98, not 0.93.
+    params = {"threshold": threshold, "false_positive_weight": 0.3, "false_negative_weight": 0.7, "incremental": False}
+    spec = validate_job_spec({"name": "accuracy", "lake": {"root": str(tmp_path / "lake")},
+                              "inputs": [{"uri": str(tmp_path / "in" / "*.jsonl")}],
+                              "graph": {"dedup": {"op": "minhash_dedup", "params": params},
+                                        "samples": {"sink": "samples", "after": ["dedup"]}}})
+    run_job(spec, engine=ArrowEngine(batch_size=128))
+    lineage = Lake(tmp_path / "lake").read("lineage")
+    dropped = lineage.filter(pc.equal(lineage.column("action"), "dropped")).to_pylist()
+    assert {row["reason"] for row in dropped} == {"near_duplicate"}
+    position = {sid: doc for doc, sid in enumerate(ids)}
     predicted = np.arange(len(texts))
-    for sid, cluster in zip(result.column("sample_id").to_pylist(), result.column("cluster_id").to_pylist()):
-        predicted[int(sid)] = int(cluster)
+    for row in dropped:  # a dropped sample and its keeper share the keeper's cluster
+        ref = json.loads(row["ref"])
+        predicted[position[row["sample_id"]]] = position[ref["dup_of"]]
 
     # Ground truth: components of the exact-Jaccard >= threshold graph (pairs within a family).
+    hasher = MinHasher()
     hashes, offsets = hasher.shingler(normalize_texts(pa.array(texts)))
     sets = [set(hashes[offsets[i] : offsets[i + 1]].tolist()) for i in range(len(texts))]
     truth = np.arange(len(texts))
