@@ -24,6 +24,17 @@ WriteData = pa.Table | pa.RecordBatchReader | Iterable[pa.Table]
 # so a one-sample lookup reads one row group per file (file and row-group min/max skipping).
 SORTED_LAYOUT: dict[str, tuple[str, int]] = {"lineage": ("sample_id", 32_768)}
 
+# Releases freeze a Delta version and read it back by time travel, so no table may lose log
+# entries implicitly. deltalake (checked on 1.6.6: transaction.PostCommitHookProperties) runs a
+# post-commit hook after each checkpoint (every delta.checkpointInterval = 100 commits) that
+# deletes log files older than delta.logRetentionDuration (30 days) unless
+# delta.enableExpiredLogCleanup is "false"; versions before the oldest kept checkpoint then fail
+# with "No files in log segment". Every lake table carries this property and every datahub
+# commit also turns the hook's cleanup off, so only an explicit vacuum removes old versions
+# (``datahub release vacuum``, which refuses to break a release).
+KEEP_LOG_PROPERTY = "delta.enableExpiredLogCleanup"
+KEEP_LOG = {KEEP_LOG_PROPERTY: "false"}
+
 
 class Lake:
     """A lake root plus the storage options needed to reach it (no global state)."""
@@ -140,7 +151,7 @@ class Lake:
     def _commit_once(self, name: str, data: WriteData, *, txn: str, schema: pa.Schema | None, mode: str,
                      metadata: Mapping[str, Any] | None, partition_by: list[str] | None, predicate: str | None,
                      max_retries: int, row_group_rows: int | None) -> int | None:
-        from deltalake import CommitProperties, Transaction, WriterProperties, write_deltalake
+        from deltalake import CommitProperties, PostCommitHookProperties, Transaction, WriterProperties, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
         if self.applied(name, txn):
@@ -168,18 +179,36 @@ class Lake:
                 storage_options=self.storage_options or None,
                 commit_properties=props,
                 writer_properties=WriterProperties(max_row_group_size=row_group_rows) if row_group_rows else None,
+                configuration=None if exists else KEEP_LOG,
+                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
             )
         except CommitFailedError as exc:
             if self.applied(name, txn):  # a concurrent writer of the same txn won the race
                 return None
             raise CommitConflictError(f"{self.table_uri(name)}: commit {txn} failed: {exc}") from exc
+        # delta-rs refuses custom keys at create time; set them right after (also repairs a table
+        # whose creator crashed between the two commits, or that predates KEEP_LOG).
+        return int(self.keep_log(name).version())
+
+    def keep_log(self, name: str) -> Any:
+        """Make table ``name`` keep its whole Delta log and carry the schema version; returns the table.
+
+        A no-op when both properties are set; otherwise one ``SET TBLPROPERTIES`` commit. Called
+        after every commit and when a release freezes a table written by another writer.
+        """
+        from deltalake import PostCommitHookProperties
+
         table = self.table(name)
-        if table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) is None:
-            # delta-rs refuses custom keys at create time; set it right after (also repairs a
-            # table whose creator crashed between the two commits).
-            table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: SCHEMA_VERSION}, raise_if_not_exists=False)
+        configuration = table.metadata().configuration
+        missing = {k: v for k, v in KEEP_LOG.items() if configuration.get(k) != v}
+        if configuration.get(SCHEMA_VERSION_PROPERTY) is None:
+            missing[SCHEMA_VERSION_PROPERTY] = SCHEMA_VERSION
+        if missing:
+            table.alter.set_table_properties(
+                missing, raise_if_not_exists=False,
+                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
             table = self.table(name)
-        return int(table.version())
+        return table
 
     def history(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
         return list(self.table(name).history(limit))

@@ -1,7 +1,7 @@
 """Versioned dataset releases: frozen, QA-gated, immutable names; channels are movable pointers.
 
 Namespaces (STYLE.md): ``release.create``, ``release.diff``, ``release.merge``,
-``release.channels``, ``release.redact``; this module re-exports the API other code uses.
+``release.channels``, ``release.redact``, ``release.vacuum``; this module re-exports the API other code uses.
 The export side codes against ``get_release(lake, name).table`` / ``.version``.
 """
 
@@ -13,11 +13,13 @@ from datahub.release.merge import merge_releases, parse_weights
 from datahub.release.qa_gate import QAVerdict, qa_verdict
 from datahub.release.records import Release, get_release, list_releases, read_release
 from datahub.release.redact import read_ids_file, redact, releases_containing
+from datahub.release.vacuum import VacuumReport, vacuum
 
 __all__ = [
     "QAVerdict",
     "Release",
     "ReleaseDiff",
+    "VacuumReport",
     "channel_history",
     "channel_of",
     "create_release",
@@ -34,4 +36,5 @@ __all__ = [
     "release_digest",
     "releases_containing",
     "rollback",
+    "vacuum",
 ]

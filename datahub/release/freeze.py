@@ -94,6 +94,9 @@ def freeze(
     released_reason: pa.Array | pa.ChunkedArray | None = None,
 ) -> Release:
     """Record ``name`` -> (``table``, ``version``) with its digest and one lineage row per sample."""
+    # The release is read by time travel: the frozen table must keep its log even when another
+    # writer (Spark add-actions, an older datahub) created it without the property.
+    lake.keep_log(table)
     ts = datetime.now(timezone.utc)
     txn = release_txn(name)
     lineage = _released_rows(name, sample_ids, ts, released_reason if released_reason is not None

@@ -69,3 +69,60 @@ def test_concurrent_writers_lose_nothing(tmp_path):
         assert p.exitcode == 0
     counts = Lake(tmp_path).read("shared").group_by("txn").aggregate([("txn", "count")]).to_pylist()
     assert {c["txn"]: c["txn_count"] for c in counts} == {"seed": 1, "w0": 100, "w1": 100, "w2": 100, "w3": 100}
+
+
+# A checkpoint every 2 commits and a zero log retention make deltalake's post-commit cleanup
+# eligible at once (the defaults, 100 commits and 30 days, only delay the same loss).
+TINY_RETENTION = {"delta.checkpointInterval": "2", "delta.logRetentionDuration": "interval 0 seconds"}
+
+
+def _log_files(path) -> list[str]:
+    return sorted(p.name for p in (path / "_delta_log").iterdir())
+
+
+def test_installed_deltalake_drops_old_versions_without_keep_log(tmp_path):
+    """The hazard Lake.keep_log guards against, shown on a table that datahub did not create."""
+    from deltalake import DeltaTable, write_deltalake
+
+    write_deltalake(str(tmp_path / "raw"), pa.table({"x": [0]}), configuration=TINY_RETENTION)
+    for i in range(1, 6):
+        write_deltalake(str(tmp_path / "raw"), pa.table({"x": [i]}), mode="append")
+    assert "00000000000000000000.json" not in _log_files(tmp_path / "raw")
+    with pytest.raises(Exception, match="log segment"):
+        DeltaTable(str(tmp_path / "raw"), version=0)
+
+
+def test_lake_tables_keep_their_log_through_checkpoints(tmp_path):
+    from deltalake import write_deltalake
+
+    lake = Lake(tmp_path)
+    first = lake.commit("t", pa.table({"x": [0]}), txn="c0")
+    assert lake.table("t").metadata().configuration["delta.enableExpiredLogCleanup"] == "false"
+    lake.table("t").alter.set_table_properties(TINY_RETENTION)
+    for i in range(1, 6):
+        lake.commit("t", pa.table({"x": [i]}), txn=f"c{i}")
+    # another writer with deltalake's default post-commit hook honours the table property too
+    for i in range(6, 9):
+        write_deltalake(lake.table_uri("t"), pa.table({"x": [i]}), mode="append")
+    lake.table("t").optimize.compact()
+    files = _log_files(tmp_path / "t")
+    assert any(name.endswith(".checkpoint.parquet") for name in files)  # cleanup had its chances
+    assert "00000000000000000000.json" in files
+    assert lake.read("t", version=first).column("x").to_pylist() == [0]
+    assert sorted(lake.read("t").column("x").to_pylist()) == list(range(9))
+
+
+def test_tables_created_by_other_writers_are_protected_on_next_commit(tmp_path):
+    from deltalake import write_deltalake
+
+    lake = Lake(tmp_path)
+    write_deltalake(lake.table_uri("old"), pa.table({"x": [0]}), configuration=TINY_RETENTION)
+    assert "delta.enableExpiredLogCleanup" not in lake.table("old").metadata().configuration
+    lake.commit("old", pa.table({"x": [1]}), txn="first-datahub-commit")
+    configuration = lake.table("old").metadata().configuration
+    assert configuration["delta.enableExpiredLogCleanup"] == "false"
+    assert configuration["datahub.schemaVersion"] == SCHEMA_VERSION
+    for i in range(2, 7):
+        write_deltalake(lake.table_uri("old"), pa.table({"x": [i]}), mode="append")
+    assert lake.read("old", version=0).column("x").to_pylist() == [0]
+    assert lake.keep_log("old").version() == lake.version("old")  # already protected: no further commit

@@ -1,4 +1,4 @@
-"""`datahub release ...`: create, list, show, diff, merge, promote, rollback, redact (thin over datahub.release)."""
+"""`datahub release ...`: create, list, show, diff, merge, promote, rollback, redact, vacuum (thin over datahub.release)."""
 
 from __future__ import annotations
 
@@ -189,3 +189,32 @@ def register(app: typer.Typer) -> None:
         out.print("  [bold]releases holding the redacted samples[/] (old ones stay readable by time travel until vacuumed):")
         for name, count in release.details["contained_in"].items():
             out.print(f"    {name}: {count}")
+
+    @group.command("vacuum")
+    def vacuum_(
+        lake: str = LAKE,
+        table: str = typer.Option("samples", "--table", help="Table whose unreferenced data files to delete."),
+        retention_hours: int = typer.Option(168, "--retention-hours", help="Keep files that versions this recent need."),
+        drop_release: list[str] = typer.Option([], "--drop-release",
+                                                help="A release whose data may go (repeatable); it becomes unreadable."),
+        apply: bool = typer.Option(False, "--apply", help="Delete (default: a dry run that lists the files)."),
+        force: bool = typer.Option(False, "--force", help="Allow --retention-hours below 24 (no job may be writing)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Delete old data files explicitly; every release keeps its files unless named with --drop-release."""
+        from datahub.release import vacuum
+
+        report = vacuum(_lake(lake), table, retention_hours=retention_hours, drop_releases=drop_release,
+                        apply=apply, force=force)
+        if as_json:
+            print_json(report.as_dict())
+            return
+        out = console()
+        verb = "deleted" if report.applied else "would delete (dry run; --apply deletes)"
+        out.print(f"{table}: {verb} {len(report.files)} file(s)")
+        for path in report.files:
+            out.print(f"  {path}")
+        out.print(f"  releases kept readable: {', '.join(report.kept_releases) or '-'}")
+        if report.unreadable_releases:
+            state = "no longer readable" if report.applied else "that --apply makes unreadable"
+            out.print(f"  [red]releases {state}[/]: {', '.join(report.unreadable_releases)}")
