@@ -7,8 +7,9 @@ import pytest
 
 from tests.loader.shards import write_release
 
-# 26 samples over 4 shards: divides evenly by neither 3 ranks nor 2 x 2 consumers.
-UNEVEN_SHARDS = (7, 7, 7, 5)
+# 29 samples over 5 shards of unequal size: uneven for 2 and 3 ranks (29 = 2*14 + 1 = 3*9 + 2), for
+# 2 ranks x 2 workers (29 = 4*7 + 1), and the rank spans cut through the middle of shards.
+UNEVEN_SHARDS = (7, 6, 5, 7, 4)
 
 
 @pytest.fixture

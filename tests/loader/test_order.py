@@ -27,6 +27,7 @@ def rank_ids(manifest_path: str, rank: int, world_size: int, workers: int, **kwa
 @pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("workers", [0, 1, 2])
 def test_each_sample_exactly_once_with_padding(manifest_path: str, release: dict, world_size: int, workers: int) -> None:
+    assert world_size == 1 or len(all_ids(release)) % world_size, "the fixture must not divide evenly by the ranks"
     per_rank = [rank_ids(manifest_path, rank, world_size, workers) for rank in range(world_size)]
     assert len({len(ids) for ids in per_rank}) == 1, "every rank must yield the same number of samples"
     real = Counter(sample for ids in per_rank for sample, padding in ids if not padding)
@@ -35,8 +36,9 @@ def test_each_sample_exactly_once_with_padding(manifest_path: str, release: dict
     assert padding == (-len(real)) % world_size
 
 
-@pytest.mark.parametrize("world_size,workers", [(3, 2), (2, 1)])
+@pytest.mark.parametrize("world_size,workers", [(3, 2), (2, 1), (2, 2), (3, 0)])
 def test_drop_policy_equal_counts_at_most_once(manifest_path: str, release: dict, world_size: int, workers: int) -> None:
+    assert len(all_ids(release)) % world_size, "the fixture must leave a remainder to drop"
     per_rank = [rank_ids(manifest_path, rank, world_size, workers, uneven="drop") for rank in range(world_size)]
     counts = {len(ids) for ids in per_rank}
     assert counts == {len(all_ids(release)) // world_size}
