@@ -30,7 +30,9 @@ except ImportError:  # pragma: no cover - exercised in the no-torch test via a s
         return None
 
 
-STATE_FORMAT = "datahub.loader/1"
+STATE_FORMAT = "datahub.loader/2"
+# /1 replayed a drop-mode elastic segment without its unread tail; its other states mean the same in /2
+_OLD_STATE_FORMAT = "datahub.loader/1"
 _CHUNK_ITEMS = 1 << 16  # plan this many rank items at a time: bounded memory on billion-sample releases
 
 
@@ -39,7 +41,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
 
     Every rank gets the same number of items; ``uneven="pad"`` (default) repeats a sample on
     short ranks and marks it ``is_padding=True`` (mask its loss), ``uneven="drop"`` leaves the
-    last ``num_samples % world_size`` positions of the epoch's order unread. Call ``set_epoch``
+    last ``num_samples % world_size`` positions of the epoch's order unread (after an elastic resume, only
+    the new cut's remainder: see ``datahub.loader.plan``). Call ``set_epoch``
     at each epoch start, as with DistributedSampler. ``state_dict``/``load_state_dict`` resume
     mid-epoch in O(1); see ``datahub.loader.plan`` for the elastic (new world size) rule.
     """
@@ -138,8 +141,12 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at ``state``; with another world size the rest of the epoch is re-cut over the new ranks."""
-        if state.get("format") != STATE_FORMAT:
+        if state.get("format") not in (STATE_FORMAT, _OLD_STATE_FORMAT):
             raise ValueError(f"not a ReleaseDataset state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+        if state["format"] == _OLD_STATE_FORMAT and state.get("uneven") == "drop" and state.get("segments"):
+            raise ValueError(f"cannot resume a {_OLD_STATE_FORMAT} drop-mode state taken after an elastic resume: "
+                             "this version keeps the old world size's unread tail, so the positions differ; "
+                             "finish the epoch with the datahub version that wrote it, or restart the epoch")
         mine = {"release_digest": self.manifest.release_digest, "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_buffer": self.shuffle_buffer, "uneven": self.uneven, "batch_size": self.batch_size}
         clashes = [f"{key}: checkpoint {state[key]!r}, dataset {value!r}" for key, value in mine.items() if state[key] != value]

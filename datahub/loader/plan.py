@@ -19,7 +19,10 @@ Resume: a state is (epoch, the past segments [(world_size, samples consumed per 
 samples consumed per rank in the current one). Same world size: each rank continues its span at
 the offset, O(1) in what was skipped. Different world size (elastic): the consumed prefixes of the
 old spans are removed and what remains is re-cut over the new world size, so each remaining
-sample is still read exactly once; the old world size becomes a past segment.
+sample is still read exactly once; the old world size becomes a past segment. With ``"drop"`` the
+old cut's unread tail (its m mod W_old positions) is not lost: it stays in what remains and is
+re-cut with the rest, so the epoch drops only the final cut's remainder (fewer than W_new samples),
+and every sample is still read at most once.
 """
 
 from __future__ import annotations
@@ -188,6 +191,8 @@ def rank_stream(
         left: Intervals = []
         for span, _ in rank_spans(remaining, past_world, uneven):
             left.extend(slice_intervals(span, consumed, _total(span)))
+        if uneven == "drop":  # the tail that cut left unread is carried over, not lost (it lies after every span)
+            left.extend(slice_intervals(remaining, past_world * (_total(remaining) // past_world), _total(remaining)))
         remaining = left
     span, padding = rank_spans(remaining, world_size, uneven)[rank]
     pad_position = remaining[0][0] if remaining else 0

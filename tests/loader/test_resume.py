@@ -84,21 +84,64 @@ def test_elastic_resume_reads_each_remaining_sample_once(
     assert sorted(tally) == sorted(all_ids(release)) and set(tally.values()) == {1}
 
 
-def test_two_elastic_resumes_chain(manifest_path: str, release: dict) -> None:
+@pytest.mark.parametrize("old_world,new_world,steps", [(2, 3, 4), (3, 2, 5), (3, 1, 9), (2, 1, 7), (2, 3, 14)])
+def test_elastic_resume_in_drop_mode_keeps_the_old_tail_and_drops_only_the_new_remainder(
+    manifest_path: str, release: dict, old_world: int, new_world: int, steps: int
+) -> None:
+    total = len(all_ids(release))
+    assert total % old_world, "the old cut must leave a tail for this test to mean anything"
+    seen: list[str] = []
+    state: dict[str, Any] = {}
+    for rank in range(old_world):
+        dataset = make(manifest_path, rank, old_world, uneven="drop")
+        seen += ids(itertools.islice(iter(dataset), steps))
+        state = dataset.state_dict()
+    left = total - old_world * steps  # includes the old cut's unread tail of total % old_world samples
+    counts = set()
+    for rank in range(new_world):
+        dataset = make(manifest_path, rank, new_world, uneven="drop")
+        dataset.load_state_dict(state)
+        assert len(dataset) == left // new_world
+        samples = list(dataset)
+        counts.add(len(samples))
+        assert not any(s["is_padding"] for s in samples)
+        seen += ids(samples)
+    assert counts == {left // new_world}, "equal counts per rank, so DDP does not hang"
+    tally = Counter(seen)
+    assert set(tally.values()) == {1}, "each sample at most once"
+    assert len(tally) == total - left % new_world, "only the new cut's remainder is dropped"
+
+
+def test_old_drop_mode_elastic_state_is_refused(manifest_path: str) -> None:
+    dataset = make(manifest_path, 0, 2, uneven="drop")
+    state = {**dataset.state_dict(), "format": "datahub.loader/1", "segments": [[3, 2]]}
+    with pytest.raises(ValueError, match="unread tail"):
+        make(manifest_path, 0, 2, uneven="drop").load_state_dict(state)
+    make(manifest_path, 0, 2, uneven="drop").load_state_dict({**state, "segments": []})  # no elastic step: same meaning
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_two_elastic_resumes_chain(manifest_path: str, release: dict, uneven: str) -> None:
     seen: list[str] = []
     state = None
+    left = len(all_ids(release))
     for world, steps in [(2, 3), (3, 2), (2, None)]:
         next_state = None
         for rank in range(world):
-            dataset = make(manifest_path, rank, world)
+            dataset = make(manifest_path, rank, world, uneven=uneven)
             if state is not None:
                 dataset.load_state_dict(state)
             samples = list(itertools.islice(iter(dataset), steps)) if steps is not None else list(dataset)
             seen += [s["sample_id"] for s in samples if not s["is_padding"]]
             next_state = dataset.state_dict()
         state = next_state
+        left -= world * steps if steps is not None else 0
     tally = Counter(seen)
-    assert sorted(tally) == sorted(all_ids(release)) and set(tally.values()) == {1}
+    assert set(tally.values()) == {1}
+    if uneven == "pad":
+        assert sorted(tally) == sorted(all_ids(release))
+    else:  # the last cut (2 ranks) drops its remainder only
+        assert len(tally) == len(all_ids(release)) - left % 2
 
 
 def test_resume_does_not_read_skipped_shards(tmp_path: Path) -> None:
