@@ -3,8 +3,10 @@
 A replica that is missing, unreadable, of the wrong size or with the wrong sha256 makes the
 source try the next tier; the first failover per tier is logged (later ones are counted in
 ``failovers``), so a dead tier does not flood the trainer log. The cache keeps verified shards
-under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently used files past
-``cache_limit_bytes``; a cache hit is checked by size only, as its bytes were verified on entry.
+under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently used files (by access time) past
+``cache_limit_bytes``. A cache hit is verified like a local replica: size, then sha256 once per process
+per file identity (device, inode, size, mtime; a file this process wrote itself counts as verified).
+A corrupted cache file is logged, evicted and fetched again from the tiers.
 
 ``read_buffer`` (what the loaders use) memory-maps local files (a POSIX path, ``file://`` or a cache
 hit) read-only rather than copying them into the process: the decoders read the page cache directly, which saves one full copy of
@@ -19,6 +21,7 @@ import logging
 import mmap
 import os
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -76,6 +79,7 @@ class ShardSource:
         # same unchanged file and need not hash it again; a rewrite or replacement changes the identity
         self._verified: set[tuple[Any, ...]] = set()
         self.hashed: Counter[str] = Counter()  # shard name -> times its bytes were hashed
+        self.cache_evictions = 0  # cached shards found corrupt and removed
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
 
@@ -167,15 +171,25 @@ class ShardSource:
         if path is None:
             return None
         try:
-            data = _map_file(path, mapped=mapped)[0]
+            data, identity = _map_file(path, mapped=mapped)
         except FileNotFoundError:
             return None
-        if len(data) != shard.size:
-            path.unlink(missing_ok=True)
+        problem = self._check(shard, data, identity)
+        if problem is not None:
+            path.unlink(missing_ok=True)  # a live mapping elsewhere keeps its bytes; the next put replaces the file
+            self.cache_evictions += 1
+            log.warning("shard %s: cached copy %s is corrupt (%s); evicted it, fetching the shard again",
+                        shard.name, path, problem)
             return None
-        os.utime(path)  # LRU clock
+        os.utime(path, ns=(time.time_ns(), identity[3]))  # LRU clock is the access time; mtime (identity) stays
         self.reads[("cache", shard.name)] += 1
         return data
+
+    def _remember_verified(self, shard: ShardEntry, path: Path) -> None:
+        """Record ``path``'s current identity as holding ``shard``'s verified bytes (this process put them there)."""
+        if self.verify and shard.sha256:
+            stat = path.stat()
+            self._verified.add((shard.sha256, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
 
     def _cache_put(self, shard: ShardEntry, data: ShardBytes) -> None:
         path = self._cache_path(shard)
@@ -186,6 +200,7 @@ class ShardSource:
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
+            self._remember_verified(shard, Path(temp))  # the bytes just passed _check; rename keeps the identity
             os.replace(temp, path)  # atomic: concurrent workers never see a half-written shard
         except OSError as error:
             Path(temp).unlink(missing_ok=True)
@@ -200,7 +215,7 @@ class ShardSource:
         for entry in os.scandir(self.cache_dir):
             if entry.is_file() and not entry.name.startswith(".partial-"):
                 stat = entry.stat()
-                entries.append((stat.st_mtime, stat.st_size, entry.path))
+                entries.append((stat.st_atime_ns, stat.st_size, entry.path))
         total = sum(size for _, size, _ in entries)
         for _, size, path in sorted(entries):
             if total <= self.cache_limit_bytes:

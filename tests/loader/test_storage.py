@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -173,3 +174,52 @@ def test_read_copies_and_read_buffer_maps(tmp_path: Path, two_tiers: dict) -> No
     mapped = source.read_buffer(1)  # now a cache hit, mapped from the cache dir
     assert isinstance(mapped, mmap.mmap) and mapped[:] == expected and source.reads[("cache", two_tiers["shards"][1]["name"])] == 1
     assert isinstance(ShardSource(source.manifest).read_buffer(0), mmap.mmap)
+
+
+def _flip_byte_keeping_size(path: Path, *, keep_mtime: bool) -> None:
+    stat = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with open(path, "r+b") as handle:  # in place: same inode and size
+        handle.write(bytes(data))
+    if keep_mtime:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_corrupt_cache_file_is_detected_evicted_and_fetched_again(
+    tmp_path: Path, two_tiers: dict, keep_mtime: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    first, _ = read_all(tmp_path, cache_dir=cache, tier_preference=["cfs"], prefetch_shards=0)
+    name = two_tiers["shards"][0]["name"]
+    (cached,) = cache.glob(f"*-{name}")
+    good = cached.read_bytes()
+    _flip_byte_keeping_size(cached, keep_mtime=keep_mtime)
+    assert cached.stat().st_size == len(good) and cached.read_bytes() != good
+    if keep_mtime:  # a new process (here: a new dataset) hashes every file identity it has not verified itself
+        dataset = ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, shuffle=False,
+                                 cache_dir=cache, tier_preference=["cfs"], prefetch_shards=0)
+    else:  # the same process: an in-place rewrite changes the identity (mtime), so it is hashed again
+        dataset = first
+        dataset.set_epoch(1)
+    with caplog.at_level(logging.WARNING, logger="datahub.loader"):
+        ids = [s["sample_id"] for s in dataset]
+    assert sorted(ids) == sorted(all_ids(two_tiers))
+    assert dataset.source.cache_evictions == 1
+    assert any("corrupt" in r.getMessage() and name in r.getMessage() for r in caplog.records)
+    assert dataset.source.reads[("cfs", name)] == (2 if dataset is first else 1)  # fetched again from the tier
+    assert cached.read_bytes() == good, "the cache holds the verified bytes again"
+    others = [shard["name"] for shard in two_tiers["shards"][1:]]
+    assert all(dataset.source.reads[("cache", other)] == 1 for other in others)
+
+
+def test_cache_hit_is_hashed_once_per_process(tmp_path: Path, two_tiers: dict) -> None:
+    cache = tmp_path / "cache"
+    read_all(tmp_path, cache_dir=cache, prefetch_shards=0)
+    dataset, _ = read_all(tmp_path, cache_dir=cache, prefetch_shards=0)
+    names = [shard["name"] for shard in two_tiers["shards"]]
+    assert all(dataset.source.reads[("cache", name)] == 1 and dataset.source.hashed[name] == 1 for name in names)
+    dataset.set_epoch(1)
+    list(dataset)
+    assert all(dataset.source.reads[("cache", name)] == 2 and dataset.source.hashed[name] == 1 for name in names)
