@@ -108,10 +108,11 @@ def results_for(lake: Lake, *, table: str, version: int) -> list[QAResult]:
 
 def releasable(lake: Lake, *, table: str, version: int, required: Sequence[str] = ()) -> bool:
     """True when at least one suite ran on this version, the latest run of each passed, and every
-    suite in ``required`` is among them."""
-    results = results_for(lake, table=table, version=version)
-    names = {r.suite for r in results}
-    return bool(results) and all(r.success for r in results) and set(required) <= names
+    suite in ``required`` is among them. The release gate (``datahub.release.qa_gate``) decides."""
+    from datahub.release.qa_gate import qa_verdict
+
+    verdict = qa_verdict(lake, table=table, version=version)
+    return verdict.passed and set(required) <= set(verdict.suites)
 
 
 def run_for_job(lake: Lake, *, suites: Sequence[str], table: str, version: int | None, run_id: str) -> dict[str, Any]:

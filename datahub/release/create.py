@@ -5,7 +5,7 @@ from __future__ import annotations
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
 from datahub.release.freeze import freeze, refuse_taken
-from datahub.release.qa_gate import qa_verdict
+from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import Release, check_name
 
 
@@ -35,12 +35,13 @@ def create_release(
     if verdict.ran and not verdict.passed:
         raise ReleaseError(
             f"release {name!r} refused: QA failed for {table} v{version}:\n{verdict.describe_failures()}\n"
-            "fix the data and re-run the pipeline and QA, or release an earlier version with --version"
+            f"fix the data, re-run the pipeline, then QA its new version ({qa_command(lake, table=table)}), "
+            "or release an earlier version with --version"
         )
     if not verdict.ran and require_qa:
         raise ReleaseError(
             f"release {name!r} refused: no QA results for {table} v{version} and --require-qa was given; "
-            f"run the QA suites first (datahub qa run --lake {lake.root} --table {table})"
+            f"run the QA suites first: {qa_command(lake, table=table, version=version)}"
         )
     ids = lake.read(table, version=version, columns=["sample_id"]).column("sample_id")
     return freeze(lake, name, table=table, version=version, sample_ids=ids, kind="create",

@@ -1,7 +1,8 @@
 """QA gating: a table version whose latest result of any suite failed cannot be released.
 
 Reads the ``qa_results`` table (schema ``QA_RESULTS``) directly, so releases do not depend on
-``datahub.qa`` being importable: the latest row per suite for (table, version) decides.
+``datahub.qa`` being importable: the latest row per suite for (table, version) decides. The one
+source of truth for "releasable": ``datahub.qa.releasable`` asks this module.
 """
 
 from __future__ import annotations
@@ -49,6 +50,11 @@ class QAVerdict:
         return "\n".join(lines)
 
 
+def qa_command(lake: Lake, *, table: str, version: int | None = None) -> str:
+    """The ``datahub qa`` command line that runs the suites on ``table`` (at ``version``, default latest)."""
+    return f"datahub qa {lake.root} --table {table}" + ("" if version is None else f" --version {version}")
+
+
 def qa_verdict(lake: Lake, *, table: str, version: int) -> QAVerdict:
     """The latest QA result of every suite that ran on ``table`` at ``version``."""
     if not lake.exists(QA_TABLE):
@@ -62,7 +68,8 @@ def qa_verdict(lake: Lake, *, table: str, version: int) -> QAVerdict:
         if row["success"]:
             failed.pop(row["suite"], None)
         else:
-            failed[row["suite"]] = [e for e in _results(row["results"]) if not e.get("success", False)]
+            # success None = an optional expectation skipped (its column is absent): not a failure
+            failed[row["suite"]] = [e for e in _results(row["results"]) if e.get("success") is False]
     return QAVerdict(table, version, suites, failed)
 
 

@@ -49,6 +49,10 @@ def test_suite_passes_on_good_version_and_fails_on_bad_one(lake):
     assert [(r.suite, r.success, r.suite_version) for r in back] == [("samples.v1", False, "1")]
     assert back[0].failed_expectations == bad.failed_expectations
     assert releasable(lake, table="samples", version=lake.good) and not releasable(lake, table="samples", version=lake.bad)
+    assert not releasable(lake, table="samples", version=lake.good, required=["other.v1"])  # a required suite never ran
+    from datahub.release import qa_verdict  # the release gate is the one source of truth
+
+    assert qa_verdict(lake, table="samples", version=lake.bad).failed["samples.v1"] == bad.failed_expectations
     assert results_for(lake, table="samples", version=7) == []
     rows = lake.read("qa_results")
     assert rows.num_rows == 2 and set(rows.column("table_version").to_pylist()) == {lake.good, lake.bad}
