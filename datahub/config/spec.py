@@ -68,10 +68,25 @@ class NodeSpec(_Model):
 
 
 class OpenLineageSpec(_Model):
+    """Where RunEvents go: appended as JSON lines to ``path`` (file) or POSTed to ``url`` (http)."""
+
     transport: Literal["file", "http"] = "file"
-    path: str | None = None
-    url: str | None = None
+    path: str | None = Field(None, description="transport file: the JSON-lines file events are appended to")
+    url: str | None = Field(None, description="transport http: the collector, e.g. http://marquez:5000")
     namespace: str = "datahub"
+
+    @model_validator(mode="after")
+    def _target_of_transport(self) -> OpenLineageSpec:
+        # Checked here, not at emit time: a run must not start and then silently lose its events.
+        if self.transport == "file" and not (self.path or "").strip():
+            raise ValueError("openlineage.path is required for transport: file; add `path: lineage/events.jsonl` "
+                             "(or use `transport: http` with `url:`)")
+        if self.transport == "http" and not (self.url or "").strip():
+            raise ValueError("openlineage.url is required for transport: http; add the collector, e.g. "
+                             "`url: http://marquez:5000` (/api/v1/lineage is added when the URL has no path)")
+        if self.transport == "http" and not self.url.startswith(("http://", "https://")):  # type: ignore[union-attr]
+            raise ValueError(f"openlineage.url {self.url!r}: expected an http:// or https:// URL")
+        return self
 
 
 class QASpec(_Model):

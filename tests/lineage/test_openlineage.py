@@ -97,3 +97,26 @@ def test_unreachable_collector_never_fails_and_s3_naming(tmp_path):
     assert emitter.emit(event) is False
     assert event["inputs"] == [{"namespace": "s3://bucket", "name": "raw/a.jsonl", "facets": {}}]
     assert event["outputs"][0] == {"namespace": "file", "name": str(tmp_path / "lake" / "samples"), "facets": {}}
+
+
+@pytest.mark.parametrize(
+    ("openlineage", "expected"),
+    [
+        ({"transport": "file"}, r"test\.yaml: openlineage: .*openlineage\.path is required for transport: file; add `path:"),
+        ({"path": "  "}, r"openlineage\.path is required for transport: file"),  # file is the default transport
+        ({"transport": "http", "path": "x.jsonl"}, r"openlineage\.url is required for transport: http; add the collector"),
+        ({"transport": "http", "url": "marquez:5000"}, r"openlineage\.url 'marquez:5000': expected an http:// or https://"),
+    ],
+)
+def test_spec_requires_the_target_of_its_transport(job_spec, openlineage, expected):
+    from datahub.errors import SpecError
+
+    with pytest.raises(SpecError, match=expected):
+        job_spec(openlineage=openlineage)
+
+
+def test_spec_accepts_each_transport_with_its_target(job_spec, tmp_path):
+    file_spec = job_spec(openlineage={"path": str(tmp_path / "events.jsonl")}).openlineage
+    http_spec = job_spec(openlineage={"transport": "http", "url": "https://catalog.example/api/v1/lineage"}).openlineage
+    assert (file_spec.transport, file_spec.path) == ("file", str(tmp_path / "events.jsonl"))
+    assert (http_spec.transport, http_spec.url) == ("http", "https://catalog.example/api/v1/lineage")
