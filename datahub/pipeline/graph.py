@@ -75,12 +75,29 @@ def build_graph(spec: JobSpec, *, source: str = "<spec>") -> Graph:
             if up != INGEST_NODE:
                 nodes[up].downstream.append(node.name)
     order = _topological_order(nodes, source)
-    if not any(node.sink == "samples" for node in nodes.values()):
+    samples_sinks = [node for node in nodes.values() if node.sink == "samples"]
+    if not samples_sinks:
         raise SpecError(f"{source}: graph: no `sink: samples` node; add one, e.g. `samples: {{sink: samples, after: [LAST_NODE]}}`")
+    if len(samples_sinks) > 1:
+        raise SpecError(_several_samples_sinks(samples_sinks, source))
     for node in nodes.values():
         if node.sink is None and not node.downstream:
             raise SpecError(f"{source}: graph.{node.name}: its output goes nowhere; add a node with `after: [{node.name}]` (e.g. a samples sink)")
     return Graph({n: nodes[n] for n in order}, order)
+
+
+def _several_samples_sinks(sinks: list[Node], source: str) -> str:
+    """Why a graph may hold one samples sink: a run commits each table once under its run id
+    (the app transaction), so a second sink's rows, or its quarantine and lineage, would be
+    skipped as "already committed", silently."""
+    names = ", ".join(f"graph.{node.name} (table {node.table or 'samples'})" for node in sinks)
+    tables = [node.table or "samples" for node in sinks]
+    clash = sorted({t for t in tables if tables.count(t) > 1})
+    what = (f"they write the same table {clash[0]!r}, so all but the first sink's rows would be lost"
+            if clash else "quarantine and lineage are committed once per run, so all but the first sink's would be lost")
+    return (f"{source}: graph: {len(sinks)} `sink: samples` nodes: {names}; {what}. A job has one samples sink: "
+            "join the branches into one node (`after: [a, b]`) before it, make a branch a `sink: stats`, "
+            "or split the graph into two jobs")
 
 
 def _topological_order(nodes: dict[str, Node], source: str) -> list[str]:

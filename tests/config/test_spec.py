@@ -93,3 +93,17 @@ def test_job_hash_ignores_lake_location_but_not_graph(tmp_path):
     b = load_job_spec(path, ["lake.root=/elsewhere"])
     c = load_job_spec(path, ["graph.normalize.params.max_blank_lines=2"])
     assert a.job_hash() == b.job_hash() != c.job_hash()
+
+
+def test_two_samples_sinks_are_refused_naming_nodes_and_fix(tmp_path):
+    """A run commits each table once under its run id: a second samples sink would be lost silently."""
+    two = BASE + "  more: {sink: samples, after: [normalize]}\n"
+    message = error_of(tmp_path, two)
+    assert "job.yaml: graph: 2 `sink: samples` nodes" in message
+    assert "graph.samples (table samples)" in message and "graph.more (table samples)" in message
+    assert "same table 'samples'" in message and "join the branches" in message
+    other_table = BASE + "  more: {sink: samples, table: curated, after: [normalize]}\n"
+    message = error_of(tmp_path, other_table)
+    assert "graph.more (table curated)" in message and "quarantine and lineage are committed once per run" in message
+    stats_branch = BASE + "  stats: {sink: stats, after: [normalize]}\n"
+    assert set(load_job_spec(write(tmp_path, stats_branch)).graph) == {"normalize", "samples", "stats"}
