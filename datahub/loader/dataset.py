@@ -18,6 +18,8 @@ from datahub.loader.manifest import Manifest, load_manifest
 from datahub.loader.plan import EpochOrder, RankStream, Uneven, rank_stream, resolve_topology, stream_positions
 from datahub.loader.prefetch import Prefetcher
 from datahub.loader.shard_source import ShardSource
+from datahub.loader.storage_options import StorageArg, as_storage, readable_tiers, tier_options
+from datahub.loader.storage_options import manifest_options as manifest_options_for
 from datahub.loader.tar_index import index_tar
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)
@@ -45,6 +47,10 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
     the new cut's remainder: see ``datahub.loader.plan``). Call ``set_epoch``
     at each epoch start, as with DistributedSampler. ``state_dict``/``load_state_dict`` resume
     mid-epoch in O(1); see ``datahub.loader.plan`` for the elastic (new world size) rule.
+
+    ``storage``: ``{tier: fsspec options}``, or the ``StorageConfig`` / storage YAML path the export used
+    (credentials then come from the env variables or file each tier names; only tiers the loader may read
+    are resolved).
     """
 
     def __init__(
@@ -52,7 +58,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         release_or_manifest: str | Mapping[str, Any] | Manifest,
         *,
         lake: str | None = None,
-        storage: Mapping[str, Mapping[str, Any]] | None = None,
+        storage: StorageArg = None,
         tier_preference: Sequence[str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -72,9 +78,10 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
             raise ValueError(f"uneven must be 'pad' or 'drop'; got {uneven!r}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None; got {batch_size}")
+        storage_config = as_storage(storage)
         manifest_options = None
-        if isinstance(release_or_manifest, str) and "://" in release_or_manifest and storage:
-            manifest_options = next(iter(storage.values()))  # a manifest URI on an object store
+        if isinstance(release_or_manifest, str) and "://" in release_or_manifest:  # a manifest URI on an object store
+            manifest_options = manifest_options_for(storage_config, release_or_manifest)
         self.manifest = load_manifest(release_or_manifest, lake=lake, storage_options=manifest_options)
         self.rank, self.world_size = resolve_topology(rank, world_size)
         self.seed, self.epoch = int(seed), int(epoch)
@@ -82,7 +89,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         self.batch_size, self.uneven = batch_size, uneven
         self.prefetch_shards = prefetch_shards
         self._decode = make_decoder(decode)
-        self.source = ShardSource(self.manifest, tier_preference=tier_preference, storage=storage,
+        self.source = ShardSource(self.manifest, tier_preference=tier_preference,
+                                  storage=tier_options(storage_config, tiers=readable_tiers(self.manifest, tier_preference)),
                                   cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify)
         self._segments: list[tuple[int, int]] = []  # past (world_size, samples consumed per rank)
         self._start = 0  # samples of this rank's stream already consumed before this iteration

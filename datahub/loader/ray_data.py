@@ -13,6 +13,7 @@ from typing import Any
 from datahub.errors import IntegrityError, MissingDependencyError
 from datahub.loader.manifest import Manifest, load_manifest
 from datahub.loader.shard_source import ShardSource
+from datahub.loader.storage_options import StorageArg, as_storage, manifest_options, readable_tiers, tier_options
 from datahub.loader.tar_index import index_tar
 
 _utf8 = codecs.utf_8_decode
@@ -46,13 +47,14 @@ def ray_dataset(
     release_or_manifest: str | Mapping[str, Any] | Manifest,
     *,
     lake: str | None = None,
-    storage: Mapping[str, Mapping[str, Any]] | None = None,
+    storage: StorageArg = None,
     tier_preference: Sequence[str] | None = None,
     verify: bool = True,
     shuffle_seed: int | None = None,
 ) -> Any:
     """Columns: sample_id, text, meta (the sample's JSON metadata as a string), shard.
 
+    ``storage`` is as for ReleaseDataset: ``{tier: fsspec options}`` or the export's StorageConfig / YAML path.
     ``shuffle_seed`` permutes the shard order (use ``ds.random_shuffle`` or Ray Train's
     local shuffle buffer for sample-level mixing).
     """
@@ -60,8 +62,11 @@ def ray_dataset(
         import ray.data
     except ImportError:
         raise MissingDependencyError("ray_dataset needs Ray Data: pip install 'datahub[ray]'") from None
-    manifest = load_manifest(release_or_manifest, lake=lake)
-    source = ShardSource(manifest, tier_preference=tier_preference, storage=storage, verify=verify)
+    storage_config = as_storage(storage)
+    options = manifest_options(storage_config, release_or_manifest) if isinstance(release_or_manifest, str) else None
+    manifest = load_manifest(release_or_manifest, lake=lake, storage_options=options)
+    source = ShardSource(manifest, tier_preference=tier_preference, verify=verify,
+                         storage=tier_options(storage_config, tiers=readable_tiers(manifest, tier_preference)))
     shard_indexes = list(range(len(manifest.shards)))
     if shuffle_seed is not None:
         import numpy as np

@@ -75,6 +75,7 @@ class ShardSource:
         self.reads: Counter[tuple[str, str]] = Counter()  # (tier or "cache", shard name) -> times read
         self.failovers: Counter[str] = Counter()  # tier -> replicas that failed
         self._filesystems: dict[str, Any] = {}
+        self._filesystems_pid = os.getpid()
         # local replicas whose sha256 matched, by (sha256, device, inode, size, mtime): a later epoch maps the
         # same unchanged file and need not hash it again; a rewrite or replacement changes the identity
         self._verified: set[tuple[Any, ...]] = set()
@@ -135,6 +136,8 @@ class ShardSource:
         if "://" not in uri or uri.startswith("file://"):
             path = uri[len("file://") :] if uri.startswith("file://") else uri
             return _map_file(path, mapped=mapped)  # plain POSIX (cfs mount): no fsspec layer and no copy on the hot path
+        if self._filesystems_pid != os.getpid():  # a forked DataLoader worker: async filesystems are not fork-safe
+            self._filesystems, self._filesystems_pid = {}, os.getpid()
         fs = self._filesystems.get(tier)
         if fs is None:
             import fsspec.core
