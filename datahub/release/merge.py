@@ -1,12 +1,14 @@
 """``release.merge``: combine releases into a new one, deduplicated across them, optionally weighted.
 
-Dedup uses the exact-dedup kernel of ``operators.dedup.exact`` (xxh3-128 of normalized text):
-the first copy wins, in ``--from`` order. Weights fix the mixture of the output: with
-per-source counts ``c`` (after dedup) and normalized weights ``w``, the output has
-``N = min(c_s / w_s)`` rows, ``floor(w_s * N)`` from each source (no source is upsampled),
-picked by the smallest seeded hash of sample_id (deterministic, order-independent).
-The rows are materialized in the Delta table ``release_<NEW>`` with a ``release_source``
-column naming the input release of each row; lineage records the same.
+Dedup (``release.merge_dedup``) is exact (the ``operators.dedup.exact`` content hash) by default
+or near (the MinHash-LSH kernels of ``minhash_dedup``); the first copy wins, in ``--from`` order,
+and each dropped row's lineage names its ``dup_of`` and the release that kept it.
+Weights fix the mixture of the output: with per-source counts ``c`` (after dedup) and
+normalized weights ``w``, the output has ``N = min(c_s / w_s)`` rows, ``floor(w_s * N)`` from
+each source (no source is upsampled), picked by the smallest seeded hash of sample_id
+(deterministic, order-independent). The rows are materialized in the Delta table
+``release_<NEW>`` with a ``release_source`` column naming the input release of each row;
+lineage records the same.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from datahub.lake.lake import Lake
 from datahub.lake.tables import LINEAGE
 from datahub.release.digest import id_keys
 from datahub.release.freeze import freeze, refuse_taken, release_txn
+from datahub.release.merge_dedup import SOURCE_COLUMN, DedupMode, Duplicates, dedup_rows
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, read_release
 
 MERGE_OP = "release.merge@1"
-SOURCE_COLUMN = "release_source"
 
 
 def parse_weights(text: str | None) -> dict[str, float] | None:
@@ -45,44 +47,29 @@ def parse_weights(text: str | None) -> dict[str, float] | None:
     return weights
 
 
-def _content_keys(rows: pa.Table) -> tuple[pa.Array, str]:
-    try:
-        from operators.dedup.exact import content_hash_hex
-    except ImportError:  # the dedup library is optional here; sample_id is a content hash too
-        return rows.column("sample_id").combine_chunks(), "sample_id"
-    return content_hash_hex(rows.column("text")), "exact_content_hash"
-
-
-def _dedup(rows: pa.Table, new: str, ts: datetime) -> tuple[pa.Table, pa.Table, str]:
-    keys, method = _content_keys(rows)
-    rows = rows.append_column("_row", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    rows = rows.append_column("_key", keys)
-    first = rows.group_by("_key", use_threads=False).aggregate([("_row", "min")])
-    keep = pc.is_in(rows.column("_row"), value_set=first.column("_row_min"))
-    kept, dups = rows.filter(keep), rows.filter(pc.invert(keep))
-    winners = kept.select(["_key", "sample_id", SOURCE_COLUMN]).rename_columns(["_key", "dup_of", "dup_release"])
-    dups = dups.join(winners, "_key", join_type="left outer")
-    dups = dups.filter(pc.not_equal(dups.column("sample_id"), dups.column("dup_of")))  # same sample twice: not a drop
+def _dropped_lineage(dups: Duplicates | None, new: str, ts: datetime) -> pa.Table:
+    """One ``dropped`` lineage row per duplicate: dup_of, the keeper's release, the method's fields."""
+    if dups is None or not len(dups.sample_id):
+        return LINEAGE.empty_table()
     refs = [
-        json.dumps({"dup_of": d, "dup_release": dr, "release": new, "from": s, "method": method})
-        for d, dr, s in zip(dups.column("dup_of").to_pylist(), dups.column("dup_release").to_pylist(),
-                            dups.column(SOURCE_COLUMN).to_pylist())
+        json.dumps({"dup_of": d, "dup_release": dr, "release": new, "from": s, "method": dups.method, **extra})
+        for d, dr, s, extra in zip(dups.dup_of.to_pylist(), dups.dup_release.to_pylist(), dups.source.to_pylist(),
+                                   dups.extra)
     ]
-    n = dups.num_rows
-    dropped = pa.table(
+    n = len(refs)
+    return pa.table(
         {
-            "sample_id": dups.column("sample_id"),
+            "sample_id": dups.sample_id,
             "run_id": pa.array([release_txn(new)] * n, pa.string()),
             "op": pa.array([MERGE_OP] * n, pa.string()),
             "params_hash": pa.nulls(n, pa.string()),
             "action": pa.array(["dropped"] * n, pa.string()),
-            "reason": pa.array(["merge_duplicate"] * n, pa.string()),
+            "reason": pa.array([dups.reason] * n, pa.string()),
             "ref": pa.array(refs, pa.string()),
             "ts": pa.array([ts] * n, pa.timestamp("us", tz="UTC")),
         },
         schema=LINEAGE,
-    )
-    return kept.sort_by("_row").drop_columns(["_row", "_key"]), dropped, method
+    ).sort_by([("sample_id", "ascending")])
 
 
 def _sample(rows: pa.Table, weights: dict[str, float], sources: list[str], seed: int) -> tuple[pa.Table, dict[str, int]]:
@@ -118,11 +105,17 @@ def merge_releases(
     *,
     sources: list[str],
     weights: dict[str, float] | None = None,
-    dedup: bool = True,
+    dedup: DedupMode = "exact",
+    threshold: float = 0.8,
+    verify: bool = True,
     seed: int = 0,
     creator: str | None = None,
 ) -> Release:
-    """Merge releases ``sources`` into release ``new`` (rows materialized in ``release_<new>``)."""
+    """Merge releases ``sources`` into release ``new`` (rows materialized in ``release_<new>``).
+
+    ``dedup``: ``exact`` (normalized content hash), ``near`` (MinHash-LSH at Jaccard ``threshold``,
+    each drop confirmed by exact shingle Jaccard unless ``verify=False``) or ``none``.
+    """
     check_name(new)
     refuse_taken(lake, new)
     if len(sources) < 1 or len(set(sources)) != len(sources):
@@ -137,11 +130,10 @@ def merge_releases(
         parts.append(rows.append_column(SOURCE_COLUMN, pa.array([parent.name] * rows.num_rows, pa.string())))
     rows = pa.concat_tables(parts, promote_options="permissive")
     read_counts = {p.name: n.num_rows for p, n in zip(parents, parts)}
-    dropped = LINEAGE.empty_table()
-    method = None
     before = rows.num_rows
-    if dedup:
-        rows, dropped, method = _dedup(rows, new, ts)
+    rows, dups = dedup_rows(rows, dedup, threshold=threshold, verify=verify)
+    dropped = _dropped_lineage(dups, new, ts)
+    method = dups.method if dups is not None else None
     removed = before - rows.num_rows
     quotas = None
     if weights:
@@ -150,7 +142,10 @@ def merge_releases(
     lake.commit(table, rows, txn=release_txn(new), metadata={"datahub.release": new})
     version = int(lake.table(table).version())
     details = {"sources": sources, "rows_read": read_counts, "dedup": dedup, "dedup_method": method,
-               "duplicates_removed": removed, "weights": weights, "seed": seed, "quotas": quotas}
+               "duplicates_removed": removed, "duplicates_dropped": dropped.num_rows,
+               "weights": weights, "seed": seed, "quotas": quotas}
+    if dedup == "near":
+        details.update(threshold=threshold, verify=verify)
     return freeze(
         lake, new, table=table, version=version, sample_ids=rows.column("sample_id"), kind="merge",
         qa_status="inherited", parents=sources, creator=creator, details=details, extra_lineage=dropped,

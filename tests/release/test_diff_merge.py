@@ -101,3 +101,105 @@ def test_merge_weights_are_exact_and_seeded(tmp_path):
     with pytest.raises(ReleaseError, match="NAME=WEIGHT"):
         parse_weights("web-1:0.5")
     assert get_release(lake, "w-a").row_count == 13
+
+
+def _near_datasets(lake):
+    """Release news-1 and forum-1; forum holds near copies (last two words changed) of news 0-2,
+    the very same sample as news 3, and a document sharing only its first half with news 4."""
+    import random
+
+    rng = random.Random(7)
+    vocab = [f"term{i}" for i in range(3000)]
+    news = [" ".join(rng.choice(vocab) for _ in range(60)) for _ in range(8)]
+    forum = [" ".join(rng.choice(vocab) for _ in range(60)) for _ in range(6)]
+    near = [" ".join(doc.split()[:58] + ["edited", "ending"]) for doc in news[:3]]
+    half = " ".join(news[4].split()[:30] + forum[0].split()[:30])
+    forum_texts = near + [news[3], half] + forum
+    add_samples(lake, news, "news.jsonl", table="news", run_id="news-aaaaaaaaaaaa")
+    add_samples(lake, forum_texts, "forum.jsonl", table="forum", run_id="forum-aaaaaaaaaa")
+    create_release(lake, "news-1", table="news")
+    create_release(lake, "forum-1", table="forum")
+    return news, near, half
+
+
+def _merge_drops(lake, name):
+    lineage = lake.read("lineage")
+    mine = lineage.filter(pc.and_(pc.equal(lineage.column("run_id"), f"release/{name}"),
+                                  pc.equal(lineage.column("action"), "dropped")))
+    return {e["sample_id"]: (e["reason"], json.loads(e["ref"])) for e in mine.to_pylist()}
+
+
+def test_merge_near_dedup_reuses_minhash_and_records_lineage(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    news, near, half = _near_datasets(lake)
+
+    exact = merge_releases(lake, "mix-exact", sources=["news-1", "forum-1"])  # the default: near copies stay
+    assert exact.row_count == 8 + 11 - 1 and _merge_drops(lake, "mix-exact") == {}
+    assert exact.details["dedup"] == "exact" and exact.details["duplicates_removed"] == 1  # news[3], the same sample
+
+    merged = merge_releases(lake, "mix-near", sources=["news-1", "forum-1"], dedup="near")
+    assert merged.row_count == 8 + 11 - 1 - 3
+    assert merged.details["dedup_method"] == "minhash" and merged.details["threshold"] == 0.8
+    assert merged.details["duplicates_dropped"] == 3
+    drops = _merge_drops(lake, "mix-near")
+    assert set(drops) == {sample_id_of(t) for t in near}
+    for copy, original in zip(near, news):
+        reason, ref = drops[sample_id_of(copy)]
+        assert reason == "merge_near_duplicate" and ref["method"] == "minhash"
+        assert (ref["dup_of"], ref["dup_release"], ref["from"], ref["release"]) == (
+            sample_id_of(original), "news-1", "forum-1", "mix-near")
+        assert 0.8 <= ref["jaccard"] < 1.0 and ref["cluster_id"] in (sample_id_of(copy), sample_id_of(original))
+    rows = lake.read(merged.table, version=merged.version)
+    origin = dict(zip(rows.column("sample_id").to_pylist(), rows.column("release_source").to_pylist()))
+    assert origin[sample_id_of(half)] == "forum-1" and origin[sample_id_of(news[3])] == "news-1"
+    lineage = lake.read("lineage")
+    released = lineage.filter(pc.and_(pc.equal(lineage.column("ref"), "mix-near"),
+                                      pc.equal(lineage.column("action"), "released")))
+    assert dict(zip(released.column("sample_id").to_pylist(), released.column("reason").to_pylist())) == {
+        sid: f"merged_from:{src}" for sid, src in origin.items()}
+
+    # the first --from wins: with forum first, the news originals are the ones dropped
+    flipped = merge_releases(lake, "mix-flip", sources=["forum-1", "news-1"], dedup="near")
+    drops = _merge_drops(lake, "mix-flip")
+    assert flipped.row_count == merged.row_count and set(drops) == {sample_id_of(t) for t in news[:3]}
+    assert {ref["dup_release"] for _, ref in drops.values()} == {"forum-1"}
+    with pytest.raises(ReleaseError, match="--threshold 1.5"):
+        merge_releases(lake, "mix-bad", sources=["news-1", "forum-1"], dedup="near", threshold=1.5)
+    with pytest.raises(ReleaseError, match="expected exact, near or none"):
+        merge_releases(lake, "mix-bad", sources=["news-1", "forum-1"], dedup="fuzzy")
+
+
+def test_cli_merge_weights_dedup_modes(tmp_path):
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+
+    lake = Lake(tmp_path / "lake")
+    web, books = _two_datasets(lake)
+    runner = CliRunner()
+
+    def merge(*args):
+        out = runner.invoke(app, ["release", "merge", *args, "--lake", lake.root, "--json"])
+        assert out.exit_code == 0, out.output
+        return json.loads(out.output)
+
+    weighted = merge("mix-w", "--from", "web-1", "--from", "books-1", "--weights", "web-1=0.7,books-1=0.3")
+    # after exact dedup: web 10, books 8 -> N = min(10/0.7, 8/0.3) = 14.28 -> 10 web + 4 books
+    assert weighted["details"]["quotas"] == {"web-1": 10, "books-1": 4} and weighted["row_count"] == 14
+    assert weighted["details"]["weights"] == {"web-1": 0.7, "books-1": 0.3} and weighted["details"]["dedup"] == "exact"
+
+    every = merge("mix-all", "--from", "web-1", "--from", "books-1", "--no-dedup")
+    assert every["row_count"] == 20 and every["details"]["dedup"] == "none"
+    assert every["details"]["duplicates_removed"] == 0
+    rows = lake.read(every["table"], version=every["version"])
+    assert rows.column("sample_id").to_pylist().count(sample_id_of(web[0])) == 2  # one row per input release
+
+    near = merge("mix-near", "--from", "web-1", "--from", "books-1", "--dedup", "near", "--threshold", "0.9")
+    assert near["details"]["dedup_method"] == "minhash" and near["details"]["threshold"] == 0.9
+    assert near["row_count"] == 18  # the normalized copy is identical after normalization: Jaccard 1
+
+    bad = runner.invoke(app, ["release", "merge", "mix-bad", "--from", "web-1", "--weights", "web-1:1",
+                              "--lake", lake.root])
+    assert isinstance(bad.exception, ReleaseError) and "NAME=WEIGHT" in str(bad.exception)
+    wrong = runner.invoke(app, ["release", "merge", "mix-bad", "--from", "web-1", "--dedup", "fuzzy", "--lake", lake.root])
+    assert wrong.exit_code == 2 and "fuzzy" in wrong.output  # refused by the option's choices

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Optional
 
 import typer
@@ -9,6 +10,14 @@ import typer
 from datahub.cli.output import console, print_json
 
 LAKE = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix.")
+
+
+class DedupChoice(str, Enum):
+    """``release merge --dedup``: the modes of ``datahub.release.merge_dedup``."""
+
+    exact = "exact"
+    near = "near"
+    none = "none"
 
 
 def _lake(root: str):  # type: ignore[no-untyped-def]
@@ -131,14 +140,21 @@ def register(app: typer.Typer) -> None:
         sources: list[str] = typer.Option(..., "--from", help="An input release (repeat: --from A --from B)."),
         lake: str = LAKE,
         weights: Optional[str] = typer.Option(None, "--weights", help="Mixture per input release: A=0.7,B=0.3."),
-        dedup: bool = typer.Option(True, "--dedup/--no-dedup", help="Drop exact duplicates across the inputs."),
+        dedup: DedupChoice = typer.Option(DedupChoice.exact, "--dedup",
+                                          help="Cross-release dedup: exact (normalized content hash), near (MinHash-LSH) or none."),
+        no_dedup: bool = typer.Option(False, "--no-dedup", help="Keep every row (the same as --dedup none)."),
+        threshold: float = typer.Option(0.8, "--threshold", help="--dedup near: Jaccard similarity of near duplicates."),
+        verify: bool = typer.Option(True, "--verify/--no-verify",
+                                    help="--dedup near: drop only candidates whose exact shingle Jaccard reaches --threshold."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weighted sampling."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Combine releases into a new frozen one (deduplicated, optionally weighted)."""
         from datahub.release import merge_releases, parse_weights
 
-        release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=dedup, seed=seed)
+        mode = "none" if no_dedup else dedup.value
+        release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=mode,  # type: ignore[arg-type]
+                                 threshold=threshold, verify=verify, seed=seed)
         if as_json:
             print_json(release.as_dict())
             return
