@@ -1,7 +1,8 @@
 """``release.redact``: a take-down (copyright, PII) as a new release without the named samples.
 
-The old release is untouched and stays readable through Delta time travel until someone
-vacuums explicitly; the new one is materialized in ``release_<NEW>``. Every release that
+The old release is untouched and stays readable through Delta time travel (lake tables keep
+their log) until an explicit ``datahub release vacuum --drop-release OLD --apply`` deletes its
+files; the new one is materialized in ``release_<NEW>``. Every release that
 holds any of the samples is listed, and lineage records a ``dropped`` event with the reason.
 """
 

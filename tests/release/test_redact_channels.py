@@ -93,3 +93,45 @@ def test_cli_release_commands(tmp_path):
     assert runner.invoke(app, ["release", "promote", "cli-2", "--lake", lake.root]).exit_code == 0
     listed = json.loads(runner.invoke(app, ["release", "list", "--lake", lake.root, "--json"]).output)
     assert [(r["name"], r["channels"]) for r in listed] == [("cli-1", []), ("cli-2", ["stable"])]
+
+
+def test_cli_redact_ids_file_and_rollback_stable(tmp_path):
+    import json
+
+    lake = Lake(tmp_path / "lake")
+    texts = ["public doc one", "leaked email a@b.c", "public doc two", "leaked phone 555 0100"]
+    add_samples(lake, texts[:2], "a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "v1")
+    add_samples(lake, texts[2:], "b.jsonl", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "v2")
+    leaked = [sample_id_of(texts[1]), sample_id_of(texts[3])]
+    ids_file = tmp_path / "takedown.txt"
+    ids_file.write_text(f"# PII take-down #42\n{leaked[0]}\n\n{leaked[1]}  # the phone number\n")
+    runner = CliRunner()
+
+    out = runner.invoke(app, ["release", "redact", "v3", "--from", "v2", "--ids-file", str(ids_file),
+                              "--reason", "PII take-down #42", "--lake", lake.root, "--json"])
+    assert out.exit_code == 0, out.output
+    v3 = json.loads(out.output)
+    assert v3["row_count"] == 2 and v3["parents"] == ["v2"]
+    assert v3["details"]["removed_ids"] == sorted(leaked) and v3["details"]["requested_ids"] == 2
+    assert v3["details"]["contained_in"] == {"v1": 1, "v2": 2}
+    kept = lake.read(v3["table"], version=v3["version"]).column("sample_id").to_pylist()
+    assert sorted(kept) == sorted([sample_id_of(texts[0]), sample_id_of(texts[2])])
+    missing = runner.invoke(app, ["release", "redact", "v4", "--from", "v2", "--ids-file", str(tmp_path / "nope.txt"),
+                                  "--reason", "x", "--lake", lake.root])
+    assert isinstance(missing.exception, ReleaseError) and "nope.txt: cannot read it" in str(missing.exception)
+
+    for name in ("v1", "v2", "v3"):
+        assert runner.invoke(app, ["release", "promote", name, "--channel", "stable", "--lake", lake.root]).exit_code == 0
+    back = runner.invoke(app, ["release", "rollback", "--channel", "stable", "--lake", lake.root])
+    assert back.exit_code == 0, back.output
+    assert "stable" in back.output and "v2" in back.output
+    assert channel_of(lake, "stable").name == "v2"
+    assert runner.invoke(app, ["release", "rollback", "--channel", "stable", "--lake", lake.root]).exit_code == 0
+    assert channel_of(lake, "stable").name == "v1"
+    last = runner.invoke(app, ["release", "rollback", "--channel", "stable", "--lake", lake.root])
+    assert isinstance(last.exception, ReleaseError) and "no earlier release than 'v1'" in str(last.exception)
+    shown = json.loads(runner.invoke(app, ["release", "show", "v1", "--lake", lake.root, "--json"]).output)
+    assert shown["channels"] == ["stable"]
+    assert [e.action for e in channel_history(lake, "stable")] == ["promote"] * 3 + ["rollback"] * 2

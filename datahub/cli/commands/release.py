@@ -202,7 +202,8 @@ def register(app: typer.Typer) -> None:
         _print_release(release, title=f"[bold green]release {new} created without {release.details['removed']} sample(s)[/]")
         out = console()
         out.print(f"  reason        {reason}")
-        out.print("  [bold]releases holding the redacted samples[/] (old ones stay readable by time travel until vacuumed):")
+        out.print("  [bold]releases holding the redacted samples[/] (they stay readable by time travel until "
+                  "`datahub release vacuum --drop-release NAME --apply`):")
         for name, count in release.details["contained_in"].items():
             out.print(f"    {name}: {count}")
 
