@@ -74,4 +74,5 @@ def ray_dataset(
         shard_indexes = np.random.default_rng(shuffle_seed).permutation(len(shard_indexes)).tolist()
     items = [{"shard_index": i} for i in shard_indexes]
     dataset = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    return dataset.map_batches(_read_shards, fn_kwargs={"source": source}, batch_size=1, batch_format="numpy")
+    return dataset.map_batches(_read_shards, fn_kwargs={"source": source}, batch_size=1,  # type: ignore[arg-type]
+                               batch_format="numpy")

@@ -10,6 +10,7 @@ non-ASCII names, base-256 or space-padded sizes, damaged shards) takes the gener
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +71,7 @@ class ShardIndex:
         return cached
 
 
-def index_tar(buffer: bytes | bytearray | memoryview, *, where: str = "shard") -> ShardIndex:
+def index_tar(buffer: bytes | bytearray | memoryview | mmap.mmap, *, where: str = "shard") -> ShardIndex:
     """Group consecutive regular members by key (the basename up to its first dot), webdataset-style."""
     array = np.frombuffer(buffer, dtype=np.uint8)
     index = _index_plain_ustar(array)
@@ -91,7 +92,7 @@ def _index_plain_ustar(array: np.ndarray) -> ShardIndex | None:
     sizes = _octal_words(np.ascontiguousarray(words[:, 0]), np.ascontiguousarray(words[:, 1]))
     following = np.arange(1, count + 1) + ((sizes + BLOCK - 1) >> 9)
     following[~plain] = count  # stop the chain at anything but a plain header (end marker included)
-    chain = memoryview(following)  # plain ints per lookup without converting the whole array
+    chain = memoryview(following)  # type: ignore[arg-type]  # plain ints per lookup, no whole-array conversion
     headers = []
     block = 0
     while block < count:
