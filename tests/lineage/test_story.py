@@ -1,37 +1,31 @@
-"""Per-sample lineage through a real pipeline run on the shared Ray: modified, dropped, quarantined."""
+"""Per-sample lineage through a real pipeline run on the shared Ray, a release and a CFS export:
+modified and annotated, dropped as an exact duplicate by the real ``exact_dedup``, quarantined,
+released and exported."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import tarfile
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from typer.testing import CliRunner
 
+from datahub.export.export import export_release
 from datahub.lake import Lake
 from datahub.lineage import lineage_events, optimize_lineage, sample_lineage, source_lineage
-from datahub.operator import BatchOperator, register
 from datahub.pipeline.run import run_job
 from datahub.release import create_release
 from datahub.sample_id import sample_id_of
+from tests.export.helpers import cfs_storage
 
 ORIGINAL = "Hello   world,  this text has   extra spaces."  # normalize_text collapses them
-DUPLICATE = "A copy of the original text, marked as a duplicate."
-KEPT_TWIN = "The original text that the duplicate copies."
-
-
-@register
-class MarkLineageTestDuplicate(BatchOperator):
-    """Test-only stand-in for exact dedup: drops the DUPLICATE text with dup_of = KEPT_TWIN's id."""
-
-    name = "test_lineage_mark_duplicate"
-
-    def process(self, table: pa.Table) -> pa.Table:
-        mask = pc.equal(table.column("text"), DUPLICATE)
-        ref = pa.array([json.dumps({"dup_of": sample_id_of(KEPT_TWIN), "cluster_id": "c1"})] * table.num_rows)
-        return self.mark_dropped(table, mask, "exact_duplicate", ref=ref)
+# Exact copies after exact_dedup's normalization (case, punctuation); its keep rule keeps the
+# smallest sample_id, so the twin with the larger id is the one dropped as a duplicate.
+_TWINS = sorted(["The original text that the duplicate copies.", "THE ORIGINAL TEXT, that the duplicate copies!"],
+                key=sample_id_of)
+KEPT_TWIN, DUPLICATE = _TWINS
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +44,8 @@ def lineage_lake(tmp_path_factory, ray_engine):
         "inputs": [{"uri": str(source)}],
         "graph": {
             "normalize": {"op": "normalize_text"},
-            "dedup": {"op": "test_lineage_mark_duplicate", "after": ["normalize"]},
+            "length": {"op": "length_filter", "after": ["normalize"], "params": {"drop": False}},
+            "dedup": {"op": "exact_dedup", "after": ["length"]},
             "samples": {"sink": "samples", "after": ["dedup"]},
         },
     }, source="test.yaml")
@@ -58,26 +53,48 @@ def lineage_lake(tmp_path_factory, ray_engine):
     assert result.status == "succeeded"
     lake = Lake(spec.lake.root)
     create_release(lake, "lin-1")
-    return lake, str(source), result.run_id
+    manifest = export_release(lake, "lin-1", tier="cfs", storage=cfs_storage(("cfs", root / "cfs")), shard_samples=2)
+    return lake, str(source), result.run_id, manifest
 
 
-def test_story_of_modified_sample(lineage_lake):
-    lake, source, run_id = lineage_lake
+def test_story_of_modified_annotated_released_exported_sample(lineage_lake):
+    lake, source, run_id, manifest = lineage_lake
     story = sample_lineage(lake, sample_id_of(ORIGINAL))
     assert story.fate == "kept"
     assert story.origins == [{"source_uri": source, "source_offset": 1, "run_id": run_id}]  # JSONL offsets are line numbers
     assert [(e["action"], e["op"]) for e in story.events] == [
-        ("ingested", "ingest@1"), ("modified", "normalize_text@1"), ("released", "release@1")]
-    assert story.events[1]["params_hash"] and story.releases == ["lin-1"]
+        ("ingested", "ingest@1"), ("modified", "normalize_text@1"), ("annotated", "length_filter@1"),
+        ("released", "release@1"), ("exported", "export@1")]
+    modified, annotated = story.events[1], story.events[2]
+    assert modified["params_hash"] and annotated["params_hash"] and modified["params_hash"] != annotated["params_hash"]
+    assert {e["run_id"] for e in story.events[:3]} == {run_id}
+    released = story.events[3]
+    assert (released["ref"], released["run_id"]) == ("lin-1", "release/lin-1") and story.releases == ["lin-1"]
+    # the export event names the shard (its URI on the tier) and the tar member that holds the sample
+    [export] = story.exports
+    shard = next(s for s in manifest.shards if export["shard"] in s.replicas.values())
+    assert export["tier"] == "cfs" and export["member"] == f"{sample_id_of(ORIGINAL)}.txt"
+    assert shard.replicas["cfs"] == export["shard"]
+    with tarfile.open(export["shard"]) as tar:
+        member = tar.extractfile(export["member"])
+        assert member is not None and member.read().decode() == "Hello world, this text has extra spaces."
 
 
 def test_story_of_duplicate_and_quarantined(lineage_lake):
-    lake, source, _ = lineage_lake
+    lake, source, run_id, _ = lineage_lake
     dup = sample_lineage(lake, sample_id_of(DUPLICATE))
-    assert dup.fate == "dropped" and dup.releases == []
-    drop = [e for e in dup.events if e["action"] == "dropped"]
-    assert drop[0]["reason"] == "exact_duplicate" and drop[0]["op"] == "test_lineage_mark_duplicate@1"
-    assert drop[0]["ref"] == {"dup_of": sample_id_of(KEPT_TWIN), "cluster_id": "c1"}
+    assert dup.fate == "dropped" and dup.releases == [] and dup.exports == []
+    assert [(e["action"], e["op"]) for e in dup.events] == [
+        ("ingested", "ingest@1"), ("annotated", "length_filter@1"), ("dropped", "exact_dedup@1")]
+    drop = dup.events[-1]
+    assert drop["reason"] == "exact_duplicate" and drop["run_id"] == run_id
+    from operators.dedup.exact import content_hash_hex
+
+    content_hash = content_hash_hex(pa.array([KEPT_TWIN])).to_pylist()[0]
+    assert content_hash == content_hash_hex(pa.array([DUPLICATE])).to_pylist()[0]
+    assert drop["ref"] == {"dup_of": sample_id_of(KEPT_TWIN), "cluster_id": content_hash, "method": "exact"}
+    twin = sample_lineage(lake, sample_id_of(KEPT_TWIN))
+    assert twin.fate == "kept" and twin.releases == ["lin-1"] and len(twin.exports) == 1
 
     empty = sample_lineage(lake, sample_id_of("  "))
     assert empty.fate == "quarantined"
@@ -95,7 +112,7 @@ def test_story_of_duplicate_and_quarantined(lineage_lake):
 
 
 def test_lookup_survives_optimize_and_cli(lineage_lake, tmp_path):
-    lake, source, _ = lineage_lake
+    lake, source, _, _ = lineage_lake
     before = lineage_events(lake, sample_id_of(ORIGINAL)).to_pylist()
     metrics = optimize_lineage(lake)
     assert metrics["numFilesAdded"] >= 1
