@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
+from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, print_json, progress
 
 
@@ -14,7 +15,7 @@ def register(app: typer.Typer) -> None:
     @app.command("export")
     def export(
         release: str = typer.Argument(..., help="Release name (shards are named RELEASE-NNNNNN.tar)."),
-        lake: str = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix."),
+        lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
         tier: str = typer.Option(..., "--tier", help="Tier name from the storage config: e.g. cfs, ceph, hdfs."),
         storage: Path = typer.Option(Path("storage.yaml"), "--storage", help="Storage YAML (schemas/storage.example.yaml)."),
         shard_size: Optional[str] = typer.Option(None, "--shard-size", help="Target shard size, e.g. 256MB (default)."),
@@ -25,13 +26,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     ) -> None:
         """Export a release as byte-reproducible WebDataset shards; re-running resumes and skips verified shards."""
+        from datahub.cli.lake_option import open_lake
         from datahub.export import export_release, export_table_version
-        from datahub.lake import Lake
         from datahub.storage import load_storage_config
 
         config = load_storage_config(storage)
-        the_lake = Lake(lake)
-        options = {"tier": tier, "storage": config, "shard_size": shard_size, "shard_samples": shard_samples,
+        the_lake = open_lake(lake)
+        options: dict[str, Any] = {"tier": tier, "storage": config, "shard_size": shard_size, "shard_samples": shard_samples,
                    "shuffle_seed": shuffle_seed}
         with progress(f"export {release}", enabled=not as_json) as update:
             if table is not None:

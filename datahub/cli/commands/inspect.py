@@ -11,9 +11,9 @@ from datahub.cli.output import console, print_json
 
 def inspect_lake(root: str, table: str | None = None, *, storage_options: dict[str, str] | None = None) -> dict:
     """Describe a lake (every table) or one table: version, rows, files, schema, recent commits."""
-    from datahub.lake import Lake
+    from datahub.cli.lake_option import open_lake
 
-    lake = Lake(root, storage_options=storage_options)
+    lake = open_lake(root, storage_options=storage_options)
     names = [table] if table else lake.tables()
     out: dict = {"lake": lake.root, "tables": {}}
     for name in names:

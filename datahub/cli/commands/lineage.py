@@ -56,10 +56,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """The story of one sample (origin, operators, drops, releases, exports), or of one input file."""
-        from datahub.lake import Lake
+        from datahub.cli.lake_option import open_lake
         from datahub.lineage import optimize_lineage, sample_lineage, source_lineage
 
-        root = Lake(lake)
+        root = open_lake(lake)
         if sample_id == "optimize":
             metrics = optimize_lineage(root)
             if as_json:

@@ -20,10 +20,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Validate a table version against QA suites and record the outcome in qa_results."""
-        from datahub.lake import Lake
+        from datahub.cli.lake_option import open_lake
         from datahub.qa import run_suites
 
-        results = run_suites(Lake(lake), suites=suite, table=table, version=version, commit=not no_record)
+        results = run_suites(open_lake(lake), suites=suite, table=table, version=version, commit=not no_record)
         ok = all(r.success for r in results)
         if as_json:
             print_json({"success": ok, "results": [r.as_dict() for r in results]})

@@ -21,9 +21,9 @@ class DedupChoice(str, Enum):
 
 
 def _lake(root: str):  # type: ignore[no-untyped-def]
-    from datahub.lake import Lake
+    from datahub.cli.lake_option import open_lake  # a root, or a lake YAML with storage options
 
-    return Lake(root)
+    return open_lake(root)
 
 
 def _print_release(release, *, title: str | None = None) -> None:  # type: ignore[no-untyped-def]

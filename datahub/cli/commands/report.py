@@ -20,10 +20,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
     ) -> None:
         """Write quality-signal distributions, drop reasons, language mix, duplicate clusters, sources."""
-        from datahub.lake import Lake
+        from datahub.cli.lake_option import open_lake
         from datahub.report import build_report
 
-        written = build_report(Lake(lake), out_dir=out, table=table, version=version)
+        written = build_report(open_lake(lake), out_dir=out, table=table, version=version)
         if as_json:
             print_json(written.as_dict())
         else:

@@ -18,10 +18,10 @@ def list_runs(root: str, *, job: str | None = None, storage_options: dict[str, s
     interrupted (a lease left by a killed run: no ``runs`` row, holder gone or expired).
     A failed row whose run id later succeeded is marked ``resumed``.
     """
-    from datahub.lake import Lake
+    from datahub.cli.lake_option import open_lake
     from datahub.pipeline.lease import list_leases
 
-    lake = Lake(root, storage_options=storage_options)
+    lake = open_lake(root, storage_options=storage_options)
     table = lake.read("runs")
     rows = table.to_pylist() if table.num_rows else []
     succeeded = {r["run_id"] for r in rows if r["status"] == "succeeded"}

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, print_json, progress
 
 tier_app = typer.Typer(help="Move exported releases between storage tiers (cfs, ceph, hdfs) by policy.",
@@ -14,8 +15,8 @@ tier_app = typer.Typer(help="Move exported releases between storage tiers (cfs, 
 
 
 def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[str]):  # type: ignore[no-untyped-def]
+    from datahub.cli.lake_option import open_lake
     from datahub.errors import SpecError
-    from datahub.lake import Lake
     from datahub.storage import load_storage_config
 
     if not storage:
@@ -26,7 +27,7 @@ def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[
     if tiers is not None and not release:
         raise SpecError("--tiers needs --release NAME (which release to place on those tiers)")
     targets = {name: [t.strip() for t in tiers.split(",") if t.strip()] for name in release} if tiers else None
-    return Lake(lake), config, (release or None), targets
+    return open_lake(lake), config, (release or None), targets
 
 
 def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
@@ -46,7 +47,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tier_app, name="tier")
 
 
-_LAKE = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix.")
+_LAKE = typer.Option(..., "--lake", help=LAKE_HELP)
 _STORAGE = typer.Option([], "--storage", help="Storage YAML; give it twice to add a second region's tiers.")
 _RELEASE = typer.Option([], "--release", help="Only this release (repeatable).")
 _TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on.")
