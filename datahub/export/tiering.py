@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
-from datahub.errors import IntegrityError, LakeError, ReleaseError, SpecError, StorageError
+from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import _commit_lineage, _Done, publish_manifest
 from datahub.export.manifest import MANIFEST_NAME, Manifest, read_lake_manifest
 from datahub.storage.config import StorageConfig
@@ -65,23 +65,33 @@ def exported_releases(lake: Any) -> list[str]:
     return [n for n in names if fs.exists(f"{path}/{n}/{MANIFEST_NAME}")]
 
 
-def release_states(lake: Any, names: list[str]) -> dict[str, ReleaseState]:
-    """Channel / archived flags from ``datahub.release`` when installed; otherwise every release is unchannelled."""
-    try:
-        from datahub.release import get_release  # type: ignore[attr-defined]
-    except ImportError:
-        return {n: ReleaseState(n) for n in names}
+def release_states(lake: Any, names: list[str], *, manifests: Mapping[str, Manifest] | None = None
+                   ) -> dict[str, ReleaseState]:
+    """The policy's inputs per release: channels (``release_channels``), archived flag and last read
+    (``release_events``), and when it was released. An export of a bare table version (no release
+    record) has only its manifest's ``created``."""
+    from datahub.release.events import ReleaseActivity, release_activity
+    from datahub.release.records import list_releases
+
+    releases = {r.name: r for r in list_releases(lake)}
+    activity = release_activity(lake)
     states = {}
     for name in names:
-        try:
-            release = get_release(lake, name)
-        except (ReleaseError, LakeError):  # an export without a release record (a bare table version)
-            states[name] = ReleaseState(name)
-            continue
-        states[name] = ReleaseState(name, channels=tuple(getattr(release, "channels", ()) or ()),
-                                    last_read=getattr(release, "last_read", None),
-                                    archived=bool(getattr(release, "archived", False)))
+        release = releases.get(name)
+        seen = activity.get(name, ReleaseActivity())
+        manifest = (manifests or {}).get(name)
+        created = release.created if release is not None else (_parse_time(manifest.created) if manifest else None)
+        states[name] = ReleaseState(name, channels=release.channels if release is not None else (),
+                                    last_read=seen.last_read, archived=seen.archived, created=created)
     return states
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
 def plan_tiers(
@@ -96,12 +106,17 @@ def plan_tiers(
     """What ``apply_tiers`` would do. ``targets`` (release -> tiers) overrides the policy for those releases."""
     names = releases if releases is not None else exported_releases(lake)
     targets = dict(targets or {})
-    states = dict(states) if states is not None else release_states(lake, [n for n in names if n not in targets])
-    moves: list[Move] = []
+    manifests: dict[str, Manifest] = {}
     for name in names:
         manifest = read_lake_manifest(lake, name)
         if manifest is None:
             raise SpecError(f"release {name!r}: no export manifest in {lake.root}/_exports; run `datahub export` first")
+        manifests[name] = manifest
+    if states is None:
+        states = release_states(lake, [n for n in names if n not in targets], manifests=manifests)
+    moves: list[Move] = []
+    for name in names:
+        manifest = manifests[name]
         state = states.get(name, ReleaseState(name))
         klass = None if name in targets else storage_class(state, storage.policy, now=now)
         wanted = targets.get(name) if name in targets else desired_tiers(state, storage.policy, now=now)

@@ -18,21 +18,27 @@ class ReleaseState:
 
     name: str
     channels: tuple[str, ...] = ()  # channels pointing at the release now (stable, canary, ...)
-    last_read: datetime | None = None
+    last_read: datetime | None = None  # latest recorded read (datahub.release.events)
     archived: bool = False
+    created: datetime | None = None  # when it was released (or exported): "unread" counts from here
 
 
 def storage_class(state: ReleaseState, policy: PolicySpec, *, now: datetime | None = None) -> StorageClass:
-    """archived -> cold; stable channel or recently read -> hot; long unread -> cold; else warm."""
+    """archived -> cold; stable channel or recently read -> hot; long unread -> cold; else warm.
+
+    "Unread for N days" counts from the last read, or from ``created`` for a release never read
+    (a fresh release is not cold on day one); with neither known it counts as unread for ever.
+    """
     now = now or datetime.now(timezone.utc)
     if state.archived:
         return "cold"
     if set(state.channels) & set(policy.hot_channels):
         return "hot"
-    age = now - state.last_read if state.last_read is not None else None
-    if age is not None and policy.hot_if_read_within_days is not None and age <= timedelta(days=policy.hot_if_read_within_days):
+    if (state.last_read is not None and policy.hot_if_read_within_days is not None
+            and now - state.last_read <= timedelta(days=policy.hot_if_read_within_days)):
         return "hot"
-    if policy.cold_if_unread_days is not None and (age is None or age > timedelta(days=policy.cold_if_unread_days)):
+    since = state.last_read if state.last_read is not None else state.created
+    if policy.cold_if_unread_days is not None and (since is None or now - since > timedelta(days=policy.cold_if_unread_days)):
         return "cold"
     return "warm"
 

@@ -64,3 +64,15 @@ def test_policy_classes() -> None:
     assert storage_class(ReleaseState("r", channels=("stable",), archived=True), policy, now=now) == "cold"
     assert desired_tiers(ReleaseState("r", channels=("stable",)), policy, now=now) == ["cfs", "hdfs"]
     assert desired_tiers(ReleaseState("r", last_read=now - timedelta(days=30)), policy, now=now) is None  # no warm class
+
+
+def test_unread_counts_from_the_release_date_when_never_read() -> None:
+    policy = validate_storage_config({"tiers": {"cfs": {"kind": "cfs", "path": "/x"}},
+                                      "policy": {"cold_if_unread_days": 90}}).policy
+    now = datetime(2024, 6, 1, tzinfo=timezone.utc)
+    assert storage_class(ReleaseState("r", created=now - timedelta(days=10)), policy, now=now) == "warm"
+    assert storage_class(ReleaseState("r", created=now - timedelta(days=91)), policy, now=now) == "cold"
+    # a read resets the clock; with neither date known the release counts as unread for ever
+    assert storage_class(ReleaseState("r", created=now - timedelta(days=400), last_read=now - timedelta(days=20)),
+                         policy, now=now) == "warm"
+    assert storage_class(ReleaseState("r"), policy, now=now) == "cold"

@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Versioned dataset releases: frozen Delta versions, QA-gated, immutable names.",
                         no_args_is_help=True)
     app.add_typer(group, name="release")
+    _register_archive(group)  # defined at the end of this module
 
     @group.command("create")
     def create(
@@ -235,3 +236,19 @@ def register(app: typer.Typer) -> None:
         if report.unreadable_releases:
             state = "no longer readable" if report.applied else "that --apply makes unreadable"
             out.print(f"  [red]releases {state}[/]: {', '.join(report.unreadable_releases)}")
+
+
+def _register_archive(group: typer.Typer) -> None:
+    @group.command("archive")
+    def archive(
+        name: str = typer.Argument(..., help="The release to archive."),
+        lake: str = LAKE,
+        undo: bool = typer.Option(False, "--undo", help="Un-archive: the policy places it by channel and reads again."),
+        reason: Optional[str] = typer.Option(None, "--reason", help="Why (kept with the event)."),
+    ) -> None:
+        """Archive a release: an append-only event; `datahub tier apply` then moves it to the cold tiers."""
+        from datahub.release.events import archive_release
+
+        changed = archive_release(_lake(lake), name, undo=undo, reason=reason)
+        state = "unarchived" if undo else "archived"
+        console().print(f"release {name} {state}" if changed else f"release {name} was already {state}")
