@@ -176,7 +176,7 @@ def _copy(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConf
             lake, manifest.release, dest,
             [_Done(i, s.name, s.size, s.sha256, s.samples, start, start + s.samples)
              for i, (s, start) in enumerate(_starts(manifest))],
-            _ids(manifest, storage), manifest.export.get("key", ""))
+            _ids(lake, manifest, storage), manifest.export.get("key", ""))
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
 
 
@@ -218,12 +218,28 @@ def _starts(manifest: Manifest) -> list[tuple[Any, int]]:
     return out
 
 
-def _ids(manifest: Manifest, storage: StorageConfig) -> Any:
-    """Sample keys in shard order, read from the shards themselves (the lineage index of the new tier)."""
+def _ids(lake: Any, manifest: Manifest, storage: StorageConfig) -> Any:
+    """Sample keys in shard order (the lineage index of the new tier).
+
+    Recomputed from the lake, not from shard bytes: the export order is a function of the frozen
+    table version's sample ids and the shuffle seed (``prepare``), so one column is read instead
+    of every shard again. Falls back to indexing the shards when that version is gone (vacuumed).
+    """
     import pyarrow as pa
 
+    from datahub.export.samples import KEY_COLUMN, prepare
     from datahub.loader.tar_index import index_tar
 
+    where = f"{lake.root}/{manifest.table}@v{manifest.table_version}"
+    try:
+        names = set(pa.schema(lake.table(manifest.table, manifest.table_version).schema().to_arrow()).names)
+        columns = [KEY_COLUMN] + (["_drop_reason"] if "_drop_reason" in names else [])
+        rows = prepare(lake.read(manifest.table, version=manifest.table_version, columns=columns),
+                       shuffle_seed=manifest.shuffle_seed, where=where)
+        if rows.num_rows == manifest.num_samples:
+            return rows[KEY_COLUMN]
+    except Exception:  # noqa: BLE001 - any failure (vacuumed files, renamed table): the shards are the truth
+        pass
     keys: list[str] = []
     for shard in manifest.shards:
         keys.extend(index_tar(_read_verified(manifest, shard, storage), where=shard.name).keys)

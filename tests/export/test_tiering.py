@@ -127,3 +127,34 @@ def test_cross_region_copy_uses_a_second_storage_config(tmp_path, webhdfs) -> No
     assert manifest.tiers == ["cfs", "cfs-eu"]
     for shard in manifest.shards:
         assert Path(shard.replicas["cfs-eu"]).read_bytes() == Path(shard.replicas["cfs"]).read_bytes()
+
+
+def test_copy_reads_each_source_shard_once_and_indexes_lineage_from_the_lake(tmp_path, webhdfs) -> None:
+    """copy = one read per shard at the source; the lineage index comes from the frozen table version
+    (one column), and from the shards only when that version is gone."""
+    from datahub.loader.tar_index import index_tar
+
+    lake, version = make_lake(tmp_path / "lake", 40)
+    storage = validate_storage_config({"tiers": {
+        "hdfs": {"kind": "hdfs", "url": webhdfs.url("/releases")},
+        "cfs": {"kind": "cfs", "path": str(tmp_path / "cfs")}, "cfs2": {"kind": "cfs", "path": str(tmp_path / "cfs2")}}})
+    manifest = export_table_version(lake, table="samples", version=version, release_name="r4", tier="hdfs",
+                                    storage=storage, shard_samples=10, shuffle_seed=3)
+    opens = webhdfs.ops["OPEN"]
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r4": ["hdfs", "cfs"]}), storage=storage)
+    assert webhdfs.ops["OPEN"] - opens == len(manifest.shards) == 4
+
+    def index(tier: str) -> dict[str, str]:
+        rows = [r for r in lake.read("lineage").to_pylist() if r["run_id"] == f"export/r4/{tier}"]
+        return {r["sample_id"]: json.loads(r["ref"])["shard"] for r in rows}
+
+    def truth(tier: str) -> dict[str, str]:
+        return {key: shard.replicas[tier] for shard in read_lake_manifest(lake, "r4").shards
+                for key in index_tar(Path(shard.replicas[tier]).read_bytes(), where=shard.name).keys}
+
+    assert index("cfs") == truth("cfs") and len(index("cfs")) == 40
+
+    for data in (tmp_path / "lake/samples").glob("*.parquet"):  # the frozen version's files are gone (vacuumed)
+        data.unlink()
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r4": ["hdfs", "cfs", "cfs2"]}), storage=storage)
+    assert index("cfs2") == truth("cfs2") and len(index("cfs2")) == 40
