@@ -27,7 +27,8 @@ import pyarrow.compute as pc
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.export.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.samples import KEY_COLUMN, encode_tar, prepare
-from datahub.export.tar import end_of_archive
+from datahub.export.tar import BLOCK, RECORD, end_of_archive
+from datahub.pipeline.faults import checkpoint
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import Tier
 
@@ -41,7 +42,7 @@ Progress = Callable[..., None]
 
 
 def parse_size(value: str | int) -> int:
-    """``256MB`` -> 256000000, ``1GiB`` -> 1073741824, ``4096`` -> 4096."""
+    """``256MB`` -> 256000000, ``1GiB`` -> 1073741824, ``40960`` -> 40960."""
     if isinstance(value, int):
         return value
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", value)
@@ -107,8 +108,8 @@ def export_table_version(
     if shard_samples is not None and shard_samples < 1:
         raise SpecError(f"--shard-samples must be >= 1, got {shard_samples}")
     size_limit = parse_size(shard_size) if shard_size is not None else (None if shard_samples else DEFAULT_SHARD_SIZE)
-    if size_limit is not None and size_limit < 4096:
-        raise SpecError(f"--shard-size must be at least 4096 bytes, got {size_limit}")
+    if size_limit is not None and size_limit < RECORD:
+        raise SpecError(f"--shard-size must be at least {RECORD} bytes (one tar record), got {size_limit}")
     if upload_workers < 1:
         raise SpecError(f"upload_workers must be >= 1, got {upload_workers}")
     settings = {"table": table, "table_version": int(version), "shard_size": size_limit, "shard_samples": shard_samples,
@@ -139,6 +140,7 @@ def export_table_version(
                                record=journal.record):
         done.append(shard)
         report("shards", len(done), None)
+        checkpoint(f"export:after_shard:{shard.index}")  # crash tests: published and journalled, more to come
 
     if existing is not None:  # a second tier: the shards must be the very same bytes
         if len(existing.shards) != len(done):
@@ -150,6 +152,7 @@ def export_table_version(
                                      f"{new.sha256[:12]} vs {old.sha256[:12]}); the table version changed underneath?")
     ids = data[KEY_COLUMN]
     _commit_lineage(lake, release_name, target, done, ids, export_key)
+    checkpoint("export:before_manifest")
     replicas = {s.name: {**(dict(existing.shards[s.index].replicas) if existing else {}),
                          target.name: target.uri(release_name, s.name)} for s in done}
     manifest = Manifest(
@@ -177,6 +180,7 @@ def publish_manifest(lake: Any, manifest: Manifest, *, storage: StorageConfig | 
     for name in manifest.tiers:
         if name in tiers:
             tiers[name].publish(tiers[name].uri(manifest.release, "manifest.json"), manifest.to_json())
+    checkpoint("export:after_tier_manifest")  # crash tests: the lake's copy is what marks the export done
     publish_lake_manifest(lake, manifest)
 
 
@@ -202,10 +206,14 @@ class _Built:
 def _build_shards(rows: pa.Table, release: str, *, first_index: int, first_row: int,
                   shard_size: int | None, shard_samples: int | None) -> Iterator[_Built]:
     """Cut ``rows`` into shards in order. A shard closes before the sample that would take it past
-    ``shard_size`` (less 1024 bytes of end-of-archive) or at ``shard_samples``; a shard holds at least one sample."""
+    ``shard_size`` or at ``shard_samples``; a shard holds at least one sample (which alone may be larger).
+
+    The size counts the whole file: the end-of-archive blocks and the padding to a full tar record,
+    so a shard takes samples while ``written + 1024`` stays within ``shard_size`` rounded down to a record."""
     pieces: list[pa.Buffer] = []
     written = count = 0
     index, start = first_index, first_row
+    budget = (shard_size // RECORD) * RECORD - 2 * BLOCK if shard_size is not None else 0  # bytes of members
 
     def close() -> _Built:
         body = b"".join([*pieces, end_of_archive(written)])  # the one copy of the shard's bytes
@@ -220,7 +228,7 @@ def _build_shards(rows: pa.Table, release: str, *, first_index: int, first_row: 
             if shard_samples is not None:
                 take = min(take, shard_samples - count)
             if shard_size is not None:  # how many of the next samples still fit, by cumulative size
-                limit = offsets[position] + (shard_size - 1024 - written)
+                limit = offsets[position] + (budget - written)
                 take = min(take, int(np.searchsorted(offsets[position + 1:], limit, side="right")))
             if count == 0:
                 take = max(take, 1)

@@ -78,3 +78,49 @@ def test_lake_on_ceph_runs_a_job_exports_and_inspects(tmp_path, ceph_s3, job_spe
     assert in_lake == manifest.to_dict()
     exported = lake.read("lineage").filter(pc.equal(lake.read("lineage")["action"], "exported"))
     assert exported.num_rows == len(keep)
+
+
+def test_cli_release_export_and_inspect_an_s3_lake_with_options_from_a_lake_file(tmp_path, ceph_s3) -> None:
+    """`--lake lake.yaml` carries the lake's storage options; the CLI runs with no AWS_* variables at all."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    bucket = ceph_s3.new_bucket("cli-lake")
+    root = f"s3://{bucket}/lake"
+    make_lake(root, 40, storage_options=ceph_s3.storage_options())
+    lake_file = tmp_path / "lake.yaml"
+    lake_file.write_text(yaml.safe_dump({"root": root, "storage_options": {
+        **ceph_s3.storage_options(), "AWS_ALLOW_HTTP": True}}))  # a YAML bool: must reach delta-rs as "true"
+    lake_file.chmod(0o600)
+    creds = tmp_path / "ceph.credentials"
+    creds.write_text(f"access_key_id={ceph_s3.key}\nsecret_access_key={ceph_s3.secret}\n")
+    shards = ceph_s3.new_bucket("cli-shards")
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(yaml.safe_dump({"tiers": {"ceph": {
+        "kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": shards, "region": ceph_s3.region,
+        "credentials": {"file": str(creds)}}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DATAHUB_TEST_S3_"))}
+    env.update(HOME=str(tmp_path), RAY_AUTH_MODE="disabled")  # no ~/.aws either
+
+    def datahub(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"datahub {' '.join(args)}:\n{done.stdout}\n{done.stderr[-3000:]}"
+        return done.stdout
+
+    datahub("release", "create", "s3r", "--lake", str(lake_file), "--json")
+    manifest = json.loads(datahub("export", "s3r", "--lake", str(lake_file), "--tier", "ceph", "--storage", str(storage),
+                                  "--shard-size", "40KB", "--json"))
+    assert manifest["release"] == "s3r" and manifest["table"] == "samples" and manifest["num_samples"] == 40
+    assert all(s["size"] <= 40_000 for s in manifest["shards"]) and len(manifest["shards"]) >= 2
+    fs = ceph_s3.filesystem()
+    for shard in manifest["shards"]:
+        assert hashlib.sha256(fs.cat(shard["replicas"]["ceph"])).hexdigest() == shard["sha256"]
+    assert json.loads(fs.cat(f"{bucket}/lake/_exports/s3r/manifest.json")) == manifest
+    info = json.loads(datahub("inspect", str(lake_file), "--json"))
+    assert info["lake"] == root
+    assert info["tables"]["samples"]["rows"] == 40 and info["tables"]["releases"]["rows"] == 1
+    assert info["tables"]["lineage"]["rows"] == 80  # released + exported, one each per sample
