@@ -1,7 +1,9 @@
 """One storage tier: URIs for an export directory, atomic publish, checksummed reads, deletes.
 
 Publishing is atomic on every kind: cfs writes a temp file then ``os.replace``; ceph is one
-S3 PUT (an object appears whole or not at all); hdfs writes a temp file then WebHDFS RENAME.
+S3 PUT (an object appears whole or not at all); hdfs writes a temp file then WebHDFS RENAME
+with ``renameoptions=OVERWRITE`` (the NameNode's rename2: an existing file is replaced in one
+step, so readers never see the path missing).
 Credentials are resolved here, kept in the filesystem object only, and never returned in
 URIs, manifests or ``repr``.
 """
@@ -172,9 +174,11 @@ class Tier:
                 temp = f"{parent}/.{name}.partial-{uuid.uuid4().hex[:12]}"
                 with fs.open(temp, "wb") as handle:
                     handle.write(data)
-                if fs.exists(path):  # WebHDFS RENAME refuses to overwrite
-                    fs.rm(path)
-                fs.mv(temp, path)
+                try:
+                    _rename_over(fs, temp, path)
+                except OSError:
+                    _remove_quietly(fs, temp)
+                    raise
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
 
@@ -222,6 +226,27 @@ class Tier:
             return bool(self.filesystem().exists(self._path(uri)))
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot check {uri}: {exc}") from exc
+
+
+def _rename_over(fs: Any, source: str, destination: str) -> None:
+    """WebHDFS RENAME that replaces ``destination`` atomically.
+
+    Plain RENAME (what fsspec's ``mv`` sends) refuses an existing destination and answers
+    ``{"boolean": false}``, which fsspec ignores. With ``renameoptions=OVERWRITE`` the NameNode
+    runs ``rename2(src, dst, OVERWRITE)`` (Hadoop's NamenodeWebHdfsMethods), which replaces
+    the file in one namespace operation and raises (a RemoteException) when it cannot.
+    """
+    try:
+        fs._call("RENAME", method="put", path=source, destination=destination, renameoptions="OVERWRITE")
+    except RuntimeError as exc:  # fsspec's form of a RemoteException it has no OSError class for
+        raise OSError(f"RENAME {source} -> {destination}: {exc}") from exc
+
+
+def _remove_quietly(fs: Any, path: str) -> None:
+    try:
+        fs.rm(path)
+    except (OSError, RuntimeError):  # best effort: the original error is the one to report
+        pass
 
 
 def _publish_posix(path: Path, data: bytes) -> None:

@@ -2,7 +2,8 @@
 
 Implements the REST subset fsspec's ``webhdfs`` client uses, with the NameNode -> DataNode
 307 redirect on CREATE/APPEND/OPEN pointing back at this same server under ``/datanode``:
-GETFILESTATUS, LISTSTATUS, OPEN, CREATE, APPEND, MKDIRS, RENAME, DELETE, GETHOMEDIRECTORY.
+GETFILESTATUS, LISTSTATUS, OPEN, CREATE, APPEND, MKDIRS, RENAME (plain, and with
+``renameoptions=OVERWRITE`` as the NameNode's rename2), DELETE, GETHOMEDIRECTORY.
 Files live in a temporary directory. Errors answer with WebHDFS ``RemoteException`` JSON.
 """
 
@@ -157,6 +158,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._json({"boolean": True})
         if method == "PUT" and op == "RENAME":
             destination = self.server_state.local(query.get("destination", ""))
+            if query.get("renameoptions", "").upper() == "OVERWRITE":  # rename2(src, dst, OVERWRITE)
+                if not local.exists() or not destination.parent.is_dir():
+                    raise FileNotFoundError(path)
+                if destination.is_dir() or local.is_dir():
+                    return self._error(403, "IOException", f"rename {path}: OVERWRITE of a directory is not supported here")
+                os.replace(local, destination)  # one namespace step: readers never see dst missing
+                return self._send(200, content_type="application/octet-stream")
             if not local.exists() or destination.exists() or not destination.parent.is_dir():
                 return self._json({"boolean": False})  # HDFS semantics: no overwrite, parent must exist
             os.replace(local, destination)
