@@ -25,6 +25,18 @@ def test_master_comes_from_the_spec_then_conf_then_spark_submit():
     assert resolve_master(EngineSpec(kind="spark"), {"PYSPARK_GATEWAY_PORT": "4000"}) is None  # spark-submit's --master
 
 
+def test_master_falls_back_to_the_spark_master_environment_variable():
+    env = {"SPARK_MASTER": "spark://spark-master:7077"}  # what docker/compose.yaml sets
+    assert resolve_master(EngineSpec(kind="spark"), env) == "spark://spark-master:7077"
+    assert resolve_master(EngineSpec(kind="spark", master="local[1]"), env) == "local[1]"  # the spec wins
+    assert resolve_master(EngineSpec(kind="spark", conf={"spark.master": "yarn"}), env) == "yarn"
+    assert resolve_master(EngineSpec(kind="spark"), {**env, "PYSPARK_GATEWAY_PORT": "4000"}) is None
+    assert resolve_master(EngineSpec(kind="spark"), {"SPARK_MASTER": ""}) == "local[2]"  # set but empty
+    conf = session_conf(EngineSpec(kind="spark"), python="/py", environ=env)
+    assert conf["spark.master"] == "spark://spark-master:7077"
+    assert "spark.driver.bindAddress" not in conf  # the cluster's workers must reach the driver
+
+
 def test_conf_is_quiet_local_and_user_conf_wins():
     conf = session_conf(EngineSpec(kind="spark", conf={"spark.sql.shuffle.partitions": "64"}), python="/py", environ={})
     assert conf["spark.master"] == "local[2]" and conf["spark.ui.enabled"] == "false"

@@ -2,7 +2,8 @@
 
 Master: ``engine.master`` (use ``master: ${SPARK_MASTER:-local[2]}`` in a spec to take it
 from the environment), else ``engine.conf["spark.master"]``, else the master spark-submit
-passed (``PYSPARK_GATEWAY_PORT`` set), else ``local[2]``. Workers run this interpreter
+passed (``PYSPARK_GATEWAY_PORT`` set), else the ``SPARK_MASTER`` environment variable (what
+docker/compose.yaml sets), else ``local[2]``. Workers run this interpreter
 (``sys.executable``, so they find pyarrow and datahub) unless ``spark.pyspark.python`` is set.
 """
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from datahub.config.spec import EngineSpec
 
 DEFAULT_MASTER = "local[2]"
+MASTER_ENV = "SPARK_MASTER"  # read only by resolve_master
 JAVA_HINT = (
     "install a Java 17 (or 21) runtime, e.g. `apt-get install openjdk-17-jre-headless` on Debian/Ubuntu, "
     "or set JAVA_HOME to a JDK/JRE directory that has bin/java"
@@ -50,7 +52,7 @@ def resolve_master(spec: EngineSpec, environ: Mapping[str, str]) -> str | None:
         return spec.conf["spark.master"]
     if environ.get("PYSPARK_GATEWAY_PORT"):  # launched by spark-submit: its --master wins
         return None
-    return DEFAULT_MASTER
+    return environ.get(MASTER_ENV) or DEFAULT_MASTER
 
 
 def _is_local(master: str | None) -> bool:
