@@ -1,7 +1,9 @@
 """Readers turn one input file into Arrow batches of raw samples plus quarantined records.
 
 A reader never raises on bad data: a record that cannot be read becomes a quarantine row
-with its reason and origin (file + offset), so nothing is lost silently.
+with its reason and origin (file + offset), so nothing is lost silently. A storage failure is
+not bad data: it raises ``StorageError`` (see ``operators.ingest.stream``) and the caller
+retries the file.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from datahub.errors import OperatorError
+from datahub.errors import OperatorError, TransientError
+from operators.ingest.stream import StorageStream
 
 RAW_SAMPLE = pa.schema(
     [
@@ -97,11 +100,18 @@ class Reader:
         self.batch_rows = batch_rows
 
     def read(self, file: InputFile) -> Iterator[ReadBatch]:
+        """Batches of samples and quarantine rows; raises ``TransientError`` when storage fails.
+
+        The batches are a pure function of the file's bytes, so a caller that retries after a
+        storage failure can skip the batches it already has.
+        """
         buffer = _Buffer(file.uri, self.format, self.batch_rows)
         try:
             for _ in self.records(file, buffer):
                 if buffer.full:
                     yield buffer.flush()
+        except TransientError:
+            raise  # storage, not data: the caller retries the file
         except Exception as exc:  # an unreadable file is one quarantined record, never a crash
             buffer.quarantine(-1, "unreadable_file", f"{type(exc).__name__}: {exc}", None)
         yield buffer.flush()
@@ -110,10 +120,8 @@ class Reader:
         """Read ``file``, calling buffer.sample / buffer.quarantine; yield after each record."""
         raise NotImplementedError
 
-    def open(self, file: InputFile) -> Any:
-        import fsspec
-
-        return fsspec.open(file.uri, "rb", **dict(file.storage_options)).open()
+    def open(self, file: InputFile) -> StorageStream:
+        return StorageStream.open(file.uri, dict(file.storage_options))
 
     def decode(self, raw: bytes, offset: int, buffer: _Buffer) -> str | None:
         """UTF-8 decode with size check; bad records go to quarantine and give None."""

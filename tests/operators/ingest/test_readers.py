@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import zlib
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +14,8 @@ import pytest
 import zstandard
 
 from operators.ingest.base import InputFile, detect_format, reader_for
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def read_all(path, fmt=None, *, max_record_bytes=10_000, text_field="text"):
@@ -122,3 +126,188 @@ def test_format_detection_error_names_the_file():
 
     with pytest.raises(OperatorError, match=r"data\.bin: cannot tell the input format"):
         detect_format("s3://bucket/data.bin")
+
+
+# --- truncated and broken inputs: every record is kept, quarantined, or named lost by offset ---
+
+def varied_lines(n):
+    """JSON lines of random words: about 200 bytes each, compressing into many zstd blocks (<= 128 KiB each)."""
+    rng = random.Random(7)
+    words = ["fox", "dog", "quartz", "sphinx", "judge", "vow", "lazy", "brown", "quick", "jumps", "over", "black"]
+    return [json.dumps({"text": " ".join(rng.choices(words, k=30)), "id": i}).encode() for i in range(n)]
+
+
+def test_truncated_zstd_keeps_what_was_readable_like_gzip(tmp_path):
+    payload = b"\n".join(varied_lines(4000)) + b"\n"
+    whole = zstandard.ZstdCompressor().compress(payload)
+    path = tmp_path / "cut.jsonl.zst"
+    path.write_bytes(whole[: len(whole) // 2])
+    samples, bad = read_all(path)
+    assert 0 < samples.num_rows < 4000
+    assert samples.column("source_offset").to_pylist() == list(range(1, samples.num_rows + 1))
+    assert bad.column("reason").to_pylist() == ["truncated_file"]
+    assert bad.column("source_offset").to_pylist() == [samples.num_rows + 1]  # the line that was cut
+    assert "inside a frame" in bad.column("detail")[0].as_py()
+    # the same cut in gzip gives the same accounting shape: a prefix of lines, one row at the cut
+    gz = tmp_path / "cut.jsonl.gz"
+    gz.write_bytes(gzip.compress(payload, mtime=0)[: len(gzip.compress(payload, mtime=0)) // 2])
+    gz_samples, gz_bad = read_all(gz)
+    assert gz_bad.column("source_offset").to_pylist() == [gz_samples.num_rows + 1]
+
+
+def test_zstd_cut_in_a_later_frame_keeps_the_earlier_frames(tmp_path):
+    lines = varied_lines(300)
+    first, second = b"\n".join(lines[:100]) + b"\n", b"\n".join(lines[100:]) + b"\n"
+    compressor = zstandard.ZstdCompressor(write_checksum=True)
+    whole = compressor.compress(first) + compressor.compress(second)
+    path = tmp_path / "frames.jsonl.zst"
+    path.write_bytes(whole[:-10])  # the second frame loses its last block end and checksum
+    samples, bad = read_all(path)
+    assert 100 <= samples.num_rows < 300
+    assert samples.column("source_offset").to_pylist() == list(range(1, samples.num_rows + 1))
+    assert bad.column("reason").to_pylist() == ["truncated_file"]
+    path.write_bytes(whole)  # whole frames, concatenated: nothing quarantined
+    samples, bad = read_all(path)
+    assert samples.num_rows == 300 and bad.num_rows == 0
+
+
+def test_broken_text_files(tmp_path):
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 au lait, ".encode("latin-1") * 10)
+    (tmp_path / "big.txt").write_text("word " * 5_000)  # 25,000 bytes
+    body = ("A whole paragraph of plain text. " * 200).encode()  # 6,600 bytes
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(body, mtime=0)[:-20])
+    (tmp_path / "cut.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(body)[:-20])
+    (tmp_path / "fine.txt.zst").write_bytes(zstandard.ZstdCompressor().compress(body))
+    expected = {"latin1.txt": "invalid_utf8", "big.txt": "oversize", "cut.txt.gz": "truncated_file",
+                "cut.txt.zst": "truncated_file"}
+    for name, reason in expected.items():
+        samples, bad = read_all(tmp_path / name)
+        assert samples.num_rows == 0, name  # one document per file: a broken file keeps no partial text
+        assert list(zip(bad.column("source_offset").to_pylist(), bad.column("reason").to_pylist())) == [(0, reason)], name
+    assert read_all(tmp_path / "latin1.txt")[1].column("raw")[0].as_py().startswith(b"caf\xe9")
+    assert read_all(tmp_path / "big.txt")[1].column("raw_size")[0].as_py() > 10_000
+    samples, bad = read_all(tmp_path / "fine.txt.zst")
+    assert samples.column("text").to_pylist() == [body.decode()] and bad.num_rows == 0
+
+
+DEMO_WARC = REPO / "data" / "demo" / "pages.warc.gz"
+
+
+def _warc_variants(tmp_path):
+    """The demo WARC as .warc.gz (a gzip member per record), .warc and .warc.zst (a frame per record)."""
+    members, rest = [], DEMO_WARC.read_bytes()
+    while rest:
+        member = zlib.decompressobj(wbits=31)
+        members.append(member.decompress(rest))
+        rest = member.unused_data
+    variants = {
+        "pages.warc.gz": DEMO_WARC.read_bytes(),
+        "pages.warc": b"".join(members),
+        "pages.warc.zst": b"".join(zstandard.ZstdCompressor().compress(m) for m in members),
+    }
+    for name, data in variants.items():
+        (tmp_path / name).write_bytes(data)
+    return variants
+
+
+@pytest.mark.parametrize("name", ["pages.warc.gz", "pages.warc", "pages.warc.zst"])
+@pytest.mark.parametrize("fraction", [0.8, 0.97])
+def test_truncated_warc_never_loses_records_silently(tmp_path, name, fraction):
+    data = _warc_variants(tmp_path)[name]
+    whole, whole_bad = read_all(tmp_path / name, max_record_bytes=100_000)
+    offsets = whole.column("source_offset").to_pylist()
+    assert len(offsets) == 10 and whole_bad.num_rows == 0
+    cut = tmp_path / f"cut-{name}"
+    cut.write_bytes(data[: int(len(data) * fraction)])
+    samples, bad = read_all(cut, max_record_bytes=100_000)
+    kept = samples.num_rows
+    assert kept == (8 if fraction == 0.8 else 9)
+    # the records kept are the whole ones before the cut, with their text intact
+    assert samples.column("source_offset").to_pylist() == offsets[:kept]
+    assert samples.column("text").to_pylist() == whole.column("text").to_pylist()[:kept]
+    # one quarantine row names the offset of the first record not kept: a partial record is never a sample
+    assert bad.column("source_offset").to_pylist() == [offsets[kept]]
+    assert bad.column("reason")[0].as_py() in ("truncated_file", "truncated_record")
+    assert str(offsets[kept]) in bad.column("detail")[0].as_py()
+
+
+def test_warc_oversize_record_is_quarantined_others_kept(tmp_path):
+    from data.demo.generate import write_warc
+
+    path = tmp_path / "big.warc.gz"
+    texts = ["A short page about foxes and dogs. " * 10, "An enormous page. " * 2_000, "Another short page on quartz. " * 10]
+    write_warc(path, texts)
+    samples, bad = read_all(path, max_record_bytes=5_000)
+    whole, _ = read_all(path, max_record_bytes=100_000)
+    offsets = whole.column("source_offset").to_pylist()
+    assert samples.column("source_offset").to_pylist() == [offsets[0], offsets[2]]
+    assert list(zip(bad.column("source_offset").to_pylist(), bad.column("reason").to_pylist())) == [(offsets[1], "oversize")]
+    assert bad.column("raw_size")[0].as_py() > 5_000
+
+
+def _warc_record(warc_type, uri, block, index, content_type):
+    header = (f"WARC/1.1\r\nWARC-Type: {warc_type}\r\nWARC-Record-ID: <urn:uuid:00000000-0000-4000-8000-{index:012d}>\r\n"
+              f"WARC-Date: 2026-01-01T00:00:00Z\r\nWARC-Target-URI: {uri}\r\nContent-Type: {content_type}\r\n"
+              f"Content-Length: {len(block)}\r\n\r\n").encode()
+    return gzip.compress(header + block + b"\r\n\r\n", mtime=0)
+
+
+def _http_response(text):
+    body = f"<html><body><article><p>{text}</p></article></body></html>".encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+
+def test_warc_record_types(tmp_path):
+    http = "application/http; msgtype=response"
+    records = [
+        _warc_record("warcinfo", "", b"software: test\r\n", 0, "application/warc-fields"),
+        _warc_record("request", "https://a.example/", b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n", 1, "application/http; msgtype=request"),
+        _warc_record("response", "https://a.example/", _http_response("The first page has enough words to be kept. " * 5), 2, http),
+        _warc_record("metadata", "https://a.example/", b"fetchTimeMs: 12\r\n", 3, "application/warc-fields"),
+        _warc_record("revisit", "https://b.example/", b"HTTP/1.1 200 OK\r\n\r\n", 4, http),
+        _warc_record("response", "https://c.example/", _http_response("The third page is also long enough to keep. " * 5), 5, http),
+    ]
+    path = tmp_path / "types.warc.gz"
+    path.write_bytes(b"".join(records))
+    starts = [sum(len(r) for r in records[:i]) for i in range(len(records))]
+    samples, bad = read_all(path, max_record_bytes=100_000)
+    # responses are samples; warcinfo, request and metadata describe the capture and are skipped
+    assert samples.column("source_offset").to_pylist() == [starts[2], starts[5]]
+    assert [json.loads(m)["url"] for m in samples.column("meta").to_pylist()] == ["https://a.example/", "https://c.example/"]
+    assert list(zip(bad.column("source_offset").to_pylist(), bad.column("reason").to_pylist())) == [(starts[4], "unsupported_record_type")]
+    assert "revisit" in bad.column("detail")[0].as_py()
+
+
+def test_garbage_warc_is_quarantined_not_empty(tmp_path):
+    for name in ("junk.warc.gz", "junk.warc"):
+        path = tmp_path / name
+        path.write_bytes(random.Random(2).randbytes(3000))
+        samples, bad = read_all(path)
+        assert samples.num_rows == 0 and bad.num_rows == 1, name
+        assert bad.column("reason")[0].as_py() in ("corrupt_file", "unreadable_file"), name
+
+
+# --- storage failures are not bad data: a reader raises them for the caller to retry ---
+
+def _closed_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("name", ["docs.jsonl", "docs.jsonl.zst", "t.parquet", "note.txt.gz", "pages.warc.gz"])
+def test_unreachable_storage_raises_storage_error_not_quarantine(name):
+    from datahub.errors import StorageError
+
+    # a real s3fs filesystem on a loopback port nobody listens on; botocore's own retries off for speed
+    options = (("key", "k"), ("secret", "s"), ("skip_instance_cache", True),
+               ("client_kwargs", {"endpoint_url": f"http://127.0.0.1:{_closed_port()}", "region_name": "us-east-1"}),
+               ("config_kwargs", {"retries": {"max_attempts": 1}}))
+    uri = f"s3://bucket/{name}"
+    file = InputFile(uri=uri, size=100, etag="", mtime="", format=detect_format(uri), storage_options=options)
+    reader = reader_for(file.format)(max_record_bytes=10_000)
+    with pytest.raises(StorageError, match=rf"open s3://bucket/{name}: storage did not answer") as error:
+        list(reader.read(file))
+    assert type(error.value.__cause__).__name__ == "EndpointConnectionError"
