@@ -15,7 +15,7 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -118,13 +118,56 @@ def retry(
         except TransientError as exc:
             if attempt == attempts:
                 raise
-            delay = min(max_backoff, backoff * 2 ** (attempt - 1))
-            delay *= 1 + random.uniform(-jitter, jitter)
+            delay = _delay(attempt, backoff, max_backoff, jitter)
             log.warning("attempt %d/%d failed (%s); retrying in %.1fs", attempt, attempts, exc, delay)
             if on_retry is not None:
                 on_retry(attempt, exc, delay)
             sleep(delay)
     raise AssertionError("unreachable")
+
+
+def _delay(attempt: int, backoff: float, max_backoff: float, jitter: float) -> float:
+    """Sleep before try ``attempt + 1``: ``backoff * 2**(attempt-1)``, capped, jittered."""
+    return min(max_backoff, backoff * 2 ** (attempt - 1)) * (1 + random.uniform(-jitter, jitter))
+
+
+def retry_stream(
+    start: Callable[[], Iterable[T]],
+    policy: RetryPolicy = DEFAULT_POLICY,
+    *,
+    where: str,
+    on_retry: Callable[[int, BaseException, float], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[T]:
+    """Yield the items of ``start()``; after a ``TransientError`` call ``start()`` again and skip
+    the items already yielded, so each item comes out exactly once however often the stream broke.
+
+    Only for deterministic streams: the same source must give the same items in the same order
+    (a reader re-reading an unchanged file). Gives up after ``policy.attempts`` tries in a row
+    that yield nothing new; a try that gets further than any before starts the count again,
+    so a long read survives several separate outages.
+    """
+    yielded = 0  # items handed out so far
+    failures = 0  # tries in a row that ended in a transient error without new items
+    while True:
+        mark, position = yielded, 0
+        try:
+            for item in start():
+                position += 1
+                if position > yielded:
+                    yielded = position
+                    yield item
+            return
+        except TransientError as exc:
+            failures = 1 if yielded > mark else failures + 1
+            if failures >= policy.attempts:
+                raise
+            delay = _delay(failures, policy.backoff, policy.max_backoff, policy.jitter)
+            log.warning("%s: try %d/%d failed (%s); reading again from the start in %.1fs, skipping the %d items "
+                        "already produced", where, failures, policy.attempts, exc, delay, yielded)
+            if on_retry is not None:
+                on_retry(failures, exc, delay)
+            sleep(delay)
 
 
 def retry_policy(fn: Callable[[], T], policy: RetryPolicy, **kwargs: object) -> T:

@@ -1,7 +1,9 @@
 """The ingest stage: read one file and turn its records into graph rows.
 
 Every record read becomes exactly one row: a live sample (with ``sample_id`` and origin
-columns) or a quarantined row (``_quarantined`` true, reason in ``_drop_reason``).
+columns) or a quarantined row (``_quarantined`` true, reason in ``_drop_reason``). A storage
+failure while reading is retried with backoff: the file is read again from the start and the
+batches already handed on are skipped, so no row is lost or produced twice.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import pyarrow.compute as pc
 
 from datahub.lake.tables import SAMPLES
 from datahub.operator import DROP_OP, DROP_REASON, DROP_REF, QUARANTINED
+from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_stream
 from datahub.sample_id import sample_ids
-from operators.ingest.base import InputFile, reader_for
+from operators.ingest.base import InputFile, ReadBatch, reader_for
 
 INGEST_OP = "ingest@1"
 
@@ -36,17 +39,30 @@ ROW = pa.schema(
 class IngestFiles:
     """Picklable read function handed to the engine: one input file -> graph rows."""
 
-    def __init__(self, *, run_id: str, max_record_bytes: int, min_text_chars: int, batch_rows: int) -> None:
+    def __init__(self, *, run_id: str, max_record_bytes: int, min_text_chars: int, batch_rows: int,
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
         self.run_id = run_id
         self.max_record_bytes = max_record_bytes
         self.min_text_chars = min_text_chars
         self.batch_rows = batch_rows
+        self.retry = retry
 
     def __call__(self, file: InputFile) -> Iterator[pa.Table]:
         import operators.ingest  # noqa: F401  (registers the readers in this worker)
 
         reader = reader_for(file.format)(max_record_bytes=self.max_record_bytes, batch_rows=self.batch_rows)
-        for batch in reader.read(file):
+        tries = 0
+
+        def read_from_start() -> Iterator[ReadBatch]:
+            nonlocal tries
+            tries += 1
+            if tries > 1:  # skipping batches by count is only right for the same bytes
+                from operators.ingest.stream import ensure_unchanged
+
+                ensure_unchanged(file.uri, dict(file.storage_options), size=file.size, etag=file.etag, mtime=file.mtime)
+            return reader.read(file)
+
+        for batch in retry_stream(read_from_start, self.retry, where=f"read {file.uri}"):
             table = self._rows(batch.samples, batch.quarantine)
             if table.num_rows:
                 yield table

@@ -3,20 +3,53 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
+from typing import Any
 
 from datahub.config.spec import InputSpec
 from datahub.errors import SpecError
 from datahub.lake.lake import fsspec_options
+from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_policy, storage_errors
 from operators.ingest.base import InputFile, detect_format
+from operators.ingest.stream import file_identity
 
 
-def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>") -> list[InputFile]:
-    """Every file matched by the inputs, sorted by URI; identity = uri + size + etag/mtime."""
-    import fsspec
+def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>",
+                     retry: RetryPolicy = DEFAULT_POLICY) -> list[InputFile]:
+    """Every file matched by the inputs, sorted by URI; identity = uri + size + etag/mtime.
 
+    Listing is retried with backoff when storage does not answer (``StorageError``), so a
+    scheduled run that starts during an S3 endpoint restart waits instead of failing.
+    """
     files: dict[str, InputFile] = {}
     for index, spec in enumerate(inputs):
         options = fsspec_options(spec.storage_options) if any(k.isupper() for k in spec.storage_options) else dict(spec.storage_options)
+        protocol, listed = retry_policy(partial(_list, spec, options), retry)
+        if not listed:
+            raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file; check the path or glob")
+        for path, info in listed:
+            uri = path if protocol in ("file", "local") else f"{protocol}://{path}"
+            if protocol in ("file", "local") and not uri.startswith("/"):
+                uri = "/" + uri
+            fmt = spec.format if spec.format != "auto" else detect_format(uri)
+            size, etag, mtime = file_identity(info)
+            files[uri] = InputFile(
+                uri=uri,
+                size=size,
+                etag=etag,
+                mtime=mtime,
+                format=fmt,
+                text_field=spec.text_field,
+                storage_options=tuple(sorted(options.items())) if options else (),
+            )
+    return [files[k] for k in sorted(files)]
+
+
+def _list(spec: InputSpec, options: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """One try at listing one input: its protocol and (path, info) of every file it matches."""
+    import fsspec
+
+    with storage_errors(f"list {spec.uri}"):
         fs, _ = fsspec.core.url_to_fs(spec.uri, **options)
         if any(c in spec.uri for c in "*?["):
             paths = [p for p in fs.glob(spec.uri) if fs.isfile(p)]
@@ -24,24 +57,5 @@ def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>") -> 
             paths = [p for p in fs.find(spec.uri) if fs.isfile(p)]
         else:
             paths = [spec.uri] if fs.exists(spec.uri) else []
-        if not paths:
-            raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file; check the path or glob")
         protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-        for path in paths:
-            info = fs.info(path)
-            uri = path if protocol in ("file", "local") else f"{protocol}://{path}"
-            if protocol in ("file", "local") and not uri.startswith("/"):
-                uri = "/" + uri
-            fmt = spec.format if spec.format != "auto" else detect_format(uri)
-            etag = str(info.get("ETag") or info.get("etag") or "").strip('"')
-            mtime = info.get("mtime") or info.get("LastModified") or info.get("modificationTime") or ""
-            files[uri] = InputFile(
-                uri=uri,
-                size=int(info.get("size") or 0),
-                etag=etag,
-                mtime=str(mtime),
-                format=fmt,
-                text_field=spec.text_field,
-                storage_options=tuple(sorted(options.items())) if options else (),
-            )
-    return [files[k] for k in sorted(files)]
+        return str(protocol), [(path, fs.info(path)) for path in paths]

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 
 import pyarrow as pa
 import pytest
 
+from datahub.config.spec import InputSpec
 from datahub.errors import CommitConflictError, SpecError, StorageError
 from datahub.lake import Lake
-from datahub.retry import RetryPolicy, is_transient_storage_error, retry, storage_errors
+from datahub.lake.lake import fsspec_options
+from datahub.pipeline.ingest import IngestFiles
+from datahub.pipeline.inputs import list_input_files
+from datahub.retry import RetryPolicy, is_transient_storage_error, retry, retry_stream, storage_errors
+from operators.ingest.base import InputFile
 
 
 def test_retries_transient_until_success_with_growing_backoff():
@@ -87,3 +93,64 @@ def test_lake_on_an_unreachable_endpoint_raises_storage_error_after_retrying():
     assert isinstance(error.value.__cause__, OSError)
     with pytest.raises(StorageError, match="commit t1 to s3://nobucket/lake/x"):
         lake.commit("x", pa.table({"a": [1]}), txn="t1")
+
+
+def test_retry_stream_restarts_and_skips_what_was_yielded():
+    breaks = [3, 3, 7]  # where successive tries of the stream break; the fourth runs through
+
+    def start():
+        stop = breaks.pop(0) if breaks else None
+
+        def items():
+            for i in range(10):
+                if i == stop:
+                    raise StorageError(f"connection reset at item {i}")
+                yield i
+
+        return items()
+
+    sleeps = []
+    out = list(retry_stream(start, RetryPolicy(attempts=3, backoff=0.1, jitter=0), where="read x", sleep=sleeps.append))
+    assert out == list(range(10))  # each item exactly once
+    # try 2 got no further than try 1 (second failure in a row); try 3 got further, so the count starts again
+    assert sleeps == pytest.approx([0.1, 0.2, 0.1])
+
+
+def test_retry_stream_gives_up_after_attempts_without_progress():
+    tries = []
+
+    def start():
+        tries.append(1)
+        raise StorageError("refused")
+
+    with pytest.raises(StorageError):
+        list(retry_stream(start, RetryPolicy(attempts=3, backoff=0), where="read x", sleep=lambda s: None))
+    assert len(tries) == 3
+
+
+def _unreachable_s3_options() -> dict[str, str]:
+    return {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{_closed_port()}", "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}
+
+
+def test_ingest_retries_a_file_whose_storage_fails_then_raises(caplog, monkeypatch):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # botocore's own retries off: the failures reach datahub
+    options = fsspec_options(_unreachable_s3_options())
+    file = InputFile(uri="s3://bucket/docs.jsonl", size=10, etag="abc", mtime="", format="jsonl",
+                     storage_options=tuple(sorted(options.items())))
+    ingest = IngestFiles(run_id="r1", max_record_bytes=1000, min_text_chars=1, batch_rows=10,
+                         retry=RetryPolicy(attempts=3, backoff=0.01))
+    with caplog.at_level(logging.WARNING, logger="datahub.retry"):
+        with pytest.raises(StorageError, match="s3://bucket/docs.jsonl: storage did not answer"):
+            list(ingest(file))  # never a quarantine row: the storage failure is raised, the file is not "ingested"
+    retries = [r.getMessage() for r in caplog.records if "read s3://bucket/docs.jsonl: try" in r.getMessage()]
+    assert len(retries) == 2 and "try 1/3 failed" in retries[0] and "try 2/3 failed" in retries[1]
+
+
+def test_listing_inputs_retries_storage_errors_instead_of_matching_no_file(caplog, monkeypatch):
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    spec = InputSpec(uri="s3://bucket/in/*.jsonl", storage_options=_unreachable_s3_options())
+    with caplog.at_level(logging.WARNING, logger="datahub.retry"):
+        with pytest.raises(StorageError, match=r"list s3://bucket/in/\*\.jsonl: storage did not answer"):
+            list_input_files([spec], source="job.yaml", retry=RetryPolicy(attempts=2, backoff=0.01))
+    assert any("attempt 1/2 failed" in r.getMessage() for r in caplog.records)
