@@ -4,8 +4,9 @@ A replica that is missing, unreadable, of the wrong size or with the wrong sha25
 source try the next tier; the first failover per tier is logged (later ones are counted in
 ``failovers``), so a dead tier does not flood the trainer log. The cache keeps verified shards
 under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently used files (by access time) past
-``cache_limit_bytes``. A cache hit is verified like a local replica: size, then sha256 once per process
-per file identity (device, inode, size, mtime; a file this process wrote itself counts as verified).
+``cache_limit_bytes``. A cache hit is verified like a local replica: size, then sha256 once per file identity
+(device, inode, size, mtime) for the dataset's process and its DataLoader workers (``verified``; a file
+this process wrote itself counts as verified).
 A corrupted cache file is logged, evicted and fetched again from the tiers.
 
 ``read_buffer`` (what the loaders use) memory-maps local files (a POSIX path, ``file://`` or a cache
@@ -29,6 +30,7 @@ from typing import Any
 
 from datahub.loader.errors import NoReadableReplicaError
 from datahub.loader.manifest import Manifest, ShardEntry
+from datahub.loader.verified import VerifiedFiles
 
 log = logging.getLogger("datahub.loader")
 
@@ -76,9 +78,9 @@ class ShardSource:
         self.failovers: Counter[str] = Counter()  # tier -> replicas that failed
         self._filesystems: dict[str, Any] = {}
         self._filesystems_pid = os.getpid()
-        # local replicas whose sha256 matched, by (sha256, device, inode, size, mtime): a later epoch maps the
-        # same unchanged file and need not hash it again; a rewrite or replacement changes the identity
-        self._verified: set[tuple[Any, ...]] = set()
+        # local files whose sha256 matched, by (sha256, device, inode, size, mtime), in this process and its
+        # DataLoader workers: a later epoch or another worker maps the same unchanged file without hashing it
+        self._verified = VerifiedFiles(shared=verify)
         self.hashed: Counter[str] = Counter()  # shard name -> times its bytes were hashed
         self.cache_evictions = 0  # cached shards found corrupt and removed
         if self.cache_dir is not None:
@@ -150,17 +152,22 @@ class ShardSource:
     def _check(self, shard: ShardEntry, data: ShardBytes, identity: tuple[int, ...] | None) -> str | None:
         if len(data) != shard.size:
             return f"size {len(data)} bytes, manifest says {shard.size}"
-        if self.verify and shard.sha256:
-            key = (shard.sha256, *identity) if identity is not None else None
-            if key is not None and key in self._verified:
-                return None
+        if not (self.verify and shard.sha256):
+            return None
+        expected = shard.sha256
+        digests: list[str] = []
+
+        def matches() -> bool:
             self.hashed[shard.name] += 1
-            digest = hashlib.sha256(data).hexdigest()  # releases the GIL: prefetch threads hash in parallel
-            if digest != shard.sha256:
-                return f"sha256 {digest[:12]}... does not match manifest {shard.sha256[:12]}..."
-            if key is not None:
-                self._verified.add(key)
-        return None
+            digests.append(self._sha256(data))
+            return digests[-1] == expected
+
+        if matches() if identity is None else self._verified.check(expected, identity, matches):
+            return None  # remote bytes (no identity) are hashed on every read
+        return f"sha256 {digests[-1][:12]}... does not match manifest {expected[:12]}..."
+
+    def _sha256(self, data: ShardBytes) -> str:
+        return hashlib.sha256(data).hexdigest()  # releases the GIL: prefetch threads hash in parallel
 
     # --- local cache -------------------------------------------------------------------------------------
 
@@ -192,7 +199,7 @@ class ShardSource:
         """Record ``path``'s current identity as holding ``shard``'s verified bytes (this process put them there)."""
         if self.verify and shard.sha256:
             stat = path.stat()
-            self._verified.add((shard.sha256, stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+            self._verified.add(shard.sha256, (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
 
     def _cache_put(self, shard: ShardEntry, data: ShardBytes) -> None:
         path = self._cache_path(shard)

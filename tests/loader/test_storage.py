@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from datahub.loader.dataset import ReleaseDataset
 from datahub.loader.errors import NoReadableReplicaError
+from datahub.loader.shard_source import ShardBytes, ShardSource
 from tests.loader.shards import all_ids, write_release
 
 
@@ -223,3 +225,38 @@ def test_cache_hit_is_hashed_once_per_process(tmp_path: Path, two_tiers: dict) -
     dataset.set_epoch(1)
     list(dataset)
     assert all(dataset.source.reads[("cache", name)] == 2 and dataset.source.hashed[name] == 1 for name in names)
+
+
+class HashLog(ShardSource):
+    """Appends every sha256 it computes to a file, so hashing in DataLoader worker processes is observable."""
+
+    log_path: Path
+
+    def _sha256(self, data: ShardBytes) -> str:
+        digest = super()._sha256(data)
+        with open(self.log_path, "a") as log:
+            log.write(f"{os.getpid()} {digest}\n")
+        return digest
+
+
+def test_dataloader_workers_hash_each_local_shard_once_across_workers_and_epochs(tmp_path: Path, two_tiers: dict) -> None:
+    torch = pytest.importorskip("torch")
+    corrupt = tmp_path / "cfs" / two_tiers["shards"][0]["name"]
+    data = bytearray(corrupt.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # a bad verdict is not shared: every worker fails over on its own
+    corrupt.write_bytes(bytes(data))
+    dataset = ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, batch_size=2, shuffle_buffer=4,
+                             tier_preference=["cfs", "ceph"])
+    source = dataset.source = HashLog(dataset.manifest, tier_preference=["cfs", "ceph"])
+    source.log_path = tmp_path / "hashes.log"
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        ids = [sample["sample_id"] for batch in loader for sample in batch]
+        assert sorted(ids) == sorted(all_ids(two_tiers))
+    hashes = [line.split() for line in source.log_path.read_text().splitlines()]
+    assert {pid for pid, _ in hashes} - {str(os.getpid())}, "the hashing happened in the workers"
+    good = Counter(digest for _, digest in hashes if digest in {shard["sha256"] for shard in two_tiers["shards"]})
+    assert good == Counter({shard["sha256"]: 1 for shard in two_tiers["shards"]}), "once, not 2 workers x 2 epochs"
+    bad = [digest for _, digest in hashes if digest not in good]
+    assert len(bad) == 4 and len(set(bad)) == 1  # the corrupt cfs copy: each worker of each epoch checks it
