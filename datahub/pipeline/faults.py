@@ -1,7 +1,12 @@
 """Fault injection for crash-safety tests: ``checkpoint(name)`` kills the process there.
 
-The runner calls ``checkpoint`` at its commit boundaries. When the environment variable
-``DATAHUB_TEST_KILL_AT`` names that point (a comma-separated list is allowed), the process
+The runner calls ``checkpoint`` at its commit boundaries (``after_commit:TABLE``, ...), the
+dedup operators inside their engine hooks (``minhash_dedup:after_signatures``,
+``minhash_dedup:after_clustering``, ``exact_dedup:after_keepers``) and the export after each
+published shard and before the manifest (``export:after_shard:N``, ``export:before_manifest``,
+``export:after_tier_manifest``). When the environment variable
+``DATAHUB_TEST_KILL_AT`` names that point (a comma-separated list is allowed; ``name#N`` means
+the N-th time this process reaches it, e.g. the second run of one ``run_job`` call), the process
 sends itself SIGKILL: no cleanup, no ``finally``, exactly what an OOM-kill or node loss does.
 This is the one place that variable is read; unset, a checkpoint costs a dict lookup.
 """
@@ -10,12 +15,20 @@ from __future__ import annotations
 
 import os
 import signal
+from collections import Counter
 
 KILL_AT_ENV = "DATAHUB_TEST_KILL_AT"
 
+_reached: Counter[str] = Counter()  # checkpoint name -> times reached in this process (only when armed)
+
 
 def checkpoint(name: str) -> None:
-    """Die by SIGKILL here when ``DATAHUB_TEST_KILL_AT`` names ``name``."""
+    """Die by SIGKILL here when ``DATAHUB_TEST_KILL_AT`` names ``name`` (or ``name#N``, N-th time)."""
     wanted = os.environ.get(KILL_AT_ENV)
-    if wanted and name in wanted.split(","):
-        os.kill(os.getpid(), signal.SIGKILL)
+    if not wanted:
+        return
+    _reached[name] += 1
+    for item in wanted.split(","):
+        point, _, nth = item.strip().partition("#")
+        if point == name and (not nth or int(nth) == _reached[name]):
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.operator import GlobalOperator, register
+from datahub.pipeline.faults import checkpoint
 from operators.dedup.exact import content_hash_hex
 from operators.dedup.index import EXACT_INDEX, read_index
 from operators.dedup.normalize import Normalization, normalize_texts
@@ -104,6 +105,7 @@ class ExactDedup(GlobalOperator):
                 candidates = candidates.union(context.engine.from_arrow(lake_rows))
         keepers = candidates.groupby_agg([CONTENT_HASH], {KEEPER_RANK: (ROW_RANK, "min")})
         joined = hashed.join(keepers, on=[CONTENT_HASH]).materialize()
+        checkpoint("exact_dedup:after_keepers")
         index_rows = joined.map_batches(ExactIndexRows(self.index_params_hash, context.run_id), name="exact_dedup.index_rows")
         if known is not None and known.num_rows:  # --full: never repeat a row the index has
             seen = pa.table({"content_hash": known.column("content_hash"), "sample_id": known.column("sample_id")})

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from datahub.operator import GlobalOperator, register
+from datahub.pipeline.faults import checkpoint
 from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, BandEdges, connected_components
 from operators.dedup.index import MINHASH_INDEX, read_index
 from operators.dedup.lsh import optimal_bands
@@ -112,6 +113,7 @@ class MinhashDedup(GlobalOperator):
             return frame
         new_edges = docs.map_batches(BandEdges(self.minhasher, self.bands, self.rows), name="minhash_dedup.band_edges")
         new_edges = new_edges.materialize()
+        checkpoint("minhash_dedup:after_signatures")
         ranks = docs.map_batches(Select((SAMPLE_ID, ROW_RANK)), name="minhash_dedup.ranks")
         edges, lake_ids, known = new_edges, None, None
         if p.incremental:
@@ -123,6 +125,7 @@ class MinhashDedup(GlobalOperator):
             edges, jaccard = self._verified_edges(edges, docs, lake_ids, context)
         components = connected_components(edges, max_iterations=p.max_iterations).map_batches(
             Select((SAMPLE_ID, CLUSTER_ID), ((CLUSTER_ID, CLUSTER),)), name="minhash_dedup.clusters").materialize()
+        checkpoint("minhash_dedup:after_clustering")
         # Per sample: its best row (rows sharing a sample_id are exact copies; lake copy first).
         per_sample = ranks.groupby_agg([SAMPLE_ID], {SAMPLE_KEEPER: (ROW_RANK, "min"), "rows": (ROW_RANK, "count")})
         per_sample = per_sample.materialize()
