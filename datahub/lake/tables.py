@@ -65,6 +65,10 @@ RUNS = pa.schema(
         ("counts", pa.string()),  # JSON: records_read, samples_written, dropped{reason: n}, quarantined
         ("table_versions", pa.string()),  # JSON: {table: delta version written}
         ("error", pa.string()),
+        # Added after schema version 1 (nullable; older lakes lack them and read as null, merged on
+        # the next commit): how to re-run this job, for `datahub runs`.
+        ("job_spec", pa.string()),  # absolute path of the job spec file; null when run from Python
+        ("full", pa.bool_()),  # run with --full
     ]
 )
 

@@ -8,6 +8,10 @@ MD5 ETag of the content we read). A lease is stale when it has expired, or when 
 on this host and that process is gone (a SIGKILLed run), so a crashed holder never blocks
 the next run for longer than the expiry. A stale lease is taken over with the same
 compare-and-swap, so of two runs that race for it exactly one wins.
+
+The lease also holds the plan of the run in progress (run id, ``--full``, the identities of
+its input files) before that run commits anything, so the run that takes over a killed
+holder's lease can complete exactly that run first (``datahub.pipeline.resume``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class LeaseInfo:
     source: str | None = None
     full: bool = False
     lake: str = ""
+    # The plan of the run in progress, recorded before it commits anything:
+    inputs: list[list[Any]] | None = None  # its input files: [uri, size, etag or mtime]
+    run_full: bool | None = None  # whether it reprocesses everything (a resumed run's own flag, not ``full``)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -68,9 +75,8 @@ class LeaseInfo:
         return (time.time() if now is None else now) >= self.expires or self.holder_gone()
 
     def rerun_command(self) -> str:
-        """The command that resumes the interrupted run (same inputs, so the same run id)."""
-        job = self.source if self.source and not self.source.startswith("<") else f"<job spec of {self.job}>"
-        return f"datahub run {job} --lake {self.lake}" + (" --full" if self.full else "")
+        """The command that resumes the interrupted run (the re-run completes it first)."""
+        return rerun_command(self.job, job_spec=self.source, lake=self.lake, full=self.full)
 
     def describe(self) -> str:
         def when(ts: float) -> str:
@@ -78,6 +84,18 @@ class LeaseInfo:
 
         run = f" (run {self.run_id})" if self.run_id else ""
         return f"held by {self.host} pid {self.pid}{run} since {when(self.acquired)}, expires {when(self.expires)} unless renewed"
+
+
+def rerun_command(job: str, *, job_spec: str | None, lake: str, full: bool) -> str:
+    """The command that re-runs job ``job`` (and so completes its interrupted or failed run).
+
+    ``job_spec`` is the spec file the run was started from; a run started from Python
+    (``run_job(spec)``, no file) gets the equivalent call instead of a made-up path.
+    """
+    if job_spec and not job_spec.startswith("<"):
+        return f"datahub run {job_spec} --lake {lake}" + (" --full" if full else "")
+    return (f"run_job(spec{', full=True' if full else ''}) again in Python with the spec of job {job!r} "
+            f"(lake {lake}); the run was started from Python, so no job spec file was recorded")
 
 
 def _process_alive(pid: int) -> bool:

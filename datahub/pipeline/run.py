@@ -3,13 +3,16 @@
 Crash safety: the run id is a pure function of the job, its new input files and the last
 successful run, so a re-run after a crash gets the same id; each table's commit carries
 that id as its Delta app transaction, so tables already committed are skipped and the
-``runs`` row, committed last, marks the run done.
+``runs`` row, committed last, marks the run done. A run that died without its ``runs`` row
+is completed first, with its own id and input files, even when new files arrived since
+(``datahub.pipeline.resume``); the new files then run as the next run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -35,6 +38,7 @@ from datahub.pipeline.graph import Graph, build_graph
 from datahub.pipeline.ingest import IngestFiles
 from datahub.pipeline.inputs import list_input_files
 from datahub.pipeline.lease import JobLease
+from datahub.pipeline.resume import PendingRun, committed_version, file_identity, pending_run, planned_files
 from datahub.pipeline.sinks import SamplesSink, StatsSink
 from operators.ingest.base import InputFile
 
@@ -51,6 +55,7 @@ class RunResult:
     stats: dict[str, Any] = field(default_factory=dict)
     duration_s: float = 0.0
     error: str | None = None
+    resumed: dict[str, Any] | None = None  # the interrupted run this invocation completed first
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -71,10 +76,6 @@ def ingested_identities(runs: pa.Table) -> set[tuple[str, int, str]]:
         for item in inputs or []:
             seen.add((item["uri"], item["size"], item["etag"] or item["mtime"]))
     return seen
-
-
-def file_identity(file: InputFile) -> tuple[str, int, str]:
-    return (file.uri, file.size, file.etag or file.mtime)
 
 
 def compute_run_id(spec: JobSpec, files: list[InputFile], last_run_id: str | None, full: bool) -> str:
@@ -100,28 +101,63 @@ def run_job(
     job's rows in the samples and quarantine tables in one commit each (``mode="overwrite"``
     with a predicate on the job's run ids; other jobs' rows stay, Delta keeps the old version
     for time travel); lineage is an event log and is appended to.
+
+    If an earlier run of the job died without recording success (killed, or failed after
+    committing some tables), that run is completed first with its own id and input files,
+    then the new files run as the next run; the result is the new run's (its ``resumed``
+    field holds the completed one's), or the completed run's when nothing new follows.
     """
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
-    with JobLease(lake, spec.name, source=source, full=full) as lease:
-        return _run_leased(spec, lease=lease, full=full, engine=engine, progress=progress, source=source)
+    with JobLease(lake, spec.name, source=_job_spec_path(source), full=full) as lease:
+        pending = pending_run(lake.read("runs"), spec.name, lease.took_over)
+        if pending is None:
+            return _run_leased(spec, lease=lease, full=full, engine=engine, progress=progress, source=source)
+        own_engine = engine is None
+        engine = engine or make_engine(spec.engine)
+        if own_engine:
+            engine.start()
+        try:
+            resumed = _run_leased(spec, lease=lease, full=pending.full, engine=engine, progress=progress, source=source,
+                                  pending=pending)
+            result = _run_leased(spec, lease=lease, full=full, engine=engine, progress=progress, source=source)
+        finally:
+            if own_engine:
+                engine.stop()
+    if resumed.status == "skipped":  # dropped: it committed nothing and its input changed
+        return result
+    if result.status == "skipped":
+        return resumed
+    result.resumed = resumed.as_dict()
+    return result
+
+
+def _job_spec_path(source: str) -> str:
+    """The spec file as an absolute path (the resume hint must work from any directory)."""
+    return source if source.startswith("<") else os.path.abspath(source)
 
 
 def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | None, progress: ProgressFn | None,
-                source: str) -> RunResult:
+                source: str, pending: PendingRun | None = None) -> RunResult:
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
     graph = build_graph(spec, source=source)
     all_files = list_input_files(spec.inputs, source=source)
-    history = previous_runs(lake, spec.name)
-    if full:
-        files = all_files
+    if pending is not None:  # complete an interrupted run: its id, its files
+        planned = planned_files(pending, all_files, lake, source=source)
+        run_id, files = pending.run_id, planned or []
     else:
-        done = ingested_identities(history)
-        files = [f for f in all_files if file_identity(f) not in done]
-    last_run_id = history.column("run_id")[-1].as_py() if history.num_rows else None
-    run_id = compute_run_id(spec, files, last_run_id, full)
-    lease.update(run_id=run_id)
+        history = previous_runs(lake, spec.name)
+        if full:
+            files = all_files
+        else:
+            done = ingested_identities(history)
+            files = [f for f in all_files if file_identity(f) not in done]
+        last_run_id = history.column("run_id")[-1].as_py() if history.num_rows else None
+        run_id = compute_run_id(spec, files, last_run_id, full)
+    # The plan goes into the lease before anything is committed: a run that takes over this
+    # lease after a SIGKILL completes exactly this run.
+    lease.update(run_id=run_id, inputs=[list(file_identity(f)) for f in files], run_full=full)
     result = RunResult(run_id, spec.name, "succeeded", lake.root, inputs=[f.uri for f in files])
     if not files:
         result.status = "skipped"
@@ -161,6 +197,8 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
             if tables:
                 versions[table_name] = lake.commit(table_name, pa.concat_tables(tables, promote_options="permissive"), txn=run_id,
                                                    metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
+                if versions[table_name] is None:  # committed before a crash: record that version
+                    versions[table_name] = committed_version(lake, table_name, run_id)
                 checkpoint(f"after_commit:{table_name}")
         result.stats = {name: s.as_dict() for name, s in sinks.items() if isinstance(s, StatsSink)}
         result.counts["context"] = context.counters
@@ -173,7 +211,8 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
         result.duration_s = round(time.perf_counter() - t0, 3)
         checkpoint("before_commit:runs")
         lease.ensure_held()
-        _commit_run_row(lake, spec, graph, result, files, engine.name, started, txn=run_id)
+        _commit_run_row(lake, spec, graph, result, files, engine.name, started, txn=run_id, full=full,
+                        job_spec=_job_spec_path(source))
         checkpoint("after_commit:runs")
         emit_run_event(spec, "COMPLETE", run_id=run_id, inputs=result.inputs,
                        outputs=[lake.table_uri(t) for t in [*result.table_versions, "runs"]])
@@ -184,7 +223,8 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
         result.duration_s = round(time.perf_counter() - t0, 3)
         try:  # record the failure; its own txn, so the successful re-run can still commit
             _commit_run_row(lake, spec, graph, result, files, engine.name, started,
-                            txn=f"{run_id}/failed/{int(time.time() * 1000)}", detail=traceback.format_exc(limit=5))
+                            txn=f"{run_id}/failed/{int(time.time() * 1000)}", detail=traceback.format_exc(limit=5),
+                            full=full, job_spec=_job_spec_path(source))
         except Exception:  # noqa: BLE001 - the original error matters more
             pass
         emit_run_event(spec, "FAIL", run_id=run_id, inputs=result.inputs, outputs=lineage_outputs, error=result.error)
@@ -251,12 +291,14 @@ def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSp
         if schema is None or lake.exists(table):
             return None
         data = schema.empty_table()  # create the table so readers find it
-    return lake.commit(table, data, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name},
-                       mode="overwrite" if replace else "append", predicate=replace)
+    version = lake.commit(table, data, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name},
+                          mode="overwrite" if replace else "append", predicate=replace)
+    return committed_version(lake, table, run_id) if version is None else version  # None: committed before a crash
 
 
 def _commit_run_row(lake: Lake, spec: JobSpec, graph: Graph, result: RunResult, files: list[InputFile],
-                    engine: str, started: datetime, *, txn: str, detail: str | None = None) -> None:
+                    engine: str, started: datetime, *, txn: str, full: bool, job_spec: str,
+                    detail: str | None = None) -> None:
     row = {
         "run_id": result.run_id,
         "job_name": spec.name,
@@ -270,5 +312,7 @@ def _commit_run_row(lake: Lake, spec: JobSpec, graph: Graph, result: RunResult, 
         "counts": json.dumps({**result.counts, "stats": result.stats, "duration_s": result.duration_s}, default=str),
         "table_versions": json.dumps(result.table_versions),
         "error": None if result.error is None else (result.error + ("\n" + detail if detail else "")),
+        "job_spec": None if job_spec.startswith("<") else job_spec,
+        "full": full,
     }
     lake.commit("runs", pa.Table.from_pylist([row], RUNS), txn=txn, metadata={"datahub.run_id": result.run_id})

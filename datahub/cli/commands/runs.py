@@ -19,7 +19,7 @@ def list_runs(root: str, *, job: str | None = None, storage_options: dict[str, s
     A failed row whose run id later succeeded is marked ``resumed``.
     """
     from datahub.cli.lake_option import open_lake
-    from datahub.pipeline.lease import list_leases
+    from datahub.pipeline.lease import list_leases, rerun_command
 
     lake = open_lake(root, storage_options=storage_options)
     table = lake.read("runs")
@@ -42,8 +42,9 @@ def list_runs(root: str, *, job: str | None = None, storage_options: dict[str, s
         if r["status"] == "failed":
             if r["run_id"] in succeeded:
                 item["status"] = "failed (resumed)"
-            else:
-                item["hint"] = f"fix the error above, then re-run: datahub run <job spec of {r['job_name']}> --lake {lake.root}"
+            else:  # job_spec and full are null in lakes written before they were recorded
+                command = rerun_command(r["job_name"], job_spec=r.get("job_spec"), lake=lake.root, full=bool(r.get("full")))
+                item["hint"] = f"fix the error above, then re-run (it completes this run first): {command}"
         out.append(item)
     for lease in list_leases(lake):
         if job and lease.job != job:
@@ -75,6 +76,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """List runs with status, counts and durations; failed or interrupted runs say how to resume."""
+        from rich.markup import escape
         from rich.table import Table
 
         items = list_runs(lake, job=job)
@@ -99,6 +101,6 @@ def register(app: typer.Typer) -> None:
         for i in items:
             if i["status"] in ("failed", "interrupted"):
                 first = (i["error"] or "").splitlines()[0] if i["error"] else ""
-                out.print(f"[bold]{i['run_id']}[/] {i['status']}: {first}")
-                if i["hint"]:
-                    out.print(f"  {i['hint']}")
+                out.print(f"[bold]{escape(str(i['run_id']))}[/] {i['status']}: {escape(first)}", soft_wrap=True)
+                if i["hint"]:  # never wrapped: the command must paste as one line
+                    out.print(f"  {escape(i['hint'])}", soft_wrap=True)
