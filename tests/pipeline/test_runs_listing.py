@@ -42,3 +42,58 @@ def test_failed_run_then_resumed(tmp_path, ray_engine, monkeypatch):
     assert json.loads(run_cli(["runs", str(lake_root), "--json", "--job", "nope"]).stdout) == []
     text = run_cli(["runs", str(lake_root)], env={"COLUMNS": "200"})
     assert text.returncode == 0 and "crashjob" in text.stdout and "failed (resumed)" in text.stdout
+
+
+def _ray_address() -> str:
+    import ray
+
+    return ray.get_runtime_context().gcs_address
+
+
+def test_failed_cli_run_text_shows_status_error_and_the_exact_resume_command(tmp_path, ray_engine):
+    """A real failure (a quarantine table with a clashing column type, made by hand) after the
+    samples commit; `datahub runs` prints how to resume; the printed command, run after the fix
+    and after new input arrived, completes that run first and then ingests the new file."""
+    import shutil
+
+    import pyarrow as pa
+
+    from datahub.lake.tables import QUARANTINE
+    from tests.pipeline.corpus import docs, write_job, write_jsonl
+
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=4)
+    lake_root = tmp_path / "lake"
+    job = write_job(tmp_path / "job.yaml", job_raw(corpus, lake_root))
+    clashing = pa.schema([pa.field(f.name, pa.struct([("bytes", pa.int64())])) if f.name == "raw_size" else f
+                          for f in QUARANTINE])
+    Lake(lake_root).commit("quarantine", clashing.empty_table(), txn="hand-made")
+    address = ["--set", f"engine.address={_ray_address()}"]
+    failed = run_cli(["run", str(job), *address])
+    assert failed.returncode != 0 and "Unsupported CAST" in failed.stderr, failed.stderr[-2000:]
+
+    text = run_cli(["runs", str(lake_root)], env={"COLUMNS": "160"})
+    assert text.returncode == 0, text.stderr
+    run_id = list_runs(str(lake_root))[0]["run_id"]
+    lines = text.stdout.splitlines()
+    detail = next(line for line in lines if line.startswith(f"{run_id} failed: "))
+    assert "Unsupported CAST from Int64 to Struct" in detail
+    hint = lines[lines.index(detail) + 1]
+    command = f"datahub run {job} --lake {lake_root}"
+    assert hint == f"  fix the error above, then re-run (it completes this run first): {command}"
+    row = Lake(lake_root).read("runs").to_pylist()[0]
+    assert (row["job_spec"], row["full"]) == (str(job), False)
+
+    shutil.rmtree(lake_root / "quarantine")  # the fix
+    write_jsonl(corpus / "part-new.jsonl", docs("new", 3))
+    resumed = run_cli([*command.split()[1:], *address, "--json"])
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    result = json.loads(resumed.stdout)
+    assert result["resumed"]["run_id"] == run_id and result["inputs"] == [str(corpus / "part-new.jsonl")]
+    samples = Lake(lake_root).read("samples")
+    ids = samples.column("sample_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 4 + 1 + 3  # no file of the failed run ingested twice
+    assert sorted(set(samples.column("ingest_run_id").to_pylist())) == sorted([run_id, result["run_id"]])
+    statuses = [(i["run_id"], i["status"]) for i in list_runs(str(lake_root))]
+    assert statuses == [(run_id, "failed (resumed)"), (run_id, "succeeded"), (result["run_id"], "succeeded")]
+    again = run_cli(["runs", str(lake_root)], env={"COLUMNS": "160"})
+    assert "fix the error above" not in again.stdout and "failed (resumed)" in again.stdout
