@@ -197,18 +197,23 @@ class Lake:
         after every commit and when a release freezes a table written by another writer.
         """
         from deltalake import PostCommitHookProperties
+        from deltalake.exceptions import CommitFailedError
 
-        table = self.table(name)
-        configuration = table.metadata().configuration
-        missing = {k: v for k, v in KEEP_LOG.items() if configuration.get(k) != v}
-        if configuration.get(SCHEMA_VERSION_PROPERTY) is None:
-            missing[SCHEMA_VERSION_PROPERTY] = SCHEMA_VERSION
-        if missing:
-            table.alter.set_table_properties(
-                missing, raise_if_not_exists=False,
-                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
+        for _ in range(5):
             table = self.table(name)
-        return table
+            configuration = table.metadata().configuration
+            missing = {k: v for k, v in KEEP_LOG.items() if configuration.get(k) != v}
+            if configuration.get(SCHEMA_VERSION_PROPERTY) is None:
+                missing[SCHEMA_VERSION_PROPERTY] = SCHEMA_VERSION
+            if not missing:
+                return table
+            try:
+                table.alter.set_table_properties(
+                    missing, raise_if_not_exists=False,
+                    post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
+            except CommitFailedError:  # another writer committed meanwhile (maybe the same properties): look again
+                continue
+        return self.table(name)
 
     def history(self, name: str, limit: int | None = None) -> list[dict[str, Any]]:
         return list(self.table(name).history(limit))

@@ -126,3 +126,25 @@ def test_tables_created_by_other_writers_are_protected_on_next_commit(tmp_path):
         write_deltalake(lake.table_uri("old"), pa.table({"x": [i]}), mode="append")
     assert lake.read("old", version=0).column("x").to_pylist() == [0]
     assert lake.keep_log("old").version() == lake.version("old")  # already protected: no further commit
+
+
+def _append_together(root: str, txn: str, n: int, barrier) -> None:
+    lake = Lake(root)
+    barrier.wait(60)  # everyone imported and ready: commit at the same moment
+    lake.commit("shared", pa.table({"txn": [txn] * n}), txn=txn)
+
+
+def test_concurrent_writers_creating_a_new_table_lose_nothing(tmp_path):
+    """Racing creators: one creates the table, the others append; the properties commit races too."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(4)
+    procs = [ctx.Process(target=_append_together, args=(str(tmp_path), f"w{i}", 10, barrier)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    lake = Lake(tmp_path)
+    counts = lake.read("shared").group_by("txn").aggregate([("txn", "count")]).to_pylist()
+    assert {c["txn"]: c["txn_count"] for c in counts} == {f"w{i}": 10 for i in range(4)}
+    assert lake.schema_version("shared") == SCHEMA_VERSION
