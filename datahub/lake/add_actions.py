@@ -3,7 +3,12 @@
 The Spark path of DESIGN.md: executors write Parquet (``SparkFrame.write_parquet``), the
 driver commits the files with deltalake ``AddAction``s carrying the run's app transaction,
 so a re-run of the same ``txn`` is a no-op exactly like ``Lake.commit``. No delta-spark, no
-jars. Files of a crashed run that never got committed are unreferenced and removed by vacuum.
+jars. Files of a crashed run that never got committed are unreferenced: no Delta reader sees
+them, and vacuum removes them.
+
+A commit never hides columns: ``create_write_transaction`` keeps the table's schema as it is,
+so when the new files bring columns or struct fields the table lacks, a schema-only commit
+(no rows, ``Lake.commit`` with schema merge, txn ``{txn}/schema``) comes first.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 from datahub.errors import CommitConflictError, LakeError
-from datahub.lake.tables import SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
+from datahub.retry import retry_policy, storage_errors
 
 if TYPE_CHECKING:
     from datahub.lake.lake import Lake
@@ -50,6 +55,37 @@ def _strip_scheme(uri: str) -> str:
     return uri
 
 
+def txn_slug(txn: str) -> str:
+    """``txn`` as a safe file-name part (data files of a run are named after it)."""
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in txn)[:80]
+
+
+@dataclass(frozen=True)
+class StagedFiles:
+    """Parquet files already written into a table's folder, not committed yet (no reader sees them).
+
+    ``commit`` is ``datahub.pipeline.sinks.Staged.commit`` for files written by workers.
+    """
+
+    files: tuple[DataFile, ...]
+    schema: pa.Schema
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self.files)
+
+    def commit(self, lake: Lake, table: str, *, txn: str, metadata: Mapping[str, Any] | None = None,
+               empty_schema: pa.Schema | None = None, replace: str | None = None) -> int | None:
+        if replace is not None:
+            raise LakeError(
+                f"{lake.table_uri(table)}: files written by workers can only be appended, not replace rows "
+                f"matching {replace!r}; stream the rows to the driver and use Lake.commit(mode='overwrite', predicate=...)"
+            )
+        if not self.files and (empty_schema is None or lake.exists(table)):
+            return None
+        return commit_files(lake, table, self.files, schema=self.schema, txn=txn, metadata=metadata)
+
+
 def commit_files(
     lake: Lake,
     name: str,
@@ -65,12 +101,27 @@ def commit_files(
     """Add ``files`` to table ``name`` in one commit tagged with app transaction ``txn``.
 
     Returns the new version, or None when ``txn`` was committed before (no-op). Creates the
-    table with ``schema`` when it does not exist yet.
+    table with ``schema`` when it does not exist yet; adds the columns of ``schema`` it lacks
+    first. Transient storage errors are retried (the txn check makes a retry idempotent).
     """
-    from deltalake import CommitProperties, Transaction
+
+    def attempt() -> int | None:
+        with storage_errors(f"commit {txn} ({len(files)} files) to {lake.table_uri(name)}"):
+            return _commit_files_once(lake, name, files, schema=schema, txn=txn, mode=mode, metadata=metadata,
+                                      partition_by=partition_by, max_retries=max_retries)
+
+    return retry_policy(attempt, lake.retry)
+
+
+def _commit_files_once(lake: Lake, name: str, files: Sequence[DataFile], *, schema: pa.Schema, txn: str,
+                       mode: Literal["append", "overwrite"], metadata: Mapping[str, Any] | None,
+                       partition_by: list[str] | None, max_retries: int) -> int | None:
+    from deltalake import CommitProperties, PostCommitHookProperties, Transaction
     from deltalake import Schema as DeltaSchema
     from deltalake.exceptions import CommitFailedError, DeltaError
     from deltalake.transaction import AddAction, create_table_with_add_actions
+
+    from datahub.lake.lake import KEEP_LOG
 
     if lake.applied(name, txn):
         return None
@@ -93,15 +144,18 @@ def commit_files(
         app_transactions=[Transaction(app_id=txn, version=1, last_updated=now)],
         max_commit_retries=max_retries,
     )
+    hooks = PostCommitHookProperties(cleanup_expired_logs=False)  # releases time-travel: keep the log (Lake.keep_log)
     storage = lake.storage_options or None
     try:
         if lake.exists(name):
-            lake.table(name).create_write_transaction(actions, mode, schema, partition_by=partition_by, commit_properties=props)
+            _add_missing_columns(lake, name, schema, txn=txn)
+            lake.table(name).create_write_transaction(actions, mode, schema, partition_by=partition_by, commit_properties=props,
+                                                      post_commithook_properties=hooks)
         else:
             try:
                 create_table_with_add_actions(
-                    table_uri, DeltaSchema.from_arrow(schema), actions, mode="error",
-                    partition_by=partition_by, storage_options=storage, commit_properties=props,
+                    table_uri, DeltaSchema.from_arrow(schema), actions, mode="error", partition_by=partition_by,
+                    configuration=KEEP_LOG, storage_options=storage, commit_properties=props, post_commithook_properties=hooks,
                 )
             except DeltaError:
                 if not lake.exists(name):
@@ -109,16 +163,37 @@ def commit_files(
                 # another writer created the table between our check and our commit: append instead
                 if lake.applied(name, txn):
                     return None
-                lake.table(name).create_write_transaction(actions, mode, schema, partition_by=partition_by, commit_properties=props)
+                _add_missing_columns(lake, name, schema, txn=txn)
+                lake.table(name).create_write_transaction(actions, mode, schema, partition_by=partition_by, commit_properties=props,
+                                                          post_commithook_properties=hooks)
     except CommitFailedError as exc:
         if lake.applied(name, txn):  # a concurrent writer of the same txn won the race
             return None
         raise CommitConflictError(f"{table_uri}: commit {txn} of {len(actions)} files failed: {exc}") from exc
-    table = lake.table(name)
-    if table.metadata().configuration.get(SCHEMA_VERSION_PROPERTY) is None:
-        table.alter.set_table_properties({SCHEMA_VERSION_PROPERTY: SCHEMA_VERSION}, raise_if_not_exists=False)
-        table = lake.table(name)
-    return int(table.version())
+    return int(lake.keep_log(name).version())  # schema version and log retention, as Lake.commit
+
+
+def _add_missing_columns(lake: Lake, name: str, schema: pa.Schema, *, txn: str) -> None:
+    """Merge ``schema`` into the table's schema when it brings new columns or struct fields (no rows)."""
+    current = pa.schema(lake.table(name).schema().to_arrow())
+    if field_paths(schema) <= field_paths(current):
+        return
+    lake.commit(name, schema.empty_table(), txn=f"{txn}/schema", metadata={"datahub.schema_merge": True})
+
+
+def field_paths(schema: pa.Schema) -> set[str]:
+    """Every column and nested struct field as a dotted path (``quality.score``)."""
+
+    def walk(prefix: str, fields: Any) -> set[str]:
+        out: set[str] = set()
+        for f in fields:
+            path = prefix + f.name
+            out.add(path)
+            if pa.types.is_struct(f.type):
+                out |= walk(path + ".", f.type)
+        return out
+
+    return walk("", schema)
 
 
 def commit_frame(
@@ -136,6 +211,5 @@ def commit_frame(
     """
     if lake.applied(name, txn):
         return None
-    slug = "".join(c if c.isalnum() or c in "-_" else "-" for c in txn)[:80]
-    files = frame.write_parquet(lake.table_uri(name), storage_options=lake.storage_options, prefix=f"part-{slug}")
+    files = frame.write_parquet(lake.table_uri(name), storage_options=lake.storage_options, prefix=f"part-{txn_slug(txn)}")
     return commit_files(lake, name, files, schema=frame.delta_schema(), txn=txn, mode=mode, metadata=metadata)

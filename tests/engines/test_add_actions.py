@@ -62,6 +62,26 @@ def test_stats_let_readers_skip_files(spark_engine, tmp_path):
     assert hit.num_rows == 1
 
 
+def test_new_columns_and_struct_fields_reach_the_table_schema(spark_engine, tmp_path):
+    """create_write_transaction keeps a table's schema, so files bringing new fields merge it first."""
+    lake = Lake(tmp_path / "lake")
+    first = _docs(4).drop_columns(["_ev.norm"])
+    assert commit_frame(lake, "samples", spark_engine.from_arrow(first), txn="run-1") is not None
+    later = pa.table({
+        "sample_id": ["id9000"],
+        "text": ["a later document"],
+        "quality": pa.array([{"score": 0.5, "words": 3}]),  # a new struct field
+        "lang": ["en"],  # a new column
+    })
+    version = commit_frame(lake, "samples", spark_engine.from_arrow(later), txn="run-2")
+    assert version is not None and lake.applied("samples", "run-2")
+    back = {row["sample_id"]: row for row in lake.read("samples").to_pylist()}
+    assert back["id9000"]["lang"] == "en" and back["id9000"]["quality"] == {"score": 0.5, "words": 3}
+    assert back["id0001"]["lang"] is None and back["id0001"]["quality"] == {"score": 0.1, "words": None}
+    assert commit_frame(lake, "samples", spark_engine.from_arrow(later), txn="run-2") is None  # still idempotent
+    assert lake.read("samples").num_rows == 5
+
+
 def test_files_outside_the_table_folder_are_refused(tmp_path):
     lake = Lake(tmp_path / "lake")
     with pytest.raises(LakeError, match="inside its table folder"):

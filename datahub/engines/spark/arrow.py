@@ -11,8 +11,6 @@ fields with nulls. Frames keep their exact Arrow schema; Spark carries a compati
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -155,7 +153,7 @@ def blob_schema(blob: bytes | bytearray | memoryview) -> pa.Schema:
     return pa.ipc.open_stream(pa.py_buffer(blob)).schema
 
 
-def _blobs(batch: pa.RecordBatch) -> Iterator[Any]:
+def ipc_blobs(batch: pa.RecordBatch) -> Iterator[Any]:
     column = batch.column(IPC_COLUMN)
     for i in range(batch.num_rows):
         scalar = column[i]
@@ -184,7 +182,7 @@ class ApplyChain:
 
     def _tables(self, batch: pa.RecordBatch) -> Iterator[pa.Table]:
         if self.input_schema is None:
-            for blob in _blobs(batch):
+            for blob in ipc_blobs(batch):
                 yield decode(blob)
         else:
             yield conform(from_spark_side(pa.Table.from_batches([batch])), self.input_schema)
@@ -216,7 +214,7 @@ class SchemasOf:
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         seen: dict[bytes, None] = {}
         for batch in batches:
-            for blob in _blobs(batch):
+            for blob in ipc_blobs(batch):
                 seen.setdefault(blob_schema(blob).serialize().to_pybytes())
         yield pa.record_batch([pa.array(list(seen), pa.binary())], names=["schema"])
 
@@ -227,7 +225,7 @@ class RowCounts:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
-            counts = [sum(b.num_rows for b in pa.ipc.open_stream(blob)) for blob in _blobs(batch)]
+            counts = [sum(b.num_rows for b in pa.ipc.open_stream(blob)) for blob in ipc_blobs(batch)]
             yield pa.record_batch([pa.array(counts, pa.int64())], names=["rows"])
 
 
@@ -243,96 +241,3 @@ class ReadFiles:
             for index in batch.column("index").to_pylist():
                 for table in self.read(self.files[index]):
                     yield _ipc_batch(encode(table))
-
-
-# ---- executors write Parquet ------------------------------------------------------------
-
-WRITTEN_DDL = "uri string, size long, rows long, stats string"
-
-
-@dataclass(frozen=True)
-class WriteParquet:
-    """IPC blobs of one partition -> one Parquet file under ``directory``; yields its description."""
-
-    directory: str
-    schema: pa.Schema
-    storage_options: tuple[tuple[str, str], ...] = ()
-    prefix: str = "part"
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import fsspec
-        import pyarrow.parquet as pq
-
-        from datahub.lake.lake import fsspec_options
-
-        fs, root = fsspec.core.url_to_fs(self.directory, **fsspec_options(dict(self.storage_options)))
-        scheme = self.directory.split("://", 1)[0] + "://" if "://" in self.directory else ""
-        name = f"{self.prefix}-{uuid.uuid4().hex}.parquet"
-        path = f"{root.rstrip('/')}/{name}"
-        stats = _FileStats(self.schema)
-        writer = None
-        try:
-            for table in (decode(blob) for batch in batches for blob in _blobs(batch)):
-                if not table.num_rows:
-                    continue
-                table = conform(table, self.schema)
-                if writer is None:
-                    fs.makedirs(root, exist_ok=True)
-                    handle = fs.open(path, "wb")
-                    writer = pq.ParquetWriter(handle, self.schema)
-                writer.write_table(table)
-                stats.update(table)
-        finally:
-            if writer is not None:
-                writer.close()
-                handle.close()
-        if writer is None:  # an empty partition writes no file
-            yield pa.RecordBatch.from_pylist([], schema=_WRITTEN)
-            return
-        size = int(fs.info(path)["size"])
-        uri = scheme + path if scheme else path
-        yield pa.RecordBatch.from_pylist([{"uri": uri, "size": size, "rows": stats.rows, "stats": stats.to_json()}], schema=_WRITTEN)
-
-
-_WRITTEN = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
-_STATS_MAX_STRING = 32  # Delta's default string stats prefix length; longer bounds are left out
-
-
-class _FileStats:
-    """Delta file statistics (numRecords, minValues, maxValues, nullCount) of top-level primitive columns."""
-
-    def __init__(self, schema: pa.Schema) -> None:
-        self.rows = 0
-        self.columns = [f.name for f in schema if _stat_type(f.type)]
-        self.min: dict[str, Any] = {}
-        self.max: dict[str, Any] = {}
-        self.nulls: dict[str, int] = {name: 0 for name in self.columns}
-        self.unbounded: set[str] = set()
-
-    def update(self, table: pa.Table) -> None:
-        import pyarrow.compute as pc
-
-        self.rows += table.num_rows
-        for name in self.columns:
-            column = table.column(name)
-            self.nulls[name] += column.null_count
-            bounds = pc.min_max(column)
-            low, high = bounds["min"].as_py(), bounds["max"].as_py()
-            if low is None:
-                continue
-            self.min[name] = low if name not in self.min else min(self.min[name], low)
-            self.max[name] = high if name not in self.max else max(self.max[name], high)
-
-    def to_json(self) -> str:
-        def bound(value: Any) -> Any:
-            if isinstance(value, str) and len(value) > _STATS_MAX_STRING:
-                return None
-            return value.isoformat().replace("+00:00", "Z") if hasattr(value, "isoformat") else value
-
-        mins = {k: bound(v) for k, v in self.min.items() if bound(v) is not None}
-        maxs = {k: bound(v) for k, v in self.max.items() if bound(v) is not None}
-        return json.dumps({"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls})
-
-
-def _stat_type(t: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_timestamp(t) or pa.types.is_date(t))

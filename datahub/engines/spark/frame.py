@@ -18,11 +18,9 @@ import pyarrow as pa
 from datahub.engines.frame import Aggregate, BatchFn, Frame
 from datahub.engines.spark.arrow import (
     IPC_DDL,
-    WRITTEN_DDL,
     ApplyChain,
     RowCounts,
     SchemasOf,
-    WriteParquet,
     conform,
     decode,
     spark_compatible_schema,
@@ -30,6 +28,7 @@ from datahub.engines.spark.arrow import (
     spark_schema,
     unify,
 )
+from datahub.engines.spark.parquet import WRITTEN_DDL, ParquetTarget, WriteParquet
 from datahub.errors import TerminalError
 
 if TYPE_CHECKING:
@@ -236,19 +235,33 @@ class SparkFrame(Frame):
     # ---- executors write Parquet --------------------------------------------------------
 
     def write_parquet(
-        self, directory: str, *, storage_options: dict[str, str] | None = None, prefix: str = "part"
+        self,
+        directory: str,
+        *,
+        storage_options: dict[str, str] | None = None,
+        prefix: str = "part",
+        schema: pa.Schema | None = None,
     ) -> list[DataFile]:
         """Each partition writes one Parquet file under ``directory`` (local or s3://) on the executors.
 
-        Returns the files (uri, size, rows, Delta stats) for ``datahub.lake.add_actions.commit_files``;
-        nothing but these small descriptions reaches the driver.
+        ``schema`` (default: ``delta_schema()``) is the file schema, e.g. the table's schema merged
+        with this frame's. Returns the files (uri, size, rows, Delta stats) for
+        ``datahub.lake.add_actions.commit_files``; only these small descriptions reach the driver.
         """
         from datahub.lake.add_actions import DataFile
 
-        blobs, schema = self._discover()
-        writer = WriteParquet(directory.rstrip("/"), spark_compatible_schema(schema), tuple(sorted((storage_options or {}).items())), prefix)
-        rows = blobs.mapInArrow(writer, WRITTEN_DDL).collect()
+        blobs, frame_schema = self._discover()
+        target = ParquetTarget(directory.rstrip("/"), spark_compatible_schema(schema or frame_schema),
+                               tuple(sorted((storage_options or {}).items())), prefix)
+        rows = blobs.mapInArrow(WriteParquet(target), WRITTEN_DDL).collect()
         return [DataFile(uri=r["uri"], size=int(r["size"]), rows=int(r["rows"]), stats=r["stats"]) for r in rows]
+
+    def encoded_blobs(self) -> tuple[DataFrame, pa.Schema]:
+        """This frame's rows as persisted Arrow IPC blobs (one ``ipc`` column) and their exact schema.
+
+        For executor-side sinks (``datahub.engines.spark.sink``) that read every batch once.
+        """
+        return self._discover()
 
     def delta_schema(self) -> pa.Schema:
         """The Arrow schema ``write_parquet`` writes (Spark/Delta-compatible types)."""
