@@ -39,7 +39,7 @@ from datahub.pipeline.ingest import IngestFiles
 from datahub.pipeline.inputs import list_input_files
 from datahub.pipeline.lease import JobLease
 from datahub.pipeline.resume import PendingRun, committed_version, file_identity, pending_run, planned_files
-from datahub.pipeline.sinks import SamplesSink, StatsSink
+from datahub.pipeline.sinks import StatsSink, drain_samples, stage_side_output
 from operators.ingest.base import InputFile
 
 
@@ -192,11 +192,10 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
             versions["lineage"] = _commit_staged(lake, "lineage", sink.lineage, run_id, spec, LINEAGE)
             checkpoint("after_commit:lineage")
         for table_name, parts in context.side_outputs.items():
-            tables = [p if isinstance(p, pa.Table) else p.to_arrow() for p in parts]
-            tables = [t for t in tables if t.num_rows]
-            if tables:
-                versions[table_name] = lake.commit(table_name, pa.concat_tables(tables, promote_options="permissive"), txn=run_id,
-                                                   metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
+            staged = stage_side_output(context, table_name, parts)
+            if staged is not None:
+                versions[table_name] = staged.commit(lake, table_name, txn=run_id,
+                                                     metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
                 if versions[table_name] is None:  # committed before a crash: record that version
                     versions[table_name] = committed_version(lake, table_name, run_id)
                 checkpoint(f"after_commit:{table_name}")
@@ -262,9 +261,9 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
         elif isinstance(node.operator, GlobalOperator):
             frame = node.operator.apply(frame, context)
         elif node.sink == "samples":
-            sink = SamplesSink(f"{staging}/{name}", context.run_id, node_ops, write_ingested=first_samples)
+            sink = drain_samples(frame, context, f"{staging}/{name}", node_ops, table=node.table or "samples",
+                                 write_ingested=first_samples)  # Spark: executors write the tables' files
             first_samples = False
-            sink.consume(frame.iter_batches(), progress=lambda done: (checkpoint("streaming"), context.report("rows", done)))
             sinks[name] = (node.table or "samples", sink)
             continue
         elif node.sink == "stats":
@@ -286,13 +285,8 @@ def _job_rows_predicate(job: str) -> str:
 
 def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSpec, schema: pa.Schema | None,
                    *, replace: str | None = None) -> int | None:
-    data = staged.table()
-    if data is None:
-        if schema is None or lake.exists(table):
-            return None
-        data = schema.empty_table()  # create the table so readers find it
-    version = lake.commit(table, data, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name},
-                          mode="overwrite" if replace else "append", predicate=replace)
+    version = staged.commit(lake, table, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name},
+                            empty_schema=schema, replace=replace)  # Lake.commit, or add actions for executor files
     return committed_version(lake, table, run_id) if version is None else version  # None: committed before a crash
 
 

@@ -1,9 +1,12 @@
 """Sinks: where rows leave the graph.
 
-The samples sink streams the graph's output once, splitting every batch three ways into
-local staging Parquet files: live samples, quarantined records, and lineage events (ingested,
-modified, annotated, dropped, quarantined). The runner then commits each staged table to
-the lake as one idempotent commit.
+The samples sink splits every batch of the graph's output three ways (``SampleSplitter``):
+live samples, quarantined records, and lineage events (ingested, modified, annotated,
+dropped, quarantined), and counts them. On Ray (and any engine that streams) the batches
+reach the driver and go to local staging Parquet files; on Spark the executors run the same
+splitter and write the Parquet files straight into the tables' folders
+(``datahub.engines.spark.sink``). Either way each table is then one idempotent commit
+(``Staged.commit``) with the run id as its Delta app transaction.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,7 +25,13 @@ import pyarrow.parquet as pq
 
 from datahub.lake.tables import LINEAGE, QUARANTINE
 from datahub.operator import DROP_OP, DROP_REASON, DROP_REF, EVENT_PREFIX, QUARANTINED, is_envelope_column
+from datahub.pipeline.faults import checkpoint
 from datahub.pipeline.ingest import INGEST_OP
+
+if TYPE_CHECKING:
+    from datahub.engines.frame import Frame
+    from datahub.lake.lake import Lake
+    from datahub.pipeline.context import RunContext
 
 
 @dataclass
@@ -40,6 +50,33 @@ class SinkCounts:
             "quarantined": dict(sorted(self.quarantined.items())),
             "quarantined_total": sum(self.quarantined.values()),
         }
+
+    def add(self, other: SinkCounts) -> None:
+        self.records_read += other.records_read
+        self.samples_written += other.samples_written
+        self.dropped.update(other.dropped)
+        self.quarantined.update(other.quarantined)
+
+    def to_json(self) -> str:
+        """Lossless JSON (reasons as pairs, so a null reason survives), for counts made on executors."""
+        return json.dumps([self.records_read, self.samples_written, list(self.dropped.items()), list(self.quarantined.items())])
+
+    @classmethod
+    def from_json(cls, text: str) -> SinkCounts:
+        read, written, dropped, quarantined = json.loads(text)
+        return cls(read, written, Counter(dict(map(tuple, dropped))), Counter(dict(map(tuple, quarantined))))
+
+
+class Staged(Protocol):
+    """Rows of one table staged by a run, committed once with the run's transaction id."""
+
+    def commit(self, lake: Lake, table: str, *, txn: str, metadata: Mapping[str, Any] | None = None,
+               empty_schema: pa.Schema | None = None, replace: str | None = None) -> int | None:
+        """Commit to ``table``; the new version, or None (nothing staged, or ``txn`` already there).
+
+        With nothing staged the table is only created (with ``empty_schema``) when missing.
+        ``replace`` (SQL) overwrites the rows it matches instead of appending (``--full``).
+        """
 
 
 class _Staged:
@@ -74,6 +111,20 @@ class _Staged:
     def table(self) -> pa.Table | None:
         return pq.read_table(self.path) if self.writer is not None else None
 
+    def commit(self, lake: Lake, table: str, *, txn: str, metadata: Mapping[str, Any] | None = None,
+               empty_schema: pa.Schema | None = None, replace: str | None = None) -> int | None:
+        return commit_rows(lake, table, self.table(), txn=txn, metadata=metadata, empty_schema=empty_schema, replace=replace)
+
+
+def commit_rows(lake: Lake, table: str, data: pa.Table | None, *, txn: str, metadata: Mapping[str, Any] | None = None,
+                empty_schema: pa.Schema | None = None, replace: str | None = None) -> int | None:
+    """``Staged.commit`` for rows on the driver: one ``Lake.commit``."""
+    if data is None:
+        if empty_schema is None or lake.exists(table):
+            return None
+        data = empty_schema.empty_table()  # create the table so readers find it
+    return lake.commit(table, data, txn=txn, metadata=metadata, mode="overwrite" if replace else "append", predicate=replace)
+
 
 def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     """Fit a batch to the first batch's schema (struct fields may appear in later batches)."""
@@ -86,53 +137,50 @@ def _conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-@dataclass
-class SamplesSink:
-    staging_dir: str
+@dataclass(frozen=True)
+class SplitBatch:
+    """One batch of graph output, split: rows for samples, quarantine and lineage, and their counts."""
+
+    samples: pa.Table
+    quarantine: pa.Table | None
+    lineage: pa.Table
+    counts: SinkCounts
+
+
+@dataclass(frozen=True)
+class SampleSplitter:
+    """What a samples sink does to each batch; plain pyarrow and picklable.
+
+    The driver-side ``SamplesSink`` runs it per streamed batch, Spark executors per batch of
+    their partition (``datahub.engines.spark.sink``): one definition of the samples columns,
+    the lineage events and the counts for every engine.
+    """
+
     run_id: str
-    node_ops: dict[str, tuple[str, str]]  # graph node -> (op name@version, params_hash)
+    node_ops: Mapping[str, tuple[str, str]]  # graph node -> (op name@version, params_hash)
     write_ingested: bool = True
-    counts: SinkCounts = field(default_factory=SinkCounts)
+    ts: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
 
-    def __post_init__(self) -> None:
-        os.makedirs(self.staging_dir, exist_ok=True)
-        self.samples = _Staged(self.staging_dir, "samples")
-        self.quarantine = _Staged(self.staging_dir, "quarantine")
-        self.lineage = _Staged(self.staging_dir, "lineage")
-        self.ts = datetime.now(timezone.utc)
-
-    def consume(self, batches: Iterable[pa.Table], progress: object = None) -> None:
-        for batch in batches:
-            self.write_batch(batch)
-            if callable(progress):
-                progress(self.counts.records_read)
-        for staged in (self.samples, self.quarantine, self.lineage):
-            staged.close()
-
-    def write_batch(self, batch: pa.Table) -> None:
+    def split(self, batch: pa.Table) -> SplitBatch:
+        counts = SinkCounts(records_read=batch.num_rows)
         if not batch.num_rows:
-            return
-        self.counts.records_read += batch.num_rows
+            return SplitBatch(samples_columns(batch), None, LINEAGE.empty_table(), counts)
         reason = batch.column(DROP_REASON)
         quarantined = pc.fill_null(batch.column(QUARANTINED), False) if QUARANTINED in batch.column_names else pa.array([False] * batch.num_rows)
         alive = pc.is_null(reason)
         dropped = pc.and_(pc.is_valid(reason), pc.invert(quarantined))
 
-        live = batch.filter(alive)
-        self.samples.write(live.select([c for c in live.column_names if not is_envelope_column(c)]))
-        self.counts.samples_written += live.num_rows
-
+        live = samples_columns(batch.filter(alive))
+        counts.samples_written = live.num_rows
         bad = batch.filter(quarantined)
+        quarantine = None
         if bad.num_rows:
-            self.counts.quarantined.update(bad.column(DROP_REASON).to_pylist())
-            self.quarantine.write(self._quarantine_rows(bad))
+            counts.quarantined.update(bad.column(DROP_REASON).to_pylist())
+            quarantine = self._quarantine_rows(bad)
         gone = batch.filter(dropped)
         if gone.num_rows:
-            self.counts.dropped.update(gone.column(DROP_REASON).to_pylist())
-
-        events = self._lineage_rows(batch, alive, dropped, quarantined)
-        if events.num_rows:
-            self.lineage.write(events)
+            counts.dropped.update(gone.column(DROP_REASON).to_pylist())
+        return SplitBatch(live, quarantine, self._lineage_rows(batch, alive, dropped, quarantined), counts)
 
     def _quarantine_rows(self, bad: pa.Table) -> pa.Table:
         n = bad.num_rows
@@ -208,6 +256,114 @@ class SamplesSink:
         if not parts:
             return LINEAGE.empty_table()
         return pa.concat_tables(parts)
+
+
+def samples_columns(rows: pa.Table) -> pa.Table:
+    """The columns of graph output that reach ``samples``: all but the envelope (``_``-prefixed)."""
+    return rows.select([name for name in rows.column_names if not is_envelope_column(name)])
+
+
+def samples_schema(schema: pa.Schema) -> pa.Schema:
+    """``samples_columns`` for a schema."""
+    return pa.schema([f for f in schema if not is_envelope_column(f.name)])
+
+
+@dataclass
+class SamplesSink:
+    """The streaming samples sink: batches reach the driver and go to local staging files."""
+
+    staging_dir: str
+    run_id: str
+    node_ops: dict[str, tuple[str, str]]  # graph node -> (op name@version, params_hash)
+    write_ingested: bool = True
+    counts: SinkCounts = field(default_factory=SinkCounts)
+
+    def __post_init__(self) -> None:
+        os.makedirs(self.staging_dir, exist_ok=True)
+        self.samples = _Staged(self.staging_dir, "samples")
+        self.quarantine = _Staged(self.staging_dir, "quarantine")
+        self.lineage = _Staged(self.staging_dir, "lineage")
+        self.splitter = SampleSplitter(self.run_id, self.node_ops, self.write_ingested)
+        self.ts = self.splitter.ts
+
+    def consume(self, batches: Iterable[pa.Table], progress: object = None) -> None:
+        for batch in batches:
+            self.write_batch(batch)
+            if callable(progress):
+                progress(self.counts.records_read)
+        for staged in (self.samples, self.quarantine, self.lineage):
+            staged.close()
+
+    def write_batch(self, batch: pa.Table) -> None:
+        if not batch.num_rows:
+            return
+        split = self.splitter.split(batch)
+        self.counts.add(split.counts)
+        self.samples.write(split.samples)
+        if split.quarantine is not None:
+            self.quarantine.write(split.quarantine)
+        self.lineage.write(split.lineage)
+
+
+@dataclass
+class WrittenSamples:
+    """A samples sink whose files the engine's workers wrote into the tables' folders, uncommitted."""
+
+    counts: SinkCounts
+    samples: Staged
+    quarantine: Staged
+    lineage: Staged
+
+
+def drain_samples(frame: Frame, context: RunContext, staging_dir: str, node_ops: dict[str, tuple[str, str]], *,
+                  table: str = "samples", write_ingested: bool = True) -> SamplesSink | WrittenSamples:
+    """Run a samples sink over the graph output ``frame``; the runner commits what it staged.
+
+    Spark: the executors split the rows and write the tables' Parquet files themselves
+    (``datahub.engines.spark.sink``); only counts and file names reach the driver. Other
+    engines, and Spark under ``--full`` (whose replacement of a job's rows is a delta-rs
+    predicate overwrite of rows on the driver), stream the batches to local staging files.
+    """
+    if context.engine.name == "spark" and not context.full:
+        from datahub.engines.spark.sink import write_samples
+
+        splitter = SampleSplitter(context.run_id, node_ops, write_ingested)
+        written = write_samples(frame, splitter, context.lake, table=table)
+        checkpoint("streaming")  # every file written, nothing committed
+        context.report("rows", written.counts.records_read)
+        return written
+    sink = SamplesSink(staging_dir, context.run_id, node_ops, write_ingested=write_ingested)
+    sink.consume(frame.iter_batches(), progress=lambda done: (checkpoint("streaming"), context.report("rows", done)))
+    return sink
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Rows collected on the driver, staged for one ``Lake.commit``."""
+
+    data: pa.Table
+
+    def commit(self, lake: Lake, table: str, *, txn: str, metadata: Mapping[str, Any] | None = None,
+               empty_schema: pa.Schema | None = None, replace: str | None = None) -> int | None:
+        return commit_rows(lake, table, self.data, txn=txn, metadata=metadata, empty_schema=empty_schema, replace=replace)
+
+
+def stage_side_output(context: RunContext, table: str, parts: list[Frame | pa.Table]) -> Staged | None:
+    """Stage what global operators added for ``table`` (e.g. minhash_index); None when it holds no rows.
+
+    On Spark the executors write the frames into the table's folder; elsewhere they are
+    collected to the driver (they are indexes: one small row per kept sample and band).
+    """
+    if context.engine.name == "spark":
+        from datahub.engines.spark.sink import write_side_output
+
+        frames = [context.engine.from_arrow(p) if isinstance(p, pa.Table) else p for p in parts]
+        return write_side_output(context.lake, table, frames, txn=context.run_id)  # type: ignore[arg-type]
+    tables = [p if isinstance(p, pa.Table) else p.to_arrow() for p in parts]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return None
+    return _Rows(pa.concat_tables(tables, promote_options="permissive"))
 
 
 def _json_strings(values: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -1,10 +1,12 @@
 """Spark engine: an embedded ``local[2]`` by default; ``engine.master`` for a cluster.
 
 Batch operators run unchanged inside ``mapInArrow``; global operators run as Spark
-groupBy/join through ``SparkFrame``. Results stream back to the driver as Arrow (the runner
-commits them with deltalake), or executors write Parquet that the driver commits as Delta
-add actions (``SparkFrame.write_parquet`` + ``datahub.lake.add_actions``): no Spark jars
-beyond pyspark's own, no Maven, no delta-spark.
+groupBy/join through ``SparkFrame``. A run's tables (samples, quarantine, lineage and the
+dedup indexes) are written by the executors as Parquet files in the tables' folders and
+committed by the driver as Delta add actions with the run's app transaction
+(``datahub.engines.spark.sink``, ``datahub.lake.add_actions``): no rows stream to the driver,
+no Spark jars beyond pyspark's own, no Maven, no delta-spark. Only ``--full`` runs, whose
+replacement of a job's rows is a delta-rs predicate overwrite, stream the samples to the driver.
 """
 
 from __future__ import annotations
