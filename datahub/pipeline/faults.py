@@ -8,6 +8,7 @@ published shard and before the manifest (``export:after_shard:N``, ``export:befo
 ``DATAHUB_TEST_KILL_AT`` names that point (a comma-separated list is allowed; ``name#N`` means
 the N-th time this process reaches it, e.g. the second run of one ``run_job`` call), the process
 sends itself SIGKILL: no cleanup, no ``finally``, exactly what an OOM-kill or node loss does.
+``name@SIGINT`` sends that signal instead (Ctrl-C: a KeyboardInterrupt that unwinds the stack).
 This is the one place that variable is read; unset, a checkpoint costs a dict lookup.
 """
 
@@ -29,6 +30,7 @@ def checkpoint(name: str) -> None:
         return
     _reached[name] += 1
     for item in wanted.split(","):
-        point, _, nth = item.strip().partition("#")
+        point, _, signal_name = item.strip().partition("@")
+        point, _, nth = point.partition("#")
         if point == name and (not nth or int(nth) == _reached[name]):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), getattr(signal, signal_name or "SIGKILL"))

@@ -353,7 +353,9 @@ class JobLease:
         if self.lost:
             raise RunLockedError(self.lost)
 
-    def release(self) -> None:
+    def release(self, *, interrupted: bool = False) -> None:
+        """Delete the lease; ``interrupted``: leave it behind expired instead, plan included, so
+        the next run takes it over at once and completes this run (as after a SIGKILL)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -361,7 +363,11 @@ class JobLease:
         with self._lock:
             if self._held is not None and not self.lost:
                 held = self._held
-                _call(self.uri, lambda: self._store.delete(self.key, held))
+                if interrupted:
+                    expired = replace(self._info, expires=0.0).to_bytes()
+                    _call(self.uri, lambda: self._store.swap(self.key, held, expired))
+                else:
+                    _call(self.uri, lambda: self._store.delete(self.key, held))
             self._held = None
 
     def _heartbeat(self) -> None:
@@ -382,5 +388,7 @@ class JobLease:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        # KeyboardInterrupt, SystemExit: the runner records no failure for these (they are not
+        # errors of the run), so the lease is the only record of what this run had started.
+        self.release(interrupted=exc_type is not None and not issubclass(exc_type, Exception))

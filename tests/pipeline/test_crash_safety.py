@@ -247,13 +247,14 @@ def test_dedup_job_killed_then_rerun_matches_clean_run(point, dedup_corpus, dedu
     assert_resumed_like_clean(lake_root, clean_state, job)
 
 
-@pytest.mark.parametrize("point", ["after_commit:samples", "after_commit:minhash_index"])
+@pytest.mark.parametrize("point", ["after_commit:samples", "after_commit:minhash_index", "after_commit:lineage@SIGINT"])
 def test_new_input_between_kill_and_rerun(point, tmp_path):
     """The killed run is completed with its own files, then the new file runs next: same lake as two clean runs.
 
     Before the fix the re-run took old + new files under a new run id: the killed run's samples
     were ingested twice, its commits stayed as orphans, and (killed after minhash_index) its own
-    index rows made its documents near duplicates of themselves.
+    index rows made its documents near duplicates of themselves. Ctrl-C (SIGINT) unwinds
+    without a failed runs row: the lease is left behind expired, with the plan.
     """
     corpus = write_dedup_corpus(tmp_path / "corpus")
     clean_root, crash_root = tmp_path / "clean", tmp_path / "crash"
@@ -261,7 +262,8 @@ def test_new_input_between_kill_and_rerun(point, tmp_path):
     job = write_job(tmp_path / "job.yaml", dedup_job(corpus, crash_root))
     first = rerun(clean_job, corpus, clean_root)
     killed = run_arrow(job, point)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert killed.returncode == -getattr(signal, point.partition("@")[2] or "SIGKILL"), killed.stderr[-2000:]
+    assert [(r["run_id"], r["status"]) for r in list_runs(str(crash_root))] == [(first.run_id, "interrupted")]
 
     write_new_input(corpus)
     second = rerun(clean_job, corpus, clean_root)

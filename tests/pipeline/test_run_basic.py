@@ -138,7 +138,8 @@ def test_crash_between_commits_recovers_exactly(job_spec, corpus, ray_engine, mo
     monkeypatch.setattr(run_module, "_commit_run_row", real_commit)
     result = run_job(spec, engine=ray_engine)
     assert result.status == "succeeded"
-    assert result.table_versions["samples"] is None  # already committed by the crashed run: skipped
+    # committed by the crashed run: skipped, and the version it committed is recorded (was None)
+    assert result.table_versions["samples"] == lake.version("samples")
     assert lake.read("samples").num_rows == expected["written"]
     lineage = lake.read("lineage")
     assert Counter(lineage.column("action").to_pylist())["ingested"] == expected["records"] - 3
