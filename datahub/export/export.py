@@ -318,8 +318,10 @@ class _Journal:
             done.append(entry)
 
     def clear(self) -> None:
-        """Drop the journals of this release (any export key: only the published one matters now)."""
+        """Drop the journals of this release (any export key: only the published one matters now),
+        and the temp file of a shard whose upload a killed export left behind."""
         self.tier.delete(self.dir.rsplit("/", 1)[0], recursive=True)
+        self.tier.sweep_partials(self.tier.uri(self.release))
 
 
 def _commit_lineage(lake: Any, release: str, tier: Tier, shards: list[_Done], ids: pa.ChunkedArray, export_key: str) -> None:

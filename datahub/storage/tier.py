@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,32 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot delete {uri}: {exc}") from exc
 
+    def sweep_partials(self, directory_uri: str) -> int:
+        """Delete the temp files (``.NAME.partial-HEX``) that a killed ``publish`` left in a directory.
+
+        Only for a directory no writer is publishing into (an export calls it after its manifest
+        is out). Ceph publishes with one PUT and leaves none. Returns how many were removed.
+        """
+        if isinstance(self.spec, CephTier):
+            return 0
+        try:
+            if isinstance(self.spec, CfsTier):
+                directory = Path(directory_uri)
+                stale = [str(p) for p in directory.iterdir() if _PARTIAL.match(p.name)] if directory.is_dir() else []
+                for path in stale:
+                    Path(path).unlink(missing_ok=True)
+                return len(stale)
+            fs = self.filesystem()
+            path = self._path(directory_uri)
+            stale = [entry for entry in fs.ls(path, detail=False) if _PARTIAL.match(entry.rsplit("/", 1)[-1])]
+            for entry in stale:
+                _remove_quietly(fs, entry)
+            return len(stale)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot list {directory_uri}: {exc}") from exc
+
     def exists(self, uri: str) -> bool:
         if isinstance(self.spec, CfsTier):
             return os.path.exists(uri)
@@ -247,6 +274,9 @@ def _remove_quietly(fs: Any, path: str) -> None:
         fs.rm(path)
     except (OSError, RuntimeError):  # best effort: the original error is the one to report
         pass
+
+
+_PARTIAL = re.compile(r"^\..+\.partial-[0-9a-f]{12}$")  # publish's temp names (below and in Tier.publish)
 
 
 def _publish_posix(path: Path, data: bytes) -> None:

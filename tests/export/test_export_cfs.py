@@ -171,3 +171,18 @@ def test_tables_that_cannot_be_keyed_are_refused(tmp_path) -> None:
     version = lake.commit("samples", table.set_column(0, "sample_id", pa.array(["a.b", "c", "d", "e", "f"])), txn="t")
     with pytest.raises(IntegrityError, match="'a.b' is not a valid shard key"):
         _export(lake, version, storage)
+
+
+def test_completed_export_sweeps_temp_files_a_killed_upload_left(tmp_path) -> None:
+    """A SIGKILL during a CFS publish leaves ``.NAME.partial-HEX``; the next completed export removes it."""
+    lake, version = make_lake(tmp_path / "lake", 30)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+    release_dir = tmp_path / "cfs/rel-v1"
+    release_dir.mkdir(parents=True)
+    left = release_dir / ".rel-v1-000001.tar.partial-0123456789ab"
+    left.write_bytes(b"half a shard")
+    unrelated = release_dir / "notes.partial-0123456789ab"  # not a publish temp name: kept
+    unrelated.write_bytes(b"x")
+    manifest = _export(lake, version, storage, shard_samples=10)
+    assert not left.exists() and unrelated.exists()
+    assert sorted(p.name for p in release_dir.glob("*.tar")) == [s.name for s in manifest.shards]

@@ -35,11 +35,13 @@ def test_export_to_hdfs_uses_rename_and_loader_reads_it(tmp_path, webhdfs) -> No
 
     lake, version = make_lake(tmp_path / "lake", 60)
     storage = _storage(tmp_path, webhdfs)
+    on_disk = webhdfs.root / "datahub/releases/r1"
+    on_disk.mkdir(parents=True)
+    (on_disk / ".r1-000001.tar.partial-abcdef012345").write_bytes(b"a killed upload's temp file")  # swept at the end
     manifest = export_table_version(lake, table="samples", version=version, release_name="r1", tier="hdfs",
                                     storage=storage, shard_samples=25)
     assert webhdfs.ops["RENAME"] >= len(manifest.shards) + 1  # shards + manifest went through temp + rename
     assert manifest.shards[0].replicas["hdfs"] == webhdfs.url("/datahub/releases/r1/r1-000000.tar")
-    on_disk = webhdfs.root / "datahub/releases/r1"
     assert sorted(p.name for p in on_disk.iterdir()) == ["manifest.json", "r1-000000.tar", "r1-000001.tar", "r1-000002.tar"]
     source = ShardSource(load_manifest("r1", lake=str(tmp_path / "lake")),
                          storage={"hdfs": storage.tier("hdfs").reader_options()})

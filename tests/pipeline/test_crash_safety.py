@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -329,12 +328,11 @@ def _export(lake: Path, tier_dir: Path, *, kill_at: str | None = None) -> subpro
 def export_state(lake_root: Path, tier_dir: Path) -> dict[str, Any]:
     """Files on the tier (name -> sha256), the manifests without times and paths, the exported lineage.
 
-    Left out: a CFS publish's temp file (``.NAME.partial-HEX``) of a shard that was uploading
-    when the process died. The re-run publishes that shard anew; the dead temp file stays
-    (never read: not a shard name) until the tier sweeps it.
+    Every file counts, a CFS publish's temp file (``.NAME.partial-HEX``) too: one left by a shard
+    that was uploading when the process died must be swept by the completing re-run.
     """
     files = {str(p.relative_to(tier_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
-             for p in sorted(tier_dir.rglob("*")) if p.is_file() and not re.search(r"\.partial-[0-9a-f]{12}$", p.name)}
+             for p in sorted(tier_dir.rglob("*")) if p.is_file()}
     lake = Lake(lake_root)
     lake_manifest = [p for p in lake_root.rglob("manifest.json")]
     manifests = []
