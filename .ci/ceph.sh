@@ -276,6 +276,13 @@ cmd_start() {
         log "already running: $ENDPOINT (env file $ENV_FILE)"
         return 0
     fi
+    # Only radosgw is down (an outage a test made, or a crash): start it alone, never wipe the OSD's data.
+    if [[ -s "$ENV_FILE" ]] && pid_of mon.a >/dev/null && pid_of mgr.x >/dev/null && pid_of osd.0 >/dev/null \
+        && ! pid_of client.rgw.a >/dev/null && ! s3_answers; then
+        start_rgw
+        log "radosgw restarted in $((SECONDS - began))s: $ENDPOINT (env file $ENV_FILE)"
+        return 0
+    fi
     install_packages
     [[ "$(id -u)" == 0 ]] || die "start needs root (the daemons run as root from $DIR)"
     if s3_answers && ! pid_of client.rgw.a >/dev/null; then
