@@ -11,6 +11,7 @@ import json
 import os
 import re
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import yaml
@@ -144,7 +145,7 @@ class JobSpec(_Model):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def expand_env(value: Any, environ: dict[str, str] | None = None) -> Any:
+def expand_env(value: Any, environ: Mapping[str, str] | None = None) -> Any:
     """Replace ``${VAR}`` / ``${VAR:-default}`` in strings (the one place env vars enter specs)."""
     env = os.environ if environ is None else environ
     if isinstance(value, str):

@@ -10,7 +10,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 import pyarrow as pa
 
@@ -18,7 +18,7 @@ from datahub.errors import CommitConflictError, LakeError
 from datahub.lake.tables import SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
 from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_policy, storage_errors
 
-WriteData = pa.Table | pa.RecordBatchReader | Iterable[pa.Table]
+WriteData: TypeAlias = "pa.Table | pa.RecordBatchReader | Iterable[pa.Table]"
 
 # Tables looked up by one key: every commit is sorted by it and written in small row groups,
 # so a one-sample lookup reads one row group per file (file and row-group min/max skipping).
@@ -169,7 +169,7 @@ class Lake:
             max_commit_retries=max_retries,
         )
         try:
-            write_deltalake(
+            write_deltalake(  # type: ignore[call-overload,misc]  # mode is a runtime str; predicate only with overwrite
                 self.table_uri(name),
                 reader,
                 mode=mode,  # type: ignore[arg-type]

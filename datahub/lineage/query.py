@@ -31,6 +31,7 @@ def lineage_events(lake: Lake, sample_ids: str | list[str]) -> pa.Table:
 
         return LINEAGE.empty_table()
     table = lake.table(LINEAGE_TABLE)
+    pruning: list[tuple[str, str, Any]]
     if len(ids) == 1:
         pruning = [("sample_id", "=", ids[0])]
         condition = ds.field("sample_id") == ids[0]

@@ -333,7 +333,11 @@ def drain_samples(frame: Frame, context: RunContext, staging_dir: str, node_ops:
         context.report("rows", written.counts.records_read)
         return written
     sink = SamplesSink(staging_dir, context.run_id, node_ops, write_ingested=write_ingested)
-    sink.consume(frame.iter_batches(), progress=lambda done: (checkpoint("streaming"), context.report("rows", done)))
+    def progress(done: int) -> None:
+        checkpoint("streaming")
+        context.report("rows", done)
+
+    sink.consume(frame.iter_batches(), progress=progress)
     return sink
 
 

@@ -65,6 +65,7 @@ def run_expectations(frame: Any, suite: Suite) -> tuple[bool, list[dict[str, Any
         outcome = batch.validate(gx_suite, result_format="SUMMARY")
         for item in outcome.results:
             config = item.expectation_config
+            assert config is not None  # GX sets it on every result of a suite run
             error = (item.exception_info or {}) if isinstance(item.exception_info, dict) else {}
             message = error.get("exception_message") or next(
                 (v.get("exception_message") for v in error.values() if isinstance(v, dict)), None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import IO, Any, ClassVar, cast
 
 import pyarrow as pa
 
@@ -120,8 +120,9 @@ class Reader:
         """Read ``file``, calling buffer.sample / buffer.quarantine; yield after each record."""
         raise NotImplementedError
 
-    def open(self, file: InputFile) -> StorageStream:
-        return StorageStream.open(file.uri, dict(file.storage_options))
+    def open(self, file: InputFile) -> IO[bytes]:
+        """The file as a seekable binary stream whose transient storage failures raise ``StorageError``."""
+        return cast(IO[bytes], StorageStream.open(file.uri, dict(file.storage_options)))
 
     def decode(self, raw: bytes, offset: int, buffer: _Buffer) -> str | None:
         """UTF-8 decode with size check; bad records go to quarantine and give None."""

@@ -13,7 +13,7 @@ import gzip
 import io
 import zlib
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, cast
 
 Codec = Literal["gzip", "zstd", "none"]
 CHUNK = 1 << 17
@@ -39,7 +39,7 @@ def decompress(stream: IO[bytes], uri: str) -> IO[bytes]:
     if isinstance(stream, io.BufferedReader):
         return stream
     # fsspec remote files (s3fs, webhdfs) have no readline(size): buffer them like local files
-    return io.BufferedReader(stream, buffer_size=1 << 20)  # type: ignore[arg-type]
+    return io.BufferedReader(cast(io.RawIOBase, stream), buffer_size=1 << 20)
 
 
 def strip_compression_suffix(uri: str) -> str:
@@ -157,7 +157,8 @@ class _ZstdFrames(io.RawIOBase):
         super().__init__()
         self.uri = uri
         self._walker = ZstdFrameWalker()
-        self._reader = zstandard.ZstdDecompressor().stream_reader(_WalkedSource(source, self._walker), read_across_frames=True)
+        walked = cast(IO[bytes], _WalkedSource(source, self._walker))  # a RawIOBase: what stream_reader reads
+        self._reader = zstandard.ZstdDecompressor().stream_reader(walked, read_across_frames=True)
 
     def readable(self) -> bool:
         return True

@@ -75,5 +75,5 @@ def register(app: typer.Typer) -> None:
             print_json(story.as_dict()) if as_json else _print_source(story)
             return
         assert sample_id is not None
-        story = sample_lineage(root, sample_id)
-        print_json(story.as_dict()) if as_json else _print_story(story)
+        sample_story = sample_lineage(root, sample_id)
+        print_json(sample_story.as_dict()) if as_json else _print_story(sample_story)

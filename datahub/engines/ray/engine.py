@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
 
@@ -42,7 +42,7 @@ class RayFrame(Frame):
         from datahub.engines.ray.shuffle import hash_shuffle
 
         refs = hash_shuffle([self._blocks()], [keys], self.parallelism, _GroupBy(keys, aggregations))
-        return self._wrap(ray.data.from_arrow_refs(refs))
+        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)))  # ray's stubs name another ObjectRef class
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> RayFrame:
         import ray.data
@@ -51,7 +51,7 @@ class RayFrame(Frame):
 
         assert isinstance(other, RayFrame)
         refs = hash_shuffle([self._blocks(), other._blocks()], [on, on], self.parallelism, _Join(on, how))
-        return self._wrap(ray.data.from_arrow_refs(refs))
+        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)))  # ray's stubs name another ObjectRef class
 
     def union(self, other: Frame) -> RayFrame:
         assert isinstance(other, RayFrame)

@@ -11,7 +11,7 @@ driver.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import ray
@@ -51,7 +51,7 @@ def hash_shuffle(
         per_block = []
         for block in blocks:
             out = _split.options(num_returns=partitions).remote(block, side_keys, partitions)
-            per_block.append([out] if partitions == 1 else list(out))
+            per_block.append([out] if partitions == 1 else list(cast(Sequence[Any], out)))  # num_returns > 1: a list
         split_refs.append(per_block)
     schemas = [schema for _, schema in sides]
     results = []
