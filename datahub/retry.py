@@ -70,6 +70,9 @@ def is_transient_storage_error(exc: BaseException) -> bool:
         return status >= 500 or status in (408, 429)
     if isinstance(exc, OSError) and type(exc).__name__ not in ("FileNotFoundError", "PermissionError"):
         return bool(_TRANSIENT_TEXT.search(str(exc)))
+    # delta-rs raises DeltaError (not OSError) when uploading a data file fails after object_store's own retries
+    if any(cls.__name__ == "DeltaError" for cls in type(exc).__mro__) and _TRANSIENT_TEXT.search(str(exc)):
+        return True
     cause = exc.__cause__ or exc.__context__
     return cause is not None and cause is not exc and is_transient_storage_error(cause)
 

@@ -51,13 +51,41 @@ _register_commands()
 
 
 def main() -> None:
+    _leave(_run())
+
+
+def _run() -> int:
+    """Run the command; its exit status."""
     try:
         app()
     except DatahubError as exc:
         from rich.console import Console
 
         Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
-        sys.exit(2)
+        return 2
+    except SystemExit as exc:  # typer ends every command with one
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    return 0
+
+
+def _leave(status: int) -> None:
+    """Exit with ``status`` once the command's output is flushed, skipping the interpreter's teardown.
+
+    Native thread pools still alive at exit (pyarrow scans over s3fs, delta-rs's tokio runtime)
+    can abort that teardown with "terminate called without an active exception" (delta-rs
+    #2184), turning a successful command into exit status 134 for cron or Airflow. Engines are
+    stopped and staging removed by the commands themselves before this point.
+    """
+    import logging
+    import os
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

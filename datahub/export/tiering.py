@@ -9,16 +9,19 @@ is a no-op. A tier from a second storage config (another region) is just one mor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from datahub.errors import IntegrityError, SpecError, StorageError
+from datahub.errors import IntegrityError, LakeError, SpecError, StorageError
 from datahub.export.export import _commit_lineage, _Done, publish_manifest
 from datahub.export.manifest import MANIFEST_NAME, Manifest, read_lake_manifest
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -238,8 +241,10 @@ def _ids(lake: Any, manifest: Manifest, storage: StorageConfig) -> Any:
                        shuffle_seed=manifest.shuffle_seed, where=where)
         if rows.num_rows == manifest.num_samples:
             return rows[KEY_COLUMN]
-    except Exception:  # noqa: BLE001 - any failure (vacuumed files, renamed table): the shards are the truth
-        pass
+        log.warning("%s holds %d samples, the manifest of %s %d: indexing the shards instead", where, rows.num_rows,
+                    manifest.release, manifest.num_samples)
+    except LakeError as exc:  # the version was vacuumed or the table is gone: the shards are the truth
+        log.warning("%s: %s; indexing the shards instead", where, exc)
     keys: list[str] = []
     for shard in manifest.shards:
         keys.extend(index_tar(_read_verified(manifest, shard, storage), where=shard.name).keys)

@@ -30,7 +30,6 @@ def lineage_events(lake: Lake, sample_ids: str | list[str]) -> pa.Table:
         from datahub.lake.tables import LINEAGE
 
         return LINEAGE.empty_table()
-    table = lake.table(LINEAGE_TABLE)
     pruning: list[tuple[str, str, Any]]
     if len(ids) == 1:
         pruning = [("sample_id", "=", ids[0])]
@@ -38,7 +37,7 @@ def lineage_events(lake: Lake, sample_ids: str | list[str]) -> pa.Table:
     else:
         pruning = [("sample_id", "in", ids)]
         condition = ds.field("sample_id").isin(ids)
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)
+    dataset = lake.dataset(LINEAGE_TABLE, file_pruning_predicate=pruning)
     rows = dataset.to_table(filter=condition)
     rank = pa.array([_ACTION_ORDER.get(a, 9) for a in rows.column("action").to_pylist()], pa.int8())
     rows = rows.append_column("_rank", rank)
@@ -119,7 +118,7 @@ def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
     records: dict[int, dict[str, Any]] = {}
     if lake.exists(LINEAGE_TABLE):
         needle = json.dumps(source_uri)
-        ingested = lake.table(LINEAGE_TABLE).to_pyarrow_dataset().to_table(
+        ingested = lake.dataset(LINEAGE_TABLE).to_table(
             columns=["sample_id", "ref", "run_id"], filter=ds.field("action") == "ingested"
         )
         ingested = ingested.filter(pc.match_substring(ingested.column("ref"), needle))

@@ -58,6 +58,7 @@ class LeaseInfo:
     # The plan of the run in progress, recorded before it commits anything:
     inputs: list[list[Any]] | None = None  # its input files: [uri, size, etag or mtime]
     run_full: bool | None = None  # whether it reprocesses everything (a resumed run's own flag, not ``full``)
+    job_hash: str | None = None  # the job spec it runs (JobSpec.job_hash)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -389,6 +390,7 @@ class JobLease:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        # KeyboardInterrupt, SystemExit: the runner records no failure for these (they are not
-        # errors of the run), so the lease is the only record of what this run had started.
-        self.release(interrupted=exc_type is not None and not issubclass(exc_type, Exception))
+        # Any failure leaves the lease behind, expired, with the run's plan: Ctrl-C and SystemExit
+        # record no failed runs row at all, and an error's failed row may not reach the lake
+        # either (storage down): the lease is then the only record of what this run had started.
+        self.release(interrupted=exc_type is not None)

@@ -49,6 +49,7 @@ class PendingRun:
     inputs: tuple[Identity, ...]
     full: bool
     origin: str  # how we know of it, for messages
+    job_hash: str | None = None  # the spec it ran (None: recorded before datahub kept it)
 
 
 def pending_run(runs: pa.Table, job: str, took_over: LeaseInfo | None) -> PendingRun | None:
@@ -59,7 +60,8 @@ def pending_run(runs: pa.Table, job: str, took_over: LeaseInfo | None) -> Pendin
     if took_over is not None and took_over.run_id and took_over.inputs is not None and took_over.run_id not in succeeded:
         full = took_over.full if took_over.run_full is None else took_over.run_full
         return PendingRun(took_over.run_id, tuple((str(u), int(s), str(e)) for u, s, e in took_over.inputs),
-                          full, f"killed run (lease left by {took_over.host} pid {took_over.pid})")
+                          full, f"interrupted run (lease left by {took_over.host} pid {took_over.pid})",
+                          took_over.job_hash)
     last_success = max((r["finished"] for r in rows if r["status"] == "succeeded"), default=None)
     failed = [r for r in rows if r["status"] == "failed" and r["run_id"] not in succeeded
               and (last_success is None or r["finished"] > last_success)]
@@ -67,16 +69,30 @@ def pending_run(runs: pa.Table, job: str, took_over: LeaseInfo | None) -> Pendin
         return None
     row = max(failed, key=lambda r: r["finished"])
     inputs = tuple((i["uri"], int(i["size"]), i["etag"] or i["mtime"]) for i in row["inputs"] or [])
-    return PendingRun(row["run_id"], inputs, bool(row.get("full")), "failed run (its runs row)")
+    return PendingRun(row["run_id"], inputs, bool(row.get("full")), "failed run (its runs row)", row.get("job_hash"))
 
 
-def planned_files(pending: PendingRun, listed: list[InputFile], lake: Lake, *, source: str) -> list[InputFile] | None:
+def planned_files(pending: PendingRun, listed: list[InputFile], lake: Lake, *, source: str,
+                  job_hash: str) -> list[InputFile] | None:
     """The input files of ``pending`` as listed now, or None when the run can be dropped.
 
-    A planned file that is gone or changed cannot be read as the dead run read it. If the dead
-    run committed nothing, nothing is lost by dropping it (the new run ingests what is there);
-    otherwise completing it would mix two versions of the input, so stop and say which file.
+    A planned file that is gone or changed cannot be read as the dead run read it, and an edited
+    job spec would not compute what the dead run computed. If the dead run committed nothing,
+    nothing is lost by dropping it (the new run ingests what is there with the spec as it is);
+    otherwise completing it would mix two versions of the input or of the graph, so stop and say why.
     """
+    if pending.job_hash is not None and pending.job_hash != job_hash:
+        committed = committed_tables(lake, pending.run_id)
+        if not committed:
+            log.warning("%s: dropping %s %s: the job spec changed since and it committed nothing", source,
+                        pending.origin, pending.run_id)
+            return None
+        raise LakeError(
+            f"{source}: run {pending.run_id} ({pending.origin}) committed {', '.join(committed)} in {lake.root} "
+            f"but did not finish, and the job spec changed since (job hash {pending.job_hash} -> {job_hash}). "
+            "Completing it with the edited spec would mix outputs of two graphs: restore the spec it started with "
+            "and re-run the job to complete it, then apply the edit."
+        )
     by_identity = {file_identity(f): f for f in listed}
     missing = [identity for identity in pending.inputs if identity not in by_identity]
     if not missing:

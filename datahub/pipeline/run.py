@@ -144,7 +144,7 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
     graph = build_graph(spec, source=source)
     all_files = list_input_files(spec.inputs, source=source)
     if pending is not None:  # complete an interrupted run: its id, its files
-        planned = planned_files(pending, all_files, lake, source=source)
+        planned = planned_files(pending, all_files, lake, source=source, job_hash=spec.job_hash())
         run_id, files = pending.run_id, planned or []
     else:
         history = previous_runs(lake, spec.name)
@@ -157,7 +157,7 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
         run_id = compute_run_id(spec, files, last_run_id, full)
     # The plan goes into the lease before anything is committed: a run that takes over this
     # lease after a SIGKILL completes exactly this run.
-    lease.update(run_id=run_id, inputs=[list(file_identity(f)) for f in files], run_full=full)
+    lease.update(run_id=run_id, inputs=[list(file_identity(f)) for f in files], run_full=full, job_hash=spec.job_hash())
     result = RunResult(run_id, spec.name, "succeeded", lake.root, inputs=[f.uri for f in files])
     if not files:
         result.status = "skipped"
@@ -196,7 +196,7 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
             if staged is not None:
                 versions[table_name] = staged.commit(lake, table_name, txn=run_id,
                                                      metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
-                if versions[table_name] is None:  # committed before a crash: record that version
+                if versions[table_name] is None and lake.applied(table_name, run_id):  # committed before a crash
                     versions[table_name] = committed_version(lake, table_name, run_id)
                 checkpoint(f"after_commit:{table_name}")
         result.stats = {name: s.as_dict() for name, s in sinks.items() if isinstance(s, StatsSink)}
@@ -250,7 +250,6 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
     sinks: dict[str, Any] = {}
     if fan_out[INGEST_NODE] > 1:
         frames[INGEST_NODE] = frames[INGEST_NODE].materialize()
-    first_samples = True
     for name in graph.order:
         node = graph.nodes[name]
         frame = frames[node.upstream[0]]
@@ -261,9 +260,8 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
         elif isinstance(node.operator, GlobalOperator):
             frame = node.operator.apply(frame, context)
         elif node.sink == "samples":
-            sink = drain_samples(frame, context, f"{staging}/{name}", node_ops, table=node.table or "samples",
-                                 write_ingested=first_samples)  # Spark: executors write the tables' files
-            first_samples = False
+            # one samples sink per graph (graph.py): Spark executors write the tables' files
+            sink = drain_samples(frame, context, f"{staging}/{name}", node_ops, table=node.table or "samples")
             sinks[name] = (node.table or "samples", sink)
             continue
         elif node.sink == "stats":
@@ -287,7 +285,9 @@ def _commit_staged(lake: Lake, table: str, staged: Any, run_id: str, spec: JobSp
                    *, replace: str | None = None) -> int | None:
     version = staged.commit(lake, table, txn=run_id, metadata={"datahub.run_id": run_id, "datahub.job": spec.name},
                             empty_schema=schema, replace=replace)  # Lake.commit, or add actions for executor files
-    return committed_version(lake, table, run_id) if version is None else version  # None: committed before a crash
+    if version is None and lake.applied(table, run_id):  # committed before a crash: record that version
+        return committed_version(lake, table, run_id)
+    return version
 
 
 def _commit_run_row(lake: Lake, spec: JobSpec, graph: Graph, result: RunResult, files: list[InputFile],

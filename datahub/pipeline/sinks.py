@@ -284,7 +284,6 @@ class SamplesSink:
         self.quarantine = _Staged(self.staging_dir, "quarantine")
         self.lineage = _Staged(self.staging_dir, "lineage")
         self.splitter = SampleSplitter(self.run_id, self.node_ops, self.write_ingested)
-        self.ts = self.splitter.ts
 
     def consume(self, batches: Iterable[pa.Table], progress: object = None) -> None:
         for batch in batches:

@@ -93,8 +93,7 @@ def _near(rows: pa.Table, *, threshold: float, verify: bool) -> tuple[pa.Table, 
     try:
         from datahub.engines.arrow import ArrowFrame
         from operators.dedup.clustering import CLUSTER_ID, KEEPER, QUALITY_SCORE, near_duplicate_clusters
-        from operators.dedup.lsh import optimal_bands
-        from operators.dedup.minhash import MinHasher
+        from operators.dedup.minhash_op import MinhashDedup
         from operators.dedup.params import MinhashDedupParams
         from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
     except ImportError as exc:
@@ -104,10 +103,9 @@ def _near(rows: pa.Table, *, threshold: float, verify: bool) -> tuple[pa.Table, 
         params = MinhashDedupParams(threshold=threshold)
     except ValueError as exc:
         raise ReleaseError(f"--threshold {threshold}: {exc}") from None
+    operator = MinhashDedup(params)  # the operator's hasher and banding, so merge and pipeline dedup alike
     normalization = params.normalization.build()
-    minhasher = MinHasher(num_perm=params.num_perm, seed=params.seed, scheme=params.scheme, shingle=params.shingle,
-                          ngram=params.ngram, normalization=normalization)
-    bands, band_rows = optimal_bands(params.threshold, params.num_perm)
+    minhasher, bands, band_rows = operator.minhasher, operator.bands, operator.rows
     # The keep rule of clustering.choose_keepers takes the highest quality_score: the earliest row.
     documents = pa.table({"sample_id": rows.column("sample_id"), "text": rows.column("text"),
                           QUALITY_SCORE: pc.negate(pc.cast(rows.column(_ROW), pa.float64()))})

@@ -148,3 +148,16 @@ def test_concurrent_writers_creating_a_new_table_lose_nothing(tmp_path):
     counts = lake.read("shared").group_by("txn").aggregate([("txn", "count")]).to_pylist()
     assert {c["txn"]: c["txn_count"] for c in counts} == {f"w{i}": 10 for i in range(4)}
     assert lake.schema_version("shared") == SCHEMA_VERSION
+
+
+def test_processes_that_read_a_table_exit_cleanly(tmp_path):
+    """Reading through delta-rs's filesystem handler aborted ~1 in 3 short processes at exit
+    ("terminate called without an active exception"); Lake reads through pyarrow's own."""
+    import subprocess
+    import sys
+
+    Lake(tmp_path).commit("t", pa.table({"a": list(range(1000)), "b": ["x"] * 1000}), txn="t1")
+    script = f"from datahub.lake import Lake\nassert Lake({str(tmp_path)!r}).read('t').num_rows == 1000\n"
+    statuses = [subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+                for _ in range(10)]
+    assert [s.returncode for s in statuses] == [0] * 10, [s.stderr[-300:] for s in statuses if s.returncode]

@@ -25,6 +25,7 @@ import pytest
 from datahub.cli.commands.runs import list_runs
 from datahub.config.spec import validate_job_spec
 from datahub.engines.arrow import ArrowEngine
+from datahub.errors import LakeError
 from datahub.lake import Lake
 from datahub.pipeline.faults import KILL_AT_ENV
 from datahub.pipeline.run import run_job
@@ -274,6 +275,58 @@ def test_new_input_between_kill_and_rerun(point, tmp_path):
     clean_state = lake_state(Lake(clean_root))
     assert [r for r in clean_state["runs"]] == sorted([(first.run_id, "succeeded"), (second.run_id, "succeeded")])
     assert_resumed_like_clean(crash_root, clean_state, job)
+
+
+@pytest.mark.parametrize("point, committed", [("exact_dedup:after_keepers", False), ("after_commit:samples", True)])
+def test_spec_edited_between_kill_and_rerun(point, committed, dedup_corpus, tmp_path):
+    """A run is completed with the spec it started with: an edit is refused while that run has commits,
+    and a run that committed nothing is dropped in favour of the edited spec."""
+    lake_root = tmp_path / "lake"
+    job = write_job(tmp_path / "job.yaml", dedup_job(dedup_corpus, lake_root, qa=False))
+    killed = run_arrow(job, point)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    edited = dedup_job(dedup_corpus, lake_root, qa=False)
+    edited["graph"] = {**edited["graph"], "dedup": {**edited["graph"]["dedup"], "params": {"threshold": 0.9, "verify": True}}}
+    spec = validate_job_spec(edited)
+    if committed:
+        with pytest.raises(LakeError, match="job spec changed since") as info:
+            run_job(spec, engine=ArrowEngine(), source=str(job))
+        assert "committed samples" in str(info.value) and "restore the spec it started with" in str(info.value)
+        # the original spec still completes it
+        result = rerun(job, dedup_corpus, lake_root, qa=False)
+        assert result.status == "succeeded" and result.resumed is None
+    else:
+        result = run_job(spec, engine=ArrowEngine(), source=str(job))
+        assert result.status == "succeeded" and result.resumed is None
+        assert Lake(lake_root).read("runs").column("job_hash").to_pylist() == [spec.job_hash()]
+
+
+def test_failed_run_leaves_its_plan_in_the_lease(corpus, tmp_path, ray_engine, monkeypatch):
+    """An exception (not only a kill) leaves the lease behind, expired, with the plan: the failed
+    runs row is not the only record (writing it may fail too when storage is down)."""
+    from datahub.pipeline.lease import read_lease
+
+    lake_root = tmp_path / "lake"
+    spec = validate_job_spec(job_raw(corpus, lake_root))
+    real_commit = Lake.commit
+
+    def failing_commit(self, name, data, **kwargs):
+        if name in ("lineage", "runs"):  # the failed runs row cannot be written either
+            raise OSError("Generic S3 error: Client error with status 403 Forbidden")
+        return real_commit(self, name, data, **kwargs)
+
+    monkeypatch.setattr(Lake, "commit", failing_commit)
+    with pytest.raises(OSError):
+        run_job(spec, engine=ray_engine)
+    monkeypatch.setattr(Lake, "commit", real_commit)
+    assert not Lake(lake_root).read("runs").num_rows
+    lease = read_lease(Lake(lake_root), spec.name)
+    assert lease is not None and lease.is_stale() and lease.job_hash == spec.job_hash()
+    assert sorted(uri for uri, _, _ in lease.inputs) == sorted(str(p) for p in corpus.glob("*.jsonl"))
+    assert [r["status"] for r in list_runs(str(lake_root))] == ["interrupted"]
+    result = run_job(spec, engine=ray_engine)
+    assert result.status == "succeeded" and result.run_id == lease.run_id
+    assert read_lease(Lake(lake_root), spec.name) is None
 
 
 # Successive invocations die at successive points; new input arrives after the third. `#N`:

@@ -64,6 +64,14 @@ def test_classification_of_storage_errors():
     assert not is_transient_storage_error(FileNotFoundError("no such key"))
     assert not is_transient_storage_error(OSError("Generic S3 error: Client error with status 403 Forbidden"))
     assert not is_transient_storage_error(ValueError("schema mismatch"))
+    from deltalake.exceptions import CommitFailedError, DeltaError
+
+    # what write_deltalake raised when radosgw stayed down longer than object_store's own retries (seen in CI)
+    assert is_transient_storage_error(DeltaError(
+        "Failed to parse parquet: External: Generic S3 error: Error performing PUT http://127.0.0.1:7480/b/x.parquet "
+        "in 5.5s, after 10 retries, max_retries: 10, retry_timeout: 180s  - HTTP error: error sending request"))
+    assert not is_transient_storage_error(DeltaError("Schema error: Invalid data type for Delta Lake: Null"))
+    assert not is_transient_storage_error(CommitFailedError("Transaction failed: version already exists"))
 
     class ClientError(Exception):
         def __init__(self, status):

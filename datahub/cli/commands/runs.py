@@ -25,6 +25,7 @@ def list_runs(root: str, *, job: str | None = None, storage_options: dict[str, s
     table = lake.read("runs")
     rows = table.to_pylist() if table.num_rows else []
     succeeded = {r["run_id"] for r in rows if r["status"] == "succeeded"}
+    recorded = {r["run_id"] for r in rows}
     out: list[dict[str, Any]] = []
     for r in rows:
         if job and r["job_name"] != job:
@@ -51,6 +52,8 @@ def list_runs(root: str, *, job: str | None = None, storage_options: dict[str, s
             continue
         if lease.run_id in succeeded:
             continue  # killed after its runs row: nothing to resume
+        if lease.run_id in recorded and lease.is_stale():
+            continue  # a failed run left its plan behind: its runs row above already says how to resume
         stale = lease.is_stale()
         out.append({
             "run_id": lease.run_id, "job": lease.job, "status": "interrupted" if stale else "running", "engine": None,
