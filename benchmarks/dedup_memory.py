@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="125000,250000,500000,1000000")
     parser.add_argument("--engine", choices=["ray", "spark"], default="ray")
     parser.add_argument("--shards", type=int, default=16)
+    parser.add_argument("--object-store-mb", type=int, default=None, help="engine.object_store_mb (embedded Ray)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
 
@@ -78,7 +79,8 @@ def main() -> None:
             mb = write_shards(work / "in", short_docs(size), args.shards)
             job = work / "job.yaml"
             job.write_text(json.dumps({
-                "name": "bench-dedup-memory", "engine": {"kind": args.engine}, "lake": {"root": str(work / "lake")},
+                "name": "bench-dedup-memory",
+                "engine": {"kind": args.engine, **({"object_store_mb": args.object_store_mb} if args.object_store_mb else {})}, "lake": {"root": str(work / "lake")},
                 "inputs": [{"uri": str(work / "in" / "*.jsonl")}],
                 "graph": {"exact": {"op": "exact_dedup"},
                           "dedup": {"op": "minhash_dedup", "after": ["exact"]},

@@ -32,6 +32,9 @@ class EngineSpec(_Model):
     kind: Literal["ray", "spark"] = "ray"
     address: str | None = Field(None, description="Ray cluster address; None starts an embedded local Ray")
     num_cpus: int | None = Field(None, ge=1, description="CPUs for an embedded engine; None = all")
+    object_store_mb: int | None = Field(
+        None, ge=64, description="embedded Ray: cap on its shared-memory object store (MB); beyond it blocks spill "
+        "to local disk. None = Ray's default (30% of RAM)")
     master: str | None = Field(None, description="Spark master URL; None = local[2]")
     conf: dict[str, str] = Field(default_factory=dict, description="extra Spark conf / Ray init kwargs")
 

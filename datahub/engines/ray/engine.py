@@ -145,6 +145,8 @@ class RayEngine(Engine):
             kwargs["address"] = self.spec.address
         else:
             kwargs["num_cpus"] = self.spec.num_cpus or os.cpu_count() or 1
+            if self.spec.object_store_mb is not None:
+                kwargs["object_store_memory"] = self.spec.object_store_mb * 2**20
         kwargs.update(self.spec.conf)
         ray.init(**kwargs)
         self._started_ray = True
