@@ -39,7 +39,11 @@ def validation_frame(table: pa.Table) -> Any:
 
 def run_expectations(frame: Any, suite: Suite) -> tuple[bool, list[dict[str, Any]]]:
     """Validate ``frame`` against ``suite``; returns (success, one JSON-able dict per expectation)."""
-    import great_expectations as gx
+    import warnings
+
+    with warnings.catch_warnings():  # GX imports pyspark, which warns about pandas 3 on import; we run GX on pandas
+        warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+        import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     present = set(frame.columns)

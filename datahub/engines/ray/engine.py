@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -153,6 +154,8 @@ class RayEngine(Engine):
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # datahub draws its own progress
         ctx.print_on_execution_start = False
+        # one INFO line per executed dataset (a dedup run executes dozens) drowns the run's own summary
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
 
     def stop(self) -> None:
         if self._started_ray:
