@@ -98,10 +98,11 @@ def test_racing_takeovers_have_exactly_one_winner(tmp_path):
 
 def test_lease_on_ceph_s3(ceph_s3):  # noqa: F811
     lake = Lake(f"s3://{ceph_s3.new_bucket('lease')}/lake", storage_options=ceph_s3.storage_options())
-    with JobLease(lake, "demo", ttl_s=0.8) as held:
+    # ttl 3 s, renewed every 0.75 s: wide enough that a slow PUT on a loaded CI machine never lets it lapse
+    with JobLease(lake, "demo", ttl_s=3.0) as held:
         with pytest.raises(RunLockedError, match="already running"):
             JobLease(lake, "demo").acquire()
-        time.sleep(1.2)  # heartbeat renews by conditional PUT (If-Match)
+        time.sleep(4.0)  # outlives the first expiry: only the heartbeat's conditional PUTs (If-Match) keep it
         assert not read_lease(lake, "demo").is_stale()
         assert [lease.owner for lease in list_leases(lake)] == [held.info.owner]
     assert read_lease(lake, "demo") is None
