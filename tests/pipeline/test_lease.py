@@ -57,21 +57,21 @@ def test_lease_of_a_dead_process_on_this_host_is_taken_over(tmp_path):
 
 def test_expired_lease_of_another_host_is_taken_over_and_live_one_is_not(tmp_path):
     lake = Lake(tmp_path / "lake")
-    JobLease(lake, "demo", ttl_s=0.3).acquire()  # never renewed, never released
+    JobLease(lake, "demo", ttl_s=2.0).acquire()  # never renewed, never released (2 s: a loaded CI machine stalls)
     path = tmp_path / "lake" / "_leases" / "demo.json"
     raw = json.loads(path.read_text())
     path.write_text(json.dumps({**raw, "host": "some-other-pod"}, sort_keys=True))
     with pytest.raises(RunLockedError):
         JobLease(lake, "demo").acquire()
-    time.sleep(0.4)
+    time.sleep(2.1)
     JobLease(lake, "demo").acquire().release()
 
 
 def test_heartbeat_keeps_a_short_lease_alive(tmp_path):
     lake = Lake(tmp_path / "lake")
-    with JobLease(lake, "demo", ttl_s=0.4):
+    with JobLease(lake, "demo", ttl_s=1.5):
         first = read_lease(lake, "demo").expires
-        time.sleep(1.0)  # longer than the ttl: only renewals keep it valid
+        time.sleep(2.5)  # longer than the ttl: only renewals (every ttl/4) keep it valid
         current = read_lease(lake, "demo")
         assert current.expires > first and not current.is_stale()
         with pytest.raises(RunLockedError):
