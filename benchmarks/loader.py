@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -62,7 +63,7 @@ def timed(run: Any, repeat: int = 2) -> tuple[float, int]:
     best, count = float("inf"), 0
     for _ in range(repeat):
         start = time.perf_counter()
-        count = run()
+        count = run() or 0
         best = min(best, time.perf_counter() - start)
     return best, count
 
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2000, help="samples per shard")
     parser.add_argument("--text-bytes", type=int, default=6000, help="text size per sample")
     parser.add_argument("--writer", choices=["export", "fixture"], default="export", help="what writes the shards")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the one-worker runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         if args.writer == "export":
@@ -125,30 +127,41 @@ def main() -> None:
             results[name] = seconds
             print(f"{name:<36} {total_mb / seconds:9.1f} MB/s {total_samples / seconds:12.0f} samples/s")
 
+        def check(count: int) -> int:
+            assert count == total_samples, count
+            return count
+
+        one_worker = {  # interleaved: each round times every reader once, so drifts in machine speed hit all alike
+            "raw_read": lambda: raw_read(paths),
+            "webdataset (1 worker)": lambda: check(webdataset_iter(paths, 0)),
+            "ReleaseDataset (1 worker)": lambda: check(release_iter(manifest_path, 0, **LIKE_FOR_LIKE)),
+            "ReleaseDataset defaults (1 worker)": lambda: check(release_iter(manifest_path, 0)),
+        }
+        rounds: list[dict[str, float]] = []
+        for _ in range(args.rounds):
+            rounds.append({name: timed(run, repeat=1)[0] for name, run in one_worker.items()})
+
+        def median_ratio(slow: str, fast: str) -> float:
+            return statistics.median(r[slow] / r[fast] for r in rounds)
+
         print(f"{args.shards} shards ({args.writer}), {total_samples} samples, {total_mb:.1f} MB, "
-              f"text {args.text_bytes} B/sample")
-        report("raw_read", timed(lambda: raw_read(paths), repeat=5)[0])
-        for workers, label in ((0, "1 worker"), (2, "2 workers")):
-            seconds, count = timed(lambda: webdataset_iter(paths, workers))
-            assert count == total_samples, count
-            report(f"webdataset ({label})", seconds)
-            seconds, count = timed(lambda: release_iter(manifest_path, workers, **LIKE_FOR_LIKE))
-            assert count == total_samples, count
-            report(f"ReleaseDataset ({label})", seconds)
-            seconds, count = timed(lambda: release_iter(manifest_path, workers))
-            assert count == total_samples, count
-            report(f"ReleaseDataset defaults ({label})", seconds)
-        speedup = results["webdataset (1 worker)"] / results["ReleaseDataset (1 worker)"]
+              f"text {args.text_bytes} B/sample; one worker: medians of {args.rounds} interleaved rounds")
+        for name in one_worker:
+            report(name, statistics.median(r[name] for r in rounds))
+        for name, run in (("webdataset (2 workers)", lambda: webdataset_iter(paths, 2)),
+                          ("ReleaseDataset (2 workers)", lambda: release_iter(manifest_path, 2, **LIKE_FOR_LIKE)),
+                          ("ReleaseDataset defaults (2 workers)", lambda: release_iter(manifest_path, 2))):
+            seconds, count = timed(run)
+            report(name, seconds)
+            check(count)
         speedup2 = results["webdataset (2 workers)"] / results["ReleaseDataset (2 workers)"]
-        fraction = results["raw_read"] / results["ReleaseDataset (1 worker)"]
-        defaults = results["webdataset (1 worker)"] / results["ReleaseDataset defaults (1 worker)"]
         defaults2 = results["webdataset (2 workers)"] / results["ReleaseDataset defaults (2 workers)"]
         print(f"speedup_vs_webdataset_2_workers: {speedup2:.2f}")
         print(f"speedup_vs_webdataset_2_workers_with_shuffle_and_sha256: {defaults2:.2f}")
-        print(f"speedup_vs_webdataset_with_shuffle_and_sha256: {defaults:.2f}")
-        print(f"speedup_vs_webdataset: {speedup:.2f}")
-        print(f"fraction_of_raw_read: {fraction:.3f}")
-
+        print(f"speedup_vs_webdataset_with_shuffle_and_sha256: "
+              f"{median_ratio('webdataset (1 worker)', 'ReleaseDataset defaults (1 worker)'):.2f}")
+        print(f"speedup_vs_webdataset: {median_ratio('webdataset (1 worker)', 'ReleaseDataset (1 worker)'):.2f}")
+        print(f"fraction_of_raw_read: {median_ratio('raw_read', 'ReleaseDataset (1 worker)'):.3f}")
 
 if __name__ == "__main__":
     main()

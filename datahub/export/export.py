@@ -28,6 +28,7 @@ from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.export.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.samples import KEY_COLUMN, encode_tar, prepare
 from datahub.export.tar import BLOCK, RECORD, end_of_archive
+from datahub.loader.tar_index import index_member, index_tar
 from datahub.pipeline.faults import checkpoint
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import Tier
@@ -39,6 +40,10 @@ _RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 Progress = Callable[..., None]
+# bounds on the __index__ member's size: key (<= 90 chars) and newline per sample; its header, trailer,
+# extension list and padding once per shard
+_INDEX_PER_SAMPLE = 91
+_INDEX_FIXED = 3 * BLOCK + 255 * 10
 
 
 def parse_size(value: str | int) -> int:
@@ -203,20 +208,34 @@ class _Built:
     start: int
 
 
+def index_reserve(member_bytes: Any, samples: Any) -> Any:
+    """The most bytes the ``__index__`` member of a shard with these members can take: 10 index bytes per
+    member (a member is at least one 512-byte block), a key (<= 90 characters) and newline per sample,
+    and once its header, trailer, extension list (<= 255 names) and padding. Works on ints and arrays."""
+    return _INDEX_FIXED + (member_bytes * 10 + BLOCK - 1) // BLOCK + samples * _INDEX_PER_SAMPLE
+
+
 def _build_shards(rows: pa.Table, release: str, *, first_index: int, first_row: int,
                   shard_size: int | None, shard_samples: int | None) -> Iterator[_Built]:
     """Cut ``rows`` into shards in order. A shard closes before the sample that would take it past
     ``shard_size`` or at ``shard_samples``; a shard holds at least one sample (which alone may be larger).
 
-    The size counts the whole file: the end-of-archive blocks and the padding to a full tar record,
-    so a shard takes samples while ``written + 1024`` stays within ``shard_size`` rounded down to a record."""
+    The size counts the whole file: the ``__index__`` member (see ``datahub.loader.tar_index``), the
+    end-of-archive blocks and the padding to a full tar record, so a shard takes samples while
+    ``written``, ``index_reserve(written, count)`` and 1024 bytes of end blocks stay within
+    ``shard_size`` rounded down to a record."""
     pieces: list[pa.Buffer] = []
     written = count = 0
     index, start = first_index, first_row
-    budget = (shard_size // RECORD) * RECORD - 2 * BLOCK if shard_size is not None else 0  # bytes of members
+    budget = (shard_size // RECORD) * RECORD - 2 * BLOCK - _INDEX_FIXED if shard_size is not None else 0
+
+    def cost(size: Any, samples: Any) -> Any:  # bytes of members plus the most index they can need
+        return size + index_reserve(size, samples) - _INDEX_FIXED
 
     def close() -> _Built:
-        body = b"".join([*pieces, end_of_archive(written)])  # the one copy of the shard's bytes
+        members = b"".join(pieces)
+        embedded = index_member(index_tar(members, where=shard_name(release, index)), len(members))
+        body = b"".join([members, embedded, end_of_archive(len(members) + len(embedded))])
         return _Built(index, shard_name(release, index), body, count, start)
 
     for samples in encode_tar(rows):
@@ -228,8 +247,9 @@ def _build_shards(rows: pa.Table, release: str, *, first_index: int, first_row: 
             if shard_samples is not None:
                 take = min(take, shard_samples - count)
             if shard_size is not None:  # how many of the next samples still fit, by cumulative size
-                limit = offsets[position] + (budget - written)
-                take = min(take, int(np.searchsorted(offsets[position + 1:], limit, side="right")))
+                totals = written + (offsets[position + 1:] - offsets[position])
+                needs = cost(totals, count + np.arange(1, len(totals) + 1))  # grows with every sample taken
+                take = min(take, int(np.searchsorted(needs, budget, side="right")))
             if count == 0:
                 take = max(take, 1)
             if take:

@@ -191,8 +191,9 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         return self._iterate(worker_id, num_workers, first)
 
     def _worker_chunks(self, stream: RankStream, order: EpochOrder, worker_id: int, num_workers: int, first: int
-                       ) -> Iterator[tuple[list[int], list[int], list[bool], list[int]]]:
-        """This worker's samples in chunks: (shard ids, sample indexes, padding flags, per-item sample counts)."""
+                       ) -> Iterator[tuple[list[int], list[int], list[bool], list[int], list[int]]]:
+        """This worker's samples in chunks: (shard ids, sample indexes, padding flags, per-item sample counts,
+        run starts), where a run is a stretch of consecutive samples from one shard (the list ends with the length)."""
         size = self.batch_size or 1
         remaining = max(0, len(stream) - self._start)
         total_items = -(-remaining // size)
@@ -209,7 +210,9 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                 counts = np.minimum(size, len(stream) - item_starts)
             positions, padding = stream_positions(stream, offsets)
             shards, indexes = order.lookup(positions)
-            yield shards.tolist(), indexes.tolist(), padding.tolist(), counts.tolist()
+            switches = np.flatnonzero(shards[1:] != shards[:-1]) + 1
+            runs = np.concatenate(([0], switches, [len(shards)])) if len(shards) else np.zeros(1, np.int64)
+            yield shards.tolist(), indexes.tolist(), padding.tolist(), counts.tolist(), runs.tolist()
 
     def _iterate(self, worker_id: int, num_workers: int, first: int) -> Iterator[Any]:
         stream, order = self._stream(), self._order()
@@ -223,7 +226,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
             prefetcher.schedule(dict.fromkeys(upcoming[0]))
         try:
             while upcoming is not None:
-                shards, indexes, padding, counts = upcoming
+                shards, indexes, padding, counts, runs = upcoming
                 upcoming = next(chunks, None)
                 later = set(upcoming[0]) if upcoming is not None else set()
                 if upcoming is not None:
@@ -231,31 +234,34 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                 # a shard is released at the first switch after its last use in this chunk, unless the
                 # next chunk needs it too: at most the shards of one shuffle block stay in memory
                 last_use = dict(zip(shards, range(len(shards))))
-                current, read = -1, None
+                current = -1
                 batch: list[Any] = []
                 item = 0
-                for k, shard, i, pad in zip(range(len(shards)), shards, indexes, padding):
-                    if shard != current:
-                        if current >= 0 and last_use[current] < k and current not in later:
-                            del readers[current]
-                        read = readers.get(shard)
-                        if read is None:
-                            data = prefetcher.take(shard)
-                            read = readers[shard] = decode(index_tar(data, where=names[shard]), memoryview(data), names[shard])
-                            del data  # the reader holds the shard now; a release frees it
-                        current = shard
+                for begin, end in zip(runs, runs[1:]):  # one shard per run: the per-sample loop is one map
+                    shard = shards[begin]
+                    if current >= 0 and last_use[current] < begin and current not in later:
+                        del readers[current]
+                    read = readers.get(shard)
+                    if read is None:
+                        data = prefetcher.take(shard)
+                        read = readers[shard] = decode(index_tar(data, where=names[shard]), memoryview(data), names[shard])
+                        del data  # the reader holds the shard now; a release frees it
+                    current = shard
                     if batch_size is None:
-                        sample = read(i, pad)  # type: ignore[misc]
-                        self._consumed += 1
-                        yield sample
+                        for sample in map(read, indexes[begin:end], padding[begin:end]):
+                            self._consumed += 1
+                            yield sample
                         continue
-                    batch.append(read(i, pad))  # type: ignore[misc]
-                    if len(batch) == counts[item]:
-                        self._consumed += len(batch)
-                        self._worker_items += 1
-                        item += 1
-                        out, batch = batch, []
-                        yield out
+                    while begin < end:
+                        stop = min(end, begin + counts[item] - len(batch))
+                        batch.extend(map(read, indexes[begin:stop], padding[begin:stop]))
+                        begin = stop
+                        if len(batch) == counts[item]:
+                            self._consumed += len(batch)
+                            self._worker_items += 1
+                            item += 1
+                            out, batch = batch, []
+                            yield out
                 for shard in [s for s in readers if s not in later]:
                     del readers[shard]
         finally:

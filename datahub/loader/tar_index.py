@@ -1,7 +1,11 @@
 """Index a tar shard held in one buffer: sample keys and member (offset, size) slices.
 
 The index gives O(1) random access to any sample of the shard (used for shuffling and for
-resuming mid-shard). Plain ustar shards with ASCII names (what the export contract writes) take a
+resuming mid-shard). Shards written by ``datahub export`` carry their index as the last member,
+``__index__`` (see :func:`index_member`; the webdataset library skips top-level ``__*__`` members as
+metadata), so reading it costs a few small array reads instead of a pass over the shard; its sizes are
+checked against every member header before use, and the shard's sha256 (checked by the loader by
+default) covers it. Other plain ustar shards with ASCII names (what the export contract writes) take a
 vectorized path: numpy parses the size field of every 512-byte block at once, a short loop over
 plain ints follows the header chain, and names are split into key and extension for all members
 together. Anything else (GNU long names 'L', pax 'x'/'g' records, the 155-byte ustar prefix,
@@ -11,6 +15,7 @@ non-ASCII names, base-256 or space-padded sizes, damaged shards) takes the gener
 from __future__ import annotations
 
 import mmap
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +24,10 @@ import numpy as np
 from datahub.errors import IntegrityError
 
 BLOCK = 512
+RECORD = 20 * BLOCK  # tar's default record size: the end of archive is padded to it
+INDEX_NAME = "__index__"
+_INDEX_MAGIC = b"DHTIDX01"
+_INDEX_TRAILER = struct.Struct("<QQQQ")  # members, key bytes, extension bytes, header block of the index member
 _REGULAR = (0x30, 0x00, 0x37)  # '0', NUL, '7'
 _GNU_LONGNAME, _PAX, _PAX_GLOBAL = 0x4C, 0x78, 0x67  # 'L', 'x', 'g'
 # bytes 120..135 of a header as two little-endian words; the size field is bytes 124..134 (11 octal digits)
@@ -74,6 +83,9 @@ class ShardIndex:
 def index_tar(buffer: bytes | bytearray | memoryview | mmap.mmap, *, where: str = "shard") -> ShardIndex:
     """Group consecutive regular members by key (the basename up to its first dot), webdataset-style."""
     array = np.frombuffer(buffer, dtype=np.uint8)
+    index = _index_embedded(array)
+    if index is not None:
+        return index
     index = _index_plain_ustar(array)
     if index is not None:
         return index
@@ -146,6 +158,105 @@ def _index_plain_ustar(array: np.ndarray) -> ShardIndex | None:
         member_offset=(heads + 1) * BLOCK,
         member_size=sizes[heads],
     )
+
+
+def index_member(index: ShardIndex, members_end: int) -> bytes:
+    """The ``__index__`` member (header, payload, padding) for a shard whose members, all in ``index``,
+    fill ``[0, members_end)`` back to back; b"" when the index cannot be embedded (then readers scan).
+
+    Payload, little-endian: member sizes (int64 each), extension codes (uint8 each), new-sample flags
+    (uint8 each: 1 where a member starts a sample), the keys joined by newlines, the extensions joined by
+    newlines, then the trailer: member count, key bytes, extension bytes, the index member's header block
+    (uint64 each) and the magic ``DHTIDX01``, so a reader finds it from the end of the archive.
+    """
+    count = len(index.member_size)
+    keys = "\n".join(index.keys)
+    if (members_end % BLOCK or len(index.extensions) > 255 or not keys.isascii() or "\n" in "".join(index.keys)
+            or any("\n" in ext or not ext.isascii() for ext in index.extensions)):
+        return b""
+    headers = _member_headers(index.member_size)
+    if count and (int(headers[0]) != 0 or int(index.member_offset[0]) != BLOCK
+                  or not np.array_equal(headers + BLOCK, index.member_offset)):
+        return b""  # members not back to back (a skipped member): nothing to embed
+    if _members_end(headers, index.member_size) != members_end:
+        return b""
+    new_sample = np.ones(count, dtype=np.uint8)
+    new_sample[1:] = index.member_sample[1:] != index.member_sample[:-1]
+    extensions = sorted(index.extensions)  # canonical: the same bytes whichever parser built the index
+    recode = np.asarray([extensions.index(ext) for ext in index.extensions], dtype=np.uint8)
+    key_bytes, ext_bytes = keys.encode("ascii"), "\n".join(extensions).encode("ascii")
+    payload = b"".join((index.member_size.astype("<i8").tobytes(), recode[index.member_ext].tobytes(),
+                        new_sample.tobytes(), key_bytes, ext_bytes,
+                        _INDEX_TRAILER.pack(count, len(key_bytes), len(ext_bytes), members_end // BLOCK), _INDEX_MAGIC))
+    from datahub.export.tar import member_bytes  # the one ustar header writer
+
+    return member_bytes(INDEX_NAME, payload)
+
+
+def _member_headers(sizes: np.ndarray) -> np.ndarray:
+    """Byte offsets of the headers of members of ``sizes`` stored back to back from offset 0."""
+    spans = BLOCK + ((sizes + BLOCK - 1) // BLOCK) * BLOCK
+    headers = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(spans[:-1], out=headers[1:])
+    return headers
+
+
+def _members_end(headers: np.ndarray, sizes: np.ndarray) -> int:
+    if not len(sizes):
+        return 0
+    return int(headers[-1]) + BLOCK + ((int(sizes[-1]) + BLOCK - 1) // BLOCK) * BLOCK
+
+
+def _index_embedded(array: np.ndarray) -> ShardIndex | None:
+    """The index stored in the shard's ``__index__`` member, or None when it has none (or it does not match
+    the member headers, which then get parsed)."""
+    length = len(array)
+    if length < 2 * BLOCK or length % BLOCK:
+        return None
+    tail_start = max(0, length - RECORD - 3 * BLOCK)
+    nonzero = np.flatnonzero(array[tail_start:])
+    if not len(nonzero):
+        return None
+    end = tail_start + int(nonzero[-1]) + 1  # the payload ends with the magic, followed only by zeros
+    trailer = end - len(_INDEX_MAGIC) - _INDEX_TRAILER.size
+    if trailer < BLOCK or array[end - len(_INDEX_MAGIC) : end].tobytes() != _INDEX_MAGIC:
+        return None
+    count, key_bytes, ext_bytes, header_block = _INDEX_TRAILER.unpack(array[trailer : end - len(_INDEX_MAGIC)].tobytes())
+    payload = 10 * count + key_bytes + ext_bytes + _INDEX_TRAILER.size + len(_INDEX_MAGIC)
+    start = header_block * BLOCK
+    if start + BLOCK + payload != end or count > start // BLOCK:
+        return None
+    head = array[start : start + BLOCK].tobytes()
+    if head[:100].rstrip(b"\0") != INDEX_NAME.encode() or head[156] not in _REGULAR or _octal(head[124:136], "") != payload:
+        return None
+    data = start + BLOCK
+    sizes = np.frombuffer(array, dtype="<i8", count=count, offset=data).astype(np.int64)
+    ext_codes = array[data + 8 * count : data + 9 * count].astype(np.int64)
+    new_sample = array[data + 9 * count : data + 10 * count].astype(bool)
+    text = array[data + 10 * count : data + 10 * count + key_bytes + ext_bytes].tobytes()
+    try:
+        keys = text[:key_bytes].decode("ascii").split("\n") if key_bytes else []
+        extensions = tuple(text[key_bytes:].decode("ascii").split("\n")) if ext_bytes else ()
+    except UnicodeDecodeError:
+        return None
+    if (sizes < 0).any():
+        return None
+    headers = _member_headers(sizes)
+    if _members_end(headers, sizes) != start or (count and (not new_sample[0] or int(ext_codes.max()) >= len(extensions))):
+        return None
+    member_sample = np.cumsum(new_sample) - 1
+    if (member_sample[-1] + 1 if count else 0) != len(keys):
+        return None
+    words = np.frombuffer(array, dtype="<u8", count=start // 8).reshape(-1, BLOCK // 8)  # 64 words per block
+    rows = headers // BLOCK
+    low, high = words[rows, 15], words[rows, 16]  # bytes 120..135 of every member header: its size field
+    plain = ((low & _DIGITS_MASK[0]) == _DIGITS_WANT[0]) & ((high & _DIGITS_MASK[1]) == _DIGITS_WANT[1])
+    if not plain.all() or not np.array_equal(_octal_words(low, high), sizes):
+        return None
+    if not np.isin((words[rows, 19] >> np.uint64(32)) & np.uint64(0xFF), _REGULAR).all():  # byte 156: typeflag
+        return None
+    return ShardIndex(keys=keys, extensions=extensions, member_sample=member_sample, member_ext=ext_codes,
+                      member_offset=headers + BLOCK, member_size=sizes)
 
 
 def _octal_words(low: np.ndarray, high: np.ndarray) -> np.ndarray:

@@ -54,6 +54,8 @@ def _tar_samples(path) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     with tarfile.open(path) as tar:
         for member in tar.getmembers():
+            if member.name == "__index__":
+                continue
             key = member.name.split(".", 1)[0]
             size = 512 + -(-member.size // 512) * 512
             if out and out[-1][0] == key:
@@ -72,6 +74,7 @@ def test_export_a_release_by_name_with_a_shard_size(tmp_path) -> None:
     """`export RELEASE` resolves a real `release create`; --shard-size 40KB bounds every whole shard file."""
     import tarfile
 
+    from datahub.export.export import index_reserve
     from datahub.export.tar import RECORD
 
     lake = str(tmp_path / "lake")
@@ -94,10 +97,13 @@ def test_export_a_release_by_name_with_a_shard_size(tmp_path) -> None:
     for i, shard in enumerate(shards):
         assert shard["size"] <= 40_000 and shard["size"] % RECORD == 0
         assert len(samples[i]) == shard["samples"]
-        if i + 1 < len(shards):  # full: the next shard's first sample would not have fit
-            assert sum(size for _, size in samples[i]) + samples[i + 1][0][1] + 1024 > budget
+        if i + 1 < len(shards):  # full: the next shard's first sample, with its index bytes, would not have fit
+            members = sum(size for _, size in samples[i]) + samples[i + 1][0][1]
+            assert members + index_reserve(members, len(samples[i]) + 1) + 1024 > budget
     with tarfile.open(tmp_path / "cfs/corpus-v1" / shards[0]["name"]) as tar:
-        assert tar.getnames()[:2] == [f"{samples[0][0][0]}.txt", f"{samples[0][0][0]}.json"]
+        names = tar.getnames()
+        assert names[:2] == [f"{samples[0][0][0]}.txt", f"{samples[0][0][0]}.json"]
+        assert names[-1] == "__index__"  # the embedded index (datahub.loader.tar_index), last
 
 
 def test_shuffle_seed_orders_samples_reproducibly(tmp_path) -> None:

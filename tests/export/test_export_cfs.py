@@ -70,7 +70,8 @@ def test_members_are_readable_by_webdataset_and_tar(tmp_path) -> None:
     assert seen == 30
     names = subprocess.run(["tar", "tf", manifest.shards[0].replicas["cfs"]], capture_output=True, text=True,
                            check=True).stdout.split()
-    assert len(names) == 30 and [n.split(".")[0] for n in names[0:3]] == [names[0].split(".")[0]] * 3
+    assert len(names) == 31 and [n.split(".")[0] for n in names[0:3]] == [names[0].split(".")[0]] * 3
+    assert names[-1] == "__index__"  # the embedded shard index, which webdataset skipped above as metadata
 
 
 def test_shard_size_bounds_every_shard_but_the_single_sample_case(tmp_path) -> None:

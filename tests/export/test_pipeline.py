@@ -15,7 +15,9 @@ import datahub.export.export as export_module
 from datahub.errors import IntegrityError, SpecError
 from datahub.export import export_table_version, read_lake_manifest
 from datahub.export.samples import encode, prepare
+from datahub.export.export import index_reserve
 from datahub.export.tar import RECORD, end_of_archive, header, member_blocks, member_bytes
+from datahub.loader.tar_index import _index_general, index_member
 from datahub.storage.tier import Tier
 from tests.export.helpers import cfs_storage, make_lake, samples_table
 
@@ -26,20 +28,29 @@ def _export(lake, version, storage, release="rel-v1", **kw):
 
 
 def _reference_shards(table: pa.Table, *, shard_size: int | None, shard_samples: int | None) -> list[bytes]:
-    """The per-row writer the export used before Arrow framing: member_bytes per member, same cut rule."""
+    """The per-row writer the export used before Arrow framing: member_bytes per member, same cut rule
+    (members, the bound on the index member and the end blocks fit in the size), then the index member."""
+
+    def close(parts: list[bytes]) -> bytes:
+        members = b"".join(parts)
+        embedded = index_member(_index_general(members, "reference"), len(members))
+        assert embedded, "every exported shard embeds its index"
+        return members + embedded + end_of_archive(len(members) + len(embedded))
+
     shards, parts, written, count = [], [], 0, 0
     for key, members in encode(table):
         sample = b"".join(member_bytes(f"{key}.{ext}", payload) for ext, payload in members)
+        total = written + len(sample)
         full = (shard_samples is not None and count >= shard_samples) or (
-            shard_size is not None and written + len(sample) + 1024 > shard_size // RECORD * RECORD)
+            shard_size is not None and total + index_reserve(total, count + 1) + 1024 > shard_size // RECORD * RECORD)
         if count and full:
-            shards.append(b"".join(parts) + end_of_archive(written))
+            shards.append(close(parts))
             parts, written, count = [], 0, 0
         parts.append(sample)
         written += len(sample)
         count += 1
     if count:
-        shards.append(b"".join(parts) + end_of_archive(written))
+        shards.append(close(parts))
     return shards
 
 

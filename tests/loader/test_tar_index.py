@@ -145,3 +145,77 @@ def test_damaged_size_field_is_an_integrity_error_from_both_paths() -> None:
     data[124:135] = b"0000000zz00"
     with pytest.raises(IntegrityError, match="non-octal size"):
         index_tar(bytes(data), where="x.tar")
+
+
+def _members(index) -> list[tuple[str, str, int, int]]:
+    """(key, extension, offset, size) per member: comparable whatever the extension codes are."""
+    return [(index.keys[s], index.extensions[e], o, z) for s, e, o, z in zip(
+        index.member_sample.tolist(), index.member_ext.tolist(), index.member_offset.tolist(), index.member_size.tolist())]
+
+
+def _indexed_shard(samples: int) -> tuple[bytes, int]:
+    """A shard as the export writes it: members, the ``__index__`` member, end of archive; and where the index starts."""
+    from datahub.export.tar import end_of_archive, member_bytes
+    from datahub.loader.tar_index import index_member
+
+    parts = []
+    for i in range(samples):
+        key = f"k{i:04d}"
+        parts.append(member_bytes(f"{key}.txt", f"text {i} ".encode() * (i % 7 + 1)))
+        parts.append(member_bytes(f"{key}.json", b"{}"))
+        if i % 3 == 0:
+            parts.append(member_bytes(f"{key}.png", bytes(range(256)) * (i % 4)))
+    members = b"".join(parts)
+    embedded = index_member(_index_plain_ustar(np.frombuffer(members, np.uint8)), len(members))  # type: ignore[arg-type]
+    assert embedded
+    return members + embedded + end_of_archive(len(members) + len(embedded)), len(members)
+
+
+def test_embedded_index_equals_a_scan_of_the_members_and_tarfile_webdataset_skip_nothing_else() -> None:
+    from datahub.loader.tar_index import _index_embedded
+
+    data, _ = _indexed_shard(40)
+    embedded = _index_embedded(np.frombuffer(data, np.uint8))
+    assert embedded is not None  # index_tar takes this path for exported shards
+    assert _members(embedded) == _members(_index_general(data, "x.tar")) == _members(index_tar(data))
+    assert embedded.keys == [f"k{i:04d}" for i in range(40)]
+    assert embedded.bounds("png")[0][1] == -1 and embedded.bounds("png")[0][0] >= 0
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        names = tar.getnames()
+    assert names[-1] == "__index__" and len(names) == 40 * 2 + 14 + 1
+
+
+def test_a_damaged_or_foreign_embedded_index_is_not_trusted() -> None:
+    """Only an index whose sizes match every member header is used; otherwise the headers are parsed."""
+    from datahub.loader.tar_index import _index_embedded
+
+    data, index_start = _indexed_shard(12)
+    scanned = _members(_index_general(data, "x.tar"))
+    payload = index_start + 512
+    damaged = []
+    size_in_index = bytearray(data)  # the index says member 3 is one byte longer than its header does
+    size_in_index[payload + 3 * 8] += 1
+    damaged.append(size_in_index)
+    size_in_header = bytearray(data)  # a member header changed after the index was written
+    size_in_header[512 + 512 + 134] = ord("7") if size_in_header[512 + 512 + 134] != ord("7") else ord("6")
+    damaged.append(size_in_header)
+    magic = bytearray(data)
+    magic[data.rstrip(b"\0").__len__() - 1] ^= 0xFF
+    damaged.append(magic)
+    count = bytearray(data)  # the trailer's member count
+    count[len(data.rstrip(b"\0")) - 40] += 1
+    damaged.append(count)
+    for broken in damaged:
+        assert _index_embedded(np.frombuffer(bytes(broken), np.uint8)) is None
+    for broken in damaged[2:]:  # members untouched: the scan gives the same index
+        assert _members(index_tar(bytes(broken))) == scanned
+
+
+def test_index_member_refuses_members_that_are_not_back_to_back() -> None:
+    from datahub.export.tar import member_bytes
+    from datahub.loader.tar_index import index_member
+
+    members = member_bytes("a.txt", b"x") + member_bytes("noext", b"y") + member_bytes("b.txt", b"z")
+    index = _index_general(members, "x.tar")
+    assert index.keys == ["a", "b"]
+    assert index_member(index, len(members)) == b""  # the member without an extension has no place in it
