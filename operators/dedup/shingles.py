@@ -123,6 +123,7 @@ class ShingleHasher:
         self._position_constants = np.array(position_constants(ngram), dtype=np.uint64)
         self._powers = np.ones(1, dtype=np.uint64)
         self._inverse_powers = np.ones(1, dtype=np.uint64)
+        self._power_sums = np.zeros(1, dtype=np.uint64)  # [L] = sum_{j<L} B**j: the "+1" of every byte of a length-L string
 
     def _ensure_powers(self, length: int) -> None:
         if len(self._powers) >= length:
@@ -131,6 +132,7 @@ class ShingleHasher:
         base = np.full(size, TOKEN_BASE, dtype=np.uint64)
         base[0] = 1
         self._powers = np.cumprod(base, dtype=np.uint64)  # wraps mod 2**64 by design
+        self._power_sums = np.concatenate([[np.uint64(0)], np.cumsum(self._powers, dtype=np.uint64)])
         base[1:] = _TOKEN_BASE_INV
         self._inverse_powers = np.cumprod(base, dtype=np.uint64)
 
@@ -157,10 +159,8 @@ class ShingleHasher:
         self._ensure_powers(length + 1)
         prefix = np.empty(length + 1, dtype=np.uint64)
         prefix[0] = 0
-        weighted = data.astype(np.uint64)
-        weighted += np.uint64(1)
-        weighted *= self._powers[:length]
-        np.cumsum(weighted, out=prefix[1:])
+        # sum_j s[j] * B**j: one pass (uint8 times uint64); the "+ 1" per byte is added per substring below
+        np.cumsum(np.multiply(data, self._powers[:length], dtype=np.uint64), out=prefix[1:])
         doc_starts = offsets[:-1][offsets[:-1] < offsets[1:]]  # non-empty documents only
         if self.kind == "word":
             return self._word_shingles(data, offsets, doc_starts, prefix)
@@ -169,13 +169,16 @@ class ShingleHasher:
     def _substring_hashes(self, prefix: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
         hashes = prefix[ends] - prefix[starts]
         hashes *= self._inverse_powers[starts]
+        hashes += self._power_sums[ends - starts]  # sum_j (s[j] + 1) * B**j = sum_j s[j] * B**j + sum_j B**j
         return hashes
 
     def _word_shingles(
         self, data: np.ndarray, offsets: np.ndarray, doc_starts: np.ndarray, prefix: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         n = self.ngram
-        in_token = ~_IS_WHITESPACE[data]
+        whitespace = data == 32  # space, or \t \n \v \f \r (bytes 9..13): two SIMD compares, no table lookup
+        whitespace |= (data - np.uint8(9)) <= 4
+        in_token = ~whitespace
         previous = np.empty_like(in_token)
         previous[0] = False
         previous[1:] = in_token[:-1]
@@ -201,14 +204,21 @@ class ShingleHasher:
         first = np.arange(total, dtype=np.int64)
         first += np.repeat(token_offsets[:-1] - shingle_offsets[:-1], shingle_counts)
         padded = np.concatenate([token_hashes, np.zeros(n, np.uint64)])
-        combined = padded[first] * self._position_constants[0]
-        short = token_counts < n
-        window = np.repeat(np.minimum(token_counts, n), shingle_counts) if short.any() else None
+        # Every window of n consecutive tokens, by shifted slices (no gathers), then the shingles' windows.
+        count = len(token_hashes)
+        windows = padded[:count] * self._position_constants[0]
         for k in range(1, n):
-            term = padded[first + k] * self._position_constants[k]
-            if window is not None:
-                term *= (window > k).astype(np.uint64)
-            combined += term
+            windows += padded[k : k + count] * self._position_constants[k]
+        combined = windows[first] if total else np.empty(0, np.uint64)
+        short = np.flatnonzero((token_counts < n) & (token_counts > 0))
+        if len(short):  # fewer tokens than n: one shingle of all of them (the slices ran into the next document)
+            start, size = token_offsets[short], token_counts[short]
+            value = np.zeros(len(short), np.uint64)
+            for k in range(n):
+                term = padded[np.minimum(start + k, count)] * self._position_constants[k]
+                term *= (size > k).astype(np.uint64)
+                value += term
+            combined[shingle_offsets[short]] = value
         return fmix64(combined), shingle_offsets
 
     def _char_shingles(

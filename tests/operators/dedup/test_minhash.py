@@ -17,11 +17,14 @@ DOCS = [
 ]
 
 
-@pytest.mark.parametrize("scheme,mask", [("affine32", 0xFFFFFFFF), ("affine64", (1 << 64) - 1)])
-def test_signatures_equal_datasketch_with_the_same_hash_and_seed(scheme, mask):
-    ours = MinHasher(num_perm=128, seed=7, scheme=scheme).signatures(pa.array(DOCS))
+@pytest.mark.parametrize("scheme,mask,num_perm", [("affine32", 0xFFFFFFFF, 128), ("affine64", (1 << 64) - 1, 128),
+                                                   ("affine32", 0xFFFFFFFF, 13), ("affine32", 0xFFFFFFFF, 5)])
+def test_signatures_equal_datasketch_with_the_same_hash_and_seed(scheme, mask, num_perm):
+    """num_perm 13 and 5: the kernel's groups of 8 permutations end in a partial group, or are one."""
+    ours = MinHasher(num_perm=num_perm, seed=7, scheme=scheme).signatures(pa.array(DOCS))
     for text, signature in zip(normalize_texts(pa.array(DOCS)).to_pylist(), ours):
-        theirs = datasketch.MinHash(num_perm=128, seed=7, scheme=scheme, hashfunc=lambda s: reference_shingle_hash(s) & mask)
+        theirs = datasketch.MinHash(num_perm=num_perm, seed=7, scheme=scheme,
+                                    hashfunc=lambda s: reference_shingle_hash(s) & mask)
         theirs.update_batch(reference_shingles(text))
         assert theirs.hashvalues.dtype == signature.dtype
         np.testing.assert_array_equal(theirs.hashvalues, signature)

@@ -12,6 +12,9 @@ TEXTS = [
     "a  b\tc\nd e f g",
     None,
     "  leading and trailing  ",
+    "v\x0bf\x0cr\rcontrol\x01bytes\x08are\x0e\x1fword bytes, \x7f too; only 9-13 and 32 split",
+    "ends-in-a-word",
+    "starts-with-a-word right after the previous document",
 ]
 
 
