@@ -11,7 +11,9 @@ Text normalization runs once up front for everyone (excluded for all). Two modes
   datasketch ``update_batch`` with an identity ``hashfunc``.
 
 Prints docs/s and MB/s (of normalized text) per library and mode, then the ratio lines of
-the ``full`` mode: ``speedup_vs_datasketch: X`` and ``speedup_vs_rensa: X``.
+the ``full`` mode: ``speedup_vs_datasketch: X`` and ``speedup_vs_rensa: X``. Every library runs in
+each of ``--rounds`` interleaved rounds (ours and rensa best of ``--repeat``, datasketch once, as
+its run is long); docs/s are medians over rounds, ratios medians of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")  # rensa: one core, like everyon
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -60,7 +63,8 @@ def python_shingles(texts: list[str]) -> list[list[str]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=3000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs per round (datasketch: 1)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians over them")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
@@ -83,13 +87,6 @@ def main() -> None:
             m = datasketch.MinHash(num_perm=NUM_PERM, permutations=perms, scheme="affine32")
             m.update_batch([s.encode() for s in shingles])
 
-    results: dict[str, dict[str, float]] = {"full": {}, "kernel": {}}
-    results["full"]["datahub"] = n / best_of(lambda: ours.signatures(column), args.repeat)
-    results["full"]["rensa"] = n / best_of(
-        lambda: rensa.RMinHash.digest_matrix_from_token_sets(python_shingles(normalized), NUM_PERM, SEED), args.repeat
-    )
-    results["full"]["datasketch"] = len(ds_texts) / best_of(datasketch_full, 1)
-
     hashes, offsets = ours.shingler(column)
     ds_lists = [hashes[offsets[i] : offsets[i + 1]].tolist() for i in range(len(ds_texts))]
 
@@ -98,23 +95,42 @@ def main() -> None:
             m = datasketch.MinHash(num_perm=NUM_PERM, permutations=perms, scheme="affine32", hashfunc=lambda x: x & 0xFFFFFFFF)
             m.update_batch(values)
 
-    results["kernel"]["datahub"] = n / best_of(lambda: ours.signatures_from_hashes(hashes, offsets), args.repeat)
     row_offsets = offsets.astype(np.uint64)
-    results["kernel"]["rensa"] = n / best_of(
-        lambda: rensa.RMinHash.digest_matrix_from_flat_token_hashes(hashes, row_offsets, NUM_PERM, SEED), args.repeat
-    )
-    results["kernel"]["datasketch"] = len(ds_texts) / best_of(datasketch_kernel, 1)
+    runs = {
+        "full": {
+            "datahub": (lambda: ours.signatures(column), args.repeat),
+            "rensa": (lambda: rensa.RMinHash.digest_matrix_from_token_sets(python_shingles(normalized), NUM_PERM, SEED),
+                      args.repeat),
+            "datasketch": (datasketch_full, 1),
+        },
+        "kernel": {
+            "datahub": (lambda: ours.signatures_from_hashes(hashes, offsets), args.repeat),
+            "rensa": (lambda: rensa.RMinHash.digest_matrix_from_flat_token_hashes(hashes, row_offsets, NUM_PERM, SEED),
+                      args.repeat),
+            "datasketch": (datasketch_kernel, 1),
+        },
+    }
+    # Rounds interleave the libraries, so a slow spell of this shared machine hits all of them alike;
+    # docs/s are medians over rounds and each ratio is the median of the per-round ratios.
+    rounds: list[dict[str, dict[str, float]]] = []
+    for _ in range(args.rounds):
+        rounds.append({mode: {name: n / best_of(fn, repeat) for name, (fn, repeat) in libs.items()}
+                       for mode, libs in runs.items()})
+    results = {mode: {name: statistics.median(r[mode][name] for r in rounds) for name in libs}
+               for mode, libs in runs.items()}
+
+    def ratio(mode: str, peer: str) -> float:
+        return statistics.median(r[mode]["datahub"] / r[mode][peer] for r in rounds)
 
     mb_per_doc = megabytes / n
     for mode, label in (("full", "incl. tokenize+shingle+hash"), ("kernel", "shingle hashes precomputed")):
         print(f"\n[{mode}] {label}")
         for name, docs_per_s in results[mode].items():
             print(f"  {name:<11} {docs_per_s:>10,.0f} docs/s  {docs_per_s * mb_per_doc:>7.1f} MB/s")
-        print(f"  ratio vs datasketch: {results[mode]['datahub'] / results[mode]['datasketch']:.1f}x, "
-              f"vs rensa: {results[mode]['datahub'] / results[mode]['rensa']:.2f}x")
+        print(f"  ratio vs datasketch: {ratio(mode, 'datasketch'):.1f}x, vs rensa: {ratio(mode, 'rensa'):.2f}x")
     print()
-    print(f"speedup_vs_datasketch: {results['full']['datahub'] / results['full']['datasketch']:.2f}")
-    print(f"speedup_vs_rensa: {results['full']['datahub'] / results['full']['rensa']:.2f}")
+    print(f"speedup_vs_datasketch: {ratio('full', 'datasketch'):.2f}")
+    print(f"speedup_vs_rensa: {ratio('full', 'rensa'):.2f}")
 
 
 if __name__ == "__main__":

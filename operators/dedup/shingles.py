@@ -38,9 +38,6 @@ TOKEN_BASE = 0x100000001B3  # FNV-1 64-bit prime: odd, so invertible mod 2**64
 _TOKEN_BASE_INV = pow(TOKEN_BASE, -1, 1 << 64)
 _FMIX_M1 = 0xFF51AFD7ED558CCD  # MurmurHash3 fmix64 constants
 _FMIX_M2 = 0xC4CEB9FE1A85EC53
-_WHITESPACE_BYTES = (9, 10, 11, 12, 13, 32)
-_IS_WHITESPACE = np.zeros(256, dtype=bool)
-_IS_WHITESPACE[list(_WHITESPACE_BYTES)] = True
 _TOKEN_PATTERN = re.compile(rb"[^\t\n\v\f\r ]+")
 
 
