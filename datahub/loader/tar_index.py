@@ -221,14 +221,20 @@ def _index_embedded(array: np.ndarray) -> ShardIndex | None:
     trailer = end - len(_INDEX_MAGIC) - _INDEX_TRAILER.size
     if trailer < BLOCK or array[end - len(_INDEX_MAGIC) : end].tobytes() != _INDEX_MAGIC:
         return None
-    count, key_bytes, ext_bytes, header_block = _INDEX_TRAILER.unpack(array[trailer : end - len(_INDEX_MAGIC)].tobytes())
+    fields = array[trailer : end - len(_INDEX_MAGIC)].tobytes()
+    count, key_bytes, ext_bytes, header_block = _INDEX_TRAILER.unpack(fields)
     payload = 10 * count + key_bytes + ext_bytes + _INDEX_TRAILER.size + len(_INDEX_MAGIC)
     start = header_block * BLOCK
     if start + BLOCK + payload != end or count > start // BLOCK:
         return None
     head = array[start : start + BLOCK].tobytes()
-    if head[:100].rstrip(b"\0") != INDEX_NAME.encode() or head[156] not in _REGULAR or _octal(head[124:136], "") != payload:
+    if head[:100].rstrip(b"\0") != INDEX_NAME.encode() or head[156] not in _REGULAR:
         return None
+    try:
+        if _octal(head[124:136], "index") != payload:
+            return None
+    except IntegrityError:
+        return None  # a damaged size field: the header parse reports it
     data = start + BLOCK
     sizes = np.frombuffer(array, dtype="<i8", count=count, offset=data).astype(np.int64)
     ext_codes = array[data + 8 * count : data + 9 * count].astype(np.int64)
@@ -242,7 +248,9 @@ def _index_embedded(array: np.ndarray) -> ShardIndex | None:
     if (sizes < 0).any():
         return None
     headers = _member_headers(sizes)
-    if _members_end(headers, sizes) != start or (count and (not new_sample[0] or int(ext_codes.max()) >= len(extensions))):
+    if _members_end(headers, sizes) != start:
+        return None  # the members it lists do not fill the archive up to the index
+    if count and (not new_sample[0] or int(ext_codes.max()) >= len(extensions)):
         return None
     member_sample = np.cumsum(new_sample) - 1
     if (member_sample[-1] + 1 if count else 0) != len(keys):

@@ -120,7 +120,7 @@ class ShingleHasher:
         self._position_constants = np.array(position_constants(ngram), dtype=np.uint64)
         self._powers = np.ones(1, dtype=np.uint64)
         self._inverse_powers = np.ones(1, dtype=np.uint64)
-        self._power_sums = np.zeros(1, dtype=np.uint64)  # [L] = sum_{j<L} B**j: the "+1" of every byte of a length-L string
+        self._power_sums = np.zeros(1, dtype=np.uint64)  # [L] = sum_{j<L} B**j: the "+1" of each byte of L bytes
 
     def _ensure_powers(self, length: int) -> None:
         if len(self._powers) >= length:
