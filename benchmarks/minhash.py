@@ -6,8 +6,11 @@ Text normalization runs once up front for everyone (excluded for all). Two modes
 - ``full`` (the headline): from normalized text to signatures, *including* tokenizing,
   5-gram shingling and shingle hashing for every library (peers shingle in Python,
   as their users do; rensa gets its fastest batch API, ``digest_matrix_from_token_sets``).
+  Ours is ``MinHasher.signatures``: the compiled numba path (``operators/dedup/accel.py``;
+  its one-time load or compile falls in the first of the best-of runs); ``numpy`` is the same
+  call with ``DATAHUB_MINHASH_NUMBA=0``, printed for reference.
 - ``kernel``: shingle hashes precomputed for everyone (ours), only permute + min:
-  ours ``signatures_from_hashes``, rensa ``digest_matrix_from_flat_token_hashes``,
+  ours ``signatures_from_hashes`` (numpy), rensa ``digest_matrix_from_flat_token_hashes``,
   datasketch ``update_batch`` with an identity ``hashfunc``.
 
 Prints docs/s and MB/s (of normalized text) per library and mode, then the ratio lines of
@@ -24,6 +27,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")  # rensa: one core, like everyon
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -95,10 +99,18 @@ def main() -> None:
             m = datasketch.MinHash(num_perm=NUM_PERM, permutations=perms, scheme="affine32", hashfunc=lambda x: x & 0xFFFFFFFF)
             m.update_batch(values)
 
+    def numpy_path(run: Callable[[], object]) -> None:
+        os.environ["DATAHUB_MINHASH_NUMBA"] = "0"
+        try:
+            run()
+        finally:
+            os.environ.pop("DATAHUB_MINHASH_NUMBA")
+
     row_offsets = offsets.astype(np.uint64)
     runs = {
         "full": {
             "datahub": (lambda: ours.signatures(column), args.repeat),
+            "numpy": (lambda: numpy_path(lambda: ours.signatures(column)), args.repeat),
             "rensa": (lambda: rensa.RMinHash.digest_matrix_from_token_sets(python_shingles(normalized), NUM_PERM, SEED),
                       args.repeat),
             "datasketch": (datasketch_full, 1),

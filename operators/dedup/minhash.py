@@ -27,6 +27,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 
+from operators.dedup import accel
 from operators.dedup.normalize import DEFAULT_NORMALIZATION, Normalization, normalize_texts
 from operators.dedup.shingles import BLOCK_TEXT_BYTES, ShingleHasher, ShingleKind, document_blocks, string_buffers
 
@@ -95,6 +96,11 @@ class MinHasher:
     def signatures(self, texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """``(len(texts), num_perm)`` signatures of raw texts (normalized, then shingled)."""
         data, offsets = string_buffers(normalize_texts(texts, self.normalization))
+        if self.shingler.kind == "word" and accel.enabled():  # the same signatures, compiled (see accel.py)
+            compiled = accel.word_signatures(data, offsets, self.shingler.position_constants, self.a, self.b,
+                                             _scheme_width_dtype(self.scheme)[0])
+            if compiled is not None:
+                return compiled
         out = np.empty((len(offsets) - 1, self.num_perm), dtype=self.dtype)
         # Shingle and permute block by block so the shingle hashes never leave the cache.
         for lo, hi in document_blocks(offsets, BLOCK_TEXT_BYTES):

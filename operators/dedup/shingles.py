@@ -118,6 +118,7 @@ class ShingleHasher:
         self.kind: ShingleKind = kind
         self.ngram = ngram
         self._position_constants = np.array(position_constants(ngram), dtype=np.uint64)
+        self.position_constants = self._position_constants  # read-only use by the compiled path (accel.py)
         self._powers = np.ones(1, dtype=np.uint64)
         self._inverse_powers = np.ones(1, dtype=np.uint64)
         self._power_sums = np.zeros(1, dtype=np.uint64)  # [L] = sum_{j<L} B**j: the "+1" of each byte of L bytes
