@@ -73,4 +73,6 @@ def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None) -> 
     if not is_lake_file(ref):
         return Lake(ref, storage_options=storage_options)
     spec = load_lake_spec(ref)
-    return Lake(spec.root, storage_options={**spec.storage_options, **(storage_options or {})})
+    lake = Lake(spec.root, storage_options={**spec.storage_options, **(storage_options or {})})
+    lake.ref = ref  # hints in messages name the file, so a pasted command gets the storage options too
+    return lake

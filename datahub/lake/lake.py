@@ -47,6 +47,9 @@ class Lake:
             root = os.path.abspath(root)
         self.root = root.rstrip("/")
         self.storage_options: dict[str, str] = dict(storage_options or {})
+        # what a pasted command's --lake should say: the root, or the lake YAML it was opened from (which
+        # carries the storage options a bare root would lack); set by datahub.cli.lake_option.open_lake
+        self.ref = self.root
 
     def __repr__(self) -> str:
         return f"Lake({self.root!r})"

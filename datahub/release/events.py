@@ -89,7 +89,7 @@ def archive_release(lake: Lake, name: str, *, undo: bool = False, reason: str | 
         if is_archived(lake, name) != undo:  # a racer made the same change
             return False
         raise ReleaseError(f"release {name!r} was archived or unarchived by another writer at the same time; "
-                           f"check `datahub tier plan --lake {lake.root}` and retry")
+                           f"check `datahub tier plan --lake {lake.ref}` and retry")
     return True
 
 

@@ -138,7 +138,7 @@ def get_release(lake: Lake, name: str) -> Release:
         close = difflib.get_close_matches(name, known, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ReleaseError(
-            f"no release {name!r} in lake {lake.root}{hint} (list them with: datahub release list --lake {lake.root})"
+            f"no release {name!r} in lake {lake.root}{hint} (list them with: datahub release list --lake {lake.ref})"
         )
     channels = tuple(sorted(c for c, r in channel_pointers(lake).items() if r == name))
     return release_from_row(match.to_pylist()[0], channels)

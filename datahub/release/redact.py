@@ -87,7 +87,7 @@ def redact(
     if not removed.num_rows:
         what = f"source {source_uri!r}" if source_uri and not ids else f"{len(ids)} given sample id(s)"
         raise ReleaseError(f"release {source!r} holds none of the {what}; nothing to redact "
-                           f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.root})")
+                           f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.ref})")
     kept = rows.filter(pc.invert(target))
     removed_ids = pc.unique(removed.column("sample_id"))
     contained_in = releases_containing(lake, sample_ids=sorted(set(ids) | set(removed_ids.to_pylist())),

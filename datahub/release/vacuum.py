@@ -67,7 +67,7 @@ def vacuum(
     for name in drop_releases:
         if name not in names:
             raise ReleaseError(f"--drop-release {name!r}: no such release (list them with: datahub release list "
-                               f"--lake {lake.root})")
+                               f"--lake {lake.ref})")
         if names[name].table != table:
             raise ReleaseError(f"--drop-release {name!r} is frozen on table {names[name].table!r}, not {table!r}; "
                                f"vacuum that table with --table {names[name].table}")

@@ -73,3 +73,22 @@ def test_every_lake_command_accepts_a_lake_file(tmp_path) -> None:
     sample_id = samples_table(1)["sample_id"][0].as_py()
     story = ok("lineage", sample_id, "--lake", str(lake_file), "--json")
     assert sample_id in story and "r1" in story  # released in r1
+
+
+def test_hints_in_messages_name_the_lake_file_a_command_was_given(tmp_path) -> None:
+    """A pasted hint must reach the same lake: with a lake YAML it names the file (which carries the storage
+    options), not the bare root."""
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+    from datahub.release.qa_gate import qa_command
+
+    make_lake(tmp_path / "lake", 2)
+    lake_file = tmp_path / "lake.yaml"
+    lake_file.write_text(f"root: {tmp_path / 'lake'}\nstorage_options: {{timeout: '30'}}\n")
+    assert open_lake(str(lake_file)).ref == str(lake_file)
+    assert open_lake(str(tmp_path / "lake")).ref == str(tmp_path / "lake")
+    assert qa_command(open_lake(str(lake_file)), table="samples") == f"datahub qa {lake_file} --table samples"
+    missing = CliRunner().invoke(app, ["release", "show", "nope", "--lake", str(lake_file)])
+    assert missing.exit_code != 0  # the app raises; datahub's main() prints the message
+    assert f"datahub release list --lake {lake_file})" in missing.output + str(missing.exception)

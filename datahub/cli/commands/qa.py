@@ -12,7 +12,8 @@ from datahub.cli.output import console, print_json
 def register(app: typer.Typer) -> None:
     @app.command("qa")
     def qa(
-        lake: str = typer.Argument(..., help="Lake root: a path or s3://bucket/prefix."),
+        lake: str = typer.Argument(..., help="Lake root (a path or s3://bucket/prefix), or a lake YAML with root + "
+                                               "storage_options."),
         version: Optional[int] = typer.Option(None, "--version", help="Table version to check (default: latest)."),
         suite: list[str] = typer.Option(["samples.v1"], "--suite", help="Suite name under schemas/gx (repeatable)."),
         table: str = typer.Option("samples", "--table", help="Lake table to validate."),
