@@ -178,7 +178,8 @@ def _add_missing_columns(lake: Lake, name: str, schema: pa.Schema, *, txn: str) 
     current = pa.schema(lake.table(name).schema().to_arrow())
     if field_paths(schema) <= field_paths(current):
         return
-    lake.commit(name, schema.empty_table(), txn=f"{txn}/schema", metadata={"datahub.schema_merge": True})
+    # one try: commit_files retries its whole attempt, schema merge included (nested retries would multiply)
+    lake.commit(name, schema.empty_table(), txn=f"{txn}/schema", metadata={"datahub.schema_merge": True}, retry=False)
 
 
 def field_paths(schema: pa.Schema) -> set[str]:

@@ -160,6 +160,7 @@ class Lake:
         predicate: str | None = None,
         row_group_rows: int | None = None,
         max_retries: int = 5,
+        retry: bool = True,
     ) -> int | None:
         """Write ``data`` to table ``name`` as exactly one commit tagged with ``txn``.
 
@@ -168,9 +169,10 @@ class Lake:
         ``mode="overwrite"`` with a ``predicate`` (SQL) replaces only the matching rows.
         ``row_group_rows`` caps Parquet row groups, so readers filtering on a sorted column skip more.
         Transient storage errors are retried with backoff when ``data`` is a ``pa.Table``
-        (a stream cannot be replayed); the txn check makes a retried commit idempotent.
+        (a stream cannot be replayed) and ``retry`` (False: a caller that retries the whole step itself);
+        the txn check makes a retried commit idempotent.
         """
-        attempts = self.retry if isinstance(data, pa.Table) else RetryPolicy(attempts=1)
+        attempts = self.retry if retry and isinstance(data, pa.Table) else RetryPolicy(attempts=1)
 
         def attempt() -> int | None:
             with storage_errors(f"commit {txn} to {self.table_uri(name)}"):

@@ -162,3 +162,21 @@ def test_listing_inputs_retries_storage_errors_instead_of_matching_no_file(caplo
         with pytest.raises(StorageError, match=r"list s3://bucket/in/\*\.jsonl: storage did not answer"):
             list_input_files([spec], source="job.yaml", retry=RetryPolicy(attempts=2, backoff=0.01))
     assert any("attempt 1/2 failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_commit_with_a_schema_merge_is_retried_once_per_attempt_not_squared(tmp_path, monkeypatch):
+    """commit_files retries its whole attempt; the schema-merge commit inside it does not retry again."""
+    from datahub.lake.add_actions import commit_files
+
+    lake = Lake(tmp_path / "lake", retry=RetryPolicy(attempts=3, backoff=0, jitter=0))
+    lake.commit("t", pa.table({"a": [1]}), txn="t0")
+    calls = []
+
+    def outage(*args, **kwargs):
+        calls.append(kwargs["txn"])
+        raise ConnectionError("connection reset by peer")
+
+    monkeypatch.setattr(Lake, "_commit_once", outage)
+    with pytest.raises(StorageError, match="commit t1"):
+        commit_files(lake, "t", [], schema=pa.schema([("a", pa.int64()), ("b", pa.string())]), txn="t1")
+    assert calls == ["t1/schema"] * 3  # 3 attempts, not 3 x 3
