@@ -151,6 +151,11 @@ class RayEngine(Engine):
         kwargs.update(self.spec.conf)
         ray.init(**kwargs)
         self._started_ray = True
+        from ray.util.debug import log_once  # Ray Data's one-time warnings, marked as already shown
+
+        log_once("ray_data_progress_manager_disabled")  # "Progress bars disabled": we turn them off on purpose
+        if not self.spec.address:  # our own running tasks hold the CPUs we gave the embedded Ray
+            log_once("cpu_warning")  # "the Ray cluster currently does not have any available CPUs"
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # datahub draws its own progress
         ctx.print_on_execution_start = False
