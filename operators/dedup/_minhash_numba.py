@@ -81,13 +81,19 @@ def _token_windows(data: Any, start: int, end: int, consts: Any, window: Any, sh
 
 
 @_njit
-def _kernel32(data: Any, offsets: Any, consts: Any, a: Any, b: Any, out: Any) -> None:
-    window = np.zeros(consts.shape[0], np.uint64)
+def _most_shingles(offsets: Any) -> int:
+    """An upper bound on any document's shingle count: one per token, a token per two bytes (plus one)."""
     longest = 0
     for d in range(offsets.shape[0] - 1):
         longest = max(longest, offsets[d + 1] - offsets[d])
-    shingles = np.empty(longest // 2 + 2, np.uint64)  # a shingle per token start at most
-    mixed = np.empty(longest // 2 + 2, np.uint32)
+    return longest // 2 + 2
+
+
+@_njit
+def _kernel32(data: Any, offsets: Any, consts: Any, a: Any, b: Any, out: Any) -> None:
+    window = np.zeros(consts.shape[0], np.uint64)
+    shingles = np.empty(_most_shingles(offsets), np.uint64)
+    mixed = np.empty(shingles.shape[0], np.uint32)
     perms = a.shape[0]
     a32, b32 = a.astype(np.uint32), b.astype(np.uint32)
     for d in range(offsets.shape[0] - 1):
@@ -105,10 +111,7 @@ def _kernel32(data: Any, offsets: Any, consts: Any, a: Any, b: Any, out: Any) ->
 @_njit
 def _kernel64(data: Any, offsets: Any, consts: Any, a: Any, b: Any, out: Any) -> None:
     window = np.zeros(consts.shape[0], np.uint64)
-    longest = 0
-    for d in range(offsets.shape[0] - 1):
-        longest = max(longest, offsets[d + 1] - offsets[d])
-    shingles = np.empty(longest // 2 + 2, np.uint64)
+    shingles = np.empty(_most_shingles(offsets), np.uint64)
     perms = a.shape[0]
     for d in range(offsets.shape[0] - 1):
         made = _token_windows(data, offsets[d], offsets[d + 1], consts, window, shingles)
