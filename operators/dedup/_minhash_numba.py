@@ -95,13 +95,12 @@ def _kernel32(data: Any, offsets: Any, consts: Any, a: Any, b: Any, out: Any) ->
     shingles = np.empty(_most_shingles(offsets), np.uint64)
     mixed = np.empty(shingles.shape[0], np.uint32)
     perms = a.shape[0]
-    a32, b32 = a.astype(np.uint32), b.astype(np.uint32)
     for d in range(offsets.shape[0] - 1):
         made = _token_windows(data, offsets[d], offsets[d + 1], consts, window, shingles)
         for j in range(made):
             mixed[j] = np.uint32(_premix32(shingles[j]))
         for k in range(perms):  # 32-bit lanes: wrapping multiply-add mod 2**32, then the minimum
-            ak, bk = a32[k], b32[k]
+            ak, bk = a[k], b[k]  # uint32
             low = np.uint32(0xFFFFFFFF)
             for j in range(made):
                 low = min(low, np.uint32(ak * mixed[j] + bk))

@@ -44,7 +44,7 @@ def word_signatures(data: np.ndarray, offsets: np.ndarray, position_constants: n
     if n_docs:
         kernels[0 if width == 32 else 1](
             np.ascontiguousarray(data, dtype=np.uint8), np.ascontiguousarray(offsets, dtype=np.int64),
-            np.ascontiguousarray(position_constants, dtype=np.uint64), a.astype(np.uint64), b.astype(np.uint64), out)
+            np.ascontiguousarray(position_constants, dtype=np.uint64), a, b, out)  # a, b: the scheme's dtype
     return out
 
 

@@ -117,8 +117,7 @@ class ShingleHasher:
             raise ValueError(f"ngram must be >= 1, got {ngram}")
         self.kind: ShingleKind = kind
         self.ngram = ngram
-        self._position_constants = np.array(position_constants(ngram), dtype=np.uint64)
-        self.position_constants = self._position_constants  # read-only use by the compiled path (accel.py)
+        self.position_constants = np.array(position_constants(ngram), dtype=np.uint64)  # C_k (also used by accel.py)
         self._powers = np.ones(1, dtype=np.uint64)
         self._inverse_powers = np.ones(1, dtype=np.uint64)
         self._power_sums = np.zeros(1, dtype=np.uint64)  # [L] = sum_{j<L} B**j: the "+1" of each byte of L bytes
@@ -204,16 +203,16 @@ class ShingleHasher:
         padded = np.concatenate([token_hashes, np.zeros(n, np.uint64)])
         # Every window of n consecutive tokens, by shifted slices (no gathers), then the shingles' windows.
         count = len(token_hashes)
-        windows = padded[:count] * self._position_constants[0]
+        windows = padded[:count] * self.position_constants[0]
         for k in range(1, n):
-            windows += padded[k : k + count] * self._position_constants[k]
+            windows += padded[k : k + count] * self.position_constants[k]
         combined = windows[first] if total else np.empty(0, np.uint64)
         short = np.flatnonzero((token_counts < n) & (token_counts > 0))
         if len(short):  # fewer tokens than n: one shingle of all of them (the slices ran into the next document)
             start, size = token_offsets[short], token_counts[short]
             value = np.zeros(len(short), np.uint64)
             for k in range(n):
-                term = padded[np.minimum(start + k, count)] * self._position_constants[k]
+                term = padded[np.minimum(start + k, count)] * self.position_constants[k]
                 term *= (size > k).astype(np.uint64)
                 value += term
             combined[shingle_offsets[short]] = value
