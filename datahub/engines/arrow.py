@@ -36,8 +36,10 @@ class ArrowFrame(Frame):
             outputs = [fn(self.table.schema.empty_table())]
         return self._new(pa.concat_tables(outputs, promote_options="permissive"))
 
-    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> Frame:
-        return self._new(aggregate_table(self.table, keys, aggregations))
+    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]], *,
+                    having: BatchFn | None = None) -> Frame:
+        groups = aggregate_table(self.table, keys, aggregations)
+        return self._new(having(groups) if having is not None else groups)
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> Frame:
         assert isinstance(other, ArrowFrame)

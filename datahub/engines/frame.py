@@ -25,8 +25,13 @@ class Frame(ABC):
         """Apply ``fn`` to each batch; it may change rows and columns."""
 
     @abstractmethod
-    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> Frame:
-        """Group by ``keys``; output columns: the keys plus ``{out: (column, aggregate)}``."""
+    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]], *,
+                    having: BatchFn | None = None) -> Frame:
+        """Group by ``keys``; output columns: the keys plus ``{out: (column, aggregate)}``.
+
+        ``having`` filters or projects the groups where they are computed (e.g. keep keys shared
+        by more than one row), so groups it drops are never stored.
+        """
 
     @abstractmethod
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> Frame:
@@ -39,6 +44,19 @@ class Frame(ABC):
     @abstractmethod
     def materialize(self) -> Frame:
         """Compute now and keep the result, so branches that share it do not recompute it."""
+
+    def reusable(self) -> Frame:
+        """This frame ready to be read several times: materialized, unless it is ``light``."""
+        return self.materialize()
+
+    def light(self) -> Frame:
+        """This frame, marked cheaper to recompute than to hold: ``reusable`` then keeps it lazy.
+
+        For a global operator's output that is a cheap map (a broadcast join, a mark) over
+        blocks it materialized itself: a later operator reading it several times recomputes
+        the map instead of holding a second copy of the documents. Engines may ignore it.
+        """
+        return self
 
     @abstractmethod
     def count(self) -> int: ...

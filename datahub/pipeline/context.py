@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from datahub.config.spec import JobSpec
     from datahub.engines.base import Engine
     from datahub.engines.frame import Frame
+    from datahub.lake.add_actions import StagedFiles
     from datahub.lake.lake import Lake
 
 ProgressFn = Callable[[str, int, int | None], None]  # (stage, done, total or None)
@@ -25,13 +26,18 @@ class RunContext:
     engine: Engine
     full: bool = False
     progress: ProgressFn | None = None
-    # Extra tables a global operator wants committed with this run (e.g. minhash_index),
-    # committed with the run's transaction id after the samples.
-    side_outputs: dict[str, list[Frame | pa.Table]] = field(default_factory=dict)
+    # Extra tables a global operator wants committed with this run (e.g. minhash_index): their
+    # files are written when the operator adds them, committed with the run's id after the samples.
+    side_outputs: dict[str, list[StagedFiles]] = field(default_factory=dict)
     counters: dict[str, Any] = field(default_factory=dict)
 
     def add_side_output(self, table: str, data: Frame | pa.Table) -> None:
-        self.side_outputs.setdefault(table, []).append(data)
+        """Write ``data`` for ``table`` now (uncommitted files), so its blocks can be freed."""
+        from datahub.pipeline.sinks import stage_side_output
+
+        staged = stage_side_output(self, table, data)
+        if staged is not None:
+            self.side_outputs.setdefault(table, []).append(staged)
 
     def report(self, stage: str, done: int, total: int | None = None) -> None:
         if self.progress is not None:

@@ -39,7 +39,7 @@ from datahub.pipeline.ingest import IngestFiles
 from datahub.pipeline.inputs import list_input_files
 from datahub.pipeline.lease import JobLease
 from datahub.pipeline.resume import PendingRun, committed_version, file_identity, pending_run, planned_files
-from datahub.pipeline.sinks import StatsSink, drain_samples, stage_side_output
+from datahub.pipeline.sinks import StatsSink, combined, drain_samples
 from operators.ingest.base import InputFile
 
 
@@ -192,13 +192,11 @@ def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | 
             versions["lineage"] = _commit_staged(lake, "lineage", sink.lineage, run_id, spec, LINEAGE)
             checkpoint("after_commit:lineage")
         for table_name, parts in context.side_outputs.items():
-            staged = stage_side_output(context, table_name, parts)
-            if staged is not None:
-                versions[table_name] = staged.commit(lake, table_name, txn=run_id,
-                                                     metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
-                if versions[table_name] is None and lake.applied(table_name, run_id):  # committed before a crash
-                    versions[table_name] = committed_version(lake, table_name, run_id)
-                checkpoint(f"after_commit:{table_name}")
+            versions[table_name] = combined(parts).commit(lake, table_name, txn=run_id,
+                                                          metadata={"datahub.run_id": run_id, "datahub.job": spec.name})
+            if versions[table_name] is None and lake.applied(table_name, run_id):  # committed before a crash
+                versions[table_name] = committed_version(lake, table_name, run_id)
+            checkpoint(f"after_commit:{table_name}")
         result.stats = {name: s.as_dict() for name, s in sinks.items() if isinstance(s, StatsSink)}
         result.counts["context"] = context.counters
         if spec.qa is not None and spec.qa.table in versions:  # QA gate: recorded in qa_results, never fails the run
@@ -250,15 +248,22 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
     sinks: dict[str, Any] = {}
     if fan_out[INGEST_NODE] > 1:
         frames[INGEST_NODE] = frames[INGEST_NODE].materialize()
-    for name in graph.order:
+    waiting = dict(fan_out)  # consumers not built yet: a frame all consumers hold is dropped here, so its
+    for name in graph.order:  # blocks are freed as soon as the engine no longer needs them
         node = graph.nodes[name]
         frame = frames[node.upstream[0]]
         for other in node.upstream[1:]:
             frame = frame.union(frames[other])
+        for upstream in node.upstream:
+            waiting[upstream] -= 1
+            if not waiting[upstream]:
+                del frames[upstream]
         if isinstance(node.operator, BatchOperator):
             frame = frame.map_batches(partial(apply_batch_operator, node.operator, node=name), name=name)
         elif isinstance(node.operator, GlobalOperator):
-            frame = node.operator.apply(frame, context)
+            pending = [frame]  # handed over whole: the operator may free its input once it has read it
+            del frame
+            frame = node.operator.apply(pending.pop(), context)
         elif node.sink == "samples":
             # one samples sink per graph (graph.py): Spark executors write the tables' files
             sink = drain_samples(frame, context, f"{staging}/{name}", node_ops, table=node.table or "samples")

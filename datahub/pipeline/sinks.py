@@ -14,23 +14,28 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from datahub.engines.spark.parquet import WRITTEN, ParquetTarget
+from datahub.errors import LakeError
+from datahub.lake.add_actions import DataFile, StagedFiles, txn_slug
+from datahub.lake.lake import SORTED_LAYOUT, Lake
 from datahub.lake.tables import LINEAGE, QUARANTINE
 from datahub.operator import DROP_OP, DROP_REASON, DROP_REF, EVENT_PREFIX, QUARANTINED, is_envelope_column
 from datahub.pipeline.faults import checkpoint
 from datahub.pipeline.ingest import INGEST_OP
+from datahub.retry import retry_policy, storage_errors
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
-    from datahub.lake.lake import Lake
     from datahub.pipeline.context import RunContext
 
 
@@ -79,41 +84,131 @@ class Staged(Protocol):
         """
 
 
+# Sample ids are hex digests: staged rows of a sorted table go to 16 files by their first
+# digit (any string lands in the range it sorts in), so a commit sorts one sixteenth at a time.
+_RANGE_BOUNDS = [f"{i:x}" for i in range(1, 16)]
+
+
+def range_buckets(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per value, which of 16 ordered string ranges holds it (``_RANGE_BOUNDS``); null -> 0."""
+    bucket = np.zeros(len(values), np.int8)
+    for bound in _RANGE_BOUNDS:
+        bucket += pc.fill_null(pc.greater_equal(values, bound), False).to_numpy(zero_copy_only=False)
+    return bucket
+
+
 class _Staged:
-    """Parquet files under one local staging dir, opened lazily, one schema per table."""
+    """Parquet files under one local staging dir, opened lazily, one schema per table.
+
+    A commit streams the files (never the whole table in memory). A table in
+    ``SORTED_LAYOUT`` (lineage) is staged in 16 files by ``sample_id`` range, so its commit
+    sorts one range at a time and still writes the rows in one global order.
+    """
 
     def __init__(self, directory: str, name: str) -> None:
-        self.path = os.path.join(directory, f"{name}.parquet")
-        self.writer: pq.ParquetWriter | None = None
+        self.directory, self.name = directory, name
+        self.layout = SORTED_LAYOUT.get(name)
+        self.writers: dict[int, pq.ParquetWriter] = {}
         self.schema: pa.Schema | None = None
         self.rows = 0
+
+    def _path(self, bucket: int) -> str:
+        return os.path.join(self.directory, f"{self.name}-{bucket:02d}.parquet")
+
+    def _write(self, bucket: int, table: pa.Table) -> None:
+        if bucket not in self.writers:
+            self.writers[bucket] = pq.ParquetWriter(self._path(bucket), self.schema)
+        self.writers[bucket].write_table(table)
 
     def write(self, table: pa.Table) -> None:
         if not table.num_rows:
             return
-        if self.writer is None:
+        if self.schema is None:
             self.schema = table.schema
-            self.writer = pq.ParquetWriter(self.path, table.schema)
         elif table.schema != self.schema:
-            table = _conform(table, self.schema)  # type: ignore[arg-type]
-        self.writer.write_table(table)
+            table = _conform(table, self.schema)
         self.rows += table.num_rows
+        if self.layout is None or self.layout[0] not in table.column_names:
+            self._write(0, table)
+            return
+        buckets = range_buckets(table.column(self.layout[0]))
+        for bucket in np.unique(buckets).tolist():
+            self._write(bucket, table.filter(pa.array(buckets == bucket)))
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        for writer in self.writers.values():
+            writer.close()
 
-    def reader(self) -> pa.RecordBatchReader | None:
-        if self.writer is None:
-            return None
-        return pq.ParquetFile(self.path).iter_batches(batch_size=65536)  # type: ignore[return-value]
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """The staged rows, file by file (each range sorted for a sorted table)."""
+        for batches in self._bucket_batches():
+            yield from batches
 
-    def table(self) -> pa.Table | None:
-        return pq.read_table(self.path) if self.writer is not None else None
+    def _bucket_batches(self) -> Iterator[Iterator[pa.RecordBatch]]:
+        for bucket in sorted(self.writers):
+            yield self._read(bucket)
+
+    def _read(self, bucket: int) -> Iterator[pa.RecordBatch]:
+        if self.layout is None:  # row group by row group: iter_batches buffers far more
+            staged = pq.ParquetFile(self._path(bucket))
+            for group in range(staged.num_row_groups):
+                yield from staged.read_row_group(group).to_batches()
+        else:
+            yield from pq.read_table(self._path(bucket)).sort_by([(self.layout[0], "ascending")]).to_batches(65536)
 
     def commit(self, lake: Lake, table: str, *, txn: str, metadata: Mapping[str, Any] | None = None,
                empty_schema: pa.Schema | None = None, replace: str | None = None) -> int | None:
-        return commit_rows(lake, table, self.table(), txn=txn, metadata=metadata, empty_schema=empty_schema, replace=replace)
+        if not self.writers:
+            return commit_rows(lake, table, None, txn=txn, metadata=metadata, empty_schema=empty_schema, replace=replace)
+        schema = self.schema
+        assert schema is not None
+        if replace is None:
+            def copy() -> StagedFiles:  # a storage outage while copying: copy again (new file names)
+                with storage_errors(f"stage {self.rows} rows for {lake.table_uri(table)} ({txn})"):
+                    return self._as_table_files(lake, table, txn)
+
+            return retry_policy(copy, lake.retry).commit(lake, table, txn=txn, metadata=metadata)
+
+        def attempt() -> int | None:  # a fresh stream per attempt: a failed one cannot be replayed
+            return lake.commit(table, pa.RecordBatchReader.from_batches(schema, self.batches()), txn=txn,
+                               metadata=metadata, mode="overwrite" if replace else "append", predicate=replace,
+                               row_group_rows=self.layout[1] if self.layout else None, retry=False)
+
+        return retry_policy(attempt, lake.retry)
+
+    def _as_table_files(self, lake: Lake, table: str, txn: str) -> StagedFiles:
+        """Copy the staged rows into Parquet files in the table's folder (uncommitted), one row group
+        at a time, in the table's schema: the commit is then add actions only, as for Spark's
+        executors, and the driver never holds more than a row group (delta-rs's writer held
+        ~600 MB for 1M short samples)."""
+        from datahub.engines.spark.sink import file_schema
+
+        if lake.applied(table, txn):
+            return StagedFiles((), pa.schema([]))
+        assert self.schema is not None
+        try:
+            schema = file_schema(lake, table, self.schema)
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise LakeError(f"{lake.table_uri(table)}: the run's rows do not fit the table's schema ({exc}); "
+                            "fix or migrate the table's column, then re-run") from exc
+        target = ParquetTarget(lake.table_uri(table), schema,
+                               tuple(sorted(lake.storage_options.items())), f"part-{txn_slug(txn)}",
+                               self.layout[1] if self.layout else None)
+        files = []
+        for batches in self._bucket_batches():
+            file = target.open()
+            try:
+                for batch in batches:
+                    file.write(pa.Table.from_batches([batch]))
+                description = file.close()
+            except BaseException:
+                file.abort()
+                raise
+            pa.default_memory_pool().release_unused()
+            if description is not None:
+                files.append(DataFile(uri=description["uri"], size=int(description["size"]),
+                                      rows=int(description["rows"]), stats=description["stats"]))
+        return StagedFiles(tuple(files), target.schema)
 
 
 def commit_rows(lake: Lake, table: str, data: pa.Table | None, *, txn: str, metadata: Mapping[str, Any] | None = None,
@@ -292,6 +387,7 @@ class SamplesSink:
                 progress(self.counts.records_read)
         for staged in (self.samples, self.quarantine, self.lineage):
             staged.close()
+        pa.default_memory_pool().release_unused()
 
     def write_batch(self, batch: pa.Table) -> None:
         if not batch.num_rows:
@@ -341,32 +437,60 @@ def drain_samples(frame: Frame, context: RunContext, staging_dir: str, node_ops:
 
 
 @dataclass(frozen=True)
-class _Rows:
-    """Rows collected on the driver, staged for one ``Lake.commit``."""
+class WriteFile:
+    """Batch function: the batch as one Parquet file of ``target`` (written by the worker that holds
+    it); returns that file's description row (none for an empty batch)."""
 
-    data: pa.Table
+    target: ParquetTarget
 
-    def commit(self, lake: Lake, table: str, *, txn: str, metadata: Mapping[str, Any] | None = None,
-               empty_schema: pa.Schema | None = None, replace: str | None = None) -> int | None:
-        return commit_rows(lake, table, self.data, txn=txn, metadata=metadata, empty_schema=empty_schema, replace=replace)
+    def __call__(self, table: pa.Table) -> pa.Table:
+        file = self.target.open()
+        try:
+            file.write(table)
+            description = file.close()
+        except BaseException:
+            file.abort()
+            raise
+        return pa.Table.from_pylist([] if description is None else [description], schema=WRITTEN)
 
 
-def stage_side_output(context: RunContext, table: str, parts: list[Frame | pa.Table]) -> Staged | None:
-    """Stage what global operators added for ``table`` (e.g. minhash_index); None when it holds no rows.
+def stage_side_output(context: RunContext, table: str, data: Frame | pa.Table) -> StagedFiles | None:
+    """Write what a global operator adds to ``table`` (e.g. minhash_index) into the table's folder, uncommitted.
 
-    On Spark the executors write the frames into the table's folder; elsewhere they are
-    collected to the driver (they are indexes: one small row per kept sample and band).
+    The engine's workers write the files (one per block or partition), so the rows never
+    gather on the driver and their blocks can be freed before the samples are drained; the
+    runner commits them after the samples. None when there are no rows; no files (a no-op
+    commit) when the run's transaction is already in the table.
     """
-    if context.engine.name == "spark":
-        from datahub.engines.spark.sink import write_side_output
+    from datahub.engines.spark.sink import file_prefix, file_schema, write_side_output
 
-        frames = [context.engine.from_arrow(p) if isinstance(p, pa.Table) else p for p in parts]
-        return write_side_output(context.lake, table, frames, txn=context.run_id)  # type: ignore[arg-type]
-    tables = [p if isinstance(p, pa.Table) else p.to_arrow() for p in parts]
-    tables = [t for t in tables if t.num_rows]
-    if not tables:
-        return None
-    return _Rows(pa.concat_tables(tables, promote_options="permissive"))
+    lake, txn = context.lake, context.run_id
+    frame = context.engine.from_arrow(data) if isinstance(data, pa.Table) else data
+
+    def attempt() -> StagedFiles | None:  # a storage outage while writing: write again (new file names)
+        with storage_errors(f"write {table} files for {txn}"):
+            if lake.applied(table, txn):
+                return StagedFiles((), pa.schema([]))
+            if context.engine.name == "spark":
+                return write_side_output(lake, table, [frame], txn=txn)  # type: ignore[list-item]
+            schema = file_schema(lake, table, frame.empty().schema)
+            target = ParquetTarget(lake.table_uri(table), schema, tuple(sorted(lake.storage_options.items())), file_prefix(txn))
+            written = frame.map_batches(WriteFile(target), name=f"write_{table}").to_arrow()
+            files = tuple(DataFile(uri=r["uri"], size=int(r["size"]), rows=int(r["rows"]), stats=r["stats"])
+                          for r in written.to_pylist())
+            return StagedFiles(files, schema) if sum(f.rows for f in files) else None
+
+    return retry_policy(attempt, lake.retry)
+
+
+def combined(parts: list[StagedFiles]) -> StagedFiles:
+    """One commit's worth of files from several stagings of one table."""
+    from datahub.engines.spark.arrow import unify
+
+    if len(parts) == 1:
+        return parts[0]
+    schemas = [p.schema for p in parts if p.files] or [parts[0].schema]
+    return StagedFiles(tuple(f for p in parts for f in p.files), unify(schemas))
 
 
 def _json_strings(values: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 SAMPLE_ID = "sample_id"
 BAND_KEY = "band_key"
+BAND_KEYS = "band_keys"
 CLUSTER_ID = "cluster_id"
 KEEPER = "keeper"
 QUALITY_SCORE = "quality_score"
@@ -39,6 +40,45 @@ EDGE_SCHEMA = pa.schema([(SAMPLE_ID, pa.string()), (BAND_KEY, pa.int64())])
 
 class ConvergenceError(RuntimeError):
     """Label propagation did not settle within ``max_iterations`` rounds."""
+
+
+@dataclass(frozen=True)
+class BandKeys:
+    """Batch function: documents -> ``(sample_id, band_keys)``, all bands' keys of a document in one
+    fixed-size list (empty texts give no row). 8 bytes a band plus one id: a compact form to hold."""
+
+    minhasher: MinHasher
+    bands: int
+    rows: int
+    text_column: str = "text"
+    id_column: str = SAMPLE_ID
+
+    def schema(self) -> pa.Schema:
+        return pa.schema([(SAMPLE_ID, pa.string()), (BAND_KEYS, pa.list_(pa.int64(), self.bands))])
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if table.num_rows == 0:
+            return self.schema().empty_table()
+        signatures = self.minhasher.signatures(table.column(self.text_column))
+        nonempty = np.flatnonzero((signatures != self.minhasher.empty_value).any(axis=1))
+        keys = band_keys(signatures[nonempty], self.bands, self.rows)
+        ids = table.column(self.id_column).take(pa.array(nonempty))
+        flat = pa.array(np.ascontiguousarray(keys, dtype=np.int64).ravel())
+        return pa.table({SAMPLE_ID: ids.cast(pa.string()), BAND_KEYS: pa.FixedSizeListArray.from_arrays(flat, self.bands)},
+                        schema=self.schema())
+
+
+@dataclass(frozen=True)
+class ExplodeBandKeys:
+    """Batch function: ``(sample_id, band_keys)`` -> one ``(sample_id, band_key)`` edge per band."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if table.num_rows == 0 or BAND_KEYS not in table.column_names:
+            return EDGE_SCHEMA.empty_table()
+        lists = table.column(BAND_KEYS).combine_chunks()
+        bands = lists.type.list_size
+        ids = table.column(SAMPLE_ID).take(pa.array(np.repeat(np.arange(table.num_rows), bands)))
+        return pa.table({SAMPLE_ID: ids.cast(pa.string()), BAND_KEY: lists.flatten()}, schema=EDGE_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -52,13 +92,8 @@ class BandEdges:
     id_column: str = SAMPLE_ID
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        if table.num_rows == 0:
-            return EDGE_SCHEMA.empty_table()
-        signatures = self.minhasher.signatures(table.column(self.text_column))
-        nonempty = np.flatnonzero((signatures != self.minhasher.empty_value).any(axis=1))
-        keys = band_keys(signatures[nonempty], self.bands, self.rows)
-        ids = table.column(self.id_column).take(pa.array(np.repeat(nonempty, self.bands)))
-        return pa.table({SAMPLE_ID: ids.cast(pa.string()), BAND_KEY: pa.array(keys.ravel())}, schema=EDGE_SCHEMA)
+        keys = BandKeys(self.minhasher, self.bands, self.rows, self.text_column, self.id_column)
+        return ExplodeBandKeys()(keys(table))
 
 
 @dataclass(frozen=True)
@@ -73,12 +108,14 @@ class _Select:
 
 
 @dataclass(frozen=True)
-class _KeepIfGreater:
-    column: str
-    minimum: int
+class _Shared:
+    """``having``: the keys of groups with more than one member."""
+
+    key: str
+    count: str
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        return table.filter(pc.greater(table.column(self.column), self.minimum))
+        return table.filter(pc.greater(table.column(self.count), 1)).select([self.key])
 
 
 class _SelfLabel:
@@ -103,11 +140,18 @@ class _Changed:
 
 
 def connected_components(edges: Frame, *, max_iterations: int = 64) -> Frame:
-    """``(sample_id, cluster_id)`` for every document that shares a band key with another."""
-    counts = edges.groupby_agg([BAND_KEY], {"members": (SAMPLE_ID, "count")})
-    shared = counts.map_batches(_KeepIfGreater("members", 1), name="dedup.shared_bands")
-    shared = shared.map_batches(_Select((BAND_KEY,)), name="dedup.shared_band_keys")
-    edges = edges.join(shared, on=[BAND_KEY]).materialize()
+    """``(sample_id, cluster_id)`` for every document that shares a band key with another.
+
+    ``edges`` is read twice (key counts, then the shared keys' edges): pass a materialized
+    frame, or one that is cheaper to recompute than to hold (signatures of documents in memory).
+    """
+    from operators.dedup.steps import join_small
+
+    # Most band keys belong to one document: count members on the keys alone (8 bytes a row
+    # through the shuffle), then keep the edges of shared keys, a small share, by broadcast.
+    shared = edges.map_batches(_Select((BAND_KEY,)), name="dedup.band_keys").groupby_agg(
+        [BAND_KEY], {"members": (BAND_KEY, "count")}, having=_Shared(BAND_KEY, "members")).materialize()
+    edges = join_small(edges, shared, on=[BAND_KEY], how="inner", name="dedup.shared_edges").materialize()
     nodes = edges.groupby_agg([SAMPLE_ID], {"degree": (BAND_KEY, "count")})
     labels = nodes.map_batches(_SelfLabel(), name="dedup.initial_labels").materialize()
     for _ in range(max_iterations):

@@ -23,7 +23,12 @@ def content_hashes(
     texts: pa.Array | pa.ChunkedArray, normalization: Normalization = DEFAULT_NORMALIZATION
 ) -> pa.FixedSizeBinaryArray:
     """``fixed_size_binary(16)`` xxh3-128 digests (big-endian, as ``xxh3_128_digest``); null text hashes as ''."""
-    data, offsets = string_buffers(normalize_texts(texts, normalization))
+    return value_hashes(normalize_texts(texts, normalization))
+
+
+def value_hashes(values: pa.Array | pa.ChunkedArray) -> pa.FixedSizeBinaryArray:
+    """xxh3-128 digests of already normalized strings (``content_hashes`` without the normalization)."""
+    data, offsets = string_buffers(values)
     view = np.ascontiguousarray(data).data  # a memoryview: slicing copies nothing
     digest = xxhash.xxh3_128_digest
     bounds = offsets.tolist()
@@ -33,7 +38,11 @@ def content_hashes(
 
 def content_hash_hex(texts: pa.Array | pa.ChunkedArray, normalization: Normalization = DEFAULT_NORMALIZATION) -> pa.Array:
     """The same digests as 32-character lowercase hex strings."""
-    digests = content_hashes(texts, normalization)
+    return hex_digests(content_hashes(texts, normalization))
+
+
+def hex_digests(digests: pa.FixedSizeBinaryArray) -> pa.Array:
+    """16-byte digests as 32-character lowercase hex strings."""
     raw = np.frombuffer(digests.buffers()[1], dtype=np.uint8)[: 16 * len(digests)].reshape(-1, 16)
     hexed = np.ascontiguousarray(_HEX[raw]).view("S32").ravel()  # vectorized hex: one table lookup per byte
     return pa.array(hexed, pa.binary(32)).cast(pa.string())

@@ -19,18 +19,19 @@ import pyarrow.compute as pc
 
 from datahub.operator import GlobalOperator, register
 from datahub.pipeline.faults import checkpoint
-from operators.dedup.exact import content_hash_hex
+from operators.dedup.exact import hex_digests, value_hashes
 from operators.dedup.index import EXACT_INDEX, read_index
 from operators.dedup.normalize import Normalization, normalize_texts
 from operators.dedup.params import ExactDedupParams
 from operators.dedup.ranking import is_lake_rank, lake_ranks, row_ranks
-from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkByKeeper, Select
+from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, Select, join_small
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
     from datahub.pipeline.context import RunContext
 
 CONTENT_HASH = "_dedup_content_hash"
+SAMPLE_ID = "sample_id"
 
 
 @dataclass(frozen=True)
@@ -43,23 +44,29 @@ class AddContentHash:
 
     def __call__(self, table: pa.Table) -> pa.Table:
         ranks = row_ranks(table, self.keep_by)
-        hashes = content_hash_hex(table.column("text"), self.normalization)
-        empty = pc.equal(pc.utf8_length(pc.fill_null(normalize_texts(table.column("text"), self.normalization), "")), 0)
+        normalized = normalize_texts(table.column("text"), self.normalization)
+        hashes = hex_digests(value_hashes(normalized))
+        empty = pc.equal(pc.utf8_length(pc.fill_null(normalized, "")), 0)
         hashes = pc.if_else(empty, pc.binary_join_element_wise("empty:", ranks, ""), hashes)
         return table.append_column(CONTENT_HASH, hashes).append_column(ROW_RANK, ranks)
 
 
 @dataclass(frozen=True)
 class ExactIndexRows:
-    """``exact_index`` rows of the kept rows (the keeper of each key, unless the lake's)."""
+    """``exact_index`` rows of the kept rows (the keeper of each key, unless the lake's).
+
+    Input: ``(sample_id, content hash, row rank)`` left-joined with the keeper rank of keys
+    shared by several rows.
+    """
 
     params_hash: str
     run_id: str
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        kept = pc.and_(pc.equal(table.column(ROW_RANK), table.column(KEEPER_RANK)),
+        keeper = table.column(KEEPER_RANK)  # null: the key's only row, so kept
+        kept = pc.and_(pc.fill_null(pc.equal(table.column(ROW_RANK), keeper), True),
                        pc.invert(pc.starts_with(table.column(CONTENT_HASH), "empty:")))
-        rows = table.filter(pc.and_(kept, pc.invert(is_lake_rank(table.column(KEEPER_RANK)))))
+        rows = table.filter(pc.and_(kept, pc.invert(pc.fill_null(is_lake_rank(keeper), False))))
         n = rows.num_rows
         return pa.table({
             "content_hash": pc.cast(rows.column(CONTENT_HASH), pa.string()),
@@ -88,31 +95,52 @@ class ExactDedup(GlobalOperator):
 
     def apply(self, frame: Frame, context: RunContext) -> Frame:
         p = self.params
-        frame = frame.materialize()
-        dead = frame.map_batches(KeepAlive(alive=False), name="exact_dedup.pass_through")
-        hashed = frame.map_batches(KeepAlive(alive=True), name="exact_dedup.alive").map_batches(
+        # The documents are held once (``reusable``), next to one narrow row per document (id,
+        # key, rank); only the keys go through the shuffle that finds shared ones, and the
+        # decisions of shared keys (a small share) come back to the documents by a broadcast join.
+        frame = frame.reusable()
+        keyed = frame.map_batches(KeepAlive(alive=True), name="exact_dedup.alive").map_batches(
             AddContentHash(p.normalization.build(), p.keep_by), name="exact_dedup.content_hash"
-        ).materialize()
-        if hashed.count() == 0:
+        ).map_batches(Select((SAMPLE_ID, CONTENT_HASH, ROW_RANK)), name="exact_dedup.keys").materialize()
+        if keyed.count() == 0:
             return frame
-        candidates = hashed.map_batches(Select((CONTENT_HASH, ROW_RANK)), name="exact_dedup.candidates")
-        known = None
+        hashes = keyed.map_batches(Select((CONTENT_HASH,)), name="exact_dedup.hashes")
+        known, lake_rows = None, None
         if p.incremental:
             match, known = read_index(context, EXACT_INDEX, columns=["content_hash", "sample_id"],
                                       params_hash=self.index_params_hash)
             if match.num_rows:
                 lake_rows = pa.table({CONTENT_HASH: match.column("content_hash"), ROW_RANK: lake_ranks(match.column("sample_id"))})
-                candidates = candidates.union(context.engine.from_arrow(lake_rows))
-        keepers = candidates.groupby_agg([CONTENT_HASH], {KEEPER_RANK: (ROW_RANK, "min")})
-        joined = hashed.join(keepers, on=[CONTENT_HASH]).materialize()
+                hashes = hashes.union(context.engine.from_arrow(lake_rows.select([CONTENT_HASH])))
+        # keys of more than one row (new rows, or a new row and the lake's copy)
+        shared = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")}, having=_Shared()).materialize()
+        candidates = join_small(keyed, shared, on=[CONTENT_HASH], how="inner", name="exact_dedup.shared_rows")
+        candidates = candidates.map_batches(Select((CONTENT_HASH, ROW_RANK)), name="exact_dedup.candidates")
+        if lake_rows is not None:
+            candidates = candidates.union(context.engine.from_arrow(lake_rows))
+        keepers = candidates.groupby_agg([CONTENT_HASH], {KEEPER_RANK: (ROW_RANK, "min")}).materialize()
+        joined = join_small(keyed, keepers, on=[CONTENT_HASH], name="exact_dedup.keepers")  # keeper null: a key's only row
         checkpoint("exact_dedup:after_keepers")
         index_rows = joined.map_batches(ExactIndexRows(self.index_params_hash, context.run_id), name="exact_dedup.index_rows")
         if known is not None and known.num_rows:  # --full: never repeat a row the index has
             seen = pa.table({"content_hash": known.column("content_hash"), "sample_id": known.column("sample_id")})
             index_rows = index_rows.join(context.engine.from_arrow(seen), on=["content_hash", "sample_id"], how="left_anti")
-        context.add_side_output(EXACT_INDEX, index_rows.materialize())
-        marked = joined.map_batches(
-            MarkByKeeper(self.op_id, "exact_duplicate", "exact", CONTENT_HASH, (CONTENT_HASH, ROW_RANK, KEEPER_RANK)),
-            name="exact_dedup.mark",
-        )
-        return marked.union(dead)
+        context.add_side_output(EXACT_INDEX, index_rows)
+        # Rows of one sample_id have one text, so one key and one keeper: decisions per sample.
+        decisions = joined.map_batches(_InSharedGroup(), name="exact_dedup.in_shared").groupby_agg(
+            [SAMPLE_ID], {CONTENT_HASH: (CONTENT_HASH, "min"), KEEPER_RANK: (KEEPER_RANK, "min")}).materialize()
+        mark = MarkByKeeper(self.op_id, "exact_duplicate", "exact", CONTENT_HASH, (CONTENT_HASH, ROW_RANK, KEEPER_RANK))
+        return join_small(frame, decisions, on=[SAMPLE_ID], name="exact_dedup.decisions").map_batches(
+            MarkAlive(p.keep_by, mark), name="exact_dedup.mark").light()
+
+
+class _Shared:
+    """Keys held by more than one row (new rows, or a new row and the lake's copy)."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.filter(pc.greater(table.column("rows"), 1)).select([CONTENT_HASH])
+
+
+class _InSharedGroup:
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.filter(pc.is_valid(table.column(KEEPER_RANK))).select([SAMPLE_ID, CONTENT_HASH, KEEPER_RANK])

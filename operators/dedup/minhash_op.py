@@ -2,15 +2,20 @@
 
 Pipeline (every step a Frame operation, so it runs distributed on Ray or Spark):
 
-1. live rows -> MinHash signatures -> one ``(sample_id, band_key)`` edge per LSH band;
+1. live rows -> MinHash signatures -> the LSH band keys of each document, held as one compact
+   row per document; ``(sample_id, band_key)`` edges are exploded from it when read;
 2. incremental: edges of samples kept by earlier runs (lake ``minhash_index``) that share a
    band key with a new document join the graph; their signatures are never recomputed;
 3. optional ``verify``: candidate pairs confirmed by exact shingle Jaccard (``verify.py``);
-4. connected components over the (confirmed) edges (``clustering.connected_components``);
-5. keep rule (``ranking.py``): lake samples first, then best ``quality.<keep_by>``, then
-   smallest ``sample_id``; the rest are dropped as ``near_duplicate`` with ref
-   ``{"dup_of", "cluster_id", "method": "minhash", "jaccard"?}``;
-6. kept new samples' band keys are appended to ``minhash_index`` (a run side output).
+4. connected components over the (confirmed) edges of shared band keys (``clustering.connected_components``);
+5. keep rule (``ranking.py``), ranked only for the samples that may lose rows (clustered, or in
+   several rows): lake samples first, then best ``quality.<keep_by>``, then smallest
+   ``sample_id``; the rest are dropped as ``near_duplicate`` with ref
+   ``{"dup_of", "cluster_id", "method": "minhash", "jaccard"?}``. The per-sample decisions
+   reach the documents by a broadcast join (``steps.join_small``): the texts never go
+   through a shuffle and exist once;
+6. kept new samples' band keys are appended to ``minhash_index`` (a run side output, written
+   by the workers when the decisions are known).
 """
 
 from __future__ import annotations
@@ -26,13 +31,14 @@ import pyarrow.dataset as ds
 
 from datahub.operator import GlobalOperator, register
 from datahub.pipeline.faults import checkpoint
-from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, BandEdges, connected_components
+from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, BandKeys, ExplodeBandKeys, connected_components
 from operators.dedup.index import MINHASH_INDEX, read_index
 from operators.dedup.lsh import optimal_bands
 from operators.dedup.minhash import MinHasher
 from operators.dedup.params import MinhashDedupParams
-from operators.dedup.ranking import lake_ranks, row_ranks
-from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkByKeeper, NotEqual, Select, alive_mask, string_columns
+from operators.dedup.ranking import is_lake_rank, lake_ranks, rank_sample_ids, row_ranks
+from operators.dedup.steps import (KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, NotEqual, Select, join_small,
+                                  string_columns)
 from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
 
 if TYPE_CHECKING:
@@ -40,7 +46,6 @@ if TYPE_CHECKING:
     from datahub.pipeline.context import RunContext
 
 CLUSTER = "_dedup_cluster"
-SAMPLE_KEEPER = "_dedup_sample_keeper"
 
 
 @dataclass(frozen=True)
@@ -49,14 +54,6 @@ class AddRank:
 
     def __call__(self, table: pa.Table) -> pa.Table:
         return table.append_column(ROW_RANK, row_ranks(table, self.keep_by))
-
-
-@dataclass(frozen=True)
-class KeptIds:
-    """Sample ids of rows still alive after marking."""
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        return table.filter(alive_mask(table)).select([SAMPLE_ID])
 
 
 @dataclass(frozen=True)
@@ -105,42 +102,54 @@ class MinhashDedup(GlobalOperator):
 
     def apply(self, frame: Frame, context: RunContext) -> Frame:
         p = self.params
-        frame = frame.materialize()
-        dead = frame.map_batches(KeepAlive(alive=False), name="minhash_dedup.pass_through")
-        docs = frame.map_batches(KeepAlive(alive=True), name="minhash_dedup.alive").map_batches(
-            AddRank(p.keep_by), name="minhash_dedup.rank").materialize()
-        if docs.count() == 0:
+        # The documents are held once (``reusable``), next to one compact row of band keys per
+        # document (edges are exploded from it when read). Only the samples that may lose rows
+        # (clustered or repeated) get ranks, and the decisions come back to the documents by a
+        # broadcast join at the end.
+        frame = frame.reusable()
+        docs = frame.map_batches(KeepAlive(alive=True), name="minhash_dedup.alive")
+        ids = docs.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.ids")
+        if ids.count() == 0:
             return frame
-        new_edges = docs.map_batches(BandEdges(self.minhasher, self.bands, self.rows), name="minhash_dedup.band_edges")
-        new_edges = new_edges.materialize()
+        # Rows sharing a sample_id (same text, two files) are exact copies, clustered or not.
+        repeated = ids.groupby_agg([SAMPLE_ID], {"rows": (SAMPLE_ID, "count")}, having=_Repeated()).materialize()
+        doc_keys = docs.map_batches(BandKeys(self.minhasher, self.bands, self.rows), name="minhash_dedup.band_keys")
+        doc_keys = doc_keys.materialize()  # signatures once; edges are a cheap explode of this
+        new_edges = doc_keys.map_batches(ExplodeBandKeys(), name="minhash_dedup.band_edges")
         checkpoint("minhash_dedup:after_signatures")
-        ranks = docs.map_batches(Select((SAMPLE_ID, ROW_RANK)), name="minhash_dedup.ranks")
         edges, lake_ids, known = new_edges, None, None
         if p.incremental:
             edges, lake_ids, known = self._with_lake_edges(new_edges, context)
-            if lake_ids is not None:
-                ranks = ranks.union(context.engine.from_arrow(pa.table({SAMPLE_ID: lake_ids, ROW_RANK: lake_ranks(lake_ids)})))
         jaccard = None
         if p.verify:
             edges, jaccard = self._verified_edges(edges, docs, lake_ids, context)
         components = connected_components(edges, max_iterations=p.max_iterations).map_batches(
             Select((SAMPLE_ID, CLUSTER_ID), ((CLUSTER_ID, CLUSTER),)), name="minhash_dedup.clusters").materialize()
         checkpoint("minhash_dedup:after_clustering")
-        # Per sample: its best row (rows sharing a sample_id are exact copies; lake copy first).
-        per_sample = ranks.groupby_agg([SAMPLE_ID], {SAMPLE_KEEPER: (ROW_RANK, "min"), "rows": (ROW_RANK, "count")})
-        per_sample = per_sample.materialize()
+        # Ranks of the samples that may lose rows only: clustered or repeated ones.
+        needed = components.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.clustered_ids").union(repeated)
+        needed = needed.groupby_agg([SAMPLE_ID], {"n": (SAMPLE_ID, "count")}, having=Select((SAMPLE_ID,)))
+        ranks = join_small(docs.map_batches(AddRank(p.keep_by), name="minhash_dedup.rank").map_batches(
+            Select((SAMPLE_ID, ROW_RANK)), name="minhash_dedup.ranks"), needed, on=[SAMPLE_ID], how="inner",
+            name="minhash_dedup.needed_ranks")
+        if lake_ids is not None:
+            ranks = ranks.union(context.engine.from_arrow(pa.table({SAMPLE_ID: lake_ids, ROW_RANK: lake_ranks(lake_ids)})))
+        ranks = ranks.materialize()
         keepers = components.join(ranks, on=[SAMPLE_ID]).groupby_agg([CLUSTER], {KEEPER_RANK: (ROW_RANK, "min")})
         clustered = components.join(keepers, on=[CLUSTER])
-        decisions = per_sample.join(clustered, on=[SAMPLE_ID], how="left").map_batches(
-            _ClusterOrSample(), name="minhash_dedup.decisions")
+        own_best = ranks.join(repeated, on=[SAMPLE_ID]).groupby_agg([SAMPLE_ID], {KEEPER_RANK: (ROW_RANK, "min")})
+        own_best = own_best.map_batches(_OwnCluster(), name="minhash_dedup.own_cluster")
+        # Per sample that may lose rows: its cluster (the smallest sample_id in it, so never above its
+        # own id) and its keeper (the cluster's best rank, never worse than its own rows' best).
+        decisions = clustered.union(own_best).groupby_agg([SAMPLE_ID], {CLUSTER: (CLUSTER, "min"),
+                                                                         KEEPER_RANK: (KEEPER_RANK, "min")})
         if jaccard is not None:
             decisions = decisions.join(jaccard, on=[SAMPLE_ID], how="left")
-        marked = docs.join(decisions, on=[SAMPLE_ID]).map_batches(
-            MarkByKeeper(self.op_id, "near_duplicate", "minhash", CLUSTER, (ROW_RANK, KEEPER_RANK, CLUSTER, JACCARD)),
-            name="minhash_dedup.mark",
-        ).materialize()
-        context.add_side_output(MINHASH_INDEX, self._index_rows(marked, new_edges, per_sample, known, context))
-        return marked.union(dead)
+        decisions = decisions.materialize()
+        context.add_side_output(MINHASH_INDEX, self._index_rows(new_edges, decisions, repeated.count(), known, context))
+        mark = MarkByKeeper(self.op_id, "near_duplicate", "minhash", CLUSTER, (ROW_RANK, KEEPER_RANK, CLUSTER, JACCARD))
+        return join_small(frame, decisions, on=[SAMPLE_ID], name="minhash_dedup.decisions").map_batches(
+            MarkAlive(p.keep_by, mark), name="minhash_dedup.mark").light()
 
     def _with_lake_edges(self, new_edges: Frame, context: RunContext) -> tuple[Frame, pa.Array | None, pa.Table | None]:
         """Add the lake's edges that share a band key with a new document."""
@@ -187,29 +196,27 @@ class MinhashDedup(GlobalOperator):
         best = best.groupby_agg([SAMPLE_ID], {JACCARD: (JACCARD, "max")})
         return member_edges.union(anchor_edges.map_batches(Select((SAMPLE_ID, BAND_KEY)), name="minhash_dedup.anchor_order")), best
 
-    def _index_rows(self, marked: Frame, new_edges: Frame, per_sample: Frame, known: pa.Table | None,
+    def _index_rows(self, new_edges: Frame, decisions: Frame, repeated: int, known: pa.Table | None,
                     context: RunContext) -> Frame:
         """``minhash_index`` rows: every band key of every kept new sample, each exactly once."""
-        kept = marked.map_batches(KeptIds(), name="minhash_dedup.kept").groupby_agg(
-            [SAMPLE_ID], {"rows": (SAMPLE_ID, "count")})
-        rows = new_edges.join(kept.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.kept_ids"), on=[SAMPLE_ID])
+        lost = decisions.map_batches(_LostSamples(), name="minhash_dedup.lost")  # samples none of whose rows is kept
+        rows = join_small(new_edges, lost, on=[SAMPLE_ID], how="left_anti", name="minhash_dedup.kept_edges")
         if known is not None and known.num_rows:  # --full: never repeat a sample the index lists
             seen = pa.table({SAMPLE_ID: pc.unique(known.column(SAMPLE_ID))})
             rows = rows.join(context.engine.from_arrow(seen), on=[SAMPLE_ID], how="left_anti")
-        repeated = per_sample.map_batches(_Repeated(), name="minhash_dedup.repeated").count()
         if repeated:  # one sample_id in several rows emitted its edges several times
             rows = rows.groupby_agg([SAMPLE_ID, BAND_KEY], {"n": (SAMPLE_ID, "count")})
-        return rows.map_batches(IndexRows(self.index_params_hash, context.run_id), name="minhash_dedup.index_rows").materialize()
+        return rows.map_batches(IndexRows(self.index_params_hash, context.run_id), name="minhash_dedup.index_rows")
 
 
-class _ClusterOrSample:
-    """Keeper rank and cluster of a sample: its cluster's if clustered, else its own best row's."""
+class _LostSamples:
+    """Decisions whose keeper is another sample (or the lake's copy): that sample is dropped whole."""
 
     def __call__(self, table: pa.Table) -> pa.Table:
         table = string_columns(table)
-        keeper = pc.coalesce(table.column(KEEPER_RANK), table.column(SAMPLE_KEEPER))
-        cluster = pc.coalesce(table.column(CLUSTER), table.column(SAMPLE_ID))
-        return pa.table({SAMPLE_ID: table.column(SAMPLE_ID), CLUSTER: cluster, KEEPER_RANK: keeper})
+        lost = pc.fill_null(pc.not_equal(rank_sample_ids(table.column(KEEPER_RANK)), table.column(SAMPLE_ID)), False)
+        lost = pc.or_(lost, pc.fill_null(is_lake_rank(table.column(KEEPER_RANK)), False))
+        return table.filter(lost).select([SAMPLE_ID])
 
 
 class _SharedBuckets:
@@ -219,5 +226,18 @@ class _SharedBuckets:
 
 
 class _Repeated:
+    """Sample ids in more than one row."""
+
     def __call__(self, table: pa.Table) -> pa.Table:
-        return table.filter(pc.greater(table.column("rows"), 1))
+        return table.filter(pc.greater(table.column("rows"), 1)).select([SAMPLE_ID])
+
+
+class _OwnCluster:
+    """A repeated sample as a decision: its own cluster, its best row as keeper."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        table = string_columns(table)
+        return pa.table({SAMPLE_ID: table.column(SAMPLE_ID), CLUSTER: table.column(SAMPLE_ID),
+                         KEEPER_RANK: table.column(KEEPER_RANK)})
+
+

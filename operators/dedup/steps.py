@@ -7,12 +7,16 @@ step; the operators compose them. No engine imports here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.operator import DROP_OP, DROP_REASON, DROP_REF, QUARANTINED, Operator
 from operators.dedup.ranking import is_lake_rank, rank_sample_ids
+
+if TYPE_CHECKING:
+    from datahub.engines.frame import Frame
 
 KEEPER_RANK = "_dedup_keeper_rank"
 ROW_RANK = "_dedup_rank"
@@ -151,3 +155,58 @@ def _set(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) -> pa.T
     if name in table.column_names:
         return table.set_column(table.column_names.index(name), name, values)
     return table.append_column(name, values)
+
+
+# A side of at most this many rows is shipped whole to every partition instead of shuffled (``join_small``).
+BROADCAST_ROWS = 1_000_000
+
+
+@dataclass(frozen=True)
+class BroadcastJoin:
+    """Batch function: join each batch with a small table every worker holds whole."""
+
+    right: pa.Table
+    on: tuple[str, ...]
+    how: str
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from datahub.engines.kernels import join_tables
+
+        if any(key not in table.column_names for key in self.on):  # an empty block may carry no columns
+            return table
+        return join_tables(table, self.right, list(self.on), self.how)
+
+
+def join_small(frame: Frame, small: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "left",
+               name: str = "broadcast_join") -> Frame:
+    """``frame.join(small)`` without moving ``frame``'s rows when ``small`` has at most ``BROADCAST_ROWS`` rows.
+
+    Dedup decisions (clustered or repeated samples) are a small share of the documents: joining
+    them into the wide document table by broadcast keeps one copy of the texts, where a hash
+    join would write the texts through a shuffle. Larger sides take the hash join.
+    """
+    if small.count() > BROADCAST_ROWS:
+        return frame.join(small, on=on, how=how)
+    return frame.map_batches(BroadcastJoin(small.to_arrow(), tuple(on), how), name=name)
+
+
+@dataclass(frozen=True)
+class MarkAlive:
+    """``MarkByKeeper`` over documents left-joined with per-sample decisions (``KEEPER_RANK`` etc.).
+
+    Computes each row's rank (``ranking.row_ranks``) here; rows that do not take part (already
+    dropped or quarantined) lose their decision and pass through unchanged.
+    """
+
+    keep_by: str | None
+    mark: MarkByKeeper
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        from operators.dedup.ranking import row_ranks
+
+        if not table.num_rows or KEEPER_RANK not in table.column_names:
+            return self.mark(table)
+        alive = alive_mask(table)
+        keeper = pc.if_else(alive, table.column(KEEPER_RANK), pa.scalar(None, table.schema.field(KEEPER_RANK).type))
+        table = _set(table, KEEPER_RANK, keeper)
+        return self.mark(table.append_column(ROW_RANK, row_ranks(table, self.keep_by)))

@@ -45,6 +45,14 @@ def test_groupby_agg_matches_the_reference(spark_engine):
     assert by_team["y"] == {"team": "y", "low": 1, "high": 5, "total": 10, "n": 3, "mass": 3.0}
     assert by_team["x"]["n"] == 2 and by_team[None]["total"] == 9
     assert len(by_team) == 3
+    crowded = spark_engine.from_arrow(people()).groupby_agg(["team"], {"n": ("id", "count")}, having=_crowded).to_arrow()
+    assert crowded.to_pylist() == [{"team": "y"}]
+
+
+def _crowded(groups: pa.Table) -> pa.Table:
+    import pyarrow.compute as pc
+
+    return groups.filter(pc.greater(groups.column("n"), 2)).select(["team"])
 
 
 @pytest.mark.parametrize("how", ["inner", "left", "left_anti"])

@@ -72,5 +72,9 @@ def snapshot(lake: Any) -> dict[str, Any]:
 
 
 def data_commits(lake: Any, table: str) -> list[str]:
-    """The datahub txn of every data-writing commit of ``table``, oldest first."""
-    return [h["datahub.txn"] for h in reversed(lake.history(table)) if h.get("datahub.txn") and h.get("operation") == "WRITE"]
+    """The datahub txn of every data-writing commit of ``table``, oldest first.
+
+    A commit of files already written (add actions) that creates the table is a CREATE TABLE.
+    """
+    return [h["datahub.txn"] for h in reversed(lake.history(table))
+            if h.get("datahub.txn") and h.get("operation") in ("WRITE", "CREATE TABLE")]

@@ -8,7 +8,7 @@ import pytest
 
 from datahub.cli.commands.runs import list_runs
 from datahub.config.spec import validate_job_spec
-from datahub.lake import Lake
+from datahub.lake import Lake, add_actions
 from datahub.pipeline.run import run_job
 from tests.pipeline.corpus import job_raw, make_corpus, run_cli
 
@@ -17,17 +17,17 @@ def test_failed_run_then_resumed(tmp_path, ray_engine, monkeypatch):
     corpus = make_corpus(tmp_path / "corpus", files=1, per_file=4)
     lake_root = tmp_path / "lake"
     spec = validate_job_spec(job_raw(corpus, lake_root))
-    real_commit = Lake.commit
+    real_commit = add_actions.commit_files  # the run's files are committed as add actions
 
-    def failing_commit(self, name, data, **kwargs):
+    def failing_commit(lake, name, files, **kwargs):
         if name == "lineage":
             raise ValueError("disk quota exceeded while writing lineage")
-        return real_commit(self, name, data, **kwargs)
+        return real_commit(lake, name, files, **kwargs)
 
-    monkeypatch.setattr(Lake, "commit", failing_commit)
+    monkeypatch.setattr(add_actions, "commit_files", failing_commit)
     with pytest.raises(ValueError):
         run_job(spec, engine=ray_engine)
-    monkeypatch.setattr(Lake, "commit", real_commit)
+    monkeypatch.setattr(add_actions, "commit_files", real_commit)
     failed = list_runs(str(lake_root))
     assert [r["status"] for r in failed] == ["failed"]
     assert "disk quota exceeded" in failed[0]["error"] and "re-run" in failed[0]["hint"]
@@ -69,14 +69,15 @@ def test_failed_cli_run_text_shows_status_error_and_the_exact_resume_command(tmp
     Lake(lake_root).commit("quarantine", clashing.empty_table(), txn="hand-made")
     address = ["--set", f"engine.address={_ray_address()}"]
     failed = run_cli(["run", str(job), *address])
-    assert failed.returncode != 0 and "Unsupported CAST" in failed.stderr, failed.stderr[-2000:]
+    assert failed.returncode != 0 and "do not fit the table's schema" in failed.stderr, failed.stderr[-2000:]
 
     text = run_cli(["runs", str(lake_root)], env={"COLUMNS": "160"})
     assert text.returncode == 0, text.stderr
     run_id = list_runs(str(lake_root))[0]["run_id"]
     lines = text.stdout.splitlines()
     detail = next(line for line in lines if line.startswith(f"{run_id} failed: "))
-    assert "Unsupported CAST from Int64 to Struct" in detail
+    assert "quarantine: the run's rows do not fit the table's schema" in detail
+    assert "raw_size has incompatible types" in detail
     hint = lines[lines.index(detail) + 1]
     command = f"datahub run {job} --lake {lake_root}"
     assert hint == f"  fix the error above, then re-run (it completes this run first): {command}"

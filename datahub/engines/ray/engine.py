@@ -19,11 +19,25 @@ if TYPE_CHECKING:
     from operators.ingest.base import InputFile
 
 
+# A reducer of a hash shuffle holds its partition of every side twice (parts, then the concatenated
+# table) plus its output: small partitions keep the workers' peak memory low on big inputs.
+SHUFFLE_PARTITION_BYTES = 32 * 2**20
+MAX_SHUFFLE_PARTITIONS = 256
+
+
 class RayFrame(Frame):
-    def __init__(self, dataset: ray.data.Dataset, *, schema: pa.Schema | None = None, parallelism: int = 2) -> None:
+    def __init__(self, dataset: ray.data.Dataset, *, schema: pa.Schema | None = None, parallelism: int = 2,
+                 light: bool = False) -> None:
         self.dataset = dataset
         self._schema = schema
         self.parallelism = parallelism
+        self._light = light
+
+    def light(self) -> RayFrame:
+        return RayFrame(self.dataset, schema=self._schema, parallelism=self.parallelism, light=True)
+
+    def reusable(self) -> RayFrame:
+        return self if self._light else self.materialize()
 
     def _wrap(self, dataset: ray.data.Dataset, schema: pa.Schema | None = None) -> RayFrame:
         return RayFrame(dataset, schema=schema, parallelism=self.parallelism)
@@ -31,18 +45,25 @@ class RayFrame(Frame):
     def map_batches(self, fn: BatchFn, *, name: str = "map") -> RayFrame:
         return self._wrap(self.dataset.map_batches(_NamedFn(fn, name), batch_format="pyarrow", batch_size=None, zero_copy_batch=True))
 
-    def _blocks(self) -> tuple[list[Any], pa.Schema]:
-        """The frame computed into object-store blocks, with its schema."""
-        refs = self.dataset.to_arrow_refs()
-        schema = self.empty().schema
-        return list(refs), schema
+    def _blocks(self) -> tuple[list[Any], pa.Schema, int]:
+        """The frame computed into object-store blocks, with its schema and size in bytes."""
+        dataset = self.dataset.materialize()
+        schema = self._schema or getattr(dataset.schema(), "base_schema", None) or pa.schema([])
+        return list(dataset.to_arrow_refs()), schema, int(dataset.size_bytes() or 0)
 
-    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> RayFrame:
+    def _partitions(self, *sides: tuple[list[Any], pa.Schema, int]) -> int:
+        """Enough shuffle partitions that each reducer holds about ``SHUFFLE_PARTITION_BYTES``."""
+        total = sum(size for _, _, size in sides)
+        return max(self.parallelism, min(MAX_SHUFFLE_PARTITIONS, -(-total // SHUFFLE_PARTITION_BYTES)))
+
+    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]], *,
+                    having: BatchFn | None = None) -> RayFrame:
         import ray.data
 
         from datahub.engines.ray.shuffle import hash_shuffle
 
-        refs = hash_shuffle([self._blocks()], [keys], self.parallelism, _GroupBy(keys, aggregations))
+        side = self._blocks()
+        refs = hash_shuffle([side[:2]], [keys], self._partitions(side), _GroupBy(keys, aggregations, having))
         return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)))  # ray's stubs name another ObjectRef class
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> RayFrame:
@@ -51,7 +72,8 @@ class RayFrame(Frame):
         from datahub.engines.ray.shuffle import hash_shuffle
 
         assert isinstance(other, RayFrame)
-        refs = hash_shuffle([self._blocks(), other._blocks()], [on, on], self.parallelism, _Join(on, how))
+        left, right = self._blocks(), other._blocks()
+        refs = hash_shuffle([left[:2], right[:2]], [on, on], self._partitions(left, right), _Join(on, how))
         return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)))  # ray's stubs name another ObjectRef class
 
     def union(self, other: Frame) -> RayFrame:
@@ -79,14 +101,16 @@ class RayFrame(Frame):
 class _GroupBy:
     """Reducer: group one hash partition (all rows of each key are in it)."""
 
-    def __init__(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> None:
+    def __init__(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]], having: BatchFn | None = None) -> None:
         self.keys = keys
         self.aggregations = aggregations
+        self.having = having
 
     def __call__(self, table: pa.Table) -> pa.Table:
         from datahub.engines.kernels import aggregate_table
 
-        return aggregate_table(table, self.keys, self.aggregations)
+        groups = aggregate_table(table, self.keys, self.aggregations)
+        return self.having(groups) if self.having is not None else groups
 
 
 class _Join:
@@ -110,7 +134,9 @@ class _NamedFn:
         self.__name__ = name
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        return self.fn(table)
+        result = self.fn(table)
+        pa.default_memory_pool().release_unused()  # a long-lived worker keeps Arrow's freed pages otherwise
+        return result
 
 
 class _ReadFiles:
@@ -148,6 +174,9 @@ class RayEngine(Engine):
             kwargs["num_cpus"] = self.spec.num_cpus or os.cpu_count() or 1
             if self.spec.object_store_mb is not None:
                 kwargs["object_store_memory"] = self.spec.object_store_mb * 2**20
+                # a capped store spills: one spill and one restore process (~100 MB each) instead of
+                # Ray's default four of each (conf's _system_config may say otherwise)
+                kwargs["_system_config"] = {"max_io_workers": 1}
         kwargs.update(self.spec.conf)
         ray.init(**kwargs)
         self._started_ray = True

@@ -23,6 +23,7 @@ from datahub.engines.partition import split_by_key
 def _split(table: pa.Table, keys: list[str], partitions: int) -> Any:
     # an empty block may carry no schema at all; reducers skip empty parts
     parts = [table] * partitions if table.num_rows == 0 else split_by_key(table, keys, partitions)
+    pa.default_memory_pool().release_unused()  # the split copied the block; hand the scratch back
     return parts[0] if partitions == 1 else tuple(parts)
 
 
@@ -36,7 +37,10 @@ def _reduce(fn: Callable[..., pa.Table], schemas: Sequence[pa.Schema], *sides_an
         mine, parts = parts[:count], parts[count:]
         mine = [p for p in mine if p.num_rows] or [schema.empty_table()]
         tables.append(pa.concat_tables(mine, promote_options="permissive"))
-    return fn(*tables)
+    result = fn(*tables)
+    del tables, parts
+    pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages unless told
+    return result
 
 
 def hash_shuffle(

@@ -137,7 +137,8 @@ class SparkFrame(Frame):
             return SparkFrame(self.session, blobs, schema=schema, encoded=True, fns=(fn,), name=name, parents=(self,))
         return SparkFrame(self.session, self.df, schema=self._schema, encoded=self.encoded, fns=self.fns + (fn,), name=name, parents=(self,))
 
-    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]]) -> SparkFrame:
+    def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]], *,
+                    having: BatchFn | None = None) -> SparkFrame:
         from pyspark.sql import functions as F
 
         schema = self.schema
@@ -155,7 +156,8 @@ class SparkFrame(Frame):
                 source = pa.int64() if pa.types.is_integer(source) else pa.float64() if pa.types.is_floating(source) else source
             fields.append(pa.field(out, source))
         result = rows.groupBy(*[_col(k) for k in keys]).agg(*exprs)
-        return self._new(result, schema=pa.schema(fields), encoded=False)
+        grouped = self._new(result, schema=pa.schema(fields), encoded=False)
+        return grouped.map_batches(having, name="having") if having is not None else grouped
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> SparkFrame:
         if not isinstance(other, SparkFrame):
