@@ -82,18 +82,11 @@ class ExplodeBandKeys:
 
 
 @dataclass(frozen=True)
-class BandEdges:
+class BandEdges(BandKeys):
     """Batch function: documents -> one ``(sample_id, band_key)`` row per band (empty texts give none)."""
 
-    minhasher: MinHasher
-    bands: int
-    rows: int
-    text_column: str = "text"
-    id_column: str = SAMPLE_ID
-
     def __call__(self, table: pa.Table) -> pa.Table:
-        keys = BandKeys(self.minhasher, self.bands, self.rows, self.text_column, self.id_column)
-        return ExplodeBandKeys()(keys(table))
+        return ExplodeBandKeys()(super().__call__(table))
 
 
 @dataclass(frozen=True)
