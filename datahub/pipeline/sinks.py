@@ -3,10 +3,12 @@
 The samples sink splits every batch of the graph's output three ways (``SampleSplitter``):
 live samples, quarantined records, and lineage events (ingested, modified, annotated,
 dropped, quarantined), and counts them. On Ray (and any engine that streams) the batches
-reach the driver and go to local staging Parquet files; on Spark the executors run the same
-splitter and write the Parquet files straight into the tables' folders
-(``datahub.engines.spark.sink``). Either way each table is then one idempotent commit
-(``Staged.commit``) with the run id as its Delta app transaction.
+reach the driver and go to local staging Parquet files (lineage in 16 sample_id ranges),
+copied into the tables' folders row group by row group at commit time; on Spark the executors
+run the same splitter and write the Parquet files straight into the tables' folders
+(``datahub.engines.spark.sink``). Either way each table is then one idempotent commit of add
+actions (``Staged.commit``) with the run id as its Delta app transaction; ``--full``'s
+predicate overwrite streams the staged rows through delta-rs instead.
 """
 
 from __future__ import annotations
