@@ -102,3 +102,21 @@ def test_rows_that_do_not_fit_the_table_name_it(tmp_path):
     with pytest.raises(LakeError, match=r"samples: the run's rows do not fit the table's schema .*\bn\b"):
         staged.commit(lake, "samples", txn="run-1")
     assert lake.read("samples").num_rows == 1
+
+
+def test_filters_on_long_strings_find_rows_of_committed_files(tmp_path):
+    """File stats bound long strings by a 32-char prefix (and the prefix + U+10FFFF above): a filter
+    on such a column still finds the file (a missing bound made delta-rs prune it)."""
+    import pyarrow.dataset as ds
+
+    uris = ["/data/" + "x" * 60 + "/part-0001.jsonl", "/data/" + "x" * 60 + "/part-0002.jsonl"]
+    staged = _staged(tmp_path / "s", "quarantine")
+    staged.write(pa.table({"source_uri": uris, "source_offset": [1, 2]}))
+    staged.close()
+    lake = Lake(tmp_path / "lake")
+    staged.commit(lake, "quarantine", txn="run-1")
+    found = lake.read("quarantine", filters=ds.field("source_uri") == uris[1])
+    assert found.column("source_offset").to_pylist() == [2]
+    [action] = pa.table(lake.table("quarantine").get_add_actions(flatten=True)).to_pylist()
+    low, high = action["min.source_uri"], action["max.source_uri"]
+    assert len(low) == 32 and low <= min(uris) and max(uris) < high

@@ -20,7 +20,8 @@ from datahub.engines.spark.arrow import conform, decode, from_spark_side, ipc_bl
 
 WRITTEN = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
 WRITTEN_DDL = "uri string, size long, rows long, stats string"
-_STATS_MAX_STRING = 32  # Delta's default string stats prefix length; longer bounds are left out
+_STATS_MAX_STRING = 32  # Delta's default string stats prefix length; longer bounds are truncated to it
+_MAX_CHAR = "\U0010ffff"  # sorts after every other character, in code points and in UTF-8 bytes
 
 
 @dataclass(frozen=True)
@@ -170,13 +171,16 @@ class FileStats:
             self.max[name] = high if name not in self.max else max(self.max[name], high)
 
     def to_json(self) -> str:
-        def bound(value: Any) -> Any:
+        def bound(value: Any, upper: bool) -> Any:
             if isinstance(value, str) and len(value) > _STATS_MAX_STRING:
-                return None
+                # a prefix is a lower bound; the prefix and the largest code point an upper one
+                return value[:_STATS_MAX_STRING] + (_MAX_CHAR if upper else "")
             return value.isoformat().replace("+00:00", "Z") if hasattr(value, "isoformat") else value
 
-        mins = {k: bound(v) for k, v in self.min.items() if bound(v) is not None}
-        maxs = {k: bound(v) for k, v in self.max.items() if bound(v) is not None}
+        # Every stat column needs both bounds: deltalake 1.6's pyarrow dataset turns a missing one into
+        # "column >= null", which prunes the file for any filter on that column (long source URIs).
+        mins = {k: bound(v, False) for k, v in self.min.items()}
+        maxs = {k: bound(v, True) for k, v in self.max.items()}
         return json.dumps({"numRecords": self.rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls})
 
 
