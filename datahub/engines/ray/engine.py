@@ -175,7 +175,7 @@ class RayEngine(Engine):
             if self.spec.object_store_mb is not None:
                 kwargs["object_store_memory"] = self.spec.object_store_mb * 2**20
                 # a capped store spills: one spill and one restore process (~100 MB each) instead of
-                # Ray's default four of each (conf's _system_config may say otherwise)
+                # Ray's default four of each
                 kwargs["_system_config"] = {"max_io_workers": 1}
         kwargs.update(self.spec.conf)
         ray.init(**kwargs)
