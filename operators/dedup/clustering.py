@@ -100,17 +100,6 @@ class _Select:
         return table.rename_columns([mapping.get(c, c) for c in table.column_names])
 
 
-@dataclass(frozen=True)
-class _Shared:
-    """``having``: the keys of groups with more than one member."""
-
-    key: str
-    count: str
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        return table.filter(pc.greater(table.column(self.count), 1)).select([self.key])
-
-
 class _SelfLabel:
     def __call__(self, table: pa.Table) -> pa.Table:
         ids = table.column(SAMPLE_ID)
@@ -138,12 +127,12 @@ def connected_components(edges: Frame, *, max_iterations: int = 64) -> Frame:
     ``edges`` is read twice (key counts, then the shared keys' edges): pass a materialized
     frame, or one that is cheaper to recompute than to hold (signatures of documents in memory).
     """
-    from operators.dedup.steps import join_small
+    from operators.dedup.steps import SharedKeys, join_small
 
     # Most band keys belong to one document: count members on the keys alone (8 bytes a row
     # through the shuffle), then keep the edges of shared keys, a small share, by broadcast.
     shared = edges.map_batches(_Select((BAND_KEY,)), name="dedup.band_keys").groupby_agg(
-        [BAND_KEY], {"members": (BAND_KEY, "count")}, having=_Shared(BAND_KEY, "members")).materialize()
+        [BAND_KEY], {"members": (BAND_KEY, "count")}, having=SharedKeys(BAND_KEY, "members")).materialize()
     edges = join_small(edges, shared, on=[BAND_KEY], how="inner", name="dedup.shared_edges").materialize()
     nodes = edges.groupby_agg([SAMPLE_ID], {"degree": (BAND_KEY, "count")})
     labels = nodes.map_batches(_SelfLabel(), name="dedup.initial_labels").materialize()

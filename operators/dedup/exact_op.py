@@ -24,7 +24,7 @@ from operators.dedup.index import EXACT_INDEX, read_index
 from operators.dedup.normalize import Normalization, normalize_texts
 from operators.dedup.params import ExactDedupParams
 from operators.dedup.ranking import is_lake_rank, lake_ranks, row_ranks
-from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, Select, join_small
+from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, Select, SharedKeys, join_small
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
@@ -113,7 +113,7 @@ class ExactDedup(GlobalOperator):
                 lake_rows = pa.table({CONTENT_HASH: match.column("content_hash"), ROW_RANK: lake_ranks(match.column("sample_id"))})
                 hashes = hashes.union(context.engine.from_arrow(lake_rows.select([CONTENT_HASH])))
         # keys of more than one row (new rows, or a new row and the lake's copy)
-        shared = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")}, having=_Shared()).materialize()
+        shared = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")}, having=SharedKeys(CONTENT_HASH, "rows")).materialize()
         candidates = join_small(keyed, shared, on=[CONTENT_HASH], how="inner", name="exact_dedup.shared_rows")
         candidates = candidates.map_batches(Select((CONTENT_HASH, ROW_RANK)), name="exact_dedup.candidates")
         if lake_rows is not None:
@@ -132,13 +132,6 @@ class ExactDedup(GlobalOperator):
         mark = MarkByKeeper(self.op_id, "exact_duplicate", "exact", CONTENT_HASH, (CONTENT_HASH, ROW_RANK, KEEPER_RANK))
         return join_small(frame, decisions, on=[SAMPLE_ID], name="exact_dedup.decisions").map_batches(
             MarkAlive(p.keep_by, mark), name="exact_dedup.mark").light()
-
-
-class _Shared:
-    """Keys held by more than one row (new rows, or a new row and the lake's copy)."""
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        return table.filter(pc.greater(table.column("rows"), 1)).select([CONTENT_HASH])
 
 
 class _InSharedGroup:

@@ -37,8 +37,8 @@ from operators.dedup.lsh import optimal_bands
 from operators.dedup.minhash import MinHasher
 from operators.dedup.params import MinhashDedupParams
 from operators.dedup.ranking import is_lake_rank, lake_ranks, rank_sample_ids, row_ranks
-from operators.dedup.steps import (KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, NotEqual, Select, join_small,
-                                  string_columns)
+from operators.dedup.steps import (KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, NotEqual, Select, SharedKeys,
+                                  join_small, string_columns)
 from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ class MinhashDedup(GlobalOperator):
         if ids.count() == 0:
             return frame
         # Rows sharing a sample_id (same text, two files) are exact copies, clustered or not.
-        repeated = ids.groupby_agg([SAMPLE_ID], {"rows": (SAMPLE_ID, "count")}, having=_Repeated()).materialize()
+        repeated = ids.groupby_agg([SAMPLE_ID], {"rows": (SAMPLE_ID, "count")}, having=SharedKeys(SAMPLE_ID, "rows")).materialize()
         doc_keys = docs.map_batches(BandKeys(self.minhasher, self.bands, self.rows), name="minhash_dedup.band_keys")
         doc_keys = doc_keys.materialize()  # signatures once; edges are a cheap explode of this
         new_edges = doc_keys.map_batches(ExplodeBandKeys(), name="minhash_dedup.band_edges")
@@ -223,13 +223,6 @@ class _SharedBuckets:
     def __call__(self, table: pa.Table) -> pa.Table:
         shared = table.filter(pc.greater(table.column("members"), 1))
         return shared.select([BAND_KEY, ANCHOR])
-
-
-class _Repeated:
-    """Sample ids in more than one row."""
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        return table.filter(pc.greater(table.column("rows"), 1)).select([SAMPLE_ID])
 
 
 class _OwnCluster:

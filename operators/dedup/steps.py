@@ -68,6 +68,18 @@ class Distinct:
 
 
 @dataclass(frozen=True)
+class SharedKeys:
+    """``having`` of a count: the keys of groups with more than one row (shared band keys, content
+    hashes held twice, sample ids in several rows)."""
+
+    key: str
+    count: str
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.filter(pc.greater(table.column(self.count), 1)).select([self.key])
+
+
+@dataclass(frozen=True)
 class NotEqual:
     """Rows where two columns differ."""
 
