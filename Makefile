@@ -8,7 +8,7 @@ export RAY_AUTH_MODE ?= disabled
 
 .PHONY: install demo test test-fast system-deps services bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml operators/dedup/_minhash_c.c  # the C kernel is built at install
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -U pip
 	# torch 2.13.0 CPU is installed from this machine's disk; an unpinned torch pulls a CUDA build.

@@ -6,9 +6,8 @@ Text normalization runs once up front for everyone (excluded for all). Two modes
 - ``full`` (the headline): from normalized text to signatures, *including* tokenizing,
   5-gram shingling and shingle hashing for every library (peers shingle in Python,
   as their users do; rensa gets its fastest batch API, ``digest_matrix_from_token_sets``).
-  Ours is ``MinHasher.signatures``: the compiled numba path (``operators/dedup/accel.py``;
-  its one-time load or compile falls in the first of the best-of runs); ``numpy`` is the same
-  call with ``DATAHUB_MINHASH_NUMBA=0``, printed for reference.
+  Ours is ``MinHasher.signatures``: the compiled C path (``operators/dedup/accel.py``); ``numpy`` is the same
+  call with ``DATAHUB_MINHASH_COMPILED=0``, printed for reference.
 - ``kernel``: shingle hashes precomputed for everyone (ours), only permute + min:
   ours ``signatures_from_hashes`` (numpy), rensa ``digest_matrix_from_flat_token_hashes``,
   datasketch ``update_batch`` with an identity ``hashfunc``.
@@ -100,11 +99,11 @@ def main() -> None:
             m.update_batch(values)
 
     def numpy_path(run: Callable[[], object]) -> None:
-        os.environ["DATAHUB_MINHASH_NUMBA"] = "0"
+        os.environ["DATAHUB_MINHASH_COMPILED"] = "0"
         try:
             run()
         finally:
-            os.environ.pop("DATAHUB_MINHASH_NUMBA")
+            os.environ.pop("DATAHUB_MINHASH_COMPILED")
 
     row_offsets = offsets.astype(np.uint64)
     runs = {

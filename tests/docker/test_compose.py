@@ -56,3 +56,6 @@ def test_dockerfile_has_python_java_and_the_package():
     assert text.splitlines()[2].startswith("FROM python:3.11")
     assert "openjdk-17" in text and 'pip install ".[all]"' in text
     assert 'ENTRYPOINT ["tini", "--", "datahub"]' in text
+    # the MinHash C extension is built in the image (a compiler during pip install) and checked
+    install = text.index('pip install ".[all]"')
+    assert text.index("gcc") < install < text.index("import operators.dedup._minhash_c")

@@ -74,11 +74,11 @@ def test_jaccard_estimate_within_minhash_error(corpus):
 @pytest.mark.parametrize("scheme", ["affine32", "affine64"])
 @pytest.mark.parametrize("ngram,num_perm", [(5, 128), (1, 13), (3, 5), (9, 64)])
 def test_compiled_signatures_equal_the_numpy_path(monkeypatch, scheme, ngram, num_perm):
-    """The numba kernel (operators/dedup/accel.py) against the numpy reference, bit for bit, on documents
+    """The C kernel (operators/dedup/accel.py) against the numpy reference, bit for bit, on documents
     with every kind of token boundary: none, fewer tokens than n, control bytes, Unicode, long runs."""
     from operators.dedup import accel
 
-    assert accel.enabled(), "numba is a dependency: the compiled path must be on in tests"
+    assert accel.enabled(), "the C extension is built by `pip install -e .`: the compiled path must be on in tests"
     rng = random.Random(ngram * 1000 + num_perm)
     words = ["a", "bb", "héllo", "日本語", "x\x01y", "end.", "\x7f", "w" * 40]
     docs = ["", " ", "\t\n", "one", "two words", "v\x0bf\x0cr\rsplit \x1fjoined"] + [
@@ -87,8 +87,27 @@ def test_compiled_signatures_equal_the_numpy_path(monkeypatch, scheme, ngram, nu
     ]
     hasher = MinHasher(num_perm=num_perm, seed=11, scheme=scheme, ngram=ngram)
     compiled = hasher.signatures(pa.array(docs))
-    monkeypatch.setenv("DATAHUB_MINHASH_NUMBA", "0")
+    monkeypatch.setenv("DATAHUB_MINHASH_COMPILED", "0")
     assert not accel.enabled()
     reference = hasher.signatures(pa.array(docs))
     assert compiled.dtype == reference.dtype and compiled.shape == (len(docs), num_perm)
     np.testing.assert_array_equal(compiled, reference)
+
+
+def test_compiled_kernel_refuses_buffers_that_do_not_fit():
+    """The C kernel checks the buffers it is handed: a short output or offsets past the text raise, not write
+    out of bounds."""
+    from operators.dedup import accel
+
+    kernel = accel._load()
+    assert kernel is not None
+    data = np.frombuffer(b"one two three", dtype=np.uint8)
+    consts = np.ones(5, np.uint64)
+    a = b = np.ones(8, np.uint32)
+    with pytest.raises(ValueError, match="wrong item size or length"):
+        kernel.signatures(data, np.array([0, 13], np.int64), consts, a, b, np.empty((1, 7), np.uint32), 4)
+    with pytest.raises(ValueError, match="past the data"):
+        kernel.signatures(data, np.array([0, 14], np.int64), consts, a, b, np.empty((1, 8), np.uint32), 4)
+    out = np.empty((1, 8), np.uint32)
+    kernel.signatures(data, np.array([0, 13], np.int64), consts, a, b, out, 4)
+    assert len(set(out[0].tolist())) == 1  # a = b = 1 for every permutation: the same minimum
