@@ -42,6 +42,9 @@ class ConvergenceError(RuntimeError):
     """Label propagation did not settle within ``max_iterations`` rounds."""
 
 
+SIGNATURE_ROWS = 8192  # documents signed at once by BandKeys
+
+
 @dataclass(frozen=True)
 class BandKeys:
     """Batch function: documents -> ``(sample_id, band_keys)``, all bands' keys of a document in one
@@ -59,6 +62,12 @@ class BandKeys:
     def __call__(self, table: pa.Table) -> pa.Table:
         if table.num_rows == 0:
             return self.schema().empty_table()
+        # a slice at a time: normalized text and signatures (512 bytes a document) of a whole block
+        # would cost a worker hundreds of MB next to the block itself
+        return pa.concat_tables([self._keys(table.slice(start, SIGNATURE_ROWS))
+                                 for start in range(0, table.num_rows, SIGNATURE_ROWS)])
+
+    def _keys(self, table: pa.Table) -> pa.Table:
         signatures = self.minhasher.signatures(table.column(self.text_column))
         nonempty = np.flatnonzero((signatures != self.minhasher.empty_value).any(axis=1))
         keys = band_keys(signatures[nonempty], self.bands, self.rows)

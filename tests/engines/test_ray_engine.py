@@ -15,6 +15,13 @@ from datahub.engines.ray import RayEngine
 
 engine = RayEngine(EngineSpec(num_cpus=1, object_store_mb=128))
 engine.start()
+
+@ray.remote
+def environment():
+    import os
+    return [os.environ.get(name) for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")]
+
+print(*ray.get(environment.remote()))
 resources = ray.cluster_resources()
 print(int(resources["CPU"]), int(resources["object_store_memory"]))
 engine.stop()
@@ -22,10 +29,12 @@ engine.stop()
 
 
 def test_embedded_ray_gets_the_cpus_and_object_store_cap_of_the_spec(tmp_path):
+    """...and its workers get the malloc settings that return freed memory to the system."""
     script = tmp_path / "start_ray.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    cpus, store = map(int, done.stdout.split()[-2:])
-    assert cpus == 1 and store == 128 * 2**20
+    *_, mmap_threshold, trim_threshold, cpus, store = done.stdout.split()
+    assert int(cpus) == 1 and int(store) == 128 * 2**20
+    assert (mmap_threshold, trim_threshold) == ("131072", "131072")
