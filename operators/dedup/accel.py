@@ -13,7 +13,7 @@ when ``DATAHUB_MINHASH_COMPILED=0``, and for character shingles.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import logging
 import os
 from types import ModuleType
@@ -24,11 +24,6 @@ log = logging.getLogger("datahub.dedup")
 _MODULE = "operators.dedup._minhash_c"
 _kernel: ModuleType | None = None
 _missing = False
-
-
-def built() -> bool:
-    """Whether the C extension was built at install time."""
-    return importlib.util.find_spec(_MODULE) is not None
 
 
 def enabled() -> bool:

@@ -94,6 +94,23 @@ def test_compiled_signatures_equal_the_numpy_path(monkeypatch, scheme, ngram, nu
     np.testing.assert_array_equal(compiled, reference)
 
 
+def test_without_the_compiled_kernel_signatures_take_the_numpy_path(monkeypatch, caplog):
+    """An install without a C compiler has no extension: one warning saying how to fix it, same signatures."""
+    from operators.dedup import accel
+
+    docs = pa.array(["the quick brown fox jumps over the lazy dog", "", "a b"])
+    hasher = MinHasher(num_perm=16, seed=3, ngram=2)
+    compiled = hasher.signatures(docs)
+    monkeypatch.setattr(accel, "_MODULE", "operators.dedup._not_built")
+    monkeypatch.setattr(accel, "_kernel", None)
+    monkeypatch.setattr(accel, "_missing", False)
+    with caplog.at_level("WARNING", logger="datahub.dedup"):
+        assert not accel.enabled()
+        np.testing.assert_array_equal(hasher.signatures(docs), compiled)
+    warnings = [r.getMessage() for r in caplog.records if "not built" in r.getMessage()]
+    assert len(warnings) == 1 and "pip install -e ." in warnings[0]
+
+
 def test_compiled_kernel_refuses_buffers_that_do_not_fit():
     """The C kernel checks the buffers it is handed: a short output or offsets past the text raise, not write
     out of bounds."""
