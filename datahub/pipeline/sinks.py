@@ -86,11 +86,11 @@ class Staged(Protocol):
         """
 
 
+# Rows split and staged at once: the splitter's copies and the Parquet row group being encoded cost a few
+# times the slice (whole blocks of 62,500 short documents: ~35 MB more on the driver at its peak).
+SINK_SLICE_ROWS = 16384
 # Sample ids are hex digests: staged rows of a sorted table go to 16 files by their first
 # digit (any string lands in the range it sorts in), so a commit sorts one sixteenth at a time.
-# Rows split and staged at once: the splitter's copies and a Parquet row group being encoded cost a few
-# times a slice, so a whole block (62,500 short documents) cost the driver ~100 MB more than this.
-SINK_SLICE_ROWS = 16384
 _RANGE_BOUNDS = [f"{i:x}" for i in range(1, 16)]
 
 

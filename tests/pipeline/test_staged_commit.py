@@ -120,3 +120,29 @@ def test_filters_on_long_strings_find_rows_of_committed_files(tmp_path):
     [action] = pa.table(lake.table("quarantine").get_add_actions(flatten=True)).to_pylist()
     low, high = action["min.source_uri"], action["max.source_uri"]
     assert len(low) == 32 and low <= min(uris) and max(uris) < high
+
+
+def test_sink_split_in_slices_gives_the_tables_of_whole_batches(tmp_path, monkeypatch):
+    """The streaming sink splits a batch ``SINK_SLICE_ROWS`` rows at a time: the same samples, lineage and
+    quarantine as one split per batch (a broken record among them)."""
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline import sinks
+    from datahub.pipeline.run import run_job
+    from tests.pipeline.corpus import job_raw, make_corpus
+
+    corpus = make_corpus(tmp_path / "in", files=2, per_file=15)
+
+    def tables(lake_dir):
+        run_job(validate_job_spec(job_raw(corpus, lake_dir)), engine=ArrowEngine(batch_size=64))
+        lake = Lake(lake_dir)
+        lineage = lake.read("lineage")
+        return (sorted(lake.read("samples").column("sample_id").to_pylist()),
+                sorted(zip(*(lineage.column(c).to_pylist() for c in ("sample_id", "op", "action", "reason")))),
+                sorted(lake.read("quarantine").column("reason").to_pylist()))
+
+    whole = tables(tmp_path / "whole")
+    monkeypatch.setattr(sinks, "SINK_SLICE_ROWS", 4)
+    sliced = tables(tmp_path / "sliced")
+    assert sliced == whole
+    assert len(whole[0]) == 30 + 1 and whole[2]  # the broken file's good record, and its bad line quarantined

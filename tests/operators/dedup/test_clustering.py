@@ -152,3 +152,18 @@ def test_accuracy_on_planted_near_duplicates(tmp_path):
     precision, recall = tp / len(predicted_pairs), tp / len(true_pairs)
     assert precision >= 0.98, (precision, recall)
     assert recall >= 0.95, (precision, recall)
+
+
+def test_band_keys_signed_slice_by_slice_equal_one_pass(monkeypatch):
+    """BandKeys signs ``SIGNATURE_ROWS`` documents at a time; the rows are those of one pass over the block,
+    in order, with empty texts (no row) falling anywhere in a slice."""
+    from operators.dedup import clustering
+
+    texts = [" ".join(f"w{(i * 7 + j) % 50}" for j in range(i % 9)) for i in range(40)]
+    table = pa.table({"sample_id": [f"{i:04x}" for i in range(40)], "text": texts})
+    step = clustering.BandKeys(MinHasher(num_perm=16, seed=5, ngram=2), bands=4, rows=4)
+    whole = step(table)
+    monkeypatch.setattr(clustering, "SIGNATURE_ROWS", 7)
+    sliced = step(table)
+    assert sliced.num_rows == whole.num_rows == sum(1 for t in texts if t)
+    assert sliced.combine_chunks().equals(whole.combine_chunks())
