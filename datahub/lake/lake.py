@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, TypeAlias
@@ -40,6 +41,13 @@ STREAM_FILE_BYTES = 32 * 2**20
 # (``datahub release vacuum``, which refuses to break a release).
 KEEP_LOG_PROPERTY = "delta.enableExpiredLogCleanup"
 KEEP_LOG = {KEEP_LOG_PROPERTY: "false"}
+# One commit at a time per process, from the txn check to the table-property step. A write pulls its
+# rows through a Python reader on delta-rs's runtime threads, which need the GIL, while
+# set_table_properties waits on that runtime holding the GIL: threads of one process committing at
+# once hung (CI, tests/release/test_events.py::test_racing_archivers_make_one_event). Holding it from
+# the txn check on also lets a thread see the txn another thread just committed. Separate processes
+# are unaffected (delta-rs's optimistic commits and the txn check order them).
+_COMMIT_LOCK = threading.RLock()
 
 
 class Lake:
@@ -181,7 +189,7 @@ class Lake:
         attempts = self.retry if retry and isinstance(data, pa.Table) else RetryPolicy(attempts=1)
 
         def attempt() -> int | None:
-            with storage_errors(f"commit {txn} to {self.table_uri(name)}"):
+            with storage_errors(f"commit {txn} to {self.table_uri(name)}"), _COMMIT_LOCK:
                 return self._commit_once(name, data, txn=txn, schema=schema, mode=mode, metadata=metadata,
                                          partition_by=partition_by, predicate=predicate, max_retries=max_retries,
                                          row_group_rows=row_group_rows)
@@ -252,9 +260,10 @@ class Lake:
             if not missing:
                 return table
             try:
-                table.alter.set_table_properties(
-                    missing, raise_if_not_exists=False,
-                    post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
+                with _COMMIT_LOCK:
+                    table.alter.set_table_properties(
+                        missing, raise_if_not_exists=False,
+                        post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False))
             except CommitFailedError:  # another writer committed meanwhile (maybe the same properties): look again
                 continue
         raise CommitConflictError(f"{self.table_uri(name)}: could not set {sorted(missing)} after 5 tries, other "
