@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from datahub.config.cron import validate_cron
+from datahub.config.suites import load_suite
 from datahub.errors import SpecError
 
 INGEST_NODE = "ingest"
@@ -102,9 +104,6 @@ class QASpec(_Model):
     @field_validator("suites")
     @classmethod
     def _known_suites(cls, suites: list[str]) -> list[str]:
-        from datahub.errors import SpecError
-        from datahub.qa.suites import load_suite
-
         for name in suites:
             try:
                 load_suite(name)
@@ -128,8 +127,6 @@ class JobSpec(_Model):
     @field_validator("schedule")
     @classmethod
     def _cron(cls, schedule: str | None) -> str | None:
-        from datahub.schedule.cron import validate_cron
-
         return None if schedule is None else validate_cron(schedule)
 
     @field_validator("graph")
@@ -212,7 +209,8 @@ def format_validation_error(source: str, error: ValidationError, *, prefix: str 
 
 
 def load_job_spec(path: str | os.PathLike[str], overrides: list[str] | None = None) -> JobSpec:
-    """Read, override, env-expand and validate a job spec, then check its graph and operators."""
+    """Read, override, env-expand and validate a job spec (its models; ``datahub.pipeline.job`` also checks
+    its graph and operators)."""
     source = os.fspath(path)
     try:
         text = Path(source).read_text()
@@ -231,11 +229,9 @@ def load_job_spec(path: str | os.PathLike[str], overrides: list[str] | None = No
 
 
 def validate_job_spec(raw: dict[str, Any], *, source: str = "<spec>") -> JobSpec:
+    """The spec's models (fields, types, ranges); the graph is checked where it is built
+    (``datahub.pipeline.graph.build_graph``, called by ``run_job`` before any work)."""
     try:
-        spec = JobSpec.model_validate(raw)
+        return JobSpec.model_validate(raw)
     except ValidationError as exc:
         raise SpecError(format_validation_error(source, exc)) from None
-    from datahub.pipeline.graph import build_graph
-
-    build_graph(spec, source=source)  # unknown operators, bad params, cycles, dangling edges
-    return spec

@@ -14,7 +14,6 @@ import pyarrow as pa
 from datahub.engines.frame import Frame
 
 if TYPE_CHECKING:
-    from datahub.config.spec import EngineSpec
     from operators.ingest.base import InputFile
 
 ReadFn = Callable[["InputFile"], Iterator[pa.Table]]
@@ -42,15 +41,3 @@ class Engine(ABC):
 
     @abstractmethod
     def from_arrow(self, table: pa.Table) -> Frame: ...
-
-
-def make_engine(spec: EngineSpec) -> Engine:
-    if spec.kind == "ray":
-        from datahub.engines.ray import RayEngine
-
-        return RayEngine(spec)
-    if spec.kind == "spark":
-        from datahub.engines.spark import SparkEngine  # type: ignore[import-not-found,unused-ignore]
-
-        return SparkEngine(spec)
-    raise ValueError(f"unknown engine {spec.kind!r}")

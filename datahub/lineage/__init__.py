@@ -4,7 +4,7 @@ The ``lineage`` Delta table is written by the pipeline (ingested, modified, anno
 dropped, quarantined), by releases (released, redaction drops) and by export (exported).
 """
 
-from datahub.lineage.openlineage import OpenLineageEmitter, emit_run_event, run_event, run_uuid
+from datahub.pipeline.openlineage import OpenLineageEmitter, emit_run_event, run_event, run_uuid
 from datahub.lineage.optimize import optimize_lineage
 from datahub.lineage.query import SampleStory, SourceStory, lineage_events, sample_lineage, source_lineage
 

@@ -26,11 +26,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.config.spec import INGEST_NODE, JobSpec
-from datahub.engines.base import Engine, make_engine
+from datahub.engines.base import Engine
 from datahub.engines.frame import Frame
+from datahub.engines.registry import make_engine
 from datahub.lake.lake import Lake
 from datahub.lake.tables import LINEAGE, QUARANTINE, RUNS
-from datahub.lineage.openlineage import emit_run_event
+from datahub.pipeline.openlineage import emit_run_event
 from datahub.operator import BatchOperator, GlobalOperator, apply_batch_operator
 from datahub.pipeline.context import ProgressFn, RunContext
 from datahub.pipeline.faults import checkpoint
@@ -107,19 +108,20 @@ def run_job(
     then the new files run as the next run; the result is the new run's (its ``resumed``
     field holds the completed one's), or the completed run's when nothing new follows.
     """
+    graph = build_graph(spec, source=source)  # before any work: unknown operators, bad params, cycles
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
     with JobLease(lake, spec.name, source=_job_spec_path(source), full=full) as lease:
         pending = pending_run(lake.read("runs"), spec.name, lease.took_over)
         if pending is None:
-            return _run_leased(spec, lease=lease, full=full, engine=engine, progress=progress, source=source)
+            return _run_leased(spec, graph, lease=lease, full=full, engine=engine, progress=progress, source=source)
         own_engine = engine is None
         engine = engine or make_engine(spec.engine)
         if own_engine:
             engine.start()
         try:
-            resumed = _run_leased(spec, lease=lease, full=pending.full, engine=engine, progress=progress, source=source,
-                                  pending=pending)
-            result = _run_leased(spec, lease=lease, full=full, engine=engine, progress=progress, source=source)
+            resumed = _run_leased(spec, graph, lease=lease, full=pending.full, engine=engine, progress=progress,
+                                  source=source, pending=pending)
+            result = _run_leased(spec, graph, lease=lease, full=full, engine=engine, progress=progress, source=source)
         finally:
             if own_engine:
                 engine.stop()
@@ -136,12 +138,11 @@ def _job_spec_path(source: str) -> str:
     return source if source.startswith("<") else os.path.abspath(source)
 
 
-def _run_leased(spec: JobSpec, *, lease: JobLease, full: bool, engine: Engine | None, progress: ProgressFn | None,
+def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, engine: Engine | None, progress: ProgressFn | None,
                 source: str, pending: PendingRun | None = None) -> RunResult:
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
-    graph = build_graph(spec, source=source)
     all_files = list_input_files(spec.inputs, source=source)
     if pending is not None:  # complete an interrupted run: its id, its files
         planned = planned_files(pending, all_files, lake, source=source, job_hash=spec.job_hash())

@@ -65,7 +65,7 @@ def run_suites(
     suites_dir: str | Path | None = None,
 ) -> list[QAResult]:
     """Run several suites on one table version (the table is read once)."""
-    from datahub.qa.suites import load_suite
+    from datahub.config.suites import load_suite
     from datahub.qa.validate import run_expectations, validation_frame
 
     loaded = [load_suite(name, suites_dir=suites_dir) for name in suites]  # bad names fail before reading

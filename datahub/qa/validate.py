@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datahub.qa.suites import Suite
+from datahub.config.suites import Suite
 
 
 def validation_frame(table: pa.Table) -> Any:

@@ -8,48 +8,16 @@ stack (promote pushes, rollback pops), so rollback returns to the previous point
 from __future__ import annotations
 
 import getpass
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import pyarrow as pa
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
-from datahub.release.records import CHANNELS, CHANNELS_TABLE, Release, check_name, get_release
+from datahub.release.records import (CHANNELS, CHANNELS_TABLE, ChannelEvent, Release, channel_history, channel_pointers,
+                                     channel_stacks, check_name, get_release)
 
-
-@dataclass(frozen=True)
-class ChannelEvent:
-    channel: str
-    seq: int
-    action: str
-    release: str | None
-    actor: str
-    ts: datetime
-
-
-def channel_history(lake: Lake, channel: str | None = None) -> list[ChannelEvent]:
-    """Events of one channel (or all), in order."""
-    if not lake.exists(CHANNELS_TABLE):
-        return []
-    rows = lake.read(CHANNELS_TABLE).sort_by([("channel", "ascending"), ("seq", "ascending")]).to_pylist()
-    return [ChannelEvent(**r) for r in rows if channel is None or r["channel"] == channel]
-
-
-def _stacks(events: list[ChannelEvent]) -> dict[str, list[str]]:
-    stacks: dict[str, list[str]] = {}
-    for event in events:
-        stack = stacks.setdefault(event.channel, [])
-        if event.action == "promote" and event.release is not None:
-            stack.append(event.release)
-        elif event.action == "rollback" and stack:
-            stack.pop()
-    return stacks
-
-
-def channel_pointers(lake: Lake) -> dict[str, str | None]:
-    """channel -> the release it points at now (None after rolling back its first promote)."""
-    return {c: (s[-1] if s else None) for c, s in _stacks(channel_history(lake)).items()}
+__all__ = ["ChannelEvent", "channel_history", "channel_of", "channel_pointers", "promote", "rollback"]
 
 
 def channel_of(lake: Lake, channel: str) -> Release | None:
@@ -80,7 +48,7 @@ def promote(lake: Lake, name: str, *, channel: str, actor: str | None = None) ->
 
 def rollback(lake: Lake, *, channel: str, actor: str | None = None) -> Release | None:
     """Move ``channel`` back to the release it pointed at before its last promote."""
-    stack = _stacks(channel_history(lake, channel)).get(channel, [])
+    stack = channel_stacks(channel_history(lake, channel)).get(channel, [])
     if len(stack) < 2:
         where = "was never promoted" if not stack else f"has no earlier release than {stack[-1]!r}"
         raise ReleaseError(f"cannot roll back channel {channel!r}: it {where}")

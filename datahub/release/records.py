@@ -127,8 +127,6 @@ def release_exists(lake: Lake, name: str) -> bool:
 
 def get_release(lake: Lake, name: str) -> Release:
     """The release called ``name``, with the channels that point at it now."""
-    from datahub.release.channels import channel_pointers
-
     rows = read_release_rows(lake)
     match = rows.filter(pc.equal(rows.column("name"), name)) if rows.num_rows else rows
     if not match.num_rows:
@@ -146,8 +144,6 @@ def get_release(lake: Lake, name: str) -> Release:
 
 def list_releases(lake: Lake) -> list[Release]:
     """Every release, oldest first."""
-    from datahub.release.channels import channel_pointers
-
     pointers = channel_pointers(lake)
     out = []
     for row in read_release_rows(lake).to_pylist():
@@ -159,3 +155,40 @@ def list_releases(lake: Lake) -> list[Release]:
 def read_release(lake: Lake, release: Release, *, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
     """The rows of ``release`` (Delta time travel to its frozen version)."""
     return lake.read(release.table, version=release.version, columns=columns, filters=filters)
+
+
+# ---- channel pointers (read side; release.channels moves them) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ChannelEvent:
+    channel: str
+    seq: int
+    action: str
+    release: str | None
+    actor: str
+    ts: datetime
+
+
+def channel_history(lake: Lake, channel: str | None = None) -> list[ChannelEvent]:
+    """Events of one channel (or all), in order."""
+    if not lake.exists(CHANNELS_TABLE):
+        return []
+    rows = lake.read(CHANNELS_TABLE).sort_by([("channel", "ascending"), ("seq", "ascending")]).to_pylist()
+    return [ChannelEvent(**r) for r in rows if channel is None or r["channel"] == channel]
+
+
+def channel_stacks(events: list[ChannelEvent]) -> dict[str, list[str]]:
+    stacks: dict[str, list[str]] = {}
+    for event in events:
+        stack = stacks.setdefault(event.channel, [])
+        if event.action == "promote" and event.release is not None:
+            stack.append(event.release)
+        elif event.action == "rollback" and stack:
+            stack.pop()
+    return stacks
+
+
+def channel_pointers(lake: Lake) -> dict[str, str | None]:
+    """channel -> the release it points at now (None after rolling back its first promote)."""
+    return {c: (s[-1] if s else None) for c, s in channel_stacks(channel_history(lake)).items()}

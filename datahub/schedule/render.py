@@ -17,6 +17,7 @@ from typing import Literal
 
 from datahub.config.spec import JobSpec, load_job_spec
 from datahub.errors import SpecError
+from datahub.pipeline.graph import build_graph
 
 Target = Literal["k8s-cronjob", "airflow"]
 TARGETS: tuple[Target, ...] = ("k8s-cronjob", "airflow")
@@ -146,6 +147,7 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
     for job_file in job_files:
         source = os.fspath(job_file)
         spec = load_job_spec(source)
+        build_graph(spec, source=source)  # unknown operators, bad params, cycles: refused before rendering
         _schedule(spec, source)
         if target == "k8s-cronjob":
             text = render_k8s_cronjob(spec, spec_text=Path(source).read_text(), spec_file=Path(source).name,

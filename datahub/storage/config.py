@@ -10,13 +10,18 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from datahub.config.spec import format_validation_error
 from datahub.errors import SpecError
+from datahub.storage.tier import Tier
+from datahub.storage.tier_spec import CephTier, CfsTier, HdfsTier, S3Credentials, TierSpec
+
+__all__ = ["CephTier", "CfsTier", "HdfsTier", "PolicySpec", "S3Credentials", "StorageConfig", "TierSpec",
+           "load_storage_config", "validate_storage_config"]
 
 _TIER_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -25,61 +30,6 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class CfsTier(_Model):
-    """A POSIX mount (Tencent CFS is NFS or CFS Turbo): publish by write-to-temp then rename."""
-
-    kind: Literal["cfs"]
-    path: str = Field(..., description="directory on the mount, e.g. /mnt/cfs/releases (relative: from the current directory)")
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        # a relative path resolves against the current directory, like job spec paths
-        return os.path.abspath(os.path.expanduser(value))
-
-
-class S3Credentials(_Model):
-    """Where the access key comes from: environment variables (default) or a credentials file."""
-
-    key_env: str = "AWS_ACCESS_KEY_ID"
-    secret_env: str = "AWS_SECRET_ACCESS_KEY"
-    file: str | None = Field(None, description="a file with access_key_id/secret_access_key lines (KEY=value or YAML)")
-
-
-class CephTier(_Model):
-    """A Ceph RGW (or any S3) bucket, reached with s3fs."""
-
-    kind: Literal["ceph"]
-    endpoint_url: str = Field(..., description="e.g. http://rgw.internal:7480")
-    bucket: str
-    prefix: str = ""
-    region: str = "us-east-1"
-    credentials: S3Credentials = Field(default_factory=S3Credentials)
-
-    @field_validator("endpoint_url")
-    @classmethod
-    def _http(cls, value: str) -> str:
-        if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must start with http:// or https://, got {value!r}")
-        return value.rstrip("/")
-
-
-class HdfsTier(_Model):
-    """HDFS through WebHDFS (fsspec ``webhdfs``): ``url: webhdfs://namenode:9870/datahub/releases``."""
-
-    kind: Literal["hdfs"]
-    url: str = Field(..., description="webhdfs://HOST:PORT/absolute/path")
-    user: str | None = None
-
-    @field_validator("url")
-    @classmethod
-    def _webhdfs(cls, value: str) -> str:
-        if not re.match(r"^webhdfs://[^/:]+:\d+/", value):
-            raise ValueError(f"must look like webhdfs://HOST:PORT/path, got {value!r}")
-        return value.rstrip("/")
-
-
-TierSpec = Annotated[CfsTier | CephTier | HdfsTier, Field(discriminator="kind")]
 
 StorageClass = Literal["hot", "warm", "cold"]
 
@@ -130,13 +80,9 @@ class StorageConfig(_Model):
                 raise ValueError(f"policy.classes.{name} names unknown tiers {unknown}; configured: {sorted(self.tiers)}")
         return self
 
-    def tier(self, name: str) -> Any:
-        """The ``datahub.storage.Tier`` for a configured tier name."""
-        from datahub.storage.tier import Tier
-
-        if name not in self.tiers:
-            raise SpecError(f"{self.source}: tiers.{name}: no such tier; configured tiers: {sorted(self.tiers)}")
-        return Tier(name, self.tiers[name], source=self.source)
+    def tier(self, name: str) -> Tier:
+        """The ``Tier`` for a configured tier name (``Tier.from_config``)."""
+        return Tier.from_config(self, name)
 
     def merged(self, other: StorageConfig) -> StorageConfig:
         """This config plus another's tiers (a second region); tier names must not clash."""

@@ -15,10 +15,13 @@ import os
 import re
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datahub.errors import IntegrityError, SpecError, StorageError
-from datahub.storage.config import CephTier, CfsTier, HdfsTier
+from datahub.storage.tier_spec import CephTier, CfsTier, HdfsTier
+
+if TYPE_CHECKING:
+    from datahub.storage.config import StorageConfig
 
 _CHUNK = 8 * 1024 * 1024
 
@@ -31,6 +34,13 @@ class Tier:
         self.spec = spec
         self.source = source
         self._fs: Any = None
+
+    @classmethod
+    def from_config(cls, config: StorageConfig, name: str) -> Tier:
+        """The tier ``name`` of a validated storage config; an unknown name is an error naming the configured ones."""
+        if name not in config.tiers:
+            raise SpecError(f"{config.source}: tiers.{name}: no such tier; configured tiers: {sorted(config.tiers)}")
+        return cls(name, config.tiers[name], source=config.source)
 
     def __repr__(self) -> str:  # never the credentials
         return f"Tier({self.name!r}, kind={self.kind!r}, root={self.root_uri!r})"

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pyarrow as pa
 import pytest
 
-from datahub.lineage.openlineage import SCHEMA_URL, run_event, run_uuid
+from datahub.pipeline.openlineage import SCHEMA_URL, run_event, run_uuid
 from datahub.operator import BatchOperator, register
 from datahub.pipeline.run import run_job
 
@@ -89,7 +89,7 @@ def test_http_transport_and_fail_event(job_spec, corpus, ray_engine):
 
 
 def test_unreachable_collector_never_fails_and_s3_naming(tmp_path):
-    from datahub.lineage.openlineage import OpenLineageEmitter
+    from datahub.pipeline.openlineage import OpenLineageEmitter
 
     emitter = OpenLineageEmitter(transport="http", namespace="ns", url="http://127.0.0.1:9/x", timeout_s=0.5)
     event = run_event("START", run_id="r-1", job_namespace="ns", job_name="j",

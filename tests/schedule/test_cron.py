@@ -6,7 +6,7 @@ import pytest
 
 from datahub.config.spec import validate_job_spec
 from datahub.errors import SpecError
-from datahub.schedule.cron import validate_cron
+from datahub.config.cron import validate_cron
 
 
 @pytest.mark.parametrize("expr", ["0 3 * * *", "*/15 * * * *", "0 0 1,15 * mon-fri", "5 4 * jan-mar 0", "@daily", "0  3 * * 7"])
