@@ -18,7 +18,7 @@ import hashlib
 import importlib
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,7 +28,7 @@ from datahub.errors import MissingDependencyError, OperatorError
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
-    from datahub.pipeline.context import RunContext
+    from datahub.lake.lake import Lake
 
 # Envelope columns: travel with each row through the graph, never written to `samples`.
 DROP_REASON = "_drop_reason"  # null while the row is alive
@@ -116,6 +116,38 @@ class Operator:
         return table
 
 
+class OperatorContext(Protocol):
+    """What a global operator may ask of the run it is part of (the pipeline's ``RunContext`` provides it).
+
+    Kept narrow so the operator library depends on this contract, never on the orchestrator above it.
+    """
+
+    @property
+    def run_id(self) -> str:
+        """This run's id (the Delta app transaction of its commits; index rows record it)."""
+
+    @property
+    def job_name(self) -> str:
+        """The job's name; its run ids are ``{job_name}-{12 hex}``."""
+
+    @property
+    def full(self) -> bool:
+        """True under ``--full``: this job's earlier rows are being replaced, not extended."""
+
+    @property
+    def lake(self) -> Lake:
+        """The lake, read for incremental indexes (rows of earlier runs)."""
+
+    def from_arrow(self, table: pa.Table) -> Frame:
+        """A frame on the run's engine holding ``table`` (e.g. index rows read from the lake)."""
+
+    def add_side_output(self, table: str, data: Frame | pa.Table) -> None:
+        """Rows for another lake table (e.g. ``minhash_index``), committed with the run after the samples."""
+
+    def checkpoint(self, name: str) -> None:
+        """A named point inside the operator where crash-safety tests may kill the process."""
+
+
 class BatchOperator(Operator):
     """A map, filter or annotate step: ``process(table) -> table`` with the same rows."""
 
@@ -126,7 +158,7 @@ class BatchOperator(Operator):
 class GlobalOperator(Operator):
     """A step that needs all rows at once (dedup). Written against the engine-neutral Frame."""
 
-    def apply(self, frame: Frame, context: RunContext) -> Frame:  # pragma: no cover - interface
+    def apply(self, frame: Frame, context: OperatorContext) -> Frame:  # pragma: no cover - interface
         raise NotImplementedError
 
 
@@ -255,6 +287,7 @@ __all__ = [
     "BatchOperator",
     "GlobalOperator",
     "Operator",
+    "OperatorContext",
     "Params",
     "ValidationError",
     "apply_batch_operator",

@@ -8,6 +8,7 @@ sits above the pipeline) so that the pipeline can use it without an upward impor
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import TypeAlias
 
 import pyarrow as pa
 
@@ -15,7 +16,7 @@ from datahub.lake.tables import LINEAGE, LINEAGE_ACTIONS
 
 _TS = pa.timestamp("us", tz="UTC")
 
-Column = str | None | pa.Array | pa.ChunkedArray
+Column: TypeAlias = "str | None | pa.Array | pa.ChunkedArray"
 
 
 def _column(value: Column, n: int) -> pa.Array | pa.ChunkedArray:
@@ -33,7 +34,7 @@ def lineage_rows(
     sample_ids: pa.Array | pa.ChunkedArray,
     *,
     run_id: str,
-    op: str,
+    op: Column,
     action: str,
     params_hash: Column = None,
     reason: Column = None,
@@ -43,7 +44,7 @@ def lineage_rows(
 ) -> pa.Table:
     """One ``lineage`` row per sample id, in the ``LINEAGE`` schema.
 
-    ``run_id``, ``op`` and ``action`` are the same for every row; ``params_hash``, ``reason`` and ``ref`` are a
+    ``run_id`` and ``action`` are the same for every row; ``op``, ``params_hash``, ``reason`` and ``ref`` are a
     scalar (repeated), None (nulls) or an array aligned with ``sample_ids``. ``ts`` defaults to now (UTC).
     Rows are sorted by ``sample_id`` unless ``sort=False``: file min/max stats then narrow one sample's lookup.
     """

@@ -1,10 +1,14 @@
-"""What a running job knows about itself; passed explicitly to global operators."""
+"""What a running job knows about itself; passed explicitly to global operators, which see it through
+the narrow ``datahub.operator.OperatorContext`` protocol."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from datahub.pipeline.faults import checkpoint
+from datahub.pipeline.sinks import stage_side_output
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,10 +35,18 @@ class RunContext:
     side_outputs: dict[str, list[StagedFiles]] = field(default_factory=dict)
     counters: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def job_name(self) -> str:
+        return self.spec.name
+
+    def from_arrow(self, table: pa.Table) -> Frame:
+        return self.engine.from_arrow(table)
+
+    def checkpoint(self, name: str) -> None:
+        checkpoint(name)
+
     def add_side_output(self, table: str, data: Frame | pa.Table) -> None:
         """Write ``data`` for ``table`` now (uncommitted files), so its blocks can be freed."""
-        from datahub.pipeline.sinks import stage_side_output
-
         staged = stage_side_output(self, table, data)
         if staged is not None:
             self.side_outputs.setdefault(table, []).append(staged)

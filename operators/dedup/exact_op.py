@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datahub.operator import GlobalOperator, register
-from datahub.pipeline.faults import checkpoint
+from datahub.operator import GlobalOperator, OperatorContext, register
 from operators.dedup.exact import hex_digests, value_hashes
 from operators.dedup.index import EXACT_INDEX, read_index
 from operators.dedup.normalize import Normalization, normalize_texts
@@ -28,7 +27,6 @@ from operators.dedup.steps import KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, M
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
-    from datahub.pipeline.context import RunContext
 
 CONTENT_HASH = "_dedup_content_hash"
 SAMPLE_ID = "sample_id"
@@ -93,7 +91,7 @@ class ExactDedup(GlobalOperator):
                              sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
-    def apply(self, frame: Frame, context: RunContext) -> Frame:
+    def apply(self, frame: Frame, context: OperatorContext) -> Frame:
         p = self.params
         # The documents are held once (``reusable``), next to one narrow row per document (id,
         # key, rank); only the keys go through the shuffle that finds shared ones, and the
@@ -111,20 +109,20 @@ class ExactDedup(GlobalOperator):
                                       params_hash=self.index_params_hash)
             if match.num_rows:
                 lake_rows = pa.table({CONTENT_HASH: match.column("content_hash"), ROW_RANK: lake_ranks(match.column("sample_id"))})
-                hashes = hashes.union(context.engine.from_arrow(lake_rows.select([CONTENT_HASH])))
+                hashes = hashes.union(context.from_arrow(lake_rows.select([CONTENT_HASH])))
         # keys of more than one row (new rows, or a new row and the lake's copy)
         shared = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")}, having=SharedKeys(CONTENT_HASH, "rows")).materialize()
         candidates = join_small(keyed, shared, on=[CONTENT_HASH], how="inner", name="exact_dedup.shared_rows")
         candidates = candidates.map_batches(Select((CONTENT_HASH, ROW_RANK)), name="exact_dedup.candidates")
         if lake_rows is not None:
-            candidates = candidates.union(context.engine.from_arrow(lake_rows))
+            candidates = candidates.union(context.from_arrow(lake_rows))
         keepers = candidates.groupby_agg([CONTENT_HASH], {KEEPER_RANK: (ROW_RANK, "min")}).materialize()
         joined = join_small(keyed, keepers, on=[CONTENT_HASH], name="exact_dedup.keepers")  # keeper null: a key's only row
-        checkpoint("exact_dedup:after_keepers")
+        context.checkpoint("exact_dedup:after_keepers")
         index_rows = joined.map_batches(ExactIndexRows(self.index_params_hash, context.run_id), name="exact_dedup.index_rows")
         if known is not None and known.num_rows:  # --full: never repeat a row the index has
             seen = pa.table({"content_hash": known.column("content_hash"), "sample_id": known.column("sample_id")})
-            index_rows = index_rows.join(context.engine.from_arrow(seen), on=["content_hash", "sample_id"], how="left_anti")
+            index_rows = index_rows.join(context.from_arrow(seen), on=["content_hash", "sample_id"], how="left_anti")
         context.add_side_output(EXACT_INDEX, index_rows)
         # Rows of one sample_id have one text, so one key and one keeper: decisions per sample.
         decisions = joined.map_batches(_InSharedGroup(), name="exact_dedup.in_shared").groupby_agg(

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 if TYPE_CHECKING:
-    from datahub.pipeline.context import RunContext
+    from datahub.operator import OperatorContext
 
 MINHASH_INDEX = "minhash_index"
 EXACT_INDEX = "exact_index"
@@ -40,7 +40,7 @@ EXACT_INDEX_SCHEMA = pa.schema(
 )
 
 
-def read_index(context: RunContext, table: str, *, columns: list[str], params_hash: str) -> tuple[pa.Table, pa.Table]:
+def read_index(context: OperatorContext, table: str, *, columns: list[str], params_hash: str) -> tuple[pa.Table, pa.Table]:
     """``(match_against, already_indexed)`` rows of ``table`` with ``params_hash``.
 
     ``match_against``: the rows new samples dedup against (see the module docstring).
@@ -54,7 +54,7 @@ def read_index(context: RunContext, table: str, *, columns: list[str], params_ha
     rows = rows.filter(pc.not_equal(rows.column("run_id"), context.run_id))
     match = rows
     if context.full:
-        own_job = pc.starts_with(rows.column("run_id"), f"{context.spec.name}-")
+        own_job = pc.starts_with(rows.column("run_id"), f"{context.job_name}-")
         match = rows.filter(pc.invert(own_job))
     return match, rows
 

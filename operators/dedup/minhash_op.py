@@ -29,8 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from datahub.operator import GlobalOperator, register
-from datahub.pipeline.faults import checkpoint
+from datahub.operator import GlobalOperator, OperatorContext, register
 from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, BandKeys, ExplodeBandKeys, connected_components
 from operators.dedup.index import MINHASH_INDEX, read_index
 from operators.dedup.lsh import optimal_bands
@@ -43,7 +42,6 @@ from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
-    from datahub.pipeline.context import RunContext
 
 CLUSTER = "_dedup_cluster"
 
@@ -100,7 +98,7 @@ class MinhashDedup(GlobalOperator):
                    "bands": self.bands, "rows": self.rows}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
-    def apply(self, frame: Frame, context: RunContext) -> Frame:
+    def apply(self, frame: Frame, context: OperatorContext) -> Frame:
         p = self.params
         # The documents are held once (``reusable``), next to one compact row of band keys per
         # document (edges are exploded from it when read). Only the samples that may lose rows
@@ -116,7 +114,7 @@ class MinhashDedup(GlobalOperator):
         doc_keys = docs.map_batches(BandKeys(self.minhasher, self.bands, self.rows), name="minhash_dedup.band_keys")
         doc_keys = doc_keys.materialize()  # signatures once; edges are a cheap explode of this
         new_edges = doc_keys.map_batches(ExplodeBandKeys(), name="minhash_dedup.band_edges")
-        checkpoint("minhash_dedup:after_signatures")
+        context.checkpoint("minhash_dedup:after_signatures")
         edges, lake_ids, known = new_edges, None, None
         if p.incremental:
             edges, lake_ids, known = self._with_lake_edges(new_edges, context)
@@ -125,7 +123,7 @@ class MinhashDedup(GlobalOperator):
             edges, jaccard = self._verified_edges(edges, docs, lake_ids, context)
         components = connected_components(edges, max_iterations=p.max_iterations).map_batches(
             Select((SAMPLE_ID, CLUSTER_ID), ((CLUSTER_ID, CLUSTER),)), name="minhash_dedup.clusters").materialize()
-        checkpoint("minhash_dedup:after_clustering")
+        context.checkpoint("minhash_dedup:after_clustering")
         # Ranks of the samples that may lose rows only: clustered or repeated ones.
         needed = components.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.clustered_ids").union(repeated)
         needed = needed.groupby_agg([SAMPLE_ID], {"n": (SAMPLE_ID, "count")}, having=Select((SAMPLE_ID,)))
@@ -133,7 +131,7 @@ class MinhashDedup(GlobalOperator):
             Select((SAMPLE_ID, ROW_RANK)), name="minhash_dedup.ranks"), needed, on=[SAMPLE_ID], how="inner",
             name="minhash_dedup.needed_ranks")
         if lake_ids is not None:
-            ranks = ranks.union(context.engine.from_arrow(pa.table({SAMPLE_ID: lake_ids, ROW_RANK: lake_ranks(lake_ids)})))
+            ranks = ranks.union(context.from_arrow(pa.table({SAMPLE_ID: lake_ids, ROW_RANK: lake_ranks(lake_ids)})))
         ranks = ranks.materialize()
         keepers = components.join(ranks, on=[SAMPLE_ID]).groupby_agg([CLUSTER], {KEEPER_RANK: (ROW_RANK, "min")})
         clustered = components.join(keepers, on=[CLUSTER])
@@ -151,23 +149,23 @@ class MinhashDedup(GlobalOperator):
         return join_small(frame, decisions, on=[SAMPLE_ID], name="minhash_dedup.decisions").map_batches(
             MarkAlive(p.keep_by, mark), name="minhash_dedup.mark").light()
 
-    def _with_lake_edges(self, new_edges: Frame, context: RunContext) -> tuple[Frame, pa.Array | None, pa.Table | None]:
+    def _with_lake_edges(self, new_edges: Frame, context: OperatorContext) -> tuple[Frame, pa.Array | None, pa.Table | None]:
         """Add the lake's edges that share a band key with a new document."""
         match, known = read_index(context, MINHASH_INDEX, columns=[SAMPLE_ID, BAND_KEY], params_hash=self.index_params_hash)
         if not match.num_rows:
             return new_edges, None, known
         new_keys = new_edges.groupby_agg([BAND_KEY], {"n": (SAMPLE_ID, "count")}).map_batches(
             Select((BAND_KEY,)), name="minhash_dedup.new_band_keys")
-        lake_edges = context.engine.from_arrow(match.select([SAMPLE_ID, BAND_KEY])).join(new_keys, on=[BAND_KEY])
+        lake_edges = context.from_arrow(match.select([SAMPLE_ID, BAND_KEY])).join(new_keys, on=[BAND_KEY])
         matched = lake_edges.to_arrow()  # only lake samples sharing a band with a new one: small
         if not matched.num_rows:
             return new_edges, None, known
         matched = matched.select([SAMPLE_ID, BAND_KEY]).cast(pa.schema([(SAMPLE_ID, pa.string()), (BAND_KEY, pa.int64())]))
         lake_ids = pc.unique(matched.column(SAMPLE_ID).combine_chunks())
-        return new_edges.union(context.engine.from_arrow(matched)), lake_ids, known
+        return new_edges.union(context.from_arrow(matched)), lake_ids, known
 
     def _verified_edges(self, edges: Frame, docs: Frame, lake_ids: pa.Array | None,
-                        context: RunContext) -> tuple[Frame, Frame]:
+                        context: OperatorContext) -> tuple[Frame, Frame]:
         """Edges of confirmed (member, anchor) pairs only, and the best Jaccard per sample."""
         p = self.params
         buckets = edges.groupby_agg([BAND_KEY], {"members": (SAMPLE_ID, "count"), ANCHOR: (SAMPLE_ID, "min")})
@@ -181,7 +179,7 @@ class MinhashDedup(GlobalOperator):
             lake_texts = context.lake.read("samples", columns=[SAMPLE_ID, "text"],
                                            filters=ds.field(SAMPLE_ID).isin(lake_ids.to_pylist()))
             if lake_texts.num_rows:
-                texts = texts.union(context.engine.from_arrow(lake_texts.select([SAMPLE_ID, "text"])))
+                texts = texts.union(context.from_arrow(lake_texts.select([SAMPLE_ID, "text"])))
         texts = texts.materialize()
         anchor_texts = texts.map_batches(Select((SAMPLE_ID, "text"), ((SAMPLE_ID, ANCHOR), ("text", ANCHOR_TEXT))),
                                          name="minhash_dedup.anchor_texts")
@@ -197,13 +195,13 @@ class MinhashDedup(GlobalOperator):
         return member_edges.union(anchor_edges.map_batches(Select((SAMPLE_ID, BAND_KEY)), name="minhash_dedup.anchor_order")), best
 
     def _index_rows(self, new_edges: Frame, decisions: Frame, repeated: int, known: pa.Table | None,
-                    context: RunContext) -> Frame:
+                    context: OperatorContext) -> Frame:
         """``minhash_index`` rows: every band key of every kept new sample, each exactly once."""
         lost = decisions.map_batches(_LostSamples(), name="minhash_dedup.lost")  # samples none of whose rows is kept
         rows = join_small(new_edges, lost, on=[SAMPLE_ID], how="left_anti", name="minhash_dedup.kept_edges")
         if known is not None and known.num_rows:  # --full: never repeat a sample the index lists
             seen = pa.table({SAMPLE_ID: pc.unique(known.column(SAMPLE_ID))})
-            rows = rows.join(context.engine.from_arrow(seen), on=[SAMPLE_ID], how="left_anti")
+            rows = rows.join(context.from_arrow(seen), on=[SAMPLE_ID], how="left_anti")
         if repeated:  # one sample_id in several rows emitted its edges several times
             rows = rows.groupby_agg([SAMPLE_ID, BAND_KEY], {"n": (SAMPLE_ID, "count")})
         return rows.map_batches(IndexRows(self.index_params_hash, context.run_id), name="minhash_dedup.index_rows")

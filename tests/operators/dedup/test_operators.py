@@ -18,6 +18,7 @@ from datahub.config.spec import validate_job_spec
 from datahub.engines.arrow import ArrowEngine
 from datahub.errors import SpecError
 from datahub.lake import Lake
+from datahub.pipeline.graph import build_graph
 from datahub.pipeline.run import run_job
 from datahub.sample_id import sample_id_of
 from tests.operators.dedup.conftest import edit_words, make_corpus
@@ -221,5 +222,5 @@ def test_verified_dedup_accuracy_on_planted_near_duplicates(tmp_path):
 def test_bad_params_name_the_file_and_field(tmp_path, params, field):
     graph = {"dedup": {"op": "minhash_dedup", "params": params}, "samples": {"sink": "samples", "after": ["dedup"]}}
     with pytest.raises(SpecError) as info:
-        spec_for(tmp_path, tmp_path / "lake", graph)
+        build_graph(spec_for(tmp_path, tmp_path / "lake", graph), source="jobs/x.yaml")
     assert "jobs/x.yaml: graph.dedup.params" in str(info.value) and field in str(info.value)
