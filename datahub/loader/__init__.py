@@ -2,18 +2,21 @@
 
 ``ReleaseDataset`` (a ``torch.utils.data.IterableDataset`` when torch is installed) and
 ``ray_dataset`` (a Ray Dataset for Ray Train). Both are resolved on first access so that
-``import datahub.loader`` imports neither torch nor ray.
+``import datahub.loader`` imports neither torch nor ray. ``ReadPolicy`` sets the timeouts and retry bounds of
+remote reads.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from datahub.loader.read_policy import ReadPolicy
+
 if TYPE_CHECKING:
     from datahub.loader.dataset import ReleaseDataset
     from datahub.loader.ray_data import ray_dataset
 
-__all__ = ["ReleaseDataset", "ray_dataset"]
+__all__ = ["ReadPolicy", "ReleaseDataset", "ray_dataset"]
 
 
 def __getattr__(name: str) -> Any:

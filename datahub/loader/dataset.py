@@ -14,13 +14,16 @@ from typing import Any
 import numpy as np
 
 from datahub.loader.decode import DecodeMode, SampleReader, make_decoder
+from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.manifest import Manifest, load_manifest
 from datahub.loader.plan import EpochOrder, RankStream, Uneven, rank_stream, resolve_topology, stream_positions
 from datahub.loader.prefetch import Prefetcher
-from datahub.loader.shard_source import ShardSource
+from datahub.loader.read_policy import ReadPolicy
+from datahub.loader.shard_source import ShardSource, Verify
 from datahub.loader.storage_options import StorageArg, as_storage, readable_tiers, tier_options
 from datahub.loader.storage_options import manifest_options as manifest_options_for
 from datahub.loader.tar_index import index_tar
+from datahub.loader.worker_use import WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)
     from torch.utils.data import IterableDataset as _Base
@@ -50,7 +53,9 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
 
     ``storage``: ``{tier: fsspec options}``, or the ``StorageConfig`` / storage YAML path the export used
     (credentials then come from the env variables or file each tier names; only tiers the loader may read
-    are resolved).
+    are resolved). ``read_policy``: connect/read timeouts, bounded retries and tier cooldown for remote reads
+    (``datahub.loader.read_policy``). ``verify``: True checks size and sha256, hashing a local file once per
+    identity (device, inode, size, mtime, ctime); "always" hashes every read; False checks the size only.
     """
 
     def __init__(
@@ -72,7 +77,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         prefetch_shards: int = 2,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
-        verify: bool = True,
+        verify: Verify = True,
+        read_policy: ReadPolicy | None = None,
     ) -> None:
         if uneven not in ("pad", "drop"):
             raise ValueError(f"uneven must be 'pad' or 'drop'; got {uneven!r}")
@@ -91,13 +97,15 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         self._decode = make_decoder(decode)
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,
                                   storage=tier_options(storage_config, tiers=readable_tiers(self.manifest, tier_preference)),
-                                  cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify)
+                                  cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify,
+                                  read_policy=read_policy)
         self._segments: list[tuple[int, int]] = []  # past (world_size, samples consumed per rank)
         self._start = 0  # samples of this rank's stream already consumed before this iteration
         self._worker_resume: dict[str, int] | None = None
         self._consumed = 0  # samples yielded by the live iterator in this process
         self._worker: tuple[int, int] | None = None  # (worker_id, num_workers) when inside a DataLoader worker
         self._worker_items = 0  # items yielded before the live iterator, plus its batches (samples count via _consumed)
+        self._worker_use = WorkerUse()  # set by DataLoader workers: then this process's own count means nothing
 
     # --- plan -------------------------------------------------------------------------------------------
 
@@ -128,8 +136,18 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         ``consumed``: items (samples, or batches when batch_size is set) the trainer received from the
         current iteration; needed with a plain DataLoader with workers, whose dataset copies run in other
         processes. Without it, the count this process yielded is used (num_workers=0, or inside a
-        StatefulDataLoader worker, which then also records the worker's own position).
+        StatefulDataLoader worker, which then also records the worker's own position); in a process whose
+        copy of the dataset DataLoader workers iterate, that count is not the trainer's, so omitting
+        ``consumed`` there raises ``ConsumedCountRequiredError`` rather than record a wrong position.
         """
+        if consumed is None and self._worker is None and self._worker_use.seen():
+            size = "batches" if self.batch_size else "samples"
+            raise ConsumedCountRequiredError(
+                f"ReleaseDataset.state_dict(): DataLoader worker processes read this dataset, so this process "
+                f"does not know how many items the trainer received (it would record 0 and a resume would repeat "
+                f"them). Pass state_dict(consumed=N), N = the {size} the DataLoader gave the trainer since the epoch "
+                "(or the last load_state_dict) began, e.g. step + 1; or iterate a "
+                "torchdata.stateful_dataloader.StatefulDataLoader and save its state_dict() instead")
         if consumed is None:
             samples = self._consumed
         else:
@@ -180,6 +198,10 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         info = _get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._worker = (worker_id, num_workers) if info is not None else None
+        if info is None:
+            self._worker_use.clear()  # iterated here: this process's count is the trainer's again
+        else:
+            self._worker_use.mark()
         first = 0
         if self._worker_resume is not None:
             resume = self._worker_resume

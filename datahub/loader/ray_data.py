@@ -12,7 +12,8 @@ from typing import Any
 
 from datahub.errors import IntegrityError, MissingDependencyError
 from datahub.loader.manifest import Manifest, load_manifest
-from datahub.loader.shard_source import ShardSource
+from datahub.loader.read_policy import ReadPolicy
+from datahub.loader.shard_source import ShardSource, Verify
 from datahub.loader.storage_options import StorageArg, as_storage, manifest_options, readable_tiers, tier_options
 from datahub.loader.tar_index import index_tar
 
@@ -49,12 +50,14 @@ def ray_dataset(
     lake: str | None = None,
     storage: StorageArg = None,
     tier_preference: Sequence[str] | None = None,
-    verify: bool = True,
+    verify: Verify = True,
     shuffle_seed: int | None = None,
+    read_policy: ReadPolicy | None = None,
 ) -> Any:
     """Columns: sample_id, text, meta (the sample's JSON metadata as a string), shard.
 
-    ``storage`` is as for ReleaseDataset: ``{tier: fsspec options}`` or the export's StorageConfig / YAML path.
+    ``storage``, ``verify`` and ``read_policy`` are as for ReleaseDataset (``storage``: ``{tier: fsspec options}``
+    or the export's StorageConfig / YAML path).
     ``shuffle_seed`` permutes the shard order (use ``ds.random_shuffle`` or Ray Train's
     local shuffle buffer for sample-level mixing).
     """
@@ -65,7 +68,7 @@ def ray_dataset(
     storage_config = as_storage(storage)
     options = manifest_options(storage_config, release_or_manifest) if isinstance(release_or_manifest, str) else None
     manifest = load_manifest(release_or_manifest, lake=lake, storage_options=options)
-    source = ShardSource(manifest, tier_preference=tier_preference, verify=verify,
+    source = ShardSource(manifest, tier_preference=tier_preference, verify=verify, read_policy=read_policy,
                          storage=tier_options(storage_config, tiers=readable_tiers(manifest, tier_preference)))
     shard_indexes = list(range(len(manifest.shards)))
     if shuffle_seed is not None:

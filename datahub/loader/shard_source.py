@@ -1,13 +1,20 @@
 """Fetch shard bytes from the preferred storage tier, with checksum, failover and an optional local cache.
 
-A replica that is missing, unreadable, of the wrong size or with the wrong sha256 makes the
-source try the next tier; the first failover per tier is logged (later ones are counted in
-``failovers``), so a dead tier does not flood the trainer log. The cache keeps verified shards
-under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently used files (by access time) past
-``cache_limit_bytes``. A cache hit is verified like a local replica: size, then sha256 once per file identity
-(device, inode, size, mtime) for the dataset's process and its DataLoader workers (``verified``; a file
-this process wrote itself counts as verified).
-A corrupted cache file is logged, evicted and fetched again from the tiers.
+A replica that is missing, unreadable, of the wrong size or with the wrong sha256 makes the source try the
+next tier at once (logged once per tier, later ones counted in ``failovers``). A tier that does not answer
+(connection refused, connect or read timeout, HTTP 5xx: ``errors.replica_error``) is failed over too, logged
+once per outage, and tried last for ``ReadPolicy.tier_cooldown_s``; when no tier gave a good replica, the
+shard is read again in bounded rounds with backoff (``read_policy``), then ``NoReadableReplicaError`` names
+the shard and each tier's cause. A shard is used only whole and verified, so a read that failed half-way
+yields nothing and exactly-once holds across failovers.
+
+The cache keeps verified shards under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently
+used files (by access time) past ``cache_limit_bytes``. A cache hit is verified like a local replica: size,
+then sha256 once per file identity (device, inode, size, mtime, ctime) for the dataset's process and its
+DataLoader workers (``verified``; a file this process wrote itself counts as verified). Any change made
+through the filesystem (a write in place, truncate, rename, or restoring the mtime with utime) sets the
+ctime, so the changed file is hashed again; ``verify="always"`` hashes every read (for bytes changed below
+the filesystem: disk rot, a server-side change). A corrupted cache file is logged, evicted and fetched again.
 
 ``read_buffer`` (what the loaders use) memory-maps local files (a POSIX path, ``file://`` or a cache
 hit) read-only rather than copying them into the process: the decoders read the page cache directly, which saves one full copy of
@@ -22,15 +29,20 @@ import logging
 import mmap
 import os
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from datahub.loader.errors import NoReadableReplicaError
+from datahub.loader.errors import (NoReadableReplicaError, ReplicaUnavailableError, ReplicaUnusableError,
+                                   replica_error)
 from datahub.loader.manifest import Manifest, ShardEntry
+from datahub.loader.read_policy import DEFAULT_READ_POLICY, ReadPolicy, limit_transport_retries
 from datahub.loader.verified import VerifiedFiles
+
+Verify = bool | Literal["always"]
 
 log = logging.getLogger("datahub.loader")
 
@@ -44,15 +56,21 @@ def map_file(path: str | os.PathLike[str]) -> ShardBytes:
 
 
 def _map_file(path: str | os.PathLike[str], *, mapped: bool = True) -> tuple[ShardBytes, tuple[int, ...]]:
-    """The bytes (a mapping, or a copy when not ``mapped``) and the file's identity (device, inode, size, mtime)."""
+    """The bytes (a mapping, or a copy when not ``mapped``) and the file's identity (``_identity``)."""
     with open(path, "rb") as handle:
         stat = os.fstat(handle.fileno())
-        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        identity = _identity(stat)
         if not mapped:
             return handle.read(), identity
         if stat.st_size == 0:
             return b"", identity
         return mmap.mmap(handle.fileno(), stat.st_size, flags=_MAP_FLAGS, prot=mmap.PROT_READ), identity
+
+
+def _identity(stat: os.stat_result) -> tuple[int, ...]:
+    """(device, inode, size, mtime, ctime): the ctime moves on every change made through the filesystem, also
+    when the mtime is put back (utime), so an in-place rewrite that keeps size and mtime is still noticed."""
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 class ShardSource:
@@ -66,30 +84,44 @@ class ShardSource:
         storage: Mapping[str, Mapping[str, Any]] | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit_bytes: int | None = None,
-        verify: bool = True,
+        verify: Verify = True,
+        read_policy: ReadPolicy | None = None,
     ) -> None:
+        if verify not in (True, False, "always"):
+            raise ValueError(f"verify must be True, False or 'always'; got {verify!r}")
         self.manifest = manifest
         self.tier_preference = list(tier_preference) if tier_preference else None
         self.storage = {tier: dict(options) for tier, options in (storage or {}).items()}
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.cache_limit_bytes = cache_limit_bytes
         self.verify = verify
+        self.read_policy = read_policy or DEFAULT_READ_POLICY
         self.reads: Counter[tuple[str, str]] = Counter()  # (tier or "cache", shard name) -> times read
         self.failovers: Counter[str] = Counter()  # tier -> replicas that failed
+        self.retries = 0  # rounds over a shard's tiers after the first (all tiers failed, some transiently)
         self._filesystems: dict[str, Any] = {}
         self._filesystems_pid = os.getpid()
-        # local files whose sha256 matched, by (sha256, device, inode, size, mtime), in this process and its
+        # local files whose sha256 matched, by (sha256, device, inode, size, mtime, ctime), in this process and its
         # DataLoader workers: a later epoch or another worker maps the same unchanged file without hashing it
-        self._verified = VerifiedFiles(shared=verify)
+        self._verified = VerifiedFiles(shared=verify is True)
+        self._lock = threading.Lock()  # prefetch threads share the tier health below
+        self._cooling: dict[str, float] = {}  # tier -> monotonic time until which it is tried last
+        self._outages: set[str] = set()  # tiers that failed transiently and have not answered since (logged once)
+        self._logged_unusable: set[str] = set()  # tiers whose first bad replica was logged
         self.hashed: Counter[str] = Counter()  # shard name -> times its bytes were hashed
         self.cache_evictions = 0  # cached shards found corrupt and removed
         if self.cache_dir is not None:
             self.cache_dir.mkdir(parents=True, exist_ok=True)
 
-    def __getstate__(self) -> dict[str, Any]:  # filesystems do not travel to DataLoader workers
+    def __getstate__(self) -> dict[str, Any]:  # filesystems and the lock do not travel to DataLoader workers
         state = self.__dict__.copy()
         state["_filesystems"] = {}
+        del state["_lock"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def tiers_for(self, shard: ShardEntry) -> list[str]:
         if self.tier_preference is None:
@@ -109,30 +141,93 @@ class ShardSource:
         cached = self._cache_get(shard, mapped=mapped)
         if cached is not None:
             return cached
-        problems: list[str] = []
-        for tier in self.tiers_for(shard):
-            uri = shard.replicas[tier]
-            try:
-                data, identity = self._fetch(tier, uri, mapped=mapped)
-                self.reads[(tier, shard.name)] += 1
-                problem = self._check(shard, data, identity)
-            except (OSError, ValueError) as error:  # FileNotFoundError, permission, network, bad URL
-                problem = f"{type(error).__name__}: {error}"
-            if problem is None:
+        tiers = self.tiers_for(shard)
+        problems: dict[str, str] = {}  # tier -> its last problem
+        unusable: set[str] = set()  # tiers whose replica is bad: not tried again for this shard
+        policy, started = self.read_policy, time.monotonic()
+        for attempt in range(1, policy.attempts + 1):
+            for tier in self._by_health([tier for tier in tiers if tier not in unusable]):
+                uri = shard.replicas[tier]
+                try:
+                    data = self._read_replica(shard, tier, uri, mapped=mapped)
+                except ReplicaUnusableError as error:
+                    unusable.add(tier)
+                    problems[tier] = f"{uri}: {error}"
+                    self._unusable(shard, tier, str(error), last=len(unusable) == len(tiers))
+                    continue
+                except ReplicaUnavailableError as error:
+                    problems[tier] = f"{uri}: {error}"
+                    self._unavailable(shard, tier, str(error))
+                    continue
                 self._cache_put(shard, data)
                 return data
-            problems.append(f"{tier} ({uri}): {problem}")
-            self.failovers[tier] += 1
-            if self.failovers[tier] == 1:
-                log.warning("shard %s: replica on tier %s unusable (%s); failing over to the next tier; "
-                            "further failures on %s are counted, not logged", shard.name, tier, problem, tier)
-        skipped = sorted(set(shard.replicas) - set(self.tiers_for(shard)))
+            if len(unusable) == len(tiers) or attempt == policy.attempts:
+                break
+            self.retries += 1
+            time.sleep(policy.delay(attempt))
+        skipped = sorted(set(shard.replicas) - set(tiers))
         hint = f"; tiers with a replica but not in tier_preference: {skipped}" if skipped else ""
-        tried = "; ".join(problems) or "no tier in tier_preference holds a replica"
+        tried = "; ".join(f"{tier} ({problem})" for tier, problem in problems.items())
+        if not tried:
+            tried = "no tier in tier_preference holds a replica"
+        elif len(unusable) < len(tiers):
+            tried = (f"{tried} (after {attempt} round{'s' if attempt > 1 else ''} over "
+                     f"{time.monotonic() - started:.1f} s)")
         raise NoReadableReplicaError(
             f"release {self.manifest.release}: no readable replica of shard {shard.name}: {tried}{hint}. "
-            "Check the tier's storage options and re-run `datahub export` or `datahub tier` to repair the replica."
+            "A tier that did not answer: check that it is up and reachable (endpoint, network) and its storage "
+            "options; a bad replica: re-run `datahub export` or `datahub tier` to repair it."
         )
+
+    def _read_replica(self, shard: ShardEntry, tier: str, uri: str, *, mapped: bool) -> ShardBytes:
+        """The replica's verified bytes; raises ReplicaUnavailableError or ReplicaUnusableError."""
+        try:
+            data, identity = self._fetch(tier, uri, mapped=mapped)
+        except Exception as error:  # classified by errors.replica_error; anything else is a bug and propagates
+            classified = replica_error(error)
+            if classified is None:
+                raise
+            raise classified from error
+        self.reads[(tier, shard.name)] += 1
+        problem = self._check(shard, data, identity)
+        if problem is not None:
+            raise ReplicaUnusableError(problem)
+        if tier in self._outages:
+            with self._lock:
+                self._outages.discard(tier)
+                self._cooling.pop(tier, None)
+            log.info("tier %s answers again (shard %s)", tier, shard.name)
+        return data
+
+    def _by_health(self, tiers: list[str]) -> list[str]:
+        """``tiers`` with those that did not answer within ``tier_cooldown_s`` moved to the end."""
+        now = time.monotonic()
+        cooling = [tier for tier in tiers if self._cooling.get(tier, 0.0) > now]
+        return [tier for tier in tiers if tier not in cooling] + cooling
+
+    def _unavailable(self, shard: ShardEntry, tier: str, cause: str) -> None:
+        with self._lock:
+            self.failovers[tier] += 1
+            self._cooling[tier] = time.monotonic() + self.read_policy.tier_cooldown_s
+            first = tier not in self._outages
+            self._outages.add(tier)
+        if first:
+            others = [other for other in self.tiers_for(shard) if other != tier]
+            action = (f"reading from {', '.join(others)} and trying {tier} last for the next "
+                      f"{self.read_policy.tier_cooldown_s:g} s" if others else
+                      f"retrying up to {self.read_policy.attempts} times in all")
+            log.warning("tier %s did not answer reading shard %s (%s); %s; further failures of %s are counted, "
+                        "not logged, until it answers again", tier, shard.name, cause, action, tier)
+
+    def _unusable(self, shard: ShardEntry, tier: str, problem: str, *, last: bool) -> None:
+        with self._lock:
+            self.failovers[tier] += 1
+            first = tier not in self._logged_unusable
+            self._logged_unusable.add(tier)
+        if first:
+            log.warning("shard %s: replica on tier %s unusable (%s); %s; further failures on %s are counted, "
+                        "not logged", shard.name, tier, problem,
+                        "no other tier left" if last else "failing over to the next tier", tier)
 
     def _fetch(self, tier: str, uri: str, *, mapped: bool) -> tuple[ShardBytes, tuple[int, ...] | None]:
         if "://" not in uri or uri.startswith("file://"):
@@ -144,16 +239,18 @@ class ShardSource:
         if fs is None:
             import fsspec.core
 
-            fs, _ = fsspec.core.url_to_fs(uri, **self.storage.get(tier, {}))
+            fs, _ = fsspec.core.url_to_fs(uri, **self.read_policy.fsspec_options(uri, self.storage.get(tier, {})))
+            limit_transport_retries(fs)
             self._filesystems[tier] = fs
-        with fs.open(uri, "rb") as handle:
-            return handle.read(), None  # remote bytes are hashed on every read
+        return fs.cat_file(uri), None  # remote bytes are hashed on every read
 
     def _check(self, shard: ShardEntry, data: ShardBytes, identity: tuple[int, ...] | None) -> str | None:
         if len(data) != shard.size:
             return f"size {len(data)} bytes, manifest says {shard.size}"
         if not (self.verify and shard.sha256):
             return None
+        if self.verify == "always":
+            identity = None  # hash every read
         expected = shard.sha256
         digests: list[str] = []
 
@@ -191,15 +288,15 @@ class ShardSource:
             log.warning("shard %s: cached copy %s is corrupt (%s); evicted it, fetching the shard again",
                         shard.name, path, problem)
             return None
-        os.utime(path, ns=(time.time_ns(), identity[3]))  # LRU clock is the access time; mtime (identity) stays
+        os.utime(path, ns=(time.time_ns(), identity[3]))  # LRU clock is the access time; mtime stays
+        self._remember_verified(shard, path)  # utime moved the ctime: the bytes just checked are the new identity's
         self.reads[("cache", shard.name)] += 1
         return data
 
     def _remember_verified(self, shard: ShardEntry, path: Path) -> None:
         """Record ``path``'s current identity as holding ``shard``'s verified bytes (this process put them there)."""
-        if self.verify and shard.sha256:
-            stat = path.stat()
-            self._verified.add(shard.sha256, (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns))
+        if self.verify is True and shard.sha256:
+            self._verified.add(shard.sha256, _identity(path.stat()))
 
     def _cache_put(self, shard: ShardEntry, data: ShardBytes) -> None:
         path = self._cache_path(shard)
@@ -210,8 +307,8 @@ class ShardSource:
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
-            self._remember_verified(shard, Path(temp))  # the bytes just passed _check; rename keeps the identity
             os.replace(temp, path)  # atomic: concurrent workers never see a half-written shard
+            self._remember_verified(shard, path)  # the bytes just passed _check (after rename: it moves the ctime)
         except OSError as error:
             Path(temp).unlink(missing_ok=True)
             log.warning("cache dir %s: cannot store shard %s (%s); reading without cache", self.cache_dir, shard.name, error)

@@ -165,3 +165,28 @@ def test_state_from_other_settings_is_refused(manifest_path: str) -> None:
     other = ReleaseDataset(manifest_path, rank=0, world_size=1, seed=4, shuffle_buffer=6)
     with pytest.raises(ValueError, match="seed: checkpoint 3, dataset 4"):
         other.load_state_dict(state)
+
+
+@pytest.mark.parametrize("batch_size", [None, 3])
+def test_state_dict_without_consumed_is_refused_when_workers_read(manifest_path: str, batch_size: int | None) -> None:
+    """A plain DataLoader with workers: this process yielded nothing, so it must not record consumed=0."""
+    from datahub.loader.errors import ConsumedCountRequiredError
+
+    full = list(DataLoader(make(manifest_path, batch_size=batch_size), batch_size=None, num_workers=2))
+    dataset = make(manifest_path, batch_size=batch_size)
+    iterator = iter(DataLoader(dataset, batch_size=None, num_workers=2))
+    head = [next(iterator) for _ in range(4)]
+    unit = "batches" if batch_size else "samples"
+    with pytest.raises(ConsumedCountRequiredError, match=rf"state_dict\(consumed=N\), N = the {unit} the DataLoader"):
+        dataset.state_dict()
+    state = dataset.state_dict(consumed=len(head))
+    del iterator
+    resumed = make(manifest_path, batch_size=batch_size)
+    resumed.load_state_dict(state)
+    rest = list(DataLoader(resumed, batch_size=None, num_workers=2))
+    flat = (lambda items: [s["sample_id"] for item in items for s in (item if batch_size else [item])])
+    assert flat(head) + flat(rest) == flat(full)
+    # iterated in this process again, the count is the trainer's: no refusal
+    in_process = iter(dataset)
+    next(in_process)
+    assert dataset.state_dict()["consumed"] == (batch_size or 1)

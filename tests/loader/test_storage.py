@@ -260,3 +260,36 @@ def test_dataloader_workers_hash_each_local_shard_once_across_workers_and_epochs
     assert good == Counter({shard["sha256"]: 1 for shard in two_tiers["shards"]}), "once, not 2 workers x 2 epochs"
     bad = [digest for _, digest in hashes if digest not in good]
     assert len(bad) == 4 and len(set(bad)) == 1  # the corrupt cfs copy: each worker of each epoch checks it
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_in_place_corruption_keeping_size_and_mtime_is_caught_next_epoch(
+    tmp_path: Path, two_tiers: dict, workers: int
+) -> None:
+    """Same inode, size and mtime (restored with utime): the ctime moved, so the file is hashed again."""
+    torch = pytest.importorskip("torch")
+    dataset = ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, tier_preference=["cfs", "ceph"],
+                             prefetch_shards=0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+    assert sorted(s["sample_id"] for s in loader) == all_ids(two_tiers)
+    name = two_tiers["shards"][1]["name"]
+    replica = tmp_path / "cfs" / name
+    before = replica.stat()
+    _flip_byte_keeping_size(replica, keep_mtime=True)
+    after = replica.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    dataset.set_epoch(1)
+    ids = Counter(s["sample_id"] for s in loader)
+    assert ids == Counter(all_ids(two_tiers)), "every sample once, the damaged shard's from the other tier"
+    if workers == 0:  # worker processes keep their own counters
+        assert dataset.source.failovers == Counter({"cfs": 1}) and dataset.source.reads[("ceph", name)] == 1
+
+
+def test_verify_always_hashes_every_read(tmp_path: Path, two_tiers: dict) -> None:
+    dataset = ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, verify="always", prefetch_shards=0)
+    for epoch in range(2):
+        dataset.set_epoch(epoch)
+        assert sorted(s["sample_id"] for s in dataset) == all_ids(two_tiers)
+    assert all(dataset.source.hashed[shard["name"]] == 2 for shard in two_tiers["shards"])
+    with pytest.raises(ValueError, match="verify must be True, False or 'always'"):
+        ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, verify="sometimes")
