@@ -9,12 +9,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
 
+from datahub.engines.sink import RESULT, WriteTask, task_results
+
+if TYPE_CHECKING:
+    from datahub.engines.sink import Sink
+
 BatchFn = Callable[[pa.Table], pa.Table]
 Aggregate = Literal["min", "max", "sum", "count"]
+R = TypeVar("R")
 
 
 class Frame(ABC):
@@ -75,3 +81,12 @@ class Frame(ABC):
     @abstractmethod
     def empty(self) -> pa.Table:
         """An empty table with this frame's schema."""
+
+    def write(self, sink: Sink[R, Any]) -> list[R]:
+        """Run ``sink.write`` in this frame's tasks and return their results (``datahub.engines.sink``).
+
+        Here one task per batch (a Ray block, an in-process batch); an engine whose tasks see a whole
+        partition gives each task all of its batches. Callers use ``write_frame``, which also commits.
+        """
+        rows = self.map_batches(WriteTask(sink), name=f"write_{type(sink).__name__}").to_arrow()
+        return task_results(rows) if RESULT.names[0] in rows.column_names else []

@@ -10,12 +10,14 @@ when a join, groupBy, union or ``empty()`` needs typed columns.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
-from datahub.engines.frame import Aggregate, BatchFn, Frame
+from datahub.engines.frame import Aggregate, BatchFn, Frame, R
+from datahub.engines.sink import Sink, WriteTask
 from datahub.engines.spark.arrow import (
     IPC_DDL,
     ApplyChain,
@@ -28,7 +30,7 @@ from datahub.engines.spark.arrow import (
     spark_schema,
     unify,
 )
-from datahub.engines.spark.parquet import WRITTEN_DDL, ParquetTarget, WriteParquet
+from datahub.engines.spark.parquet import WRITTEN_DDL, ParquetTarget, SinkPartition, WriteParquet
 from datahub.errors import TerminalError
 
 if TYPE_CHECKING:
@@ -257,6 +259,12 @@ class SparkFrame(Frame):
                                tuple(sorted((storage_options or {}).items())), prefix)
         rows = blobs.mapInArrow(WriteParquet(target), WRITTEN_DDL).collect()
         return [DataFile(uri=r["uri"], size=int(r["size"]), rows=int(r["rows"]), stats=r["stats"]) for r in rows]
+
+    def write(self, sink: Sink[R, Any]) -> list[R]:
+        """One task per partition, given all of its batches (``datahub.engines.sink``)."""
+        blobs, _ = self._discover()
+        rows = blobs.mapInArrow(SinkPartition(WriteTask(sink)), "result binary").collect()
+        return [pickle.loads(row["result"]) for row in rows]
 
     def encoded_blobs(self) -> tuple[DataFrame, pa.Schema]:
         """This frame's rows as persisted Arrow IPC blobs (one ``ipc`` column) and their exact schema.

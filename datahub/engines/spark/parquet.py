@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from datahub.engines.sink import WriteTask
 from datahub.engines.spark.arrow import conform, decode, from_spark_side, ipc_blobs
 
 WRITTEN = pa.schema([("uri", pa.string()), ("size", pa.int64()), ("rows", pa.int64()), ("stats", pa.string())])
@@ -144,6 +145,17 @@ class WriteParquet:
             file.abort()
             raise
         yield described([] if description is None else [description])
+
+
+@dataclass(frozen=True)
+class SinkPartition:
+    """mapInArrow: one partition (IPC blobs) -> ``task`` over all of its tables -> one ``RESULT`` row."""
+
+    task: WriteTask[Any]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        tables = (decode(blob) for batch in batches for blob in ipc_blobs(batch))
+        yield from self.task.over(tables).to_batches()
 
 
 class FileStats:
