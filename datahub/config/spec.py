@@ -45,6 +45,16 @@ class LakeSpec(_Model):
     root: str = Field(..., description="directory or s3:// URI holding the Delta tables")
     storage_options: dict[str, str] = Field(default_factory=dict, description="delta-rs storage options")
 
+    @field_validator("root")
+    @classmethod
+    def _root_not_empty(cls, root: str) -> str:
+        # An empty root (often `${LAKE_ROOT:-}` with LAKE_ROOT unset) would put the tables in the current directory.
+        if not root.strip():
+            raise ValueError("is empty: it would write the lake's tables into the current directory; set a directory "
+                             "or s3:// URI (e.g. `lake: {root: /data/lake}`), or export the variable it comes from "
+                             "(`${LAKE_ROOT:-}` with LAKE_ROOT unset gives an empty root)")
+        return root
+
 
 class InputSpec(_Model):
     uri: str = Field(..., description="a path, glob or URI (local, s3://, hdfs://)")

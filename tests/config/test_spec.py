@@ -70,3 +70,11 @@ def test_job_hash_ignores_lake_location_but_not_graph(tmp_path):
     b = load_job_spec(path, ["lake.root=/elsewhere"])
     c = load_job_spec(path, ["graph.normalize.params.max_blank_lines=2"])
     assert a.job_hash() == b.job_hash() != c.job_hash()
+
+
+@pytest.mark.parametrize("root", ['""', '"  "', '"${DATAHUB_TEST_UNSET_ROOT:-}"'])
+def test_empty_lake_root_is_refused_with_field_and_fix(tmp_path, monkeypatch, root):
+    monkeypatch.delenv("DATAHUB_TEST_UNSET_ROOT", raising=False)
+    message = error_of(tmp_path, BASE.replace("lake: {root: /tmp/x}", f"lake: {{root: {root}}}"))
+    assert "job.yaml: lake.root:" in message and "is empty" in message
+    assert "current directory" in message and "lake: {root: /data/lake}" in message and "export" in message
