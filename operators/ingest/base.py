@@ -136,6 +136,16 @@ class Reader:
             return None
 
 
+def text_field_problem(field: str, value: Any, absent: bool, fields: list[str], *, where: str = "the record") -> str:
+    """Why a record has no usable text: the field is absent, null, or not a string (each needs another fix)."""
+    if absent:
+        return (f"no field {field!r} in {where} (its fields: {', '.join(map(repr, fields)) or 'none'}); "
+                "if the text is under another name, set `text_field:` on the input")
+    if value is None:
+        return f"field {field!r} is null"
+    return f"field {field!r} is a {type(value).__name__}, not a string"
+
+
 _READERS: dict[str, type[Reader]] = {}
 
 

@@ -21,6 +21,19 @@ _ZSTD_MAGIC = 0xFD2FB528
 _SKIPPABLE = range(0x184D2A50, 0x184D2A60)  # skippable frames: magic, 4-byte size, payload
 
 
+class InvalidStreamError(ValueError):
+    """A compressed file that holds no stream of its codec at all: 0 bytes, where compressing even
+    empty data writes a gzip member or a zstd frame. Readers quarantine the file as ``invalid_stream``."""
+
+
+def empty_stream(uri: str, codec: Codec) -> InvalidStreamError:
+    """The error for a 0-byte compressed file (readers quarantine it as ``invalid_stream``)."""
+    unit = "member" if codec == "gzip" else "frame"
+    return InvalidStreamError(f"{uri}: 0-byte {codec} file, not a {codec} stream (a compressed file holds at least one "
+                              f"{unit}, even for empty data); it was cut to nothing or never written: re-create it or "
+                              "remove it from the inputs")
+
+
 def codec_of(uri: str) -> Codec:
     name = uri.lower()
     if name.endswith(".gz"):
@@ -33,7 +46,7 @@ def codec_of(uri: str) -> Codec:
 def decompress(stream: IO[bytes], uri: str) -> IO[bytes]:
     codec = codec_of(uri)
     if codec == "gzip":
-        return gzip.GzipFile(fileobj=stream)  # type: ignore[return-value]
+        return gzip.GzipFile(fileobj=cast(IO[bytes], _NonEmptySource(stream, uri, "gzip")))  # type: ignore[return-value]
     if codec == "zstd":
         return io.BufferedReader(_ZstdFrames(stream, uri), buffer_size=1 << 20)
     if isinstance(stream, io.BufferedReader):
@@ -148,6 +161,24 @@ class _WalkedSource:
         return data
 
 
+class _NonEmptySource:
+    """A compressed source whose first read raises ``InvalidStreamError`` when the file has no byte
+    (gzip itself reads a 0-byte file as empty data)."""
+
+    def __init__(self, source: IO[bytes], uri: str, codec: Codec) -> None:
+        self._source = source
+        self._uri = uri
+        self._codec = codec
+        self._fed = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._source.read(size)
+        if not data and not self._fed:
+            raise empty_stream(self._uri, self._codec)
+        self._fed += len(data)
+        return data
+
+
 class _ZstdFrames(io.RawIOBase):
     """zstandard's bounded ``stream_reader`` (across frames) that raises ``EOFError`` on a cut-off frame."""
 
@@ -165,6 +196,8 @@ class _ZstdFrames(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         count = int(self._reader.readinto(buffer))
+        if count == 0 and self._walker.fed == 0:
+            raise empty_stream(self.uri, "zstd")
         if count == 0 and not self._walker.at_boundary:
             where = self._walker.invalid or f"the frame starting at byte {self._walker.frame_start} is cut off"
             raise EOFError(f"zstd data ends at byte {self._walker.fed} inside a frame ({where}); the file is truncated")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
-from operators.ingest.compression import decompress
+from operators.ingest.base import InputFile, Reader, _Buffer, register_reader, text_field_problem
+from operators.ingest.compression import InvalidStreamError, decompress
 
 
 @register_reader
@@ -22,6 +22,10 @@ class JsonlReader(Reader):
                 try:
                     # readline bounded: a line without newline can not eat all memory
                     line = stream.readline(self.max_record_bytes + 2)
+                except InvalidStreamError as exc:  # a 0-byte .gz / .zst: the file, not a record, is bad
+                    buffer.quarantine(0, "invalid_stream", str(exc), None)
+                    yield None
+                    return
                 except (EOFError, OSError) as exc:  # truncated gzip / zstd, corrupt stream
                     buffer.quarantine(line_no + 1, "truncated_file", f"{type(exc).__name__}: {exc} after line {line_no}", None)
                     yield None
@@ -56,10 +60,11 @@ class JsonlReader(Reader):
                     buffer.quarantine(line_no, "not_an_object", f"JSON {type(record).__name__}, expected an object", line)
                     yield None
                     continue
+                absent = file.text_field not in record
                 body = record.pop(file.text_field, None)
                 if not isinstance(body, str):
                     reason = "missing_text_field" if body is None else "text_not_a_string"
-                    buffer.quarantine(line_no, reason, f"field {file.text_field!r} is {type(body).__name__}", line)
+                    buffer.quarantine(line_no, reason, text_field_problem(file.text_field, body, absent, list(record)), line)
                     yield None
                     continue
                 buffer.sample(body, line_no, record)

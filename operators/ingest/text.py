@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
-from operators.ingest.compression import decompress
+from operators.ingest.compression import InvalidStreamError, decompress
 
 
 @register_reader
@@ -18,6 +18,10 @@ class TextReader(Reader):
             stream = decompress(raw_stream, file.uri)
             try:
                 raw = stream.read(self.max_record_bytes + 1)
+            except InvalidStreamError as exc:  # a 0-byte .gz / .zst
+                buffer.quarantine(0, "invalid_stream", str(exc), None)
+                yield None
+                return
             except (EOFError, OSError) as exc:
                 buffer.quarantine(0, "truncated_file", f"{type(exc).__name__}: {exc}", None)
                 yield None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
-from operators.ingest.compression import Cut, codec_of, find_cut
+from operators.ingest.compression import Cut, codec_of, empty_stream, find_cut
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 SKIPPED_TYPES = ("warcinfo", "request", "metadata")
@@ -70,6 +70,10 @@ class WarcReader(Reader):
                     held = self._keep(record, record_type)
             except (EOFError, OSError, ValueError) as exc:  # FastWARC on a corrupt or cut-off zstd stream
                 failure = exc
+            if held is None and last_offset == 0 and codec_of(file.uri) != "none" and stream.seek(0, 2) == 0:
+                buffer.quarantine(0, "invalid_stream", str(empty_stream(file.uri, codec_of(file.uri))), None)
+                yield None
+                return
             cut = self._find_cut(stream, file.uri, last_offset)
             self._finish(held, cut, failure, last_offset, buffer)
             yield None

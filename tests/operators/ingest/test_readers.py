@@ -95,7 +95,10 @@ def test_parquet_text_and_meta_columns(tmp_path):
     assert [json.loads(m)["lang"] for m in samples.column("meta").to_pylist()] == ["en", "fr"]
     assert dict(zip(bad.column("source_offset").to_pylist(), bad.column("reason").to_pylist())) == {1: "missing_text_field", 3: "oversize"}
     _, missing = read_all(path, text_field="body")
-    assert missing.column("reason").to_pylist() == ["missing_text_field"]
+    # no such column: every row is quarantined, so the file's 4 rows are 4 records (exact accounting)
+    assert missing.column("reason").to_pylist() == ["missing_text_field"] * 4
+    assert missing.column("source_offset").to_pylist() == [0, 1, 2, 3]
+    assert "no field 'body' in the file's columns (its fields: 'content', 'lang')" in missing.column("detail")[0].as_py()
 
 
 def test_text_file_is_one_document(tmp_path):
@@ -311,3 +314,38 @@ def test_unreachable_storage_raises_storage_error_not_quarantine(name):
     with pytest.raises(StorageError, match=rf"open s3://bucket/{name}: storage did not answer") as error:
         list(reader.read(file))
     assert type(error.value.__cause__).__name__ == "EndpointConnectionError"
+
+
+@pytest.mark.parametrize("name", ["docs.jsonl.zst", "docs.jsonl.gz", "doc.txt.zst", "doc.txt.gz", "crawl.warc.gz"])
+def test_zero_byte_compressed_file_is_quarantined_as_invalid_stream(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(b"")
+    samples, bad = read_all(path)
+    assert samples.num_rows == 0
+    assert bad.column("reason").to_pylist() == ["invalid_stream"]
+    assert "0-byte" in bad.column("detail")[0].as_py() and "re-create it or remove it" in bad.column("detail")[0].as_py()
+
+
+@pytest.mark.parametrize("suffix,compress", [
+    (".jsonl.zst", lambda b: zstandard.ZstdCompressor().compress(b)),
+    (".jsonl.gz", lambda b: gzip.compress(b, mtime=0)),
+])
+def test_compressed_empty_data_is_a_valid_empty_file(tmp_path, suffix, compress):
+    path = tmp_path / f"empty{suffix}"
+    path.write_bytes(compress(b""))  # a header and a frame/member holding nothing: valid, no records
+    samples, bad = read_all(path)
+    assert samples.num_rows == 0 and bad.num_rows == 0
+
+
+def test_null_and_absent_text_say_which(tmp_path):
+    path = tmp_path / "docs.jsonl"
+    path.write_text('{"text": null, "id": 1}\n{"body": "x", "id": 2}\n{"text": 7}\n')
+    _, bad = read_all(path)
+    details = dict(zip(bad.column("source_offset").to_pylist(), bad.column("detail").to_pylist()))
+    assert details[1] == "field 'text' is null"
+    assert details[2].startswith("no field 'text' in the record (its fields: 'body', 'id')") and "text_field:" in details[2]
+    assert details[3] == "field 'text' is a int, not a string"
+    parquet = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"text": ["ok", None]}), parquet)
+    _, bad = read_all(parquet)
+    assert bad.column("detail").to_pylist() == ["row 1: field 'text' is null"]
