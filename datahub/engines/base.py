@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from datahub.engines.frame import Frame
+from datahub.engines.sink import SplitFn, SplitWritten
 
 if TYPE_CHECKING:
+    from datahub.lake.lake import Lake
     from operators.ingest.base import InputFile
 
 ReadFn = Callable[["InputFile"], Iterator[pa.Table]]
@@ -41,3 +43,13 @@ class Engine(ABC):
 
     @abstractmethod
     def from_arrow(self, table: pa.Table) -> Frame: ...
+
+    def write_split(self, frame: Frame, split: SplitFn, lake: Lake, *, run_id: str, table: str,
+                    samples_schema: Callable[[pa.Schema], pa.Schema]) -> SplitWritten | None:
+        """Have this engine's tasks split the graph output ``frame`` and write the files of ``table``,
+        quarantine and lineage themselves (uncommitted), so only descriptions reach the driver.
+
+        None: this engine does not; the caller streams the rows to the driver and writes them there
+        (one writer keeps lineage files in disjoint ``sample_id`` ranges without a distributed sort).
+        """
+        return None

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import pickle
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import pyarrow as pa
+
+from datahub.lake.add_actions import StagedFiles
+from datahub.lake.files import ParquetTarget, data_file, remove_files, write_file
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
@@ -98,3 +101,54 @@ def write_batches(batches: Iterable[pa.Table], sink: Sink[R, O]) -> O:
     except BaseException as exc:
         sink.abort(results, exc)
         raise
+
+
+# ---- sinks of lake tables ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableFilesSink(Sink[dict[str, Any] | None, StagedFiles | None]):
+    """Each task writes its rows as one Parquet file of ``target`` (a lake table's folder); the commit
+    gathers them as ``StagedFiles``, which the caller commits to the table with its transaction (a run
+    commits its tables in a fixed order, after all of them are written). None when no row was written."""
+
+    target: ParquetTarget
+
+    def write(self, batches: Iterable[pa.Table]) -> dict[str, Any] | None:
+        return write_file(self.target, batches)
+
+    def commit(self, results: list[dict[str, Any] | None]) -> StagedFiles | None:
+        files = tuple(data_file(r) for r in results if r is not None)
+        return StagedFiles(files, self.target.schema) if sum(f.rows for f in files) else None
+
+    def abort(self, results: list[dict[str, Any] | None], error: BaseException) -> None:
+        remove_files(self.target, [r["uri"] for r in results if r is not None])
+
+
+class SplitRows(Protocol):
+    """One batch of a graph's output split into the rows of three tables (the pipeline's samples sink)."""
+
+    @property
+    def samples(self) -> pa.Table: ...
+
+    @property
+    def quarantine(self) -> pa.Table | None: ...
+
+    @property
+    def lineage(self) -> pa.Table: ...
+
+    def counts_json(self) -> str:
+        """The batch's counts, serialized (merged on the driver)."""
+
+
+SplitFn = Callable[[pa.Table], SplitRows]
+
+
+@dataclass(frozen=True)
+class SplitWritten:
+    """What an engine's tasks wrote for a split graph output: uncommitted files per table, per-batch counts."""
+
+    counts: list[str]
+    samples: StagedFiles
+    quarantine: StagedFiles
+    lineage: StagedFiles

@@ -64,7 +64,7 @@ def txn_slug(txn: str) -> str:
 class StagedFiles:
     """Parquet files already written into a table's folder, not committed yet (no reader sees them).
 
-    ``commit`` is ``datahub.pipeline.sinks.Staged.commit`` for files written by workers.
+    ``commit`` is ``datahub.pipeline.sinks.staging.Staged.commit`` for files written by workers.
     """
 
     files: tuple[DataFile, ...]

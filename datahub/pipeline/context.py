@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from datahub.pipeline.faults import checkpoint
-from datahub.pipeline.sinks import stage_side_output
+from datahub.pipeline.sinks.side_outputs import stage_side_output
 
 if TYPE_CHECKING:
     import pyarrow as pa

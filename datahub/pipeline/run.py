@@ -40,7 +40,9 @@ from datahub.pipeline.ingest import IngestFiles
 from datahub.pipeline.inputs import list_input_files
 from datahub.pipeline.lease import JobLease
 from datahub.pipeline.resume import PendingRun, committed_version, file_identity, pending_run, planned_files
-from datahub.pipeline.sinks import StatsSink, combined, drain_samples
+from datahub.pipeline.sinks.samples import drain_samples
+from datahub.pipeline.sinks.side_outputs import combined
+from datahub.pipeline.sinks.stats import StatsSink
 from operators.ingest.base import InputFile
 
 

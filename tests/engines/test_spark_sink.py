@@ -17,13 +17,14 @@ import pytest
 
 from datahub.config.spec import validate_job_spec
 from datahub.engines.arrow import ArrowEngine
-from datahub.engines.spark.parquet import ParquetTarget
-from datahub.engines.spark.sink import file_prefix, write_samples
+from datahub.engines.spark.sink import write_split
+from datahub.lake.files import ParquetTarget, file_prefix
 from datahub.lake import Lake
 from datahub.lake.lake import SORTED_LAYOUT
 from datahub.pipeline.faults import KILL_AT_ENV
 from datahub.pipeline.run import run_job
-from datahub.pipeline.sinks import SampleSplitter
+from datahub.pipeline.sinks.samples import WrittenSamples
+from datahub.pipeline.sinks.split import SampleSplitter, SinkCounts, samples_schema
 from tests.ceph import ceph_s3  # noqa: F401
 from tests.pipeline.corpus import job_raw, make_corpus, run_cli, snapshot, write_job
 
@@ -139,7 +140,12 @@ def test_lineage_is_range_partitioned_and_sorted_on_the_executors(spark_engine, 
     lake = Lake(tmp_path / "lake")
     frame = spark_engine.from_arrow(_graph_output(3000))
     splitter = SampleSplitter("sinkrun-000000000000", {}, write_ingested=True)
-    written = write_samples(frame, splitter, lake, lineage_rows_per_file=1000)  # 3000 ingested + 600 dropped events
+    split = write_split(frame, splitter.split, lake, run_id=splitter.run_id, samples_schema=samples_schema,
+                        lineage_rows_per_file=1000)  # 3000 ingested + 600 dropped events
+    counts = SinkCounts()
+    for item in split.counts:
+        counts.add(SinkCounts.from_json(item))
+    written = WrittenSamples(counts, split.samples, split.quarantine, split.lineage)
     assert written.counts.as_dict()["records_read"] == 3000 and written.counts.dropped == {"too_short": 600}
     assert written.samples.rows == 2400 and written.lineage.rows == 3600 and not written.quarantine.files
     assert len(written.lineage.files) >= 3  # one file per sample_id range

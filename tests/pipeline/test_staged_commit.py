@@ -16,12 +16,12 @@ import pytest
 from datahub.errors import LakeError
 from datahub.lake import Lake
 from datahub.lake.lake import SORTED_LAYOUT
-from datahub.pipeline.sinks import _Staged, range_buckets
+from datahub.pipeline.sinks.staging import StagedRows, range_buckets
 
 
-def _staged(folder, name: str) -> _Staged:
+def _staged(folder, name: str) -> StagedRows:
     folder.mkdir()
-    return _Staged(str(folder), name)
+    return StagedRows(str(folder), name)
 
 
 def _rows(rng: random.Random, n: int) -> pa.Table:
@@ -127,7 +127,7 @@ def test_sink_split_in_slices_gives_the_tables_of_whole_batches(tmp_path, monkey
     quarantine as one split per batch (a broken record among them)."""
     from datahub.config.spec import validate_job_spec
     from datahub.engines.arrow import ArrowEngine
-    from datahub.pipeline import sinks
+    from datahub.pipeline.sinks import samples as sinks
     from datahub.pipeline.run import run_job
     from tests.pipeline.corpus import job_raw, make_corpus
 

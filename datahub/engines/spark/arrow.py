@@ -11,11 +11,13 @@ fields with nulls. Frames keep their exact Arrow schema; Spark carries a compati
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+
+from datahub.lake.files import conform, spark_compatible_schema, spark_compatible_type
 
 BatchFn = Callable[[pa.Table], pa.Table]
 IPC_COLUMN = "ipc"
@@ -25,42 +27,6 @@ MAX_BLOB_ROWS = 4096
 
 
 # ---- types ------------------------------------------------------------------------------
-
-
-def spark_compatible_type(arrow_type: pa.DataType) -> pa.DataType:
-    """The Arrow type Spark can carry for ``arrow_type`` (Spark has no unsigned, null or fixed-size types)."""
-    t = arrow_type
-    if pa.types.is_null(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t) or pa.types.is_binary_view(t):
-        return pa.binary()
-    if pa.types.is_uint8(t):
-        return pa.int16()
-    if pa.types.is_uint16(t):
-        return pa.int32()
-    if pa.types.is_uint32(t):
-        return pa.int64()
-    if pa.types.is_uint64(t):
-        return pa.decimal128(20, 0)  # exact and order-preserving, unlike a wrapping int64
-    if pa.types.is_float16(t):
-        return pa.float32()
-    if pa.types.is_dictionary(t):
-        return spark_compatible_type(t.value_type)
-    if pa.types.is_timestamp(t):
-        return pa.timestamp("us", tz="UTC" if t.tz else None)
-    if pa.types.is_date64(t):
-        return pa.date32()
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, spark_compatible_type(f.type)) for f in t])
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return pa.list_(spark_compatible_type(t.value_type))
-    if pa.types.is_map(t):
-        return pa.map_(spark_compatible_type(t.key_type), spark_compatible_type(t.item_type))
-    return t
-
-
-def spark_compatible_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field(f.name, spark_compatible_type(f.type)) for f in schema])
 
 
 def spark_name(name: str) -> str:
@@ -86,48 +52,6 @@ def spark_schema(schema: pa.Schema) -> Any:
 
 def from_spark_side(table: pa.Table) -> pa.Table:
     return table.rename_columns([arrow_name(c) for c in table.column_names])
-
-
-# ---- conforming -------------------------------------------------------------------------
-
-
-def conform_array(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array:
-    """Cast ``values`` to ``target``; struct fields are matched by name, missing ones become null."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks else pa.array([], values.type)
-    if values.type == target:
-        return values
-    n = len(values)
-    if pa.types.is_null(target):
-        return pa.nulls(n)
-    if pa.types.is_null(values.type):
-        return pa.nulls(n, target)
-    if pa.types.is_struct(target) and pa.types.is_struct(values.type):
-        present = {values.type.field(i).name: i for i in range(values.type.num_fields)}
-        children = [
-            conform_array(values.field(present[f.name]), f.type) if f.name in present else pa.nulls(n, f.type)
-            for f in target
-        ]
-        return pa.StructArray.from_arrays(children, fields=list(target), mask=values.is_null() if values.null_count else None)
-    # unsafe: uint64 <-> decimal128(20, 0) and timestamp unit changes are exact here
-    return values.cast(target, safe=False)
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly ``schema``'s columns: cast by name, missing columns all null."""
-    if table.schema == schema:
-        return table
-    n = table.num_rows
-    columns = [
-        conform_array(table.column(f.name), f.type) if f.name in table.column_names else pa.nulls(n, f.type)
-        for f in schema
-    ]
-    return pa.Table.from_arrays(columns, schema=schema)
-
-
-def unify(schemas: Iterable[pa.Schema]) -> pa.Schema:
-    """One schema for batches that may lack columns or struct fields (nulls promote to the real type)."""
-    return pa.unify_schemas(list(schemas), promote_options="permissive")
 
 
 # ---- IPC blobs --------------------------------------------------------------------------

@@ -12,18 +12,23 @@ replacement of a job's rows is a delta-rs predicate overwrite, stream the sample
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from datahub.engines.base import Engine, ReadFn
+from datahub.engines.frame import Frame
+from datahub.engines.sink import SplitFn, SplitWritten
 from datahub.engines.spark.arrow import IPC_DDL, ReadFiles, encode
 from datahub.engines.spark.frame import SparkFrame
+from datahub.engines.spark.sink import write_split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from datahub.config.spec import EngineSpec
+    from datahub.lake.lake import Lake
     from operators.ingest.base import InputFile
 
 
@@ -81,3 +86,8 @@ class SparkEngine(Engine):
         blobs = [blob for start in range(0, max(table.num_rows, 1), rows_per_part) for blob in encode(table.slice(start, rows_per_part))]
         df = self.session.createDataFrame([(blob,) for blob in blobs], IPC_DDL)
         return SparkFrame(self.session, df, schema=table.schema, encoded=True, name="from_arrow")
+
+    def write_split(self, frame: Frame, split: SplitFn, lake: Lake, *, run_id: str, table: str,
+                    samples_schema: Callable[[pa.Schema], pa.Schema]) -> SplitWritten:
+        """Executors split and write the tables' files (``datahub.engines.spark.sink``)."""
+        return write_split(frame, split, lake, run_id=run_id, table=table, samples_schema=samples_schema)

@@ -18,20 +18,10 @@ import pyarrow as pa
 
 from datahub.engines.frame import Aggregate, BatchFn, Frame, R
 from datahub.engines.sink import Sink, WriteTask
-from datahub.engines.spark.arrow import (
-    IPC_DDL,
-    ApplyChain,
-    RowCounts,
-    SchemasOf,
-    conform,
-    decode,
-    spark_compatible_schema,
-    spark_name,
-    spark_schema,
-    unify,
-)
-from datahub.engines.spark.parquet import WRITTEN_DDL, ParquetTarget, SinkPartition, WriteParquet
+from datahub.engines.spark.arrow import IPC_DDL, ApplyChain, RowCounts, SchemasOf, decode, spark_name, spark_schema
+from datahub.engines.spark.parquet import WRITTEN_DDL, SinkPartition, WriteParquet
 from datahub.errors import TerminalError
+from datahub.lake.files import ParquetTarget, conform, spark_compatible_schema, unify
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
