@@ -10,7 +10,8 @@ import codecs
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from datahub.errors import IntegrityError, MissingDependencyError
+from datahub.engines.ray.datasets import map_items
+from datahub.errors import IntegrityError
 from datahub.loader.manifest import Manifest, load_manifest
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
@@ -61,10 +62,6 @@ def ray_dataset(
     ``shuffle_seed`` permutes the shard order (use ``ds.random_shuffle`` or Ray Train's
     local shuffle buffer for sample-level mixing).
     """
-    try:
-        import ray.data
-    except ImportError:
-        raise MissingDependencyError("ray_dataset needs Ray Data: pip install 'datahub[ray]'") from None
     storage_config = as_storage(storage)
     options = manifest_options(storage_config, release_or_manifest) if isinstance(release_or_manifest, str) else None
     manifest = load_manifest(release_or_manifest, lake=lake, storage_options=options)
@@ -76,6 +73,4 @@ def ray_dataset(
 
         shard_indexes = np.random.default_rng(shuffle_seed).permutation(len(shard_indexes)).tolist()
     items = [{"shard_index": i} for i in shard_indexes]
-    dataset = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    return dataset.map_batches(_read_shards, fn_kwargs={"source": source}, batch_size=1,  # type: ignore[arg-type]
-                               batch_format="numpy")
+    return map_items(items, _read_shards, fn_kwargs={"source": source})
