@@ -1,5 +1,11 @@
 """Export a frozen table version as deterministic WebDataset shards on one tier, plus its manifest.
 
+Flow (memory bounded by the plan, ~100 bytes per sample, plus a few shards; never the release):
+- plan on the driver (``datahub.export.plan``): one pass over ids and sizes orders the samples and cuts shards;
+- write: every row is encoded and routed to its shard by the shards' first keys, a shard's rows are ordered and
+  framed (``datahub.export.write``), in this process through spill files (``datahub.export.spill``) or in engine
+  tasks (``datahub.engines.ray.export`` / ``spark.export``) that each publish whole shards and return small results.
+
 Order of effects (each step idempotent, so a crashed export is simply re-run):
 1. each shard is published atomically and journalled under ``{release}/_partial/{export_key}/``;
    a re-run verifies journalled shards (size + sha256 at the destination) and skips them;
@@ -11,27 +17,42 @@ Order of effects (each step idempotent, so a crashed export is simply re-run):
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import logging
 import re
+import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.config.spec import EngineSpec
+from datahub.engines.base import Engine
+from datahub.engines.registry import make_engine
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.export.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
-from datahub.export.samples import KEY_COLUMN, encode_tar, prepare
-from datahub.export.tar import BLOCK, RECORD, end_of_archive
-from datahub.loader.tar_index import index_member, index_tar
+from datahub.export.plan import ORDER, ExportPlan, index_reserve, plan_export
+from datahub.export.samples import TEXT_COLUMN, binary_columns, export_columns
+from datahub.export.source import TableSource
+from datahub.export.spill import ShardSpill
+from datahub.export.tar import RECORD
+from datahub.export.write import RESULT, ROUTED, ShardDone, ShardWriter, results, shard_name
+from datahub.lake.lake import Lake
+from datahub.lake.lineage_rows import lineage_rows
+from datahub.lake.tables import LINEAGE
 from datahub.pipeline.faults import checkpoint
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import Tier
+
+__all__ = ["export_release", "export_table_version", "index_reserve", "parse_size", "publish_manifest", "shard_name"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SHARD_SIZE = 256 * 1000 * 1000
 EXPORT_OP = "export@1"
@@ -40,10 +61,7 @@ _RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 Progress = Callable[..., None]
-# bounds on the __index__ member's size: key (<= 90 chars) and newline per sample; its header, trailer,
-# extension list and padding once per shard
-_INDEX_PER_SAMPLE = 91
-_INDEX_FIXED = 3 * BLOCK + 255 * 10
+EngineChoice = Literal["local", "ray", "spark"] | Engine
 
 
 def parse_size(value: str | int) -> int:
@@ -56,22 +74,7 @@ def parse_size(value: str | int) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
-def shard_name(release: str, index: int) -> str:
-    return f"{release}-{index:06d}.tar"
-
-
-@dataclass(frozen=True)
-class _Done:
-    index: int
-    name: str
-    size: int
-    sha256: str
-    samples: int
-    start: int
-    end: int
-
-
-def export_release(lake: Any, release_name: str, *, tier: str | Tier, storage: StorageConfig | None = None,
+def export_release(lake: Lake, release_name: str, *, tier: str | Tier, storage: StorageConfig | None = None,
                    **options: Any) -> Manifest:
     """Export a release by name (resolved through ``datahub.release``) — see ``export_table_version``."""
     try:
@@ -87,7 +90,7 @@ def export_release(lake: Any, release_name: str, *, tier: str | Tier, storage: S
 
 
 def export_table_version(
-    lake: Any,
+    lake: Lake,
     *,
     table: str,
     version: int,
@@ -100,12 +103,19 @@ def export_table_version(
     release_digest: str | None = None,
     progress: Progress | None = None,
     upload_workers: int = 1,
+    engine: EngineChoice = "local",
+    workers: int | None = None,
+    verify: bool = False,
+    spill_dir: str | None = None,
 ) -> Manifest:
     """Write ``table`` at Delta ``version`` as shards ``{release}-NNNNNN.tar`` on ``tier``; return the manifest.
 
-    Same table version + settings -> byte-identical shards. Exporting again to the same tier
-    is a no-op; to another tier it adds that tier's replicas to the manifest. Shard N+1 is built
-    while shard N uploads; ``upload_workers`` uploads run at once (1 keeps publishes in shard order).
+    Same table version + settings -> byte-identical shards, whichever ``engine`` writes them ("local": this
+    process, shard N+1 built while shard N uploads, ``upload_workers`` uploads at once; "ray"/"spark" or a
+    started ``Engine``: tasks of ``workers`` at once each write whole shards to the tier). Memory is bounded
+    by the plan (about 100 bytes per sample) plus a few shards, not by the release. Exporting again to a tier
+    that holds the release checks its replicas (size; sha256 too with ``verify``) and rewrites damaged ones;
+    to another tier it adds that tier's replicas to the manifest.
     """
     if not _RELEASE_NAME.match(release_name):
         raise SpecError(f"release name {release_name!r}: use letters, digits, '.', '_' or '-' (max 128, no '/')")
@@ -117,10 +127,15 @@ def export_table_version(
         raise SpecError(f"--shard-size must be at least {RECORD} bytes (one tar record), got {size_limit}")
     if upload_workers < 1:
         raise SpecError(f"upload_workers must be >= 1, got {upload_workers}")
-    settings = {"table": table, "table_version": int(version), "shard_size": size_limit, "shard_samples": shard_samples,
-                "shuffle_seed": shuffle_seed, "format": FORMAT}
+    if workers is not None and workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {workers}")
+    settings: dict[str, Any] = {"table": table, "table_version": int(version), "shard_size": size_limit,
+                                "shard_samples": shard_samples, "shuffle_seed": shuffle_seed, "format": FORMAT}
+    if shuffle_seed is not None:
+        settings["order"] = ORDER  # exports before the keyed order have no "order": their key differs
     export_key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     report = progress or (lambda stage, done, total=None: None)
+    source = TableSource(lake, table, int(version))
 
     existing = read_lake_manifest(lake, release_name)
     if existing is not None and existing.export.get("key") != export_key:
@@ -129,23 +144,27 @@ def export_table_version(
             "shards of a release are immutable: export under a new release name, or copy replicas with `datahub tier apply`"
         )
     if existing is not None and target.name in existing.tiers:
-        return existing  # already exported to this tier: applying twice is a no-op
+        _repair(existing, target, source, settings, engine=engine, workers=workers, verify=verify,
+                spill_dir=spill_dir, upload_workers=upload_workers, report=report)
+        return existing  # already exported to this tier: applying twice is a no-op (after repairs)
 
     journal = _Journal(target, release_name, export_key)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-journal") as early:
-        # reading the journal (and opening the tier's connection) overlaps the Delta read and sort
+        # reading the journal (and opening the tier's connection) overlaps the planning pass
         verifying = early.submit(journal.verified)
-        data = prepare(lake.read(table, version=version), shuffle_seed=shuffle_seed,
-                       where=f"{lake.root}/{table}@v{version}")
+        plan = _plan(source, settings)
         done = verifying.result()
-    start = done[-1].end if done else 0
-    report("shards", len(done), None)
-    for shard in _write_shards(data.slice(start), target, release_name, first_index=len(done), first_row=start,
-                               shard_size=size_limit, shard_samples=shard_samples, upload_workers=upload_workers,
-                               record=journal.record):
+    done = [d for d in done if d.index < len(plan.spans) and (d.samples, d.start) == (plan.spans[d.index].samples,
+                                                                                         plan.spans[d.index].start)]
+    report("shards", len(done), len(plan.spans))
+    writer = _writer(plan, target, release_name, shuffle_seed, journal_dir=journal.dir)
+    todo = [span.index for span in plan.spans[len(done):]]
+    for shard in _write(source, writer, todo, engine=engine, workers=workers, upload_workers=upload_workers,
+                        spill_dir=spill_dir):
         done.append(shard)
-        report("shards", len(done), None)
+        report("shards", len(done), len(plan.spans))
         checkpoint(f"export:after_shard:{shard.index}")  # crash tests: published and journalled, more to come
+    done.sort(key=lambda d: d.index)
 
     if existing is not None:  # a second tier: the shards must be the very same bytes
         if len(existing.shards) != len(done):
@@ -155,8 +174,7 @@ def export_table_version(
             if (old.name, old.sha256) != (new.name, new.sha256):
                 raise IntegrityError(f"{new.name}: re-export differs from the published shard (sha256 "
                                      f"{new.sha256[:12]} vs {old.sha256[:12]}); the table version changed underneath?")
-    ids = data[KEY_COLUMN]
-    _commit_lineage(lake, release_name, target, done, ids, export_key)
+    commit_export_lineage(lake, release_name, target, done, lambda s: plan.shard_ids(s.index), export_key)
     checkpoint("export:before_manifest")
     replicas = {s.name: {**(dict(existing.shards[s.index].replicas) if existing else {}),
                          target.name: target.uri(release_name, s.name)} for s in done}
@@ -164,8 +182,8 @@ def export_table_version(
         release=release_name,
         created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if existing is None else existing.created,
         table=table, table_version=int(version),
-        release_digest=release_digest or _content_digest(ids, table, version),
-        num_samples=data.num_rows, shuffle_seed=shuffle_seed,
+        release_digest=release_digest or _content_digest(plan.ids, table, version),
+        num_samples=plan.num_samples, shuffle_seed=shuffle_seed,
         shards=tuple(ShardRecord(name=s.name, size=s.size, sha256=s.sha256, samples=s.samples, replicas=replicas[s.name])
                      for s in done),
         export={"key": export_key, "settings": settings},
@@ -175,7 +193,158 @@ def export_table_version(
     return manifest
 
 
-def publish_manifest(lake: Any, manifest: Manifest, *, storage: StorageConfig | None,
+def _plan(source: TableSource, settings: dict[str, Any]) -> ExportPlan:
+    """The planning pass: ids, the small columns and the byte lengths of large ones, in batches."""
+    schema = source.schema()
+    columns = export_columns(schema, where=source.where)
+    binary = binary_columns(pa.schema([schema.field(c) for c in columns]))
+    json_columns = [c for c in columns if c != TEXT_COLUMN and c not in binary]
+    projection: dict[str, Any] = {c: pc.field(c) for c in json_columns}
+    for column in [TEXT_COLUMN, *binary] if TEXT_COLUMN in columns else binary:
+        projection[column] = pc.binary_length(pc.field(column))
+    return plan_export(source.scan(projection), shuffle_seed=settings["shuffle_seed"], shard_size=settings["shard_size"],
+                       shard_samples=settings["shard_samples"], json_columns=json_columns, binary=binary,
+                       where=source.where)
+
+
+def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | None, *,
+            journal_dir: str | None) -> ShardWriter:
+    return ShardWriter(release=release, router=plan.router(), shuffle_seed=shuffle_seed,
+                       starts=tuple(s.start for s in plan.spans), tier_name=target.name, tier_spec=target.spec,
+                       tier_source=target.source, journal_dir=journal_dir)
+
+
+def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, engine: EngineChoice, workers: int | None,
+           upload_workers: int, spill_dir: str | None) -> Iterator[ShardDone]:
+    """Write the shards ``todo``, in this process or on an engine; yields them as they are published."""
+    if not todo:
+        return
+    columns = export_columns(source.schema(), where=source.where)
+    only = frozenset(todo) if len(todo) < len(writer.starts) else None
+    if engine == "local":
+        yield from _write_local(source, writer, todo, columns=columns, only=only, upload_workers=upload_workers,
+                                spill_dir=spill_dir)
+        return
+    read = RoutedReader(source, tuple(columns), writer, only)
+    owned = isinstance(engine, str)
+    running = make_engine(EngineSpec(kind=engine)) if isinstance(engine, str) else engine
+    if owned:
+        running.start()
+    try:
+        if running.name not in ("ray", "spark"):
+            raise SpecError(f"--engine {running.name!r}: export runs on local, ray or spark")
+        write_groups = importlib.import_module(f"datahub.engines.{running.name}.export").write_groups
+        table = write_groups(running, source.files(), read=read, key="shard", write=writer.write,
+                             routed_schema=ROUTED, result_schema=RESULT, workers=workers)
+    finally:
+        if owned:
+            running.stop()
+    yield from results(table)
+
+
+@dataclass(frozen=True)
+class RoutedReader:
+    """An engine task's read: one data file of the version, encoded and routed (picklable)."""
+
+    source: TableSource
+    columns: tuple[str, ...]
+    writer: ShardWriter
+    only: frozenset[int] | None
+
+    def __call__(self, file: str) -> Iterator[pa.Table]:
+        for batch in self.source.scan(list(self.columns), files=[file]):
+            routed = self.writer.encode(batch, only=self.only)
+            if routed.num_rows:
+                yield routed
+
+
+@dataclass(frozen=True)
+class _Built:
+    """One shard's bytes, built and waiting for upload."""
+
+    index: int
+    body: bytes
+
+
+def _write_local(source: TableSource, writer: ShardWriter, todo: list[int], *, columns: list[str],
+                 only: frozenset[int] | None, upload_workers: int, spill_dir: str | None) -> Iterator[ShardDone]:
+    """Route every row to its shard's spill file (one pass), then build shards in order while uploading."""
+    first = todo[0]
+    with tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir) as directory:
+        spill = ShardSpill(directory, ROUTED)
+        for batch in source.scan(columns):
+            routed = writer.encode(batch, only=only if only is not None else None)
+            if first and only is None:  # a resumed export: shards before the first unjournalled one are done
+                routed = routed.filter(pc.greater_equal(routed["shard"], first))
+            spill.add(routed)
+        spill.flush()
+        yield from _write_shards(_build_shards(spill, writer, todo), writer, upload_workers=upload_workers)
+
+
+def _build_shards(spill: ShardSpill, writer: ShardWriter, todo: list[int]) -> Iterator[_Built]:
+    for index in todo:
+        built, body = writer.build(spill.read(index))
+        yield _Built(built, body)
+
+
+def _write_shards(built: Iterator[_Built], writer: ShardWriter, *, upload_workers: int = 1) -> Iterator[ShardDone]:
+    """Build shard N+1 while shard N uploads; yield finished shards in order.
+
+    At most ``upload_workers`` uploads run at once and one more shard waits built, so memory stays
+    at about ``(upload_workers + 2) * shard_size``. A failed upload raises here after the shards
+    before it were journalled (the journal entry is written after each upload); a journal entry past a
+    gap is ignored by ``_Journal.verified``, so a re-run uploads from the first unjournalled shard (same bytes).
+    """
+    tier = writer.tier()
+    with ThreadPoolExecutor(max_workers=upload_workers, thread_name_prefix="datahub-export-upload") as pool:
+        pending: deque[Future[ShardDone]] = deque()
+        try:
+            for shard in built:
+                pending.append(pool.submit(writer.publish, shard.index, shard.body, tier=tier))
+                del shard  # the future holds the bytes until uploaded
+                while len(pending) > upload_workers:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dict[str, Any], *,
+            engine: EngineChoice, workers: int | None, verify: bool, spill_dir: str | None, upload_workers: int,
+            report: Progress) -> list[str]:
+    """Rewrite the shards whose replica on ``target`` is missing or damaged (size; sha256 with ``verify``)."""
+    damaged = [i for i, shard in enumerate(existing.shards)
+               if not _intact(target, target.uri(existing.release, shard.name), shard.size, shard.sha256, verify=verify)]
+    if not damaged:
+        return []
+    names = [existing.shards[i].name for i in damaged]
+    log.warning("tier %s: %d damaged or missing shard(s) of %s, rewriting: %s", target.name, len(damaged),
+                existing.release, ", ".join(names))
+    report("repair", 0, len(damaged))
+    plan = _plan(source, settings)
+    if [s.samples for s in plan.spans] != [s.samples for s in existing.shards]:
+        raise IntegrityError(f"release {existing.release!r}: {source.where} no longer plans the published shards; "
+                             "copy an intact replica with `datahub tier apply` instead")
+    writer = _writer(plan, target, existing.release, settings["shuffle_seed"], journal_dir=None)
+    for count, shard in enumerate(_write(source, writer, damaged, engine=engine, workers=workers,
+                                         upload_workers=upload_workers, spill_dir=spill_dir), 1):
+        if shard.sha256 != existing.shards[shard.index].sha256:
+            raise IntegrityError(f"{shard.name}: the rewritten shard differs from the manifest (sha256 {shard.sha256[:12]} "
+                                 f"vs {existing.shards[shard.index].sha256[:12]}); copy an intact replica with "
+                                 "`datahub tier apply` instead")
+        report("repair", count, len(damaged))
+    return names
+
+
+def _intact(tier: Tier, uri: str, size: int, sha256: str, *, verify: bool) -> bool:
+    if tier.size(uri) != size:
+        return False
+    return not verify or tier.verify(uri, size=size, sha256=sha256)
+
+
+def publish_manifest(lake: Lake, manifest: Manifest, *, storage: StorageConfig | None,
                      extra_tiers: list[Tier] | None = None) -> None:
     """Publish the manifest into every tier that holds the release, then under the lake (the last step)."""
     tiers = {t.name: t for t in (extra_tiers or [])}
@@ -197,120 +366,6 @@ def _resolve_tier(tier: str | Tier, storage: StorageConfig | None) -> Tier:
     return storage.tier(tier)
 
 
-@dataclass(frozen=True)
-class _Built:
-    """One shard's bytes, built and waiting for upload."""
-
-    index: int
-    name: str
-    body: bytes
-    samples: int
-    start: int
-
-
-def index_reserve(member_bytes: Any, samples: Any) -> Any:
-    """The most bytes the ``__index__`` member of a shard with these members can take: 10 index bytes per
-    member (a member is at least one 512-byte block), a key (<= 90 characters) and newline per sample,
-    and once its header, trailer, extension list (<= 255 names) and padding. Works on ints and arrays."""
-    return _INDEX_FIXED + (member_bytes * 10 + BLOCK - 1) // BLOCK + samples * _INDEX_PER_SAMPLE
-
-
-def _build_shards(rows: pa.Table, release: str, *, first_index: int, first_row: int,
-                  shard_size: int | None, shard_samples: int | None) -> Iterator[_Built]:
-    """Cut ``rows`` into shards in order. A shard closes before the sample that would take it past
-    ``shard_size`` or at ``shard_samples``; a shard holds at least one sample (which alone may be larger).
-
-    The size counts the whole file: the ``__index__`` member (see ``datahub.loader.tar_index``), the
-    end-of-archive blocks and the padding to a full tar record, so a shard takes samples while
-    ``written``, ``index_reserve(written, count)`` and 1024 bytes of end blocks stay within
-    ``shard_size`` rounded down to a record."""
-    pieces: list[pa.Buffer] = []
-    written = count = 0
-    index, start = first_index, first_row
-    budget = (shard_size // RECORD) * RECORD - 2 * BLOCK - _INDEX_FIXED if shard_size is not None else 0
-
-    def cost(size: Any, samples: Any) -> Any:  # bytes of members plus the most index they can need
-        return size + index_reserve(size, samples) - _INDEX_FIXED
-
-    def close() -> _Built:
-        members = b"".join(pieces)
-        embedded = index_member(index_tar(members, where=shard_name(release, index)), len(members))
-        body = b"".join([members, embedded, end_of_archive(len(members) + len(embedded))])
-        return _Built(index, shard_name(release, index), body, count, start)
-
-    for samples in encode_tar(rows):
-        offsets = np.frombuffer(samples.buffers()[1], dtype=np.int64)[samples.offset:samples.offset + len(samples) + 1]
-        data = samples.buffers()[2]
-        position, total = 0, len(samples)
-        while position < total:
-            take = total - position
-            if shard_samples is not None:
-                take = min(take, shard_samples - count)
-            if shard_size is not None:  # how many of the next samples still fit, by cumulative size
-                totals = written + (offsets[position + 1:] - offsets[position])
-                needs = cost(totals, count + np.arange(1, len(totals) + 1))  # grows with every sample taken
-                take = min(take, int(np.searchsorted(needs, budget, side="right")))
-            if count == 0:
-                take = max(take, 1)
-            if take:
-                begin, stop = int(offsets[position]), int(offsets[position + take])
-                pieces.append(data.slice(begin, stop - begin))
-                written += stop - begin
-                count += take
-                position += take
-            if position < total:  # the next sample does not fit: this shard is full
-                yield close()
-                index, start = index + 1, start + count
-                pieces, written, count = [], 0, 0
-    if count:
-        yield close()
-
-
-def _upload(tier: Tier, release: str, shard: _Built, record: Callable[[_Done], None]) -> _Done:
-    """Hash the bytes we send, publish them, check the size the tier reports, journal the shard.
-
-    Runs in an upload thread. Verification here is the size at the destination (one HEAD/stat) plus
-    the sha256 of the exact bytes sent; a resume re-reads and re-hashes every journalled shard at the
-    destination (``_Journal.verified``) before trusting it.
-    """
-    digest = hashlib.sha256(shard.body).hexdigest()  # hashlib releases the GIL: overlaps the next build
-    uri = tier.uri(release, shard.name)
-    tier.publish(uri, shard.body)
-    if tier.size(uri) != len(shard.body):
-        raise IntegrityError(f"tier {tier.name}: {uri} has the wrong size after writing; check the tier and re-run")
-    done = _Done(shard.index, shard.name, len(shard.body), digest, shard.samples, shard.start,
-                 shard.start + shard.samples)
-    record(done)
-    return done
-
-
-def _write_shards(rows: pa.Table, tier: Tier, release: str, *, first_index: int, first_row: int,
-                  shard_size: int | None, shard_samples: int | None, upload_workers: int = 1,
-                  record: Callable[[_Done], None] = lambda shard: None) -> Iterator[_Done]:
-    """Build shard N+1 while shard N uploads; yield finished shards in order.
-
-    At most ``upload_workers`` uploads run at once and one more shard waits built, so memory stays
-    at about ``(upload_workers + 2) * shard_size``. A failed upload raises here after the shards
-    before it were journalled (``record``, called after each upload); a journal entry past a gap is
-    ignored by ``_Journal.verified``, so a re-run uploads from the first unjournalled shard (same bytes).
-    """
-    built = _build_shards(rows, release, first_index=first_index, first_row=first_row, shard_size=shard_size,
-                          shard_samples=shard_samples)
-    with ThreadPoolExecutor(max_workers=upload_workers, thread_name_prefix="datahub-export-upload") as pool:
-        pending: deque[Future[_Done]] = deque()
-        try:
-            for shard in built:
-                pending.append(pool.submit(_upload, tier, release, shard, record))
-                del shard  # the future holds the bytes until uploaded
-                while len(pending) > upload_workers:
-                    yield pending.popleft().result()
-            while pending:
-                yield pending.popleft().result()
-        finally:
-            for future in pending:
-                future.cancel()
-
-
 class _Journal:
     """Per-shard completion records, so a re-run skips verified shards without rebuilding them."""
 
@@ -322,14 +377,12 @@ class _Journal:
     def _entry(self, index: int) -> str:
         return f"{self.dir}/{index:06d}.json"
 
-    def record(self, shard: _Done) -> None:
-        self.tier.publish(self._entry(shard.index), json.dumps(shard.__dict__).encode())
-
-    def verified(self) -> list[_Done]:
-        done: list[_Done] = []
+    def verified(self) -> list[ShardDone]:
+        """Journalled shards from the first on, each verified at the destination (size, sha256)."""
+        done: list[ShardDone] = []
         while True:
             try:
-                entry = _Done(**json.loads(self.tier.read(self._entry(len(done)))))
+                entry = ShardDone(**json.loads(self.tier.read(self._entry(len(done)))))
             except FileNotFoundError:
                 return done
             uri = self.tier.uri(self.release, entry.name)
@@ -344,35 +397,31 @@ class _Journal:
         self.tier.sweep_partials(self.tier.uri(self.release))
 
 
-def _commit_lineage(lake: Any, release: str, tier: Tier, shards: list[_Done], ids: pa.ChunkedArray, export_key: str) -> None:
-    from datahub.lake.tables import LINEAGE
-
+def commit_export_lineage(lake: Lake, release: str, tier: Tier, shards: list[ShardDone],
+                          ids_of: Callable[[ShardDone], pa.Array], export_key: str) -> None:
+    """The shard index as ``exported`` lineage events, one commit (txn ``export/{release}/{tier}``), streamed
+    shard by shard (``ids_of`` gives a shard's sample ids in shard order)."""
     txn = f"export/{release}/{tier.name}"
     if lake.applied("lineage", txn):
         return
-    chunks = []
-    for shard in shards:
-        keys = ids.slice(shard.start, shard.samples)
-        prefix = json.dumps({"shard": tier.uri(release, shard.name), "tier": tier.name})[:-1] + ', "member": "'
-        ref = pc.binary_join_element_wise(pa.scalar(prefix), keys, pa.scalar('.txt"}'), "")
-        chunks.append(pa.table({"sample_id": keys, "ref": ref}))
-    index = pa.concat_tables(chunks) if chunks else pa.table({"sample_id": pa.array([], pa.string()),
-                                                               "ref": pa.array([], pa.string())})
-    n = index.num_rows
     now = datetime.now(timezone.utc)
-    rows = pa.table({
-        "sample_id": index["sample_id"],
-        "run_id": pa.array([txn] * n, pa.string()),
-        "op": pa.array([EXPORT_OP] * n, pa.string()),
-        "params_hash": pa.array([export_key] * n, pa.string()),
-        "action": pa.array(["exported"] * n, pa.string()),
-        "reason": pa.nulls(n, pa.string()),
-        "ref": index["ref"],
-        "ts": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
-    }, schema=LINEAGE).sort_by([("sample_id", "ascending")])
-    lake.commit("lineage", rows, txn=txn, schema=LINEAGE, metadata={"datahub.export": release, "datahub.tier": tier.name})
+
+    def rows() -> Iterator[pa.Table]:
+        for shard in shards:
+            keys = ids_of(shard)
+            prefix = json.dumps({"shard": tier.uri(release, shard.name), "tier": tier.name})[:-1] + ', "member": "'
+            ref = pc.binary_join_element_wise(pa.scalar(prefix), keys, pa.scalar('.txt"}'), "")
+            yield lineage_rows(keys, run_id=txn, op=EXPORT_OP, action="exported", params_hash=export_key, ref=ref,
+                               ts=now)
+
+    lake.commit("lineage", rows(), txn=txn, schema=LINEAGE, metadata={"datahub.export": release, "datahub.tier": tier.name})
 
 
-def _content_digest(ids: pa.ChunkedArray, table: str, version: int) -> str:
-    """Stand-in for a release digest when exporting a bare table version: table, version and ids in order."""
-    return hashlib.sha256("\n".join([f"{table}@{version}", *ids.to_pylist()]).encode()).hexdigest()
+def _content_digest(ids: pa.Array | pa.ChunkedArray, table: str, version: int) -> str:
+    """Stand-in for a release digest when exporting a bare table version: table, version and ids in order
+    (sha256 of the lines, fed in slices)."""
+    digest = hashlib.sha256(f"{table}@{version}".encode())
+    for start in range(0, len(ids), 65_536):
+        chunk = ids.slice(start, 65_536).to_pylist()
+        digest.update(("\n" + "\n".join(chunk)).encode())
+    return digest.hexdigest()

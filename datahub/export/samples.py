@@ -47,6 +47,30 @@ def prepare(table: pa.Table, *, shuffle_seed: int | None, where: str) -> pa.Tabl
     return table.take(order)
 
 
+def binary_columns(schema: pa.Schema) -> list[str]:
+    """Columns written as members of their own (named after the column)."""
+    return [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+
+
+def export_columns(schema: pa.Schema, *, where: str) -> list[str]:
+    """The columns an export writes (envelope columns ``_*`` are left out), checked for a key and member names."""
+    if KEY_COLUMN not in schema.names:
+        raise IntegrityError(f"{where}: no {KEY_COLUMN!r} column; only samples-like tables can be exported")
+    for column in binary_columns(schema):
+        if not column.startswith("_"):
+            check_extension(column, where=f"{where}: binary column {column!r}")
+    return [name for name in schema.names if not name.startswith("_")]
+
+
+def json_records(batch: pa.RecordBatch | pa.Table, json_columns: list[str]) -> list[bytes]:
+    """The ``.json`` member of every row: the row's other columns, keys sorted (one Python encode per row)."""
+    cols = {c: batch.column(c).to_pylist() for c in json_columns}
+    meta = cols.get("meta")
+    if meta is not None:
+        cols["meta"] = [_json_value("meta", v) for v in meta]
+    return [_JSON.encode({c: cols[c][i] for c in json_columns}).encode("utf-8") for i in range(batch.num_rows)]
+
+
 def encode(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
     """(key, [(extension, bytes), ...]) per row, in table order."""
     binary = [c for c in table.column_names
@@ -86,8 +110,7 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
     """
     from datahub.export.tar import member_blocks, zero_padding
 
-    binary = [c for c in table.column_names
-              if pa.types.is_binary(table.schema.field(c).type) or pa.types.is_large_binary(table.schema.field(c).type)]
+    binary = binary_columns(table.schema)
     json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary]
     empty = pa.scalar(b"", pa.large_binary())
     for batch in table.to_batches(max_chunksize=batch_rows):
@@ -97,11 +120,7 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
             txt = pc.cast(pc.fill_null(batch.column(TEXT_COLUMN), ""), pa.large_binary())
         else:
             txt = pa.array([b""] * n, pa.large_binary())
-        cols = {c: batch.column(c).to_pylist() for c in json_columns}
-        meta = cols.get("meta")
-        if meta is not None:
-            cols["meta"] = [_json_value("meta", v) for v in meta]
-        records = [_JSON.encode({c: cols[c][i] for c in json_columns}).encode("utf-8") for i in range(n)]
+        records = json_records(batch, json_columns)
         members: list[tuple[str, pa.Array]] = [("txt", txt), ("json", pa.array(records, pa.large_binary()))]
         members.extend((c, pc.cast(batch.column(c), pa.large_binary())) for c in binary)
         parts: list[pa.Array] = []

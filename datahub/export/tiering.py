@@ -9,17 +9,28 @@ is a no-op. A tier from a second storage config (another region) is just one mor
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import logging
 from collections.abc import Callable, Mapping
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+import pyarrow as pa
+
 from datahub.errors import IntegrityError, LakeError, SpecError, StorageError
-from datahub.export.export import _commit_lineage, _Done, publish_manifest
-from datahub.export.manifest import MANIFEST_NAME, Manifest, read_lake_manifest
+from datahub.export.export import commit_export_lineage, publish_manifest
+from datahub.export.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
+from datahub.export.plan import ORDER, export_order
+from datahub.export.source import TableSource
+from datahub.export.write import ShardDone
+from datahub.loader.tar_index import index_tar
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
+from datahub.storage.tier import Tier
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +38,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Move:
     release: str
-    action: Literal["copy", "delete"]
+    action: Literal["copy", "delete", "repair"]
     tier: str
     source: str | None  # tier copied from (copy only)
     shards: int
     bytes: int
     storage_class: str | None = None
     leftover: bool = False  # a delete of files the manifest already dropped (an interrupted apply)
+    verify: bool = False  # repair: replicas were checked by sha256, not only by size
 
 
 @dataclass(frozen=True)
@@ -42,7 +54,7 @@ class TierPlan:
 
     @property
     def bytes_to_copy(self) -> int:
-        return sum(m.bytes for m in self.moves if m.action == "copy")
+        return sum(m.bytes for m in self.moves if m.action in ("copy", "repair"))
 
     @property
     def bytes_to_delete(self) -> int:
@@ -105,8 +117,12 @@ def plan_tiers(
     targets: Mapping[str, list[str]] | None = None,
     releases: list[str] | None = None,
     now: datetime | None = None,
+    verify: bool = False,
 ) -> TierPlan:
-    """What ``apply_tiers`` would do. ``targets`` (release -> tiers) overrides the policy for those releases."""
+    """What ``apply_tiers`` would do. ``targets`` (release -> tiers) overrides the policy for those releases.
+
+    Replicas a release keeps are checked (size; sha256 too with ``verify``): damaged or missing ones become a
+    ``repair`` move (copied again from an intact replica on another tier)."""
     names = releases if releases is not None else exported_releases(lake)
     targets = dict(targets or {})
     manifests: dict[str, Manifest] = {}
@@ -137,6 +153,12 @@ def plan_tiers(
                     raise SpecError(f"release {name!r}: no configured tier holds it (replicas on {held}); "
                                     "pass the storage config of the region that has it (--storage twice)")
                 moves.append(Move(name, "copy", tier, sources[0], len(manifest.shards), total, klass))
+            elif tier in storage.tiers:
+                damaged = set(damaged_replicas(manifest, storage.tier(tier), verify=verify))
+                if damaged:
+                    others = [t for t in sources if t != tier]
+                    moves.append(Move(name, "repair", tier, others[0] if others else None, len(damaged),
+                                      sum(s.size for s in manifest.shards if s.name in damaged), klass, verify=verify))
         for tier in held:
             if tier not in wanted and tier in storage.tiers:
                 moves.append(Move(name, "delete", tier, None, len(manifest.shards), total, klass))
@@ -147,17 +169,20 @@ def plan_tiers(
 
 
 def apply_tiers(lake: Any, plan: TierPlan, *, storage: StorageConfig,
-                progress: Callable[..., None] | None = None) -> list[Move]:
-    """Carry out a plan (copies of a release before its deletes); returns the moves done."""
+                progress: Callable[..., None] | None = None, workers: int = 2) -> list[Move]:
+    """Carry out a plan (copies and repairs of a release before its deletes); returns the moves done.
+    ``workers`` shards are copied at once, each held in memory once (memory: ``workers`` shards)."""
     report = progress or (lambda stage, done, total=None: None)
     done: list[Move] = []
-    ordered = sorted(plan.moves, key=lambda m: (m.release, m.action != "copy"))
+    ordered = sorted(plan.moves, key=lambda m: (m.release, m.action == "delete"))
     for step, move in enumerate(ordered):
         manifest = read_lake_manifest(lake, move.release)
         if manifest is None:
             raise SpecError(f"release {move.release!r}: its manifest vanished from {lake.root}/_exports; re-run `datahub export`")
         if move.action == "copy":
-            _copy(lake, manifest, move.tier, storage=storage)
+            _copy(lake, manifest, move.tier, storage=storage, workers=workers)
+        elif move.action == "repair":
+            _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers)
         else:
             _delete(lake, manifest, move.tier, storage=storage)
         done.append(move)
@@ -165,21 +190,63 @@ def apply_tiers(lake: Any, plan: TierPlan, *, storage: StorageConfig,
     return done
 
 
-def _copy(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> None:
-    dest = storage.tier(tier_name)
-    replicas: dict[str, dict[str, str]] = {}
+def damaged_replicas(manifest: Manifest, tier: Tier, *, verify: bool) -> list[str]:
+    """Shards whose replica on ``tier`` is missing or has the wrong size (and, with ``verify``, sha256)."""
+    bad = []
     for shard in manifest.shards:
+        uri = tier.uri(manifest.release, shard.name)
+        if tier.size(uri) != shard.size or (verify and not tier.verify(uri, size=shard.size, sha256=shard.sha256)):
+            bad.append(shard.name)
+    return bad
+
+
+def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verify: bool, workers: int) -> list[str]:
+    """Copy intact replicas from other tiers over the damaged replicas on ``tier_name``."""
+    dest = storage.tier(tier_name)
+    damaged = set(damaged_replicas(manifest, dest, verify=verify))
+    if damaged:
+        log.warning("tier %s: %d damaged or missing shard(s) of %s, copying them again: %s", tier_name, len(damaged),
+                    manifest.release, ", ".join(sorted(damaged)))
+    shards = [s for s in manifest.shards if s.name in damaged]
+    _copy_shards(manifest, shards, dest, storage=storage, skip_tier=tier_name, workers=workers, check_existing=False)
+    return sorted(damaged)
+
+
+def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, storage: StorageConfig,
+                 skip_tier: str | None, workers: int, check_existing: bool) -> None:
+    """Copy shard by shard from a verified replica, ``workers`` at once; each copy is verified at the
+    destination (size and sha256); a destination replica already verified is kept (resume)."""
+    def one(shard: ShardRecord) -> None:
         uri = dest.uri(manifest.release, shard.name)
-        if not dest.verify(uri, size=shard.size, sha256=shard.sha256):  # resume: verified copies are kept
-            dest.publish_verified(uri, _read_verified(manifest, shard, storage), sha256=shard.sha256)
-        replicas[shard.name] = {**shard.replicas, tier_name: uri}
+        if check_existing and dest.verify(uri, size=shard.size, sha256=shard.sha256):
+            return
+        data = _read_verified(manifest, shard, storage, skip_tier=skip_tier)
+        dest.publish_verified(uri, data, sha256=shard.sha256)
+
+    window = max(1, workers)
+    with ThreadPoolExecutor(max_workers=window, thread_name_prefix="datahub-tier-copy") as pool:
+        pending: deque[Future[None]] = deque()
+        for shard in shards:  # at most ``workers`` copies in flight; a failure stops new ones (a re-run resumes)
+            if len(pending) == window:
+                pending.popleft().result()
+            pending.append(pool.submit(one, shard))
+        while pending:
+            pending.popleft().result()
+
+
+def _copy(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2) -> None:
+    dest = storage.tier(tier_name)
+    _copy_shards(manifest, list(manifest.shards), dest, storage=storage, skip_tier=None, workers=workers,
+                 check_existing=True)
+    replicas = {shard.name: {**shard.replicas, tier_name: dest.uri(manifest.release, shard.name)}
+                for shard in manifest.shards}
     updated = manifest.with_replicas(replicas)
     if not lake.applied("lineage", f"export/{manifest.release}/{tier_name}"):
-        _commit_lineage(
-            lake, manifest.release, dest,
-            [_Done(i, s.name, s.size, s.sha256, s.samples, start, start + s.samples)
-             for i, (s, start) in enumerate(_starts(manifest))],
-            _ids(lake, manifest, storage), manifest.export.get("key", ""))
+        ids_of = _ids_of(lake, manifest, storage)
+        starts = list(itertools.accumulate((s.samples for s in manifest.shards), initial=0))
+        done = [ShardDone(i, s.name, s.size, s.sha256, s.samples, starts[i], starts[i] + s.samples)
+                for i, s in enumerate(manifest.shards)]
+        commit_export_lineage(lake, manifest.release, dest, done, ids_of, manifest.export.get("key", ""))
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
 
 
@@ -194,12 +261,11 @@ def _delete(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageCo
     tier.delete(tier.uri(manifest.release), recursive=True)
 
 
-def _read_verified(manifest: Manifest, shard: Any, storage: StorageConfig) -> bytes:
-    import hashlib
-
+def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfig, *,
+                   skip_tier: str | None = None) -> bytes:
     problems = []
     for name, uri in shard.replicas.items():
-        if name not in storage.tiers:
+        if name not in storage.tiers or name == skip_tier:
             continue
         try:
             data = storage.tier(name).read(uri)
@@ -213,39 +279,26 @@ def _read_verified(manifest: Manifest, shard: Any, storage: StorageConfig) -> by
                          f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release")
 
 
-def _starts(manifest: Manifest) -> list[tuple[Any, int]]:
-    out, start = [], 0
-    for shard in manifest.shards:
-        out.append((shard, start))
-        start += shard.samples
-    return out
-
-
-def _ids(lake: Any, manifest: Manifest, storage: StorageConfig) -> Any:
-    """Sample keys in shard order (the lineage index of the new tier).
+def _ids_of(lake: Any, manifest: Manifest, storage: StorageConfig) -> Callable[[ShardDone], pa.Array]:
+    """Sample keys of a shard in shard order (the lineage index of a new tier).
 
     Recomputed from the lake, not from shard bytes: the export order is a function of the frozen
-    table version's sample ids and the shuffle seed (``prepare``), so one column is read instead
-    of every shard again. Falls back to indexing the shards when that version is gone (vacuumed).
+    table version's sample ids and the shuffle seed (``datahub.export.plan``), so one column is read
+    instead of every shard again. Falls back to each shard's index when that version is gone (vacuumed).
     """
-    import pyarrow as pa
-
-    from datahub.export.samples import KEY_COLUMN, prepare
-    from datahub.loader.tar_index import index_tar
-
-    where = f"{lake.root}/{manifest.table}@v{manifest.table_version}"
+    source = TableSource(lake, manifest.table, manifest.table_version)
     try:
-        names = set(pa.schema(lake.table(manifest.table, manifest.table_version).schema().to_arrow()).names)
-        columns = [KEY_COLUMN] + (["_drop_reason"] if "_drop_reason" in names else [])
-        rows = prepare(lake.read(manifest.table, version=manifest.table_version, columns=columns),
-                       shuffle_seed=manifest.shuffle_seed, where=where)
-        if rows.num_rows == manifest.num_samples:
-            return rows[KEY_COLUMN]
-        log.warning("%s holds %d samples, the manifest of %s %d: indexing the shards instead", where, rows.num_rows,
+        ids = export_order(source, shuffle_seed=manifest.shuffle_seed,
+                           keyed=manifest.export.get("settings", {}).get("order") == ORDER)
+        if len(ids) == manifest.num_samples:
+            return lambda shard: ids.slice(shard.start, shard.samples)
+        log.warning("%s holds %d samples, the manifest of %s %d: indexing the shards instead", source.where, len(ids),
                     manifest.release, manifest.num_samples)
     except LakeError as exc:  # the version was vacuumed or the table is gone: the shards are the truth
-        log.warning("%s: %s; indexing the shards instead", where, exc)
-    keys: list[str] = []
-    for shard in manifest.shards:
-        keys.extend(index_tar(_read_verified(manifest, shard, storage), where=shard.name).keys)
-    return pa.chunked_array([pa.array(keys, pa.string())])
+        log.warning("%s: %s; indexing the shards instead", source.where, exc)
+
+    def from_shard(shard: ShardDone) -> pa.Array:
+        record = manifest.shards[shard.index]
+        return pa.array(index_tar(_read_verified(manifest, record, storage), where=record.name).keys, pa.string())
+
+    return from_shard

@@ -23,6 +23,13 @@ def register(app: typer.Typer) -> None:
         shuffle_seed: Optional[int] = typer.Option(None, "--shuffle-seed", help="Seeded sample order (default: by sample_id)."),
         table: Optional[str] = typer.Option(None, "--table", help="Export this table version instead of a release record."),
         version: Optional[int] = typer.Option(None, "--version", help="Delta version of --table (default: latest)."),
+        engine: str = typer.Option("local", "--engine", help="local (this process), ray or spark: engine tasks write "
+                                   "whole shards straight to the tier; same bytes either way."),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address or Spark master URL "
+                                              "(default: an embedded local engine)."),
+        workers: Optional[int] = typer.Option(None, "--workers", help="Engine tasks at once (default: the engine's)."),
+        verify: bool = typer.Option(False, "--verify", help="On a tier that holds the release, check replicas by "
+                                    "sha256 too (not only size) and rewrite damaged ones."),
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     ) -> None:
         """Export a release as byte-reproducible WebDataset shards; re-running resumes and skips verified shards."""
@@ -32,8 +39,19 @@ def register(app: typer.Typer) -> None:
 
         config = load_storage_config(storage)
         the_lake = open_lake(lake)
+        if engine not in ("local", "ray", "spark"):
+            raise typer.BadParameter(f"use local, ray or spark, got {engine!r}", param_hint="--engine")
         options: dict[str, Any] = {"tier": tier, "storage": config, "shard_size": shard_size, "shard_samples": shard_samples,
-                   "shuffle_seed": shuffle_seed}
+                   "shuffle_seed": shuffle_seed, "workers": workers, "verify": verify}
+        running = None
+        if engine != "local":
+            from datahub.config.spec import EngineSpec
+            from datahub.engines.registry import make_engine
+
+            spec = EngineSpec(kind=engine, address=address) if engine == "ray" else EngineSpec(kind="spark", master=address)
+            running = make_engine(spec)
+            running.start()
+            options["engine"] = running
         with progress(f"export {release}", enabled=not as_json) as update:
             if table is not None:
                 chosen = version if version is not None else the_lake.table(table).version()
@@ -41,6 +59,8 @@ def register(app: typer.Typer) -> None:
                                                 progress=update, **options)
             else:
                 manifest = export_release(the_lake, release, progress=update, **options)
+        if running is not None:
+            running.stop()
         if as_json:
             print_json(manifest.to_dict())
             return

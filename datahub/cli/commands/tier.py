@@ -50,28 +50,30 @@ def register(app: typer.Typer) -> None:
 _LAKE = typer.Option(..., "--lake", help=LAKE_HELP)
 _STORAGE = typer.Option([], "--storage", help="Storage YAML; give it twice to add a second region's tiers.")
 _RELEASE = typer.Option([], "--release", help="Only this release (repeatable).")
+_VERIFY = typer.Option(False, "--verify", help="Check kept replicas by sha256 too (not only size).")
 _TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on.")
 
 
 @tier_app.command("plan")
 def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
-         tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json")) -> None:
+         tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY) -> None:
     """Dry run: what would be copied and deleted, and how many bytes."""
     from datahub.export.tiering import plan_tiers
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
-    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets)
+    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify)
     print_json(result.as_dict()) if as_json else _print_plan(result)
 
 
 @tier_app.command("apply")
 def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
-          tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Copy -> verify checksum at the destination -> update manifests -> delete sources. Safe to re-run."""
+          tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY) -> None:
+    """Copy -> verify checksum at the destination -> update manifests -> delete sources. Safe to re-run.
+    Kept replicas are checked (size; sha256 with --verify) and damaged ones copied again from an intact tier."""
     from datahub.export.tiering import TierPlan, apply_tiers, plan_tiers
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
-    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets)
+    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify)
     with progress("tier apply", enabled=not as_json) as update:
         done = apply_tiers(the_lake, result, storage=config, progress=update)
     if as_json:

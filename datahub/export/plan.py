@@ -1,0 +1,245 @@
+"""Plan an export on the driver: the order of samples and where shards begin, from sample ids and sizes only.
+
+One pass over the table reads ``sample_id``, the small columns that make the ``.json`` member, and the byte
+lengths of ``text`` and binary columns (``pc.binary_length`` in the scan), in batches. Held per sample: the
+id, its order key and its size in the shard, about 100 bytes for a 64-character id, never the text.
+
+Export order:
+- no seed: by ``sample_id`` (byte order), as every export has been;
+- ``shuffle_seed``: by ``(order_hash(sample_id, seed), sample_id)``, a keyed hash computed per row, so any task
+  that sees a row knows its place without a global permutation. ``order_hash`` is "keyed-fnv1a64-v1":
+  FNV-1a 64 over the UTF-8 bytes of the id, starting from the FNV offset basis XOR fmix64(seed mod 2**64),
+  finished by MurmurHash3's fmix64 (FNV: http://www.isthe.com/chongo/tech/comp/fnv/, fmix64:
+  https://github.com/aappleby/smhasher MurmurHash3.cpp). Exports made before it (a numpy permutation of the
+  sorted ids) keep their manifests and shards; they read as before.
+
+Shards are contiguous ranges of that order, so a shard is named by its first key: a writer routes any row to
+its shard with a binary search over the shards' first keys (``ExportPlan.route``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.errors import IntegrityError
+from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, json_records
+from datahub.export.tar import BLOCK, RECORD, check_key
+
+ORDER = "keyed-fnv1a64-v1"
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+# bounds on the __index__ member's size: key (<= 90 chars) and newline per sample; its header, trailer,
+# extension list and padding once per shard
+_INDEX_PER_SAMPLE = 91
+_INDEX_FIXED = 3 * BLOCK + 255 * 10
+_MIN_SAMPLE_BYTES = 2 * BLOCK  # every sample has a .txt and a .json member: a header each at least
+
+
+def index_reserve(member_bytes: np.ndarray | int, samples: np.ndarray | int) -> np.ndarray | int:
+    """The most bytes the ``__index__`` member of a shard with these members can take: 10 index bytes per
+    member (a member is at least one 512-byte block), a key (<= 90 characters) and newline per sample,
+    and once its header, trailer, extension list (<= 255 names) and padding. Works on ints and arrays."""
+    return _INDEX_FIXED + (member_bytes * 10 + BLOCK - 1) // BLOCK + samples * _INDEX_PER_SAMPLE
+
+
+def _fmix64(values: np.ndarray) -> np.ndarray:
+    values = values ^ (values >> np.uint64(33))
+    values = values * np.uint64(0xFF51AFD7ED558CCD)
+    values = values ^ (values >> np.uint64(33))
+    values = values * np.uint64(0xC4CEB9FE1A85EC53)
+    return values ^ (values >> np.uint64(33))
+
+
+def order_hash(ids: pa.Array | pa.ChunkedArray, seed: int) -> np.ndarray:
+    """The keyed order hash of every id (uint64), vectorized: one numpy pass per byte position of the ids."""
+    if isinstance(ids, pa.ChunkedArray):
+        ids = ids.combine_chunks() if ids.num_chunks != 1 else ids.chunk(0)
+    ids = ids.cast(pa.large_binary())
+    n = len(ids)
+    start = np.full(n, _fmix64(np.array([seed & (2**64 - 1)], dtype=np.uint64))[0] ^ _FNV_OFFSET, dtype=np.uint64)
+    if n == 0:
+        return start
+    offsets = np.frombuffer(ids.buffers()[1], dtype=np.int64)[ids.offset:ids.offset + n + 1]
+    data = np.frombuffer(ids.buffers()[2], dtype=np.uint8)
+    lengths = np.diff(offsets)
+    hashes = start
+    width = int(lengths.max())
+    if int(lengths.min()) == width:  # ids of one length (content hashes): a matrix, no masks
+        matrix = data[offsets[0]:offsets[-1]].reshape(n, width)
+        for column in range(width):
+            hashes = (hashes ^ matrix[:, column]) * _FNV_PRIME
+    else:
+        begins = offsets[:-1]
+        for column in range(width):
+            active = np.flatnonzero(lengths > column)
+            hashes[active] = (hashes[active] ^ data[begins[active] + column]) * _FNV_PRIME
+    return _fmix64(hashes)
+
+
+def member_bytes(batch: pa.RecordBatch, *, json_columns: list[str], binary: list[str]) -> np.ndarray:
+    """Bytes each row takes in a shard (its members' headers, data and padding), from ``{column}`` lengths:
+    ``text`` and binary columns arrive as their byte lengths (null: no member), the rest as values."""
+    def span(sizes: np.ndarray) -> np.ndarray:
+        return BLOCK + sizes + (-sizes % BLOCK)
+
+    n = batch.num_rows
+    if TEXT_COLUMN in batch.schema.names:
+        text = np.asarray(pc.fill_null(batch.column(TEXT_COLUMN), 0), dtype=np.int64)
+    else:
+        text = np.zeros(n, dtype=np.int64)
+    records = np.fromiter((len(r) for r in json_records(batch, json_columns)), dtype=np.int64, count=n)
+    total = span(text) + span(records)
+    for column in binary:
+        lengths = batch.column(column)
+        total += np.where(np.asarray(pc.is_valid(lengths)), span(np.asarray(pc.fill_null(lengths, 0), dtype=np.int64)), 0)
+    return total
+
+
+@dataclass(frozen=True)
+class ShardSpan:
+    index: int
+    start: int  # position of the shard's first sample in export order
+    samples: int
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """Sample ids in export order, their order hashes (seeded export) and sizes, and the shard ranges."""
+
+    ids: pa.Array
+    hashes: np.ndarray | None
+    sizes: np.ndarray
+    spans: tuple[ShardSpan, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.ids)
+
+    def shard_ids(self, index: int) -> pa.Array:
+        span = self.spans[index]
+        return self.ids.slice(span.start, span.samples)
+
+    def router(self) -> ShardRouter:
+        starts = [s.start for s in self.spans]
+        first_ids = np.asarray(self.ids.take(pa.array(starts, pa.int64())).to_pylist(), dtype=object) if starts else \
+            np.asarray([], dtype=object)
+        first_hashes = self.hashes[starts] if self.hashes is not None else None
+        return ShardRouter(first_ids.astype(bytes) if len(first_ids) else np.asarray([], dtype="S1"), first_hashes,
+                           tuple(s.samples for s in self.spans))
+
+
+@dataclass(frozen=True)
+class ShardRouter:
+    """The shards' first keys: small (one per shard), picklable, sent to every writer task."""
+
+    first_ids: np.ndarray  # bytes (numpy S), one per shard
+    first_hashes: np.ndarray | None  # uint64 per shard, seeded exports
+    samples: tuple[int, ...]
+
+    def route(self, ids: pa.Array | pa.ChunkedArray, hashes: np.ndarray | None) -> np.ndarray:
+        """The shard of every row (int64): the last shard whose first key is <= the row's key."""
+        keys = np.asarray(pc.cast(ids, pa.binary()).to_numpy(zero_copy_only=False).astype(bytes))
+        if self.first_hashes is None or hashes is None:
+            return np.searchsorted(self.first_ids, keys, side="right").astype(np.int64) - 1
+        shard = np.searchsorted(self.first_hashes, hashes, side="right").astype(np.int64) - 1
+        # a row whose hash equals a shard's first hash is ordered by id among those (ties: ~n^2/2^65)
+        ties = np.flatnonzero(self.first_hashes[np.maximum(shard, 0)] == hashes)
+        for row in ties.tolist():
+            low = int(np.searchsorted(self.first_hashes, hashes[row], side="left"))
+            high = int(shard[row]) + 1
+            within = int(np.searchsorted(self.first_ids[low:high], keys[row], side="right"))
+            shard[row] = low + within - 1
+        return shard
+
+
+def plan_export(batches: Iterable[pa.RecordBatch], *, shuffle_seed: int | None, shard_size: int | None,
+                shard_samples: int | None, json_columns: list[str], binary: list[str], where: str) -> ExportPlan:
+    """Read ids and sizes batch by batch, order them, and cut shards (see ``cut_shards``)."""
+    id_chunks: list[pa.Array] = []
+    size_chunks: list[np.ndarray] = []
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        ids = batch.column(KEY_COLUMN)
+        if ids.null_count:
+            raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
+        bad = pc.invert(pc.match_substring_regex(ids, r"^[A-Za-z0-9_-]{1,90}$"))
+        if pc.any(bad).as_py():
+            check_key(pc.filter(ids, bad)[0].as_py(), where=where)
+        id_chunks.append(ids.cast(pa.string()))
+        size_chunks.append(member_bytes(batch, json_columns=json_columns, binary=binary))
+    ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
+    sizes = np.concatenate(size_chunks) if size_chunks else np.zeros(0, dtype=np.int64)
+    hashes = order_hash(ids, shuffle_seed) if shuffle_seed is not None else None
+    if hashes is None:
+        order = pc.sort_indices(ids)
+    else:
+        order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
+    ids = ids.take(order)
+    _check_unique(ids, where)
+    positions = np.asarray(order)
+    sizes = sizes[positions]
+    hashes = hashes[positions] if hashes is not None else None
+    spans = cut_shards(sizes, shard_size=shard_size, shard_samples=shard_samples)
+    return ExportPlan(ids, hashes, sizes, spans)
+
+
+def _check_unique(ordered: pa.Array, where: str) -> None:
+    """Equal ids are neighbours in either order (equal ids have equal hashes)."""
+    if len(ordered) < 2:
+        return
+    repeats = pc.sum(pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))).as_py() or 0
+    if repeats:
+        raise IntegrityError(f"{where}: sample_id is not unique ({len(ordered)} rows, {len(ordered) - repeats} distinct "
+                             "ids): a shard key must name one sample; add exact dedup to the job graph (or release a "
+                             "deduplicated table version) before exporting")
+
+
+def cut_shards(sizes: np.ndarray, *, shard_size: int | None, shard_samples: int | None) -> tuple[ShardSpan, ...]:
+    """Cut samples (bytes each, in order) into shards. A shard closes before the sample that would take it past
+    ``shard_size`` or at ``shard_samples``; a shard holds at least one sample (which alone may be larger).
+
+    The size counts the whole file: the ``__index__`` member (see ``datahub.loader.tar_index``), the
+    end-of-archive blocks and the padding to a full tar record, so a shard takes samples while their
+    members, ``index_reserve(members, count)`` and 1024 bytes of end blocks stay within ``shard_size``
+    rounded down to a record. One numpy search per shard over a window of at most ``shard_size / 1 KiB``."""
+    total = len(sizes)
+    cumulative = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    budget = (shard_size // RECORD) * RECORD - 2 * BLOCK - _INDEX_FIXED if shard_size is not None else 0
+    spans: list[ShardSpan] = []
+    start = 0
+    while start < total:
+        take = total - start
+        if shard_samples is not None:
+            take = min(take, shard_samples)
+        if shard_size is not None:
+            window = min(take, max(budget, 0) // _MIN_SAMPLE_BYTES + 1)
+            written = cumulative[start + 1:start + 1 + window] - cumulative[start]
+            needs = written + index_reserve(written, np.arange(1, window + 1)) - _INDEX_FIXED
+            take = min(take, int(np.searchsorted(needs, budget, side="right")))
+        take = max(take, 1)
+        spans.append(ShardSpan(len(spans), start, take))
+        start += take
+    return tuple(spans)
+
+
+def export_order(source: Any, *, shuffle_seed: int | None, keyed: bool = True) -> pa.Array:
+    """The sample ids of ``source`` (a ``TableSource``) in export order, reading only ``sample_id``.
+
+    ``keyed=False`` gives the order of exports made before the keyed hash (a numpy permutation of the sorted
+    ids seeded with ``shuffle_seed``), so tier copies of those releases still get their lineage index."""
+    chunks = [batch.column(KEY_COLUMN) for batch in source.scan([KEY_COLUMN], batch_rows=65_536) if batch.num_rows]
+    ids = pa.chunked_array(chunks, pa.string()).combine_chunks() if chunks else pa.array([], pa.string())
+    if shuffle_seed is None:
+        return ids.take(pc.sort_indices(ids))
+    if not keyed:
+        ordered = ids.take(pc.sort_indices(ids))
+        return ordered.take(pa.array(np.random.default_rng(shuffle_seed).permutation(len(ordered))))
+    keyed_ids = pa.table({"h": order_hash(ids, shuffle_seed), "id": ids})
+    return ids.take(pc.sort_indices(keyed_ids, sort_keys=[("h", "ascending"), ("id", "ascending")]))
