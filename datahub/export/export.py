@@ -42,7 +42,7 @@ from datahub.export.samples import TEXT_COLUMN, binary_columns, export_columns
 from datahub.export.source import TableSource
 from datahub.export.spill import ShardSpill
 from datahub.export.tar import RECORD
-from datahub.export.write import RESULT, ROUTED, ShardDone, ShardWriter, results, shard_name
+from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
@@ -234,12 +234,13 @@ def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, engine:
         if running.name not in ("ray", "spark"):
             raise SpecError(f"--engine {running.name!r}: export runs on local, ray or spark")
         write_groups = importlib.import_module(f"datahub.engines.{running.name}.export").write_groups
-        table = write_groups(running, source.files(), read=read, key="shard", write=writer.write,
-                             routed_schema=ROUTED, result_schema=RESULT, workers=workers)
+        writer.start()
+        written = writer.commit(write_groups(running, source.files(), read=read, key="shard", sink=writer,
+                                             routed_schema=ROUTED, workers=workers))
     finally:
         if owned:
             running.stop()
-    yield from results(table)
+    yield from written
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError
 from datahub.export.plan import ShardRouter, order_hash
 from datahub.export.samples import KEY_COLUMN, encode_tar
@@ -29,8 +30,6 @@ from datahub.storage.tier import Tier
 
 ROUTED = pa.schema([("shard", pa.int64()), ("order_hash", pa.int64()), (KEY_COLUMN, pa.string()),
                     ("members", pa.large_binary())])
-RESULT = pa.schema([("index", pa.int64()), ("name", pa.string()), ("size", pa.int64()), ("sha256", pa.string()),
-                    ("samples", pa.int64()), ("start", pa.int64()), ("end", pa.int64())])
 
 
 def shard_name(release: str, index: int) -> str:
@@ -60,8 +59,11 @@ def shard_body(members: pa.Buffer | bytes, *, where: str) -> bytes:
 
 
 @dataclass(frozen=True)
-class ShardWriter:
-    """What a writer task needs (picklable): the routing keys, the tier by spec, the release and journal dir."""
+class ShardWriter(Sink[ShardDone, list[ShardDone]]):
+    """The export's sink on the write seam (``datahub.engines.sink``): a task's ``write`` gets every routed row
+    of one shard, builds and publishes it and returns its ``ShardDone``; ``commit`` orders the results (the
+    manifest is published by the export after the lineage). Picklable: the routing keys, the tier by spec,
+    the release and the journal dir. No ``abort``: published shards stay, journalled, for a re-run to keep."""
 
     release: str
     router: ShardRouter
@@ -128,13 +130,10 @@ class ShardWriter:
             target.publish(f"{self.journal_dir}/{index:06d}.json", json.dumps(done.as_row()).encode())
         return done
 
-    def write(self, rows: pa.Table) -> pa.Table:
-        """Build and publish the shard of ``rows``; the engine tasks' function. Returns one RESULT row."""
-        index, body = self.build(rows)
-        del rows
-        return pa.Table.from_pylist([self.publish(index, body).as_row()], schema=RESULT)
+    def write(self, batches: Iterable[pa.Table]) -> ShardDone:
+        """Build and publish the shard of these rows (all rows of one shard)."""
+        index, body = self.build(pa.concat_tables(list(batches)))
+        return self.publish(index, body)
 
-
-def results(table: pa.Table) -> Iterator[ShardDone]:
-    for row in table.sort_by([("index", "ascending")]).to_pylist():
-        yield ShardDone(**row)
+    def commit(self, results: list[ShardDone]) -> list[ShardDone]:
+        return sorted(results, key=lambda done: done.index)

@@ -7,11 +7,15 @@ writers' small result rows.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from datahub.engines.base import Engine
+from datahub.engines.sink import Sink, WriteTask, task_results
+
+R = TypeVar("R")
 
 
 def _read_tasks(batch: pa.Table, tasks: Sequence[Any], read: Callable[[Any], Iterator[pa.Table]]) -> Iterator[pa.Table]:
@@ -19,26 +23,27 @@ def _read_tasks(batch: pa.Table, tasks: Sequence[Any], read: Callable[[Any], Ite
         yield from read(tasks[index])
 
 
-def _write_group(group: pa.Table, write: Callable[[pa.Table], pa.Table]) -> pa.Table:
-    return write(group)
+def _write_group(group: pa.Table, task: WriteTask[Any]) -> pa.Table:
+    return task(group)
 
 
 def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], Iterator[pa.Table]], key: str,
-                 write: Callable[[pa.Table], pa.Table], routed_schema: pa.Schema, result_schema: pa.Schema,
-                 workers: int | None = None) -> pa.Table:
-    """Run ``read(task)`` for every task (Arrow tables of ``routed_schema`` with a ``key`` column), then
-    ``write(rows)`` once per key value with all its rows; return the concatenated results (``result_schema``).
-    ``workers``: tasks at once (None: Ray decides). The Spark twin is ``datahub.engines.spark.export``."""
+                 sink: Sink[R, Any], routed_schema: pa.Schema, workers: int | None = None) -> list[R]:
+    """Run ``read(task)`` for every task (Arrow tables of ``routed_schema`` with a ``key`` column), then the
+    sink's ``write`` once per key value with all its rows (a task of the write seam); return the tasks' results
+    for the caller's ``sink.commit``. ``workers``: tasks at once (None: Ray decides). The Spark twin is
+    ``datahub.engines.spark.export``."""
     import ray.data
 
     if not tasks:
-        return result_schema.empty_table()
+        return []
     items = ray.data.from_items([{"task": i} for i in range(len(tasks))], override_num_blocks=len(tasks))
-    compute = ray.data.TaskPoolStrategy(size=workers) if workers else None
-    routed = items.map_batches(_read_tasks, fn_args=(list(tasks), read), batch_format="pyarrow", batch_size=1,
-                               compute=compute)
-    written = routed.groupby(key).map_groups(_write_group, fn_args=(write,), batch_format="pyarrow", compute=compute)
-    tables = [pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b
-              for b in written.iter_batches(batch_format="pyarrow", batch_size=None)]
-    tables = [t.select(result_schema.names).cast(result_schema) for t in tables if t.num_rows]
-    return pa.concat_tables(tables) if tables else result_schema.empty_table()
+    options: dict[str, Any] = {"compute": ray.data.TaskPoolStrategy(size=workers)} if workers else {}
+    routed = items.map_batches(partial(_read_tasks, tasks=list(tasks), read=read), batch_format="pyarrow",
+                               batch_size=1, **options)
+    written = routed.groupby(key).map_groups(partial(_write_group, task=WriteTask(sink)), batch_format="pyarrow",
+                                             **options)
+    results: list[R] = []
+    for batch in written.iter_batches(batch_format="pyarrow", batch_size=None):
+        results.extend(task_results(pa.table(batch) if isinstance(batch, pa.RecordBatch) else batch))
+    return results

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from datahub.engines.base import Engine
+from datahub.engines.sink import RESULT, Sink, WriteTask, task_results
 from datahub.engines.spark.engine import SparkEngine
+
+R = TypeVar("R")
 
 
 def _spark_type(field: pa.Field) -> pa.Field:
@@ -37,22 +40,20 @@ class _Read:
 
 @dataclass(frozen=True)
 class _Write:
-    write: Callable[[pa.Table], pa.Table]
+    task: WriteTask[Any]
     routed_schema: pa.Schema
-    result_schema: pa.Schema
 
     def __call__(self, group: pa.Table) -> pa.Table:
-        return self.write(group.cast(self.routed_schema)).cast(self.result_schema)
+        return self.task(group.cast(self.routed_schema))
 
 
 def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], Iterator[pa.Table]], key: str,
-                 write: Callable[[pa.Table], pa.Table], routed_schema: pa.Schema, result_schema: pa.Schema,
-                 workers: int | None = None) -> pa.Table:
+                 sink: Sink[R, Any], routed_schema: pa.Schema, workers: int | None = None) -> list[R]:
     """See ``datahub.engines.ray.export.write_groups``; ``workers`` sets the number of write partitions."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
     if not tasks:
-        return result_schema.empty_table()
+        return []
     if not isinstance(engine, SparkEngine):
         raise TypeError(f"datahub.engines.spark.export needs a SparkEngine, got {type(engine).__name__}")
     session = engine.session
@@ -62,10 +63,10 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
                                                                    from_arrow_schema(spark_schema))
     if workers:
         routed = routed.repartition(workers, key)
-    writer = _Write(write, routed_schema, result_schema)
+    writer = _Write(WriteTask(sink), routed_schema)
 
     def write_group(group: pa.Table) -> pa.Table:  # a plain function: Spark reads its arity (a key argument or not)
         return writer(group)
 
-    written = routed.groupBy(key).applyInArrow(write_group, from_arrow_schema(result_schema))
-    return written.toArrow().cast(result_schema)
+    written = routed.groupBy(key).applyInArrow(write_group, from_arrow_schema(RESULT))
+    return task_results(written.toArrow())
