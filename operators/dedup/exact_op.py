@@ -97,6 +97,8 @@ class ExactDedup(GlobalOperator):
         # key, rank); only the keys go through the shuffle that finds shared ones, and the
         # decisions of shared keys (a small share) come back to the documents by a broadcast join.
         frame = frame.reusable()
+        if frame.count() == 0:  # no record at all (empty inputs): nothing to compare, and no columns to key on
+            return frame
         keyed = frame.map_batches(KeepAlive(alive=True), name="exact_dedup.alive").map_batches(
             AddContentHash(p.normalization.build(), p.keep_by), name="exact_dedup.content_hash"
         ).map_batches(Select((SAMPLE_ID, CONTENT_HASH, ROW_RANK)), name="exact_dedup.keys").materialize()

@@ -105,6 +105,8 @@ class MinhashDedup(GlobalOperator):
         # (clustered or repeated) get ranks, and the decisions come back to the documents by a
         # broadcast join at the end.
         frame = frame.reusable()
+        if frame.count() == 0:  # no record at all (empty inputs): nothing to compare, and no columns to key on
+            return frame
         docs = frame.map_batches(KeepAlive(alive=True), name="minhash_dedup.alive")
         ids = docs.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.ids")
         if ids.count() == 0:

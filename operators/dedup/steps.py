@@ -25,7 +25,7 @@ ROW_RANK = "_dedup_rank"
 def alive_mask(table: pa.Table) -> pa.Array | pa.ChunkedArray:
     """Rows that take part in dedup: not dropped and not quarantined."""
     alive = pc.is_null(table.column(DROP_REASON)) if DROP_REASON in table.column_names \
-        else pa.array([True] * table.num_rows)
+        else pa.array([True] * table.num_rows, pa.bool_())  # typed: an empty batch too
     if QUARANTINED in table.column_names:
         alive = pc.and_(alive, pc.invert(pc.fill_null(table.column(QUARANTINED), False)))
     return alive

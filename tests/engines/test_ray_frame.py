@@ -89,3 +89,28 @@ def test_join_small_broadcast_matches_hash_join(ray_engine, monkeypatch, how):
     expected = ArrowFrame(left).join(ArrowFrame(right), on=["k"], how=how).to_arrow()
     assert canonical(broadcast) == canonical(hashed) == canonical(expected)
     assert broadcast.num_rows > 0
+
+
+class _KeepNone:
+    def __call__(self, t: pa.Table) -> pa.Table:
+        return t.filter(pa.array([False] * t.num_rows, pa.bool_()))
+
+
+class _KeyAndDouble:
+    def __call__(self, t: pa.Table) -> pa.Table:
+        return pa.table({"k": t.column("k"), "double": pa.compute.multiply(t.column("v"), 2)})
+
+
+def test_a_frame_with_no_rows_keeps_its_columns_through_maps_joins_and_groupbys(ray_engine):
+    # Ray runs no batch function on an empty block: without the derived schema the maps after a
+    # filter that keeps nothing had no columns, and the join below failed ("No match for FieldRef").
+    source = ray_engine.from_arrow(table(4, 300))
+    nothing = source.map_batches(_KeepNone()).map_batches(_KeyAndDouble()).materialize()
+    assert nothing.count() == 0
+    assert nothing.empty().schema.names == ["k", "double"]
+    joined = source.join(nothing, on=["k"], how="left")
+    assert joined.count() == 300 and joined.empty().schema.names == ["k", "band", "v", "s", "double"]
+    grouped = nothing.groupby_agg(["k"], {"most": ("double", "max")}).map_batches(_KeepNone())
+    assert grouped.count() == 0 and grouped.empty().schema.names == ["k", "most"]
+    both = nothing.union(nothing.map_batches(_KeepNone())).groupby_agg(["k"], {"n": ("k", "count")})
+    assert both.count() == 0 and both.empty().schema.names == ["k", "n"]

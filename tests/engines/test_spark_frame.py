@@ -174,3 +174,19 @@ def test_read_files_is_one_task_per_file_and_streams(spark_engine, tmp_path):
     assert len(batches) == 6 and all(b.num_rows == 5 for b in batches)
     assert frame.count() == 30
     assert frame.groupby_agg(["uri"], {"n": ("part", "count")}).to_arrow().column("n").to_pylist() == [10, 10, 10]
+
+
+class _NoRows:
+    def __call__(self, t: pa.Table) -> pa.Table:
+        return t.filter(pa.array([False] * t.num_rows, pa.bool_())).select(["id", "team"])
+
+
+def test_a_union_with_no_rows_keeps_its_columns_for_a_groupby(spark_engine):
+    # No duplicates found: typed rows (a join's output) unioned with empty mapped blobs has no batch to
+    # read a schema from; its sides give it ("Column sample_id does not exist" before).
+    rows_side = spark_engine.from_arrow(people()).join(spark_engine.from_arrow(teams()), on=["team"]).map_batches(_NoRows())
+    rows_side = rows_side.groupby_agg(["id"], {"team": ("team", "min")})
+    blobs_side = spark_engine.from_arrow(people()).map_batches(_NoRows())
+    both = rows_side.union(blobs_side)
+    grouped = both.groupby_agg(["id"], {"team": ("team", "min")})
+    assert grouped.count() == 0 and grouped.empty().schema.names == ["id", "team"]

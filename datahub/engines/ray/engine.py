@@ -32,31 +32,82 @@ SHUFFLE_PARTITION_BYTES = 32 * 2**20
 MAX_SHUFFLE_PARTITIONS = 256
 
 
+class _EmptySchema:
+    """The schema of a frame for which Ray computed no block.
+
+    Ray calls no batch function on an empty block, and a dataset without blocks has no schema:
+    a filter that keeps no row (no duplicates found) would lose its columns, and the next join
+    or groupby would fail on them. This derives the schema by running the frame's function on an
+    empty table of the nearest upstream schema that is known. Holds schemas and functions, no data.
+    """
+
+    def __init__(self, upstream: tuple[pa.Schema | _EmptySchema | None, ...], fn: BatchFn | None = None) -> None:
+        self.upstream = upstream
+        self.fn = fn
+
+    def get(self) -> pa.Schema | None:
+        for base in self.upstream:
+            schema = base.get() if isinstance(base, _EmptySchema) else base
+            if schema is not None:
+                break
+        else:
+            return None
+        if self.fn is None:
+            return schema
+        try:
+            return self.fn(schema.empty_table()).schema
+        except (pa.ArrowException, KeyError, IndexError, ValueError, TypeError):  # the function needs rows: unknown
+            return None
+
+
+def _reduced_schema(reduce: Any, *schemas: pa.Schema) -> _EmptySchema:
+    """The schema of a shuffle's output, from its reducer run on empty inputs (cheap, on the driver)."""
+    try:
+        schema = reduce(*[s.empty_table() for s in schemas]).schema
+    except (pa.ArrowException, KeyError, IndexError, ValueError, TypeError):
+        schema = None
+    return _EmptySchema((schema,))
+
+
 class RayFrame(Frame):
     def __init__(self, dataset: ray.data.Dataset, *, schema: pa.Schema | None = None, parallelism: int = 2,
-                 light: bool = False) -> None:
+                 light: bool = False, empty_schema: _EmptySchema | None = None) -> None:
         self.dataset = dataset
         self._schema = schema
         self.parallelism = parallelism
         self._light = light
+        self._empty_schema = empty_schema
 
     def light(self) -> RayFrame:
-        return RayFrame(self.dataset, schema=self._schema, parallelism=self.parallelism, light=True)
+        return RayFrame(self.dataset, schema=self._schema, parallelism=self.parallelism, light=True,
+                        empty_schema=self._empty_schema)
 
     def reusable(self) -> RayFrame:
         return self if self._light else self.materialize()
 
-    def _wrap(self, dataset: ray.data.Dataset, schema: pa.Schema | None = None) -> RayFrame:
-        return RayFrame(dataset, schema=schema, parallelism=self.parallelism)
+    def _wrap(self, dataset: ray.data.Dataset, schema: pa.Schema | None = None,
+              empty_schema: _EmptySchema | None = None) -> RayFrame:
+        return RayFrame(dataset, schema=schema, parallelism=self.parallelism, empty_schema=empty_schema)
+
+    def _known_schema(self) -> pa.Schema | _EmptySchema | None:
+        """This frame's schema if known without computing anything, else how to derive it when empty."""
+        known = self._schema or getattr(self.dataset.schema(fetch_if_missing=False), "base_schema", None)
+        return known if known is not None else self._empty_schema
+
+    def _schema_of(self, dataset: ray.data.Dataset) -> pa.Schema:
+        known = self._schema or getattr(dataset.schema(), "base_schema", None)
+        if known is None and self._empty_schema is not None:
+            known = self._empty_schema.get()
+        return known or pa.schema([])
 
     def map_batches(self, fn: BatchFn, *, name: str = "map") -> RayFrame:
-        return self._wrap(self.dataset.map_batches(_NamedFn(fn, name), batch_format="pyarrow", batch_size=None, zero_copy_batch=True))
+        dataset = self.dataset.map_batches(_NamedFn(fn, name), batch_format="pyarrow", batch_size=None, zero_copy_batch=True)
+        return self._wrap(dataset, empty_schema=_EmptySchema((self._known_schema(),), fn))
 
     def _blocks(self) -> tuple[list[Any], pa.Schema, int]:
         """The frame computed into object-store blocks, with its schema and size in bytes."""
         dataset = self.dataset.materialize()
-        schema = self._schema or getattr(dataset.schema(), "base_schema", None) or pa.schema([])
-        return list(dataset.to_arrow_refs()), schema, int(dataset.size_bytes() or 0)
+        return list(dataset.to_arrow_refs()), self._schema_of(dataset), int(dataset.size_bytes() or 0)
 
     def _partitions(self, *sides: tuple[list[Any], pa.Schema, int]) -> int:
         """Enough shuffle partitions that each reducer holds about ``SHUFFLE_PARTITION_BYTES``."""
@@ -70,8 +121,10 @@ class RayFrame(Frame):
         from datahub.engines.ray.shuffle import hash_shuffle
 
         side = self._blocks()
-        refs = hash_shuffle([side[:2]], [keys], self._partitions(side), _GroupBy(keys, aggregations, having))
-        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)))  # ray's stubs name another ObjectRef class
+        reduce = _GroupBy(keys, aggregations, having)
+        refs = hash_shuffle([side[:2]], [keys], self._partitions(side), reduce)
+        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)),  # ray's stubs name another ObjectRef class
+                          empty_schema=_reduced_schema(reduce, side[1]))
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> RayFrame:
         import ray.data
@@ -80,15 +133,18 @@ class RayFrame(Frame):
 
         assert isinstance(other, RayFrame)
         left, right = self._blocks(), other._blocks()
-        refs = hash_shuffle([left[:2], right[:2]], [on, on], self._partitions(left, right), _Join(on, how))
-        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)))  # ray's stubs name another ObjectRef class
+        reduce = _Join(on, how)
+        refs = hash_shuffle([left[:2], right[:2]], [on, on], self._partitions(left, right), reduce)
+        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)),  # ray's stubs name another ObjectRef class
+                          empty_schema=_reduced_schema(reduce, left[1], right[1]))
 
     def union(self, other: Frame) -> RayFrame:
         assert isinstance(other, RayFrame)
-        return self._wrap(self.dataset.union(other.dataset), self._schema)
+        return self._wrap(self.dataset.union(other.dataset), self._schema,
+                          _EmptySchema((self._known_schema(), other._known_schema())))
 
     def materialize(self) -> RayFrame:
-        return self._wrap(self.dataset.materialize(), self._schema)
+        return self._wrap(self.dataset.materialize(), self._schema, _EmptySchema((self._known_schema(),)))
 
     def count(self) -> int:
         return int(self.dataset.count())
@@ -98,11 +154,7 @@ class RayFrame(Frame):
             yield batch
 
     def empty(self) -> pa.Table:
-        schema = self._schema
-        if schema is None:
-            ray_schema = self.dataset.schema()
-            schema = getattr(ray_schema, "base_schema", None) if ray_schema is not None else None
-        return (schema or pa.schema([])).empty_table()
+        return self._schema_of(self.dataset).empty_table()
 
 
 class _GroupBy:
