@@ -17,10 +17,11 @@ import shutil
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -29,6 +30,7 @@ from datahub.config.spec import INGEST_NODE, JobSpec
 from datahub.engines.base import Engine
 from datahub.engines.frame import Frame
 from datahub.engines.registry import make_engine
+from datahub.errors import SpecError
 from datahub.lake.lake import Lake
 from datahub.lake.tables import LINEAGE, QUARANTINE, RUNS
 from datahub.pipeline.openlineage import emit_run_event
@@ -64,6 +66,14 @@ class RunResult:
         return dict(self.__dict__)
 
 
+class QAGate(Protocol):
+    """Runs a job's QA suites on the table version it committed and records the results
+    (``datahub.qa.run_for_job``); returns the counts kept in the run record."""
+
+    def __call__(self, lake: Lake, *, suites: Sequence[str], table: str, version: int | None,
+                 run_id: str) -> dict[str, Any]: ...
+
+
 def previous_runs(lake: Lake, job_name: str) -> pa.Table:
     """Successful runs of ``job_name``, oldest first."""
     runs = lake.read("runs")
@@ -96,6 +106,7 @@ def run_job(
     engine: Engine | None = None,
     progress: ProgressFn | None = None,
     source: str = "<spec>",
+    qa_gate: QAGate | None = None,
 ) -> RunResult:
     """Run ``spec`` once, incrementally (only new input files) unless ``full``.
 
@@ -109,21 +120,30 @@ def run_job(
     committing some tables), that run is completed first with its own id and input files,
     then the new files run as the next run; the result is the new run's (its ``resumed``
     field holds the completed one's), or the completed run's when nothing new follows.
+
+    A spec with a ``qa:`` section needs ``qa_gate`` (``datahub.qa.run_for_job``; the ``datahub run``
+    command passes it): the gate runs after the table commits and before the run's row, never failing the run.
     """
     graph = build_graph(spec, source=source)  # before any work: unknown operators, bad params, cycles
+    if spec.qa is not None and qa_gate is None:
+        raise SpecError(f"{source}: qa: this job runs QA suites after its commit; pass "
+                        "run_job(spec, qa_gate=datahub.qa.run_for_job) (the `datahub run` command does), "
+                        "or remove the qa: section")
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
     with JobLease(lake, spec.name, source=_job_spec_path(source), full=full) as lease:
         pending = pending_run(lake.read("runs"), spec.name, lease.took_over)
         if pending is None:
-            return _run_leased(spec, graph, lease=lease, full=full, engine=engine, progress=progress, source=source)
+            return _run_leased(spec, graph, lease=lease, full=full, engine=engine, progress=progress, source=source,
+                               qa_gate=qa_gate)
         own_engine = engine is None
         engine = engine or make_engine(spec.engine)
         if own_engine:
             engine.start()
         try:
             resumed = _run_leased(spec, graph, lease=lease, full=pending.full, engine=engine, progress=progress,
-                                  source=source, pending=pending)
-            result = _run_leased(spec, graph, lease=lease, full=full, engine=engine, progress=progress, source=source)
+                                  source=source, pending=pending, qa_gate=qa_gate)
+            result = _run_leased(spec, graph, lease=lease, full=full, engine=engine, progress=progress, source=source,
+                                 qa_gate=qa_gate)
         finally:
             if own_engine:
                 engine.stop()
@@ -141,7 +161,7 @@ def _job_spec_path(source: str) -> str:
 
 
 def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, engine: Engine | None, progress: ProgressFn | None,
-                source: str, pending: PendingRun | None = None) -> RunResult:
+                source: str, pending: PendingRun | None = None, qa_gate: QAGate | None = None) -> RunResult:
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
@@ -202,10 +222,8 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
             checkpoint(f"after_commit:{table_name}")
         result.stats = {name: s.as_dict() for name, s in sinks.items() if isinstance(s, StatsSink)}
         result.counts["context"] = context.counters
-        if spec.qa is not None and spec.qa.table in versions:  # QA gate: recorded in qa_results, never fails the run
-            from datahub.qa import run_for_job
-
-            result.counts["qa"] = run_for_job(lake, suites=spec.qa.suites, table=spec.qa.table,
+        if spec.qa is not None and qa_gate is not None and spec.qa.table in versions:  # recorded in qa_results
+            result.counts["qa"] = qa_gate(lake, suites=spec.qa.suites, table=spec.qa.table,
                                               version=versions[spec.qa.table], run_id=run_id)
         result.table_versions = versions
         result.duration_s = round(time.perf_counter() - t0, 3)

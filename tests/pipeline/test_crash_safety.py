@@ -29,6 +29,7 @@ from datahub.errors import LakeError
 from datahub.lake import Lake
 from datahub.pipeline.faults import KILL_AT_ENV
 from datahub.pipeline.run import run_job
+from datahub.qa import run_for_job
 from tests.export.helpers import make_lake
 from tests.operators.dedup.conftest import edit_words
 from tests.operators.dedup.conftest import make_corpus as random_documents
@@ -140,8 +141,9 @@ ARROW_RUN = """import sys
 from datahub.config.spec import load_job_spec
 from datahub.engines.arrow import ArrowEngine
 from datahub.pipeline.run import run_job
+from datahub.qa import run_for_job
 
-print(run_job(load_job_spec(sys.argv[1]), engine=ArrowEngine(), source=sys.argv[1]).status)
+print(run_job(load_job_spec(sys.argv[1]), engine=ArrowEngine(), source=sys.argv[1], qa_gate=run_for_job).status)
 """
 
 
@@ -180,7 +182,8 @@ def run_arrow(job: Path, kill_at: str) -> subprocess.CompletedProcess[str]:
 
 
 def rerun(job: Path, corpus: Path, lake_root: Path, *, qa: bool = True):
-    return run_job(validate_job_spec(dedup_job(corpus, lake_root, qa=qa)), engine=ArrowEngine(), source=str(job))
+    return run_job(validate_job_spec(dedup_job(corpus, lake_root, qa=qa)), engine=ArrowEngine(), source=str(job),
+                   qa_gate=run_for_job)
 
 
 def lake_state(lake: Lake) -> dict[str, Any]:

@@ -34,6 +34,7 @@ def chromium() -> str:
 def lake(tmp_path_factory, ray_engine):
     from datahub.config.spec import validate_job_spec
     from datahub.pipeline.run import run_job
+    from datahub.qa import run_for_job
 
     root = tmp_path_factory.mktemp("report")
     data = root / "docs.jsonl"
@@ -46,7 +47,7 @@ def lake(tmp_path_factory, ray_engine):
                   "samples": {"sink": "samples", "after": ["lang"]}},
         "qa": {"suites": ["samples.v1"]},
     })
-    run_job(spec, engine=ray_engine)
+    run_job(spec, engine=ray_engine, qa_gate=run_for_job)
     lake = Lake(root / "lake")
     # dedup drops as the dedup operator records them (its own lineage rows, same run)
     run_id = lake.read("samples").column("ingest_run_id")[0].as_py()

@@ -24,8 +24,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a job: ingest -> operator graph -> Delta lake, as one idempotent commit per table."""
         from datahub.config.spec import load_job_spec
+        from datahub.pipeline.graph import build_graph
         from datahub.pipeline.inputs import list_input_files
         from datahub.pipeline.run import run_job
+        from datahub.qa import run_for_job
 
         overrides = list(set_)
         if lake:
@@ -34,6 +36,7 @@ def register(app: typer.Typer) -> None:
             overrides.append(f"engine.kind={engine}")
         spec = load_job_spec(job, overrides)
         if check:
+            build_graph(spec, source=str(job))  # operators, params, edges: what run_job checks first
             files = list_input_files(spec.inputs, source=str(job))
             if as_json:
                 print_json({"job": spec.name, "valid": True, "inputs": [f.uri for f in files]})
@@ -42,7 +45,7 @@ def register(app: typer.Typer) -> None:
             return
         logging.getLogger("ray").setLevel(logging.WARNING)
         with progress(f"run {spec.name}", enabled=not as_json) as update:
-            result = run_job(spec, full=full, progress=update, source=str(job))
+            result = run_job(spec, full=full, progress=update, source=str(job), qa_gate=run_for_job)
         if as_json:
             print_json(result.as_dict())
             return
