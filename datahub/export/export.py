@@ -36,12 +36,12 @@ from datahub.config.spec import EngineSpec
 from datahub.engines.base import Engine
 from datahub.engines.registry import make_engine
 from datahub.errors import IntegrityError, ReleaseError, SpecError
-from datahub.export.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
+from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.plan import ORDER, ExportPlan, index_reserve, plan_export
 from datahub.export.samples import TEXT_COLUMN, binary_columns, export_columns
 from datahub.export.source import TableSource
 from datahub.export.spill import ShardSpill
-from datahub.export.tar import RECORD
+from datahub.shards.tar import RECORD
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
@@ -173,7 +173,7 @@ def export_table_version(
         for old, new in zip(existing.shards, done):
             if (old.name, old.sha256) != (new.name, new.sha256):
                 raise IntegrityError(f"{new.name}: re-export differs from the published shard (sha256 "
-                                     f"{new.sha256[:12]} vs {old.sha256[:12]}); the table version changed underneath?")
+                                     f"{new.sha256[:12]} vs {str(old.sha256)[:12]}); the table version changed underneath?")
     commit_export_lineage(lake, release_name, target, done, lambda s: plan.shard_ids(s.index), export_key)
     checkpoint("export:before_manifest")
     replicas = {s.name: {**(dict(existing.shards[s.index].replicas) if existing else {}),
@@ -317,7 +317,7 @@ def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dic
             report: Progress) -> list[str]:
     """Rewrite the shards whose replica on ``target`` is missing or damaged (size; sha256 with ``verify``)."""
     damaged = [i for i, shard in enumerate(existing.shards)
-               if not _intact(target, target.uri(existing.release, shard.name), shard.size, shard.sha256, verify=verify)]
+               if not _intact(target, target.uri(existing.release, shard.name), shard.size, shard.checksum, verify=verify)]
     if not damaged:
         return []
     names = [existing.shards[i].name for i in damaged]
@@ -333,7 +333,7 @@ def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dic
                                          upload_workers=upload_workers, spill_dir=spill_dir), 1):
         if shard.sha256 != existing.shards[shard.index].sha256:
             raise IntegrityError(f"{shard.name}: the rewritten shard differs from the manifest (sha256 {shard.sha256[:12]} "
-                                 f"vs {existing.shards[shard.index].sha256[:12]}); copy an intact replica with "
+                                 f"vs {str(existing.shards[shard.index].sha256)[:12]}); copy an intact replica with "
                                  "`datahub tier apply` instead")
         report("repair", count, len(damaged))
     return names

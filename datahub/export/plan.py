@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 
 from datahub.errors import IntegrityError
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, json_records
-from datahub.export.tar import BLOCK, RECORD, check_key
+from datahub.shards.tar import BLOCK, RECORD, check_key
 
 ORDER = "keyed-fnv1a64-v1"
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -205,7 +205,7 @@ def cut_shards(sizes: np.ndarray, *, shard_size: int | None, shard_samples: int 
     """Cut samples (bytes each, in order) into shards. A shard closes before the sample that would take it past
     ``shard_size`` or at ``shard_samples``; a shard holds at least one sample (which alone may be larger).
 
-    The size counts the whole file: the ``__index__`` member (see ``datahub.loader.tar_index``), the
+    The size counts the whole file: the ``__index__`` member (see ``datahub.shards.index``), the
     end-of-archive blocks and the padding to a full tar record, so a shard takes samples while their
     members, ``index_reserve(members, count)`` and 1024 bytes of end blocks stay within ``shard_size``
     rounded down to a record. One numpy search per shard over a window of at most ``shard_size / 1 KiB``."""

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import IntegrityError
-from datahub.export.tar import check_extension, check_key
+from datahub.shards.tar import check_extension, check_key
 
 TEXT_COLUMN = "text"
 KEY_COLUMN = "sample_id"
@@ -108,7 +108,7 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
     Byte-for-byte what ``member_bytes`` over :func:`encode` gives (tests compare them), but the
     framing and the text stay in Arrow: only the ``.json`` member is built per row in Python.
     """
-    from datahub.export.tar import member_blocks, zero_padding
+    from datahub.shards.tar import member_blocks, zero_padding
 
     binary = binary_columns(table.schema)
     json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary]

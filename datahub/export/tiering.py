@@ -23,11 +23,11 @@ import pyarrow as pa
 
 from datahub.errors import IntegrityError, LakeError, SpecError, StorageError
 from datahub.export.export import commit_export_lineage, publish_manifest
-from datahub.export.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
+from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
 from datahub.export.plan import ORDER, export_order
 from datahub.export.source import TableSource
 from datahub.export.write import ShardDone
-from datahub.loader.tar_index import index_tar
+from datahub.shards.index import index_tar
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
 from datahub.storage.tier import Tier
@@ -195,7 +195,7 @@ def damaged_replicas(manifest: Manifest, tier: Tier, *, verify: bool) -> list[st
     bad = []
     for shard in manifest.shards:
         uri = tier.uri(manifest.release, shard.name)
-        if tier.size(uri) != shard.size or (verify and not tier.verify(uri, size=shard.size, sha256=shard.sha256)):
+        if tier.size(uri) != shard.size or (verify and not tier.verify(uri, size=shard.size, sha256=shard.checksum)):
             bad.append(shard.name)
     return bad
 
@@ -218,7 +218,7 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
     destination (size and sha256); a destination replica already verified is kept (resume)."""
     def one(shard: ShardRecord) -> None:
         uri = dest.uri(manifest.release, shard.name)
-        if check_existing and dest.verify(uri, size=shard.size, sha256=shard.sha256):
+        if check_existing and dest.verify(uri, size=shard.size, sha256=shard.checksum):
             return
         data = _read_verified(manifest, shard, storage, skip_tier=skip_tier)
         dest.publish_verified(uri, data, sha256=shard.sha256)
@@ -244,7 +244,7 @@ def _copy(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConf
     if not lake.applied("lineage", f"export/{manifest.release}/{tier_name}"):
         ids_of = _ids_of(lake, manifest, storage)
         starts = list(itertools.accumulate((s.samples for s in manifest.shards), initial=0))
-        done = [ShardDone(i, s.name, s.size, s.sha256, s.samples, starts[i], starts[i] + s.samples)
+        done = [ShardDone(i, s.name, s.size, s.checksum, s.samples, starts[i], starts[i] + s.samples)
                 for i, s in enumerate(manifest.shards)]
         commit_export_lineage(lake, manifest.release, dest, done, ids_of, manifest.export.get("key", ""))
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])

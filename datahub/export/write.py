@@ -24,8 +24,8 @@ from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError
 from datahub.export.plan import ShardRouter, order_hash
 from datahub.export.samples import KEY_COLUMN, encode_tar
-from datahub.export.tar import end_of_archive
-from datahub.loader.tar_index import index_member, index_tar
+from datahub.shards.tar import end_of_archive
+from datahub.shards.index import index_member, index_tar
 from datahub.storage.tier import Tier
 
 ROUTED = pa.schema([("shard", pa.int64()), ("order_hash", pa.int64()), (KEY_COLUMN, pa.string()),

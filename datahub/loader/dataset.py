@@ -15,14 +15,15 @@ import numpy as np
 
 from datahub.loader.decode import DecodeMode, SampleReader, make_decoder
 from datahub.loader.errors import ConsumedCountRequiredError
-from datahub.loader.manifest import Manifest, load_manifest
+from datahub.loader.manifest import load_manifest
+from datahub.shards.manifest import Manifest
 from datahub.loader.plan import EpochOrder, RankStream, Uneven, rank_stream, resolve_topology, stream_positions
 from datahub.loader.prefetch import Prefetcher
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
 from datahub.loader.storage_options import StorageArg, as_storage, readable_tiers, tier_options
 from datahub.loader.storage_options import manifest_options as manifest_options_for
-from datahub.loader.tar_index import index_tar
+from datahub.shards.index import index_tar
 from datahub.loader.worker_use import WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from datahub.errors import IntegrityError
-from datahub.loader.tar_index import ShardIndex
+from datahub.shards.index import ShardIndex
 
 DecodeMode = Literal["text", "json", "bytes"]
 SampleReader = Callable[[int, bool], Any]

@@ -1,30 +1,15 @@
-"""Load an export manifest (the contract in schemas/ and DESIGN.md) from a dict, path, URI or release name."""
+"""Load an export manifest (the contract in schemas/, model in ``datahub.shards.manifest``) from a dict, path,
+URI or release name."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from datahub.errors import IntegrityError
 from datahub.loader.errors import ManifestError
-
-
-@dataclass(frozen=True, slots=True)
-class ShardEntry:
-    name: str
-    size: int
-    sha256: str | None
-    samples: int
-    replicas: dict[str, str]  # tier name -> URI or path
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    release: str
-    release_digest: str
-    num_samples: int
-    shards: tuple[ShardEntry, ...]
+from datahub.shards.manifest import Manifest
 
 
 def load_manifest(
@@ -66,22 +51,6 @@ def load_manifest(
 
 def _parse(data: dict[str, Any], *, where: str) -> Manifest:
     try:
-        shards = tuple(
-            ShardEntry(
-                name=str(shard["name"]),
-                size=int(shard["size"]),
-                sha256=shard.get("sha256"),
-                samples=int(shard["samples"]),
-                replicas={str(tier): str(uri) for tier, uri in shard["replicas"].items()},
-            )
-            for shard in data["shards"]
-        )
-        release = str(data["release"])
-    except (KeyError, TypeError, ValueError) as error:
-        raise ManifestError(f"{where}: malformed manifest, missing or bad field {error}") from None
-    total = sum(shard.samples for shard in shards)
-    if "num_samples" in data and int(data["num_samples"]) != total:
-        raise ManifestError(
-            f"{where}: num_samples is {data['num_samples']} but the shards hold {total}; re-export the release"
-        )
-    return Manifest(release, str(data.get("release_digest") or release), total, shards)
+        return Manifest.from_dict(data, where=where, strict=False)
+    except IntegrityError as error:
+        raise ManifestError(str(error)) from None

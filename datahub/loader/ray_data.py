@@ -12,11 +12,12 @@ from typing import Any
 
 from datahub.engines.ray.datasets import map_items
 from datahub.errors import IntegrityError
-from datahub.loader.manifest import Manifest, load_manifest
+from datahub.loader.manifest import load_manifest
+from datahub.shards.manifest import Manifest
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
 from datahub.loader.storage_options import StorageArg, as_storage, manifest_options, readable_tiers, tier_options
-from datahub.loader.tar_index import index_tar
+from datahub.shards.index import index_tar
 
 _utf8 = codecs.utf_8_decode
 

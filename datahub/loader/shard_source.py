@@ -38,7 +38,8 @@ from typing import Any, Literal
 
 from datahub.loader.errors import (NoReadableReplicaError, ReplicaUnavailableError, ReplicaUnusableError,
                                    replica_error)
-from datahub.loader.manifest import Manifest, ShardEntry
+from datahub.shards.manifest import Manifest
+from datahub.shards.manifest import ShardRecord as ShardEntry
 from datahub.loader.read_policy import DEFAULT_READ_POLICY, ReadPolicy, limit_transport_retries
 from datahub.loader.verified import VerifiedFiles
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Union
 
-from datahub.loader.manifest import Manifest
+from datahub.shards.manifest import Manifest
 
 if TYPE_CHECKING:
     from datahub.storage.config import StorageConfig

@@ -75,7 +75,7 @@ def test_export_a_release_by_name_with_a_shard_size(tmp_path) -> None:
     import tarfile
 
     from datahub.export.export import index_reserve
-    from datahub.export.tar import RECORD
+    from datahub.shards.tar import RECORD
 
     lake = str(tmp_path / "lake")
     make_lake(lake, 120)
@@ -103,7 +103,7 @@ def test_export_a_release_by_name_with_a_shard_size(tmp_path) -> None:
     with tarfile.open(tmp_path / "cfs/corpus-v1" / shards[0]["name"]) as tar:
         names = tar.getnames()
         assert names[:2] == [f"{samples[0][0][0]}.txt", f"{samples[0][0][0]}.json"]
-        assert names[-1] == "__index__"  # the embedded index (datahub.loader.tar_index), last
+        assert names[-1] == "__index__"  # the embedded index (datahub.shards.index), last
 
 
 def test_shuffle_seed_orders_samples_reproducibly(tmp_path) -> None:

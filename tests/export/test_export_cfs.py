@@ -12,7 +12,7 @@ import pytest
 
 from datahub.errors import IntegrityError, ReleaseError
 from datahub.export import export_table_version, read_lake_manifest
-from datahub.export.tar import RECORD
+from datahub.shards.tar import RECORD
 from datahub.storage.tier import Tier
 from tests.export.helpers import cfs_storage, make_lake, samples_table
 

@@ -16,8 +16,8 @@ from datahub.errors import IntegrityError, SpecError
 from datahub.export import export_table_version, read_lake_manifest
 from datahub.export.samples import encode, prepare
 from datahub.export.export import index_reserve
-from datahub.export.tar import RECORD, end_of_archive, header, member_blocks, member_bytes
-from datahub.loader.tar_index import _index_general, index_member
+from datahub.shards.tar import RECORD, end_of_archive, header, member_blocks, member_bytes
+from datahub.shards.index import _index_general, index_member
 from datahub.storage.tier import Tier
 from tests.export.helpers import cfs_storage, make_lake, samples_table
 

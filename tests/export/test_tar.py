@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from datahub.errors import IntegrityError
-from datahub.export.tar import BLOCK, RECORD, check_key, end_of_archive, header, member_bytes, member_name
+from datahub.shards.tar import BLOCK, RECORD, check_key, end_of_archive, header, member_bytes, member_name
 
 
 def _archive(members: list[tuple[str, bytes]]) -> bytes:

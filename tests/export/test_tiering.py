@@ -134,7 +134,7 @@ def test_cross_region_copy_uses_a_second_storage_config(tmp_path, webhdfs) -> No
 def test_copy_reads_each_source_shard_once_and_indexes_lineage_from_the_lake(tmp_path, webhdfs) -> None:
     """copy = one read per shard at the source; the lineage index comes from the frozen table version
     (one column), and from the shards only when that version is gone."""
-    from datahub.loader.tar_index import index_tar
+    from datahub.shards.index import index_tar
 
     lake, version = make_lake(tmp_path / "lake", 40)
     storage = validate_storage_config({"tiers": {

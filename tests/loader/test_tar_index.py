@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from datahub.errors import IntegrityError
-from datahub.loader.tar_index import _index_general, _index_plain_ustar, index_tar
+from datahub.shards.index import _index_general, _index_plain_ustar, index_tar
 from tests.loader.shards import all_ids, write_release
 
 
@@ -155,8 +155,8 @@ def _members(index) -> list[tuple[str, str, int, int]]:
 
 def _indexed_shard(samples: int) -> tuple[bytes, int]:
     """A shard as the export writes it: members, the ``__index__`` member, end of archive; and where the index starts."""
-    from datahub.export.tar import end_of_archive, member_bytes
-    from datahub.loader.tar_index import index_member
+    from datahub.shards.tar import end_of_archive, member_bytes
+    from datahub.shards.index import index_member
 
     parts = []
     for i in range(samples):
@@ -172,7 +172,7 @@ def _indexed_shard(samples: int) -> tuple[bytes, int]:
 
 
 def test_embedded_index_equals_a_scan_of_the_members_and_tarfile_webdataset_skip_nothing_else() -> None:
-    from datahub.loader.tar_index import _index_embedded
+    from datahub.shards.index import _index_embedded
 
     data, _ = _indexed_shard(40)
     embedded = _index_embedded(np.frombuffer(data, np.uint8))
@@ -187,7 +187,7 @@ def test_embedded_index_equals_a_scan_of_the_members_and_tarfile_webdataset_skip
 
 def test_a_damaged_or_foreign_embedded_index_is_not_trusted() -> None:
     """Only an index whose sizes match every member header is used; otherwise the headers are parsed."""
-    from datahub.loader.tar_index import _index_embedded
+    from datahub.shards.index import _index_embedded
 
     data, index_start = _indexed_shard(12)
     scanned = _members(_index_general(data, "x.tar"))
@@ -212,8 +212,8 @@ def test_a_damaged_or_foreign_embedded_index_is_not_trusted() -> None:
 
 
 def test_index_member_refuses_members_that_are_not_back_to_back() -> None:
-    from datahub.export.tar import member_bytes
-    from datahub.loader.tar_index import index_member
+    from datahub.shards.tar import member_bytes
+    from datahub.shards.index import index_member
 
     members = member_bytes("a.txt", b"x") + member_bytes("noext", b"y") + member_bytes("b.txt", b"z")
     index = _index_general(members, "x.tar")

@@ -13,8 +13,9 @@ import numpy as np
 import pyarrow as pa
 
 from datahub.errors import IntegrityError
-from datahub.loader.tar_index import BLOCK, RECORD  # tar's block, and its record: GNU tar and tarfile pad to it
 
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar's default record size: GNU tar and tarfile pad the end of an archive to it
 _ZERO_BLOCK = bytes(BLOCK)
 # The webdataset reader splits key from extension at the first dot of the basename, so keys
 # hold no dot; extensions are lowercase words (txt, json, jpg, wav, ...).

@@ -22,9 +22,7 @@ from typing import Any
 import numpy as np
 
 from datahub.errors import IntegrityError
-
-BLOCK = 512
-RECORD = 20 * BLOCK  # tar's default record size: the end of archive is padded to it
+from datahub.shards.tar import BLOCK, RECORD, member_bytes  # the one ustar header writer
 INDEX_NAME = "__index__"
 _INDEX_MAGIC = b"DHTIDX01"
 _INDEX_TRAILER = struct.Struct("<QQQQ")  # members, key bytes, extension bytes, header block of the index member
@@ -188,8 +186,6 @@ def index_member(index: ShardIndex, members_end: int) -> bytes:
     payload = b"".join((index.member_size.astype("<i8").tobytes(), recode[index.member_ext].tobytes(),
                         new_sample.tobytes(), key_bytes, ext_bytes,
                         _INDEX_TRAILER.pack(count, len(key_bytes), len(ext_bytes), members_end // BLOCK), _INDEX_MAGIC))
-    from datahub.export.tar import member_bytes  # the one ustar header writer
-
     return member_bytes(INDEX_NAME, payload)
 
 

@@ -1,5 +1,8 @@
 """The export manifest (schemas/manifest.v1.json): what a trainer needs to find and check every shard.
 
+One model for the writer (``datahub.export``, strict: every field) and the reader (``datahub.loader``, lenient:
+manifests of other writers may lack ``created``, ``table_version`` or a shard's ``sha256``).
+
 Published last and atomically, in the export directory of each tier holding a replica and
 under ``{lake}/_exports/{release}/manifest.json`` (where ``datahub.loader`` resolves release
 names), so a crashed export or tier move never shows a half-written manifest.
@@ -12,6 +15,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from datahub.errors import IntegrityError, LakeError
+from datahub.lake.lake import Lake, fsspec_options
+from datahub.storage.tier import Tier, _publish_posix
 
 MANIFEST_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -21,21 +26,29 @@ MANIFEST_NAME = "manifest.json"
 class ShardRecord:
     name: str
     size: int
-    sha256: str
+    sha256: str | None  # None only in manifests of other writers (the loader then checks the size alone)
     samples: int
     replicas: dict[str, str] = field(default_factory=dict)  # tier -> URI (a plain path on cfs)
+
+    @property
+    def checksum(self) -> str:
+        """The sha256, which datahub's own manifests always carry (copies and repairs need it)."""
+        if self.sha256 is None:
+            raise IntegrityError(f"{self.name}: the manifest gives no sha256, so its replicas cannot be verified; "
+                                 "re-export the release with datahub")
+        return self.sha256
 
 
 @dataclass(frozen=True)
 class Manifest:
     release: str
-    created: str
-    table: str
-    table_version: int
     release_digest: str
     num_samples: int
-    shuffle_seed: int | None
     shards: tuple[ShardRecord, ...]
+    created: str = ""
+    table: str = ""
+    table_version: int = -1
+    shuffle_seed: int | None = None
     export: dict[str, Any] = field(default_factory=dict)  # export_key and shard settings (resume identity)
     manifest_version: int = MANIFEST_VERSION
 
@@ -72,34 +85,41 @@ class Manifest:
         return (json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n").encode()
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], *, where: str = "manifest") -> Manifest:
+    def from_dict(cls, data: dict[str, Any], *, where: str = "manifest", strict: bool = True) -> Manifest:
+        """Parse a manifest. ``strict`` (the exporter's own manifests): every field of the schema; otherwise
+        only what a reader needs (release, shards with name, size, samples and replicas)."""
         try:
-            if int(data["manifest_version"]) != MANIFEST_VERSION:
+            if strict and int(data["manifest_version"]) != MANIFEST_VERSION:
                 raise IntegrityError(f"{where}: manifest_version {data['manifest_version']} is not supported "
                                      f"(this datahub reads {MANIFEST_VERSION}); upgrade datahub")
-            shards = tuple(ShardRecord(name=s["name"], size=int(s["size"]), sha256=s["sha256"],
-                                       samples=int(s["samples"]), replicas=dict(s["replicas"]))
+            shards = tuple(ShardRecord(name=str(s["name"]), size=int(s["size"]),
+                                       sha256=s["sha256"] if strict else s.get("sha256"), samples=int(s["samples"]),
+                                       replicas={str(t): str(u) for t, u in s["replicas"].items()})
                            for s in data["shards"])
-            manifest = cls(release=data["release"], created=data["created"], table=data.get("table", ""),
-                           table_version=int(data["table_version"]), release_digest=data["release_digest"],
-                           num_samples=int(data["num_samples"]), shuffle_seed=data.get("shuffle_seed"),
-                           shards=shards, export=dict(data.get("export") or {}))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise IntegrityError(f"{where}: malformed manifest ({type(exc).__name__}: {exc}); re-run datahub export") from None
-        if sum(s.samples for s in shards) != manifest.num_samples:
-            raise IntegrityError(f"{where}: num_samples {manifest.num_samples} != sum of shard samples; re-run datahub export")
+            total = sum(s.samples for s in shards)
+            release = str(data["release"])
+            manifest = cls(release=release, created=data["created"] if strict else str(data.get("created", "")),
+                           table=str(data.get("table", "")),
+                           table_version=int(data["table_version"] if strict else data.get("table_version", -1)),
+                           release_digest=str(data["release_digest"] if strict else data.get("release_digest") or release),
+                           num_samples=int(data["num_samples"]) if strict or "num_samples" in data else total,
+                           shuffle_seed=data.get("shuffle_seed"), shards=shards, export=dict(data.get("export") or {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise IntegrityError(f"{where}: malformed manifest, missing or bad field ({type(exc).__name__}: {exc}); "
+                                 "re-run datahub export") from None
+        if total != manifest.num_samples:
+            raise IntegrityError(f"{where}: num_samples is {manifest.num_samples} but the shards hold {total}; "
+                                 "re-export the release")
         return manifest
 
 
-def lake_manifest_uri(lake: Any, release: str) -> str:
+def lake_manifest_uri(lake: Lake, release: str) -> str:
     return f"{lake.root}/_exports/{release}/{MANIFEST_NAME}"
 
 
-def read_lake_manifest(lake: Any, release: str) -> Manifest | None:
+def read_lake_manifest(lake: Lake, release: str) -> Manifest | None:
     """The manifest of ``release`` recorded in the lake, or None when it was never exported."""
     import fsspec
-
-    from datahub.lake.lake import fsspec_options
 
     uri = lake_manifest_uri(lake, release)
     fs, path = fsspec.core.url_to_fs(uri, **fsspec_options(lake.storage_options))
@@ -112,12 +132,9 @@ def read_lake_manifest(lake: Any, release: str) -> Manifest | None:
     return Manifest.from_dict(json.loads(data), where=uri)
 
 
-def publish_lake_manifest(lake: Any, manifest: Manifest) -> str:
+def publish_lake_manifest(lake: Lake, manifest: Manifest) -> str:
     """Write the manifest under the lake root atomically (rename on POSIX, one PUT on S3)."""
     import fsspec
-
-    from datahub.lake.lake import fsspec_options
-    from datahub.storage.tier import _publish_posix
 
     uri = lake_manifest_uri(lake, manifest.release)
     if lake.is_local:
@@ -131,7 +148,7 @@ def publish_lake_manifest(lake: Any, manifest: Manifest) -> str:
     return uri
 
 
-def read_tier_manifest(tier: Any, release: str) -> Manifest | None:
+def read_tier_manifest(tier: Tier, release: str) -> Manifest | None:
     uri = tier.uri(release, MANIFEST_NAME)
     try:
         data = tier.read(uri)
