@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -11,6 +13,7 @@ import pyarrow as pa
 
 from datahub.engines.base import Engine, ReadFn
 from datahub.engines.frame import Aggregate, BatchFn, Frame
+from datahub.engines.ray import watchdog
 
 if TYPE_CHECKING:
     import ray.data
@@ -215,6 +218,7 @@ class RayEngine(Engine):
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
         self._started_ray = False
+        self._watchdog: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         import ray
@@ -238,8 +242,18 @@ class RayEngine(Engine):
                 # Ray's default four of each
                 kwargs["_system_config"] = {"max_io_workers": 1}
         kwargs.update(self.spec.conf)
+        embedded = not self.spec.address and "address" not in kwargs
+        if embedded:
+            # Ray reads its auth mode only from the environment (system_config is refused) and warns when it is
+            # unset. The embedded cluster is private to this process: "disabled" matches the mode Ray's config
+            # cached at import when unset (so the driver and its workers agree even if ray was imported before
+            # this line, which "token" would not). A mode the user set wins (export RAY_AUTH_MODE=token).
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        before = watchdog.children(os.getpid()) if embedded and watchdog.supported() else None
         ray.init(**kwargs)
         self._started_ray = True
+        if before is not None:
+            self._start_watchdog(watchdog.children(os.getpid()) - before)
         from ray.util.debug import log_once  # Ray Data's one-time warnings, marked as already shown
 
         log_once("ray_data_progress_manager_disabled")  # "Progress bars disabled": we turn them off on purpose
@@ -251,12 +265,23 @@ class RayEngine(Engine):
         # one INFO line per executed dataset (a dedup run executes dozens) drowns the run's own summary
         logging.getLogger("ray.data").setLevel(logging.WARNING)
 
+    def _start_watchdog(self, ray_processes: set[int]) -> None:
+        """A child process that kills the embedded Ray's processes if this driver dies without ``stop``
+        (kill -9, os._exit): Ray's agents and idle workers outlived such a driver by minutes."""
+        # run as a script (its file): the stdlib only, no datahub or pyarrow import in this small process
+        command = [sys.executable, watchdog.__file__, str(os.getpid()), *map(str, sorted(ray_processes))]
+        self._watchdog = subprocess.Popen(command, stdin=subprocess.DEVNULL, close_fds=True)
+
     def stop(self) -> None:
         if self._started_ray:
             import ray
 
             ray.shutdown()
             self._started_ray = False
+        if self._watchdog is not None:
+            self._watchdog.terminate()
+            self._watchdog.wait()
+            self._watchdog = None
 
     @property
     def parallelism(self) -> int:
