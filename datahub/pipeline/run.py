@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -46,6 +47,8 @@ from datahub.pipeline.sinks.samples import drain_samples
 from datahub.pipeline.sinks.side_outputs import combined
 from datahub.pipeline.sinks.stats import StatsSink
 from operators.ingest.base import InputFile
+
+_ANSI_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes: never stored in runs.error
 
 
 @dataclass
@@ -237,11 +240,12 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
         return result
     except Exception as exc:
         result.status = "failed"
-        result.error = f"{type(exc).__name__}: {exc}"
+        result.error = _ANSI_CODES.sub("", f"{type(exc).__name__}: {exc}")  # Ray colours its task errors
         result.duration_s = round(time.perf_counter() - t0, 3)
         try:  # record the failure; its own txn, so the successful re-run can still commit
             _commit_run_row(lake, spec, graph, result, files, engine.name, started,
-                            txn=f"{run_id}/failed/{int(time.time() * 1000)}", detail=traceback.format_exc(limit=5),
+                            txn=f"{run_id}/failed/{int(time.time() * 1000)}",
+                            detail=_ANSI_CODES.sub("", traceback.format_exc(limit=5)),
                             full=full, job_spec=_job_spec_path(source))
         except Exception:  # noqa: BLE001 - the original error matters more
             pass
