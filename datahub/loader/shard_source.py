@@ -290,14 +290,15 @@ class ShardSource:
                         shard.name, path, problem)
             return None
         os.utime(path, ns=(time.time_ns(), identity[3]))  # LRU clock is the access time; mtime stays
-        self._remember_verified(shard, path)  # utime moved the ctime: the bytes just checked are the new identity's
+        self._remember_verified(shard, path, replaces=identity)  # utime moved the ctime; the bytes are those checked
         self.reads[("cache", shard.name)] += 1
         return data
 
-    def _remember_verified(self, shard: ShardEntry, path: Path) -> None:
-        """Record ``path``'s current identity as holding ``shard``'s verified bytes (this process put them there)."""
+    def _remember_verified(self, shard: ShardEntry, path: Path, *, replaces: tuple[int, ...] | None = None) -> None:
+        """Record ``path``'s current identity as holding ``shard``'s verified bytes (this process put them there or
+        changed only its times), forgetting the identity it ``replaces``."""
         if self.verify is True and shard.sha256:
-            self._verified.add(shard.sha256, _identity(path.stat()))
+            self._verified.add(shard.sha256, _identity(path.stat()), replaces=replaces)
 
     def _cache_put(self, shard: ShardEntry, data: ShardBytes) -> None:
         path = self._cache_path(shard)

@@ -1,7 +1,8 @@
 """Which local shard files were already checked against the manifest's sha256, shared by DataLoader workers.
 
-A file is known by its identity (device, inode, size, mtime_ns) plus the expected sha256; an atomic replacement
-or an in-place rewrite changes the identity, so the new bytes are hashed again. Results are kept in this process
+A file is known by its identity (device, inode, size, mtime_ns, ctime_ns) plus the expected sha256; an atomic
+replacement or an in-place rewrite changes the identity (the ctime also when the mtime is put back), so the new
+bytes are hashed again. Results are kept in this process
 and, through a private marker directory created with the dataset, in every DataLoader worker forked or spawned
 from it: a per-file lock makes the first worker to need a shard hash it while the others wait for its verdict,
 so two workers hash each shard once, not twice, and the workers of the next epoch do not hash it at all.
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 log = logging.getLogger("datahub.loader")
 
-Identity = tuple[int, ...]  # (device, inode, size, mtime_ns)
+Identity = tuple[int, ...]  # (device, inode, size, mtime_ns, ctime_ns)
 
 
 def _remove(path: str, owner: int) -> None:
@@ -50,12 +51,22 @@ class VerifiedFiles:
         if self._dir is not None:
             weakref.finalize(self, _remove, self._dir, os.getpid())
 
-    def add(self, sha256: str, identity: Identity) -> None:
-        """Record a file this process wrote from verified bytes."""
+    def add(self, sha256: str, identity: Identity, *, replaces: Identity | None = None) -> None:
+        """Record a file this process wrote from verified bytes, or whose metadata it changed itself (``replaces``:
+        the identity it had, forgotten so that verdicts do not pile up, one per touch)."""
         self._seen.add((sha256, *identity))
         marker = self._marker(sha256, identity)
         if marker is not None:
             _touch(marker)
+        if replaces is not None and replaces != identity:
+            self._seen.discard((sha256, *replaces))
+            old = self._marker(sha256, replaces)
+            if old is not None:
+                for path in (old, old + ".lock"):
+                    try:
+                        os.unlink(path)
+                    except OSError:  # never created here, or already gone
+                        pass
 
     def check(self, sha256: str, identity: Identity, matches: Callable[[], bool]) -> bool:
         key = (sha256, *identity)

@@ -293,3 +293,17 @@ def test_verify_always_hashes_every_read(tmp_path: Path, two_tiers: dict) -> Non
     assert all(dataset.source.hashed[shard["name"]] == 2 for shard in two_tiers["shards"])
     with pytest.raises(ValueError, match="verify must be True, False or 'always'"):
         ReleaseDataset(str(tmp_path / "manifest.json"), rank=0, world_size=1, verify="sometimes")
+
+
+def test_cache_hits_keep_one_verdict_per_file(tmp_path: Path, two_tiers: dict) -> None:
+    """A cache hit moves the file's times (LRU clock), so its identity: the old verdict is replaced, not kept."""
+    dataset, _ = read_all(tmp_path, cache_dir=tmp_path / "cache", prefetch_shards=0)
+    verdicts = Path(dataset.source._verified._dir)
+    counts = []
+    for epoch in range(1, 4):
+        dataset.set_epoch(epoch)
+        assert sorted(s["sample_id"] for s in dataset) == all_ids(two_tiers)
+        counts.append(len([p for p in verdicts.iterdir() if not p.name.endswith(".lock")]))
+    names = [shard["name"] for shard in two_tiers["shards"]]
+    assert all(dataset.source.reads[("cache", name)] == 3 and dataset.source.hashed[name] == 1 for name in names)
+    assert counts == [counts[0]] * 3 and counts[0] <= 2 * len(names)  # the cfs replicas' and the cache files'
