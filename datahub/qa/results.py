@@ -64,18 +64,19 @@ def run_suites(
     commit: bool = True,
     suites_dir: str | Path | None = None,
 ) -> list[QAResult]:
-    """Run several suites on one table version (the table is read once)."""
+    """Run several suites on one table version: one streaming pass over the columns they name, in bounded
+    memory (``datahub.qa.validate.run_suites_streaming``)."""
     from datahub.config.suites import load_suite
-    from datahub.qa.validate import run_expectations, validation_frame
+    from datahub.qa.validate import run_suites_streaming
 
     loaded = [load_suite(name, suites_dir=suites_dir) for name in suites]  # bad names fail before reading
     if version is None:
         version = int(lake.table(table).version())
-    frame = validation_frame(lake.read(table, version=version))
+    dataset = lake.dataset(table, version)
+    outcomes = run_suites_streaming(dataset, loaded, total_rows=dataset.count_rows())  # rows from Parquet footers
     run_id = run_id or f"qa-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}"
     out = []
-    for s in loaded:
-        success, results = run_expectations(frame, s)
+    for s, (success, results) in zip(loaded, outcomes):
         result = QAResult(run_id, table, version, s.name, s.version, success, results, datetime.now(timezone.utc))
         if commit:
             record(lake, result)

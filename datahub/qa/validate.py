@@ -1,11 +1,15 @@
-"""Run one suite on one table version with a Great Expectations 1.x ephemeral context.
+"""Run suites on one table version: one streaming pass of aggregates (``datahub.qa.aggregates``) for the
+expectation types it covers, Great Expectations 1.x on a bounded sample for the others.
 
-great_expectations and pandas are imported here only, when a suite actually runs.
+great_expectations and pandas are imported here only, when a suite needs them.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,10 +17,141 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.config.suites import Suite
+from datahub.qa.aggregates import EXACT_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
+
+BATCH_ROWS = 4096
+
+
+def validation_columns(schema: pa.Schema) -> dict[str, str]:
+    """Columns suites can name -> the table column they come from (``text_length`` and ``text_id`` from
+    ``text``, ``quality_<signal>`` from the ``quality`` struct, flat columns from themselves)."""
+    columns: dict[str, str] = {}
+    for column in schema:
+        if column.name == "quality" and pa.types.is_struct(column.type):
+            for child in column.type:
+                columns[f"quality_{child.name}"] = "quality"
+        elif not pa.types.is_nested(column.type):
+            columns[column.name] = column.name
+    if "text" in schema.names:
+        columns["text_length"] = columns["text_id"] = "text"
+    return columns
+
+
+def validation_batch(batch: pa.RecordBatch | pa.Table, wanted: set[str]) -> pa.Table:
+    """The ``wanted`` validation columns of one batch. ``text_id`` here is the text's 64-bit hash (equal
+    texts share it), so it streams; ``validation_frame``'s dictionary ids say the same for one frame."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    columns: dict[str, Any] = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if name == "quality" and pa.types.is_struct(column.type):
+            struct = column.combine_chunks()
+            for i, child in enumerate(struct.type):
+                if f"quality_{child.name}" in wanted:
+                    columns[f"quality_{child.name}"] = struct.field(i)
+        elif name in wanted and not pa.types.is_nested(column.type):
+            columns[name] = column
+    if "text" in table.column_names:
+        text = table.column("text").combine_chunks()
+        if "text_length" in wanted:
+            columns["text_length"] = pc.utf8_length(text)
+        if "text_id" in wanted:
+            hashes = np.zeros(len(text), dtype=np.uint64)
+            valid = np.asarray(pc.is_valid(text))
+            hashes[valid] = value_hashes(pc.drop_null(text))
+            columns["text_id"] = pa.array(hashes.view(np.int64), mask=~valid)
+    return pa.table(columns) if columns else pa.table({"_rows": pa.nulls(table.num_rows, pa.int8())})
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """How each expectation of a suite is evaluated."""
+
+    suite: Suite
+    skipped: list[dict[str, Any]]
+    checks: list[Check]  # exact, from streamed aggregates
+    sampled: list[dict[str, Any]]  # Great Expectations on the bounded sample
+    order: list[tuple[str, int]]  # ("check" | "sampled", index) in suite order
+
+
+def plan_suite(suite: Suite, available: set[str]) -> SuiteRun:
+    skipped: list[dict[str, Any]] = []
+    checks: list[Check] = []
+    sampled: list[dict[str, Any]] = []
+    order: list[tuple[str, int]] = []
+    for expectation in suite.expectations:
+        column = (expectation.get("kwargs") or {}).get("column")
+        if column is not None and column not in available and (expectation.get("meta") or {}).get("optional"):
+            skipped.append(_entry(expectation, success=None, observed=None, skipped=f"column {column!r} not in table"))
+            continue
+        clean = {k: v for k, v in expectation.items() if k in ("type", "kwargs", "meta")}
+        if clean["type"] in EXACT_TYPES:
+            order.append(("check", len(checks)))
+            checks.append(Check(clean))
+        else:
+            order.append(("sampled", len(sampled)))
+            sampled.append(clean)
+    return SuiteRun(suite, skipped, checks, sampled, order)
+
+
+def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int,
+                         batch_rows: int = BATCH_ROWS) -> list[tuple[bool, list[dict[str, Any]]]]:
+    """Run ``suites`` over a ``pyarrow.dataset`` in one pass of ``batch_rows`` batches, reading only the columns
+    they name; returns (success, entries) per suite, entries in the shape ``run_expectations`` gives."""
+    schema = pa.schema(dataset.schema)
+    sources = validation_columns(schema)
+    runs = [plan_suite(s, set(sources)) for s in suites]
+    wanted = {c for run in runs for c in [*(ch.column for ch in run.checks),
+                                           *((e.get("kwargs") or {}).get("column") for e in run.sampled)] if c}
+    if any(run.sampled for run in runs):  # a sampled expectation may read any column
+        wanted |= set(sources)
+    read = sorted({sources[c] for c in wanted if c in sources}) or [schema.names[0]]
+    stride = max(1, math.ceil(total_rows / SAMPLE_ROWS))
+    sample: list[pa.Table] = []
+    position = 0
+
+    def batches() -> Iterator[pa.Table]:
+        nonlocal position
+        for batch in dataset.to_batches(columns=read, batch_size=batch_rows, batch_readahead=1, fragment_readahead=1):
+            if not batch.num_rows:
+                continue
+            table = validation_batch(batch, wanted)
+            if any(run.sampled for run in runs):
+                first = (-position) % stride
+                sample.append(table.take(pa.array(np.arange(first, table.num_rows, stride))))
+            position += table.num_rows
+            yield table
+
+    evaluate([check for run in runs for check in run.checks], batches())
+    out = []
+    for run in runs:
+        sampled_entries: list[dict[str, Any]] = []
+        if run.sampled:
+            frame = (pa.concat_tables(sample) if sample else pa.table({})).to_pandas()
+            sampled_suite = Suite(run.suite.name, run.suite.version, run.sampled, run.suite.path)
+            _, sampled_entries = run_expectations(frame, sampled_suite)
+            if stride > 1:
+                for entry in sampled_entries:
+                    entry["sample"] = f"every {stride}th row: {len(frame)} of {position} rows"
+        entries = list(run.skipped)
+        for kind, index in run.order:
+            if kind == "sampled":
+                entries.append(sampled_entries[index])
+                continue
+            check = run.checks[index]
+            if check.column is not None and check.column not in sources:
+                entries.append(_entry(check.expectation, success=False, observed=None,
+                                      error=f"column {check.column!r} is not in the table (columns: "
+                                            f"{', '.join(sorted(sources))}); fix the suite or mark it optional"))
+                continue
+            success, result = check.result()
+            entries.append(_entry(check.expectation, success=success, observed=_observed(result)))
+        out.append((all(e["success"] is not False for e in entries), entries))
+    return out
 
 
 def validation_frame(table: pa.Table) -> Any:
-    """The pandas frame suites see: the table's flat columns plus derived ones.
+    """The pandas frame suites see on one in-memory table: the table's flat columns plus derived ones.
 
     ``text_length`` (characters), ``text_id`` (equal texts share an id, so the proportion of
     unique ids is 1 - exact-duplicate rate) and ``quality_<signal>`` per quality struct field.

@@ -84,7 +84,7 @@ def test_cli_qa_exit_codes_and_json(lake):
 
 def test_job_spec_qa_gate_runs_after_the_samples_commit(job_spec, ray_engine, tmp_path):
     from datahub.pipeline.run import run_job
-    from datahub.qa import results_for
+    from datahub.qa import results_for, run_for_job
 
     data = tmp_path / "docs.jsonl"
     docs = [PROSE * 2 + f"number {i}." for i in range(5)] + [PROSE * 2 + "number 0."] + ["buy cheap now " * 30]
@@ -92,7 +92,7 @@ def test_job_spec_qa_gate_runs_after_the_samples_commit(job_spec, ray_engine, tm
     spec = job_spec(inputs=[{"uri": str(data)}],
                     graph={"gopher": {"op": "gopher_quality"}, "samples": {"sink": "samples", "after": ["gopher"]}},
                     qa={"suites": ["samples.v1"]})
-    result = run_job(spec, engine=ray_engine)
+    result = run_job(spec, engine=ray_engine, qa_gate=run_for_job)
     qa = result.counts["qa"]
     version = result.table_versions["samples"]
     assert qa["table_version"] == version and qa["success"] is False  # the exact duplicate fails the gate

@@ -1,0 +1,74 @@
+"""QA from streamed aggregates gives Great Expectations' own verdicts and observed values, in small batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+from datahub.config.suites import Suite
+from datahub.qa.validate import run_expectations, run_suites_streaming, validation_frame
+
+EXPECTATIONS = [
+    {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 10, "max_value": 1000}},
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "score"}},
+    {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "score", "mostly": 0.8}},
+    {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "sample_id"}},
+    {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "text_id", "mostly": 0.9}},
+    {"type": "expect_column_proportion_of_unique_values_to_be_between", "kwargs": {"column": "text_id", "min_value": 0.95}},
+    {"type": "expect_column_proportion_of_unique_values_to_be_between", "kwargs": {"column": "lang", "max_value": 0.5}},
+    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "text_length", "min_value": 5, "max_value": 60}},
+    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "score", "min_value": 0.1, "strict_min": True,
+                                                               "mostly": 0.7}},
+    {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "lang", "value_set": ["en"], "mostly": 0.6}},
+    {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "quality_words", "value_set": [1, 2, 3]}},
+    {"type": "expect_column_mean_to_be_between", "kwargs": {"column": "score", "min_value": 0.2, "max_value": 0.6}},
+    {"type": "expect_column_max_to_be_between", "kwargs": {"column": "quality_words", "max_value": 6}},  # sampled
+]
+
+
+def _table(n: int, seed: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    texts = [f"text {int(i)}" * int(k) for i, k in zip(rng.integers(0, n // 3 + 1, n), rng.integers(1, 9, n))]
+    score = [None if rng.random() < 0.1 else float(rng.random()) for _ in range(n)]
+    ids = [f"id{int(i)}" for i in rng.integers(0, n * 2, n)]
+    return pa.table({
+        "sample_id": ids, "text": texts, "lang": rng.choice(["en", "de", "fr"], n, p=[0.7, 0.2, 0.1]).tolist(),
+        "score": pa.array(score, pa.float64()),
+        "quality": pa.StructArray.from_arrays([pa.array(rng.integers(1, 7, n))], names=["words"]),
+    })
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_streamed_aggregates_give_the_verdicts_great_expectations_gives(tmp_path, seed) -> None:
+    table = _table(300, seed)
+    suite = Suite("parity.v1", "1", EXPECTATIONS, "test")
+    _, expected = run_expectations(validation_frame(table), suite)
+    pa.dataset.write_dataset(table, tmp_path / "t", format="parquet", max_rows_per_file=70, max_rows_per_group=70)
+    dataset = ds.dataset(tmp_path / "t", format="parquet")
+    [(_, got)] = run_suites_streaming(dataset, [suite], total_rows=table.num_rows, batch_rows=32)
+    def key(entry):  # GX returns results in its own order
+        return entry["expectation"], sorted((k, str(float(v) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                     else v)) for k, v in entry["kwargs"].items())
+
+    expected = sorted(expected, key=key)
+    got = sorted(got, key=key)
+    assert [(key(e), e["success"]) for e in got] == [(key(e), e["success"]) for e in expected]
+    for mine, theirs in zip(got, expected):
+        observed, reference = mine["observed"], theirs["observed"]
+        for key in ("observed_value", "element_count", "unexpected_count", "unexpected_percent"):
+            if key in reference:
+                assert observed[key] == pytest.approx(reference[key]), (mine["expectation"], key)
+
+
+def test_unknown_types_run_on_a_bounded_sample_and_say_so(tmp_path, monkeypatch) -> None:
+    import datahub.qa.validate as validate
+
+    monkeypatch.setattr(validate, "SAMPLE_ROWS", 50)
+    table = _table(300, 4)
+    pa.dataset.write_dataset(table, tmp_path / "t", format="parquet")
+    suite = Suite("s.v1", "1", EXPECTATIONS[-1:], "test")
+    [(success, [entry])] = run_suites_streaming(ds.dataset(tmp_path / "t", format="parquet"), [suite],
+                                                total_rows=table.num_rows, batch_rows=64)
+    assert success and entry["success"] is True and entry["sample"] == "every 6th row: 50 of 300 rows"
