@@ -198,9 +198,12 @@ def test_three_ranks_two_workers_epoch_survives_an_rgw_kill_and_a_freeze(
             outage_lines[(line.split()[0], cause)] += 1
     workers = {pid for pid, _ in outage_lines}
     assert len(workers) == RANKS * WORKERS, logs[-3000:]
-    for pid in workers:  # one line per outage (a stale pooled connection after the restart may add one)
+    for pid in workers:  # one line per outage and process (a stale pooled connection after the restart may add one)
         assert 1 <= outage_lines[(pid, "EndpointConnectionError")] <= 2, logs[-3000:]
-        assert outage_lines[(pid, "ReadTimeoutError")] == 1, logs[-3000:]
+        assert outage_lines[(pid, "ReadTimeoutError")] <= 1, logs[-3000:]
+    # every worker reads ceph again after the restart (cooldown over) unless that first read met a stale
+    # connection; most, in practice all, then meet the freeze
+    assert sum(outage_lines[(pid, "ReadTimeoutError")] for pid in workers) >= WORKERS, logs[-3000:]
     # Each worker process pays a dead tier at most a few times (cooldown), each at most worst_case_s; the rest
     # of the epoch is read from cfs. Generous: twice the clean epoch plus two outages' worst case per worker.
     bound_s = 2 * clean_s + 2 * WORKERS * policy.worst_case_s(tiers=1)
