@@ -18,12 +18,36 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from datahub.errors import SpecError
 
+if TYPE_CHECKING:
+    from datahub.lake.lake import Lake
+
 LAKE_FILE_SUFFIXES = (".yaml", ".yml")
 LAKE_HELP = "Lake root (a path or s3://bucket/prefix), or a lake YAML with root + storage_options (or a job spec)."
+
+
+LAKE_ARGUMENT_HELP = "Deprecated: pass the lake as --lake (still accepted here)."
+
+
+def lake_ref(positional: str | None, option: str | None, *, command: str) -> str:
+    """The lake a command was given: ``--lake`` (every command's convention) or, deprecated, the
+    positional form some commands took first, which prints a note on stderr."""
+    import sys
+
+    if positional is not None and option is not None and positional != option:
+        raise SpecError(f"datahub {command}: two lakes given ({positional!r} and --lake {option!r}); pass only --lake")
+    ref = option if option is not None else positional
+    if ref is None:
+        raise SpecError(f"datahub {command}: no lake given; pass --lake ROOT (a path or s3://bucket/prefix) or --lake LAKE.yaml")
+    if not ref.strip():
+        raise SpecError(f"datahub {command}: --lake is empty; pass a path or s3://bucket/prefix (an unset variable?)")
+    if option is None:
+        sys.stderr.write(f"note: `datahub {command} LAKE` is deprecated and will be removed; "
+                         f"use `datahub {command} --lake {ref}`\n")
+    return ref
 
 
 def is_lake_file(ref: str) -> bool:
@@ -66,7 +90,7 @@ def _option_text(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
-def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None) -> Any:
+def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None) -> Lake:
     """The ``Lake`` a ``--lake`` value names; explicit ``storage_options`` win over the file's."""
     from datahub.lake import Lake
 

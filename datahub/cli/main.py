@@ -59,9 +59,10 @@ def _run() -> int:
     try:
         app()
     except DatahubError as exc:
-        from rich.console import Console
+        from datahub.cli.output import console, plain
 
-        Console(stderr=True).print(f"[bold red]error:[/] {exc}", highlight=False, markup=True, soft_wrap=True)
+        # the message is escaped: `[a-z][a-z0-9_-]*` in an error is text, not Rich markup
+        console(stderr=True).print(f"[bold red]error:[/] {plain(exc)}", soft_wrap=True)
         return 2
     except SystemExit as exc:  # typer ends every command with one
         if exc.code is None or isinstance(exc.code, int):

@@ -13,17 +13,39 @@ def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str, sort_keys=True) + "\n")
 
 
+# Piped output (cron, Airflow, `| less`) has no width: Rich's default of 80 columns wrapped tables and cut
+# ids ("stat…"). Wide enough that nothing wraps; a table is as wide as its content.
+PIPED_WIDTH = 100_000
+
+
 def console(stderr: bool = False) -> Any:
+    """A Rich console for people: the terminal's width on a TTY, no wrapping when piped."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False)
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else PIPED_WIDTH
+    return Console(stderr=stderr, highlight=False, width=width, soft_wrap=width is not None)
+
+
+def plain(text: object) -> str:
+    """``text`` escaped for Rich markup: error messages and ids print as written (``[a-z]`` stays)."""
+    from rich.markup import escape
+
+    return escape(str(text))
 
 
 @contextmanager
 def progress(description: str, *, enabled: bool = True) -> Iterator[Any]:
-    """A rich progress display on stderr; yields ``update(stage, done, total)``."""
-    if not enabled or not sys.stderr.isatty() and not _force_progress():
+    """Progress on stderr; yields ``update(stage, done, total)``.
+
+    On a terminal a Rich display; otherwise (cron, Airflow logs) one log line when a stage starts
+    and at most one every ``LOG_EVERY_SECONDS`` while it runs, so a long run is never silent.
+    """
+    if not enabled:
         yield lambda stage, done, total=None: None
+        return
+    if not sys.stderr.isatty() and not _force_progress():
+        yield _LogLines(description)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -43,3 +65,29 @@ def _force_progress() -> bool:
     import os
 
     return os.environ.get("DATAHUB_PROGRESS") == "1"
+
+
+LOG_EVERY_SECONDS = 10.0
+
+
+class _LogLines:
+    """``update(stage, done, total)`` as timestamped lines on stderr, throttled per stage."""
+
+    def __init__(self, description: str) -> None:
+        import time
+
+        self.description = description
+        self.started = time.monotonic()
+        self.last: dict[str, float] = {}
+
+    def __call__(self, stage: str, done: int, total: int | None = None) -> None:
+        import time
+
+        now = time.monotonic()
+        if stage in self.last and now - self.last[stage] < LOG_EVERY_SECONDS:
+            return
+        self.last[stage] = now
+        clock = time.strftime("%H:%M:%S")
+        of = f"/{total}" if total is not None else ""
+        sys.stderr.write(f"{clock} {self.description}: {stage} {done}{of} ({now - self.started:.0f}s)\n")
+        sys.stderr.flush()

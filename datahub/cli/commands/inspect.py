@@ -1,4 +1,4 @@
-"""`datahub inspect LAKE [TABLE]`: tables, schemas, versions, row counts."""
+"""`datahub inspect --lake LAKE [TABLE]`: tables, schemas, versions, row counts."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from typing import Optional
 
 import typer
 
+from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json
 
 
@@ -43,14 +44,17 @@ def inspect_lake(root: str, table: str | None = None, *, storage_options: dict[s
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect(
-        lake: str = typer.Argument(..., help="Lake root: a path or s3://bucket/prefix."),
+        lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
         table: Optional[str] = typer.Argument(None, help="One table to describe in detail (schema, history)."),
+        lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Show the lake's tables with their Delta versions and row counts (or one table in detail)."""
         from rich.table import Table
 
-        info = inspect_lake(lake, table)
+        if lake is not None and lake_arg is not None and table is None:  # `inspect --lake L TABLE`
+            lake_arg, table = None, lake_arg
+        info = inspect_lake(lake_ref(lake_arg, lake, command="inspect"), table)
         if as_json:
             print_json(info)
             return

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from datahub.cli.output import console, print_json
+from datahub.cli.output import console, plain, print_json
+
+if TYPE_CHECKING:
+    from datahub.lineage.query import SampleStory, SourceStory
 
 _COLORS = {"ingested": "cyan", "modified": "yellow", "annotated": "blue", "dropped": "red", "quarantined": "magenta",
            "released": "green", "exported": "green"}
 
 
-def _print_story(story) -> None:  # type: ignore[no-untyped-def]
+def _print_story(story: SampleStory) -> None:
     out = console()
-    out.print(f"[bold]sample {story.sample_id}[/]  fate: [bold]{story.fate}[/]")
+    out.print(f"[bold]sample {plain(story.sample_id)}[/]  fate: [bold]{story.fate}[/]", soft_wrap=True)
     if not story.events:
         out.print("  no lineage events for this id (check the id, or run `datahub lineage --source URI`)")
     for event in story.events:
@@ -33,14 +36,14 @@ def _print_story(story) -> None:  # type: ignore[no-untyped-def]
         out.print(f"  in releases: {', '.join(story.releases)}")
 
 
-def _print_source(story) -> None:  # type: ignore[no-untyped-def]
+def _print_source(story: SourceStory) -> None:
     from rich.table import Table
 
     out = console()
     out.print(f"[bold]{story.source_uri}[/]: " + ", ".join(f"{k} {v}" for k, v in story.counts.items()))
     grid = Table()
     for column in ("offset", "sample_id", "fate", "reason", "by", "releases"):
-        grid.add_column(column)
+        grid.add_column(column, overflow="fold")  # never "…": a sample id must copy whole
     for r in story.records:
         grid.add_row(str(r["source_offset"]), r.get("sample_id") or "-", r["fate"], r.get("reason") or "",
                      r.get("op") or "", ", ".join(r.get("releases") or []))
@@ -73,7 +76,13 @@ def register(app: typer.Typer) -> None:
         if source is not None:
             story = source_lineage(root, source)
             print_json(story.as_dict()) if as_json else _print_source(story)
+            if not story.records:  # a typo in a script must not look like a file with no records
+                console(stderr=True).print(f"no record of {plain(source)} in the lake (check the URI: it must be the input "
+                                           "file's URI as the job listed it)", soft_wrap=True)
+                raise typer.Exit(1)
             return
         assert sample_id is not None
         sample_story = sample_lineage(root, sample_id)
         print_json(sample_story.as_dict()) if as_json else _print_story(sample_story)
+        if not sample_story.events:
+            raise typer.Exit(1)

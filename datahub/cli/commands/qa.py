@@ -1,4 +1,4 @@
-"""`datahub qa LAKE`: run a Great Expectations suite on a table version; exit 1 when it fails."""
+"""`datahub qa --lake LAKE`: run a Great Expectations suite on a table version; exit 1 when it fails."""
 
 from __future__ import annotations
 
@@ -6,14 +6,15 @@ from typing import Optional
 
 import typer
 
+from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json
 
 
 def register(app: typer.Typer) -> None:
     @app.command("qa")
     def qa(
-        lake: str = typer.Argument(..., help="Lake root (a path or s3://bucket/prefix), or a lake YAML with root + "
-                                               "storage_options."),
+        lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
+        lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
         version: Optional[int] = typer.Option(None, "--version", help="Table version to check (default: latest)."),
         suite: list[str] = typer.Option(["samples.v1"], "--suite", help="Suite name under schemas/gx (repeatable)."),
         table: str = typer.Option("samples", "--table", help="Lake table to validate."),
@@ -24,7 +25,7 @@ def register(app: typer.Typer) -> None:
         from datahub.cli.lake_option import open_lake
         from datahub.qa import run_suites
 
-        results = run_suites(open_lake(lake), suites=suite, table=table, version=version, commit=not no_record)
+        results = run_suites(open_lake(lake_ref(lake_arg, lake, command="qa")), suites=suite, table=table, version=version, commit=not no_record)
         ok = all(r.success for r in results)
         if as_json:
             print_json({"success": ok, "results": [r.as_dict() for r in results]})

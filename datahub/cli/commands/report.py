@@ -1,4 +1,4 @@
-"""`datahub report LAKE --out DIR`: an HTML report with plots of a samples table version."""
+"""`datahub report --lake LAKE --out DIR`: an HTML report with plots of a samples table version."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ from typing import Optional
 
 import typer
 
+from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json
 
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
-        lake: str = typer.Argument(..., help="Lake root: a path or s3://bucket/prefix."),
+        lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
+        lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
         out: Path = typer.Option(..., "--out", help="Directory for index.html and its PNG plots."),
         version: Optional[int] = typer.Option(None, "--version", help="Samples table version (default: latest)."),
         table: str = typer.Option("samples", "--table", help="Lake table to report on."),
@@ -23,7 +25,7 @@ def register(app: typer.Typer) -> None:
         from datahub.cli.lake_option import open_lake
         from datahub.report import build_report
 
-        written = build_report(open_lake(lake), out_dir=out, table=table, version=version)
+        written = build_report(open_lake(lake_ref(lake_arg, lake, command="report")), out_dir=out, table=table, version=version)
         if as_json:
             print_json(written.as_dict())
         else:

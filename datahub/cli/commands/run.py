@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import typer
 
-from datahub.cli.output import console, print_json, progress
+from datahub.cli.output import console, plain, print_json, progress
+
+if TYPE_CHECKING:
+    from datahub.pipeline.run import RunResult
 
 
 def register(app: typer.Typer) -> None:
@@ -41,17 +44,29 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 print_json({"job": spec.name, "valid": True, "inputs": [f.uri for f in files]})
             else:
-                console().print(f"[green]ok[/] {job}: job {spec.name!r}, {len(files)} input files, {len(spec.graph)} graph nodes")
+                out = console()
+                out.print(f"[green]ok[/] {plain(job)}: job {plain(repr(spec.name))}, {len(spec.graph)} graph nodes, "
+                          f"{len(files)} input files:")
+                for f in files:
+                    out.print(f"  {plain(f.uri)}  ({f.size} bytes)", soft_wrap=True)
             return
         logging.getLogger("ray").setLevel(logging.WARNING)
         with progress(f"run {spec.name}", enabled=not as_json) as update:
-            result = run_job(spec, full=full, progress=update, source=str(job), qa_gate=run_for_job)
+
+            def qa_phase(*args: Any, **kwargs: Any) -> Any:  # the QA phase shows in the progress too
+                update("qa", 0)
+                try:
+                    return run_for_job(*args, **kwargs)
+                finally:
+                    update("qa done", 1, 1)
+
+            result = run_job(spec, full=full, progress=update, source=str(job), qa_gate=qa_phase)
         if as_json:
             print_json(result.as_dict())
             return
         _summary(result)
 
-    def _summary(result) -> None:  # type: ignore[no-untyped-def]
+    def _summary(result: RunResult) -> None:
         out = console()
         if result.status in ("skipped", "already_committed"):
             reason = "no new input files" if result.status == "skipped" else "this run was committed before"
@@ -71,6 +86,11 @@ def register(app: typer.Typer) -> None:
                                  for name, v in qa["suites"].items())
             colour = "green" if qa["success"] else "red"
             out.print(f"  qa                 [{colour}]{verdicts}[/] ({qa['table']} v{qa['table_version']})")
+        for name, stats in result.stats.items():  # the graph's `sink: stats` nodes
+            sources = list(stats.get("live_by_source", {}).items())
+            by_source = ", ".join(f"{plain(k)}: {v}" for k, v in sources[:5]) + (f", {len(sources) - 5} more" if len(sources) > 5 else "")
+            out.print(f"  stats {plain(name):<12} {stats.get('rows', 0)} rows, {stats.get('live_chars', 0)} live chars"
+                      + (f" (by source: {by_source})" if by_source else ""), soft_wrap=True)
         out.print(f"  lake               {result.lake}")
         versions = ", ".join(f"{t} v{v}" for t, v in result.table_versions.items() if v is not None)
         out.print(f"  delta versions     {versions or 'unchanged'}")

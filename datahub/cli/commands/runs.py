@@ -1,4 +1,4 @@
-"""`datahub runs LAKE`: the runs of each job with status, counts, durations and how to resume."""
+"""`datahub runs --lake LAKE`: the runs of each job with status, counts, durations and how to resume."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Optional
 
 import typer
 
+from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json
 
 
@@ -74,7 +75,8 @@ def _seconds(started: datetime | None, finished: datetime | None) -> float | Non
 def register(app: typer.Typer) -> None:
     @app.command("runs")
     def runs(
-        lake: str = typer.Argument(..., help="Lake root: a path or s3://bucket/prefix."),
+        lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
+        lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
         job: Optional[str] = typer.Option(None, "--job", help="Only runs of this job."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
@@ -82,6 +84,7 @@ def register(app: typer.Typer) -> None:
         from rich.markup import escape
         from rich.table import Table
 
+        lake = lake_ref(lake_arg, lake, command="runs")
         items = list_runs(lake, job=job)
         if as_json:
             print_json(items)
@@ -92,12 +95,13 @@ def register(app: typer.Typer) -> None:
             return
         grid = Table(title=f"runs in {lake}")
         for column in ("run", "job", "status", "started", "duration", "inputs", "read", "written", "dropped", "quarantined"):
-            grid.add_column(column, justify="left" if column in ("run", "job", "status", "started") else "right")
+            # fold, never "…": a run id must copy whole even on a narrow terminal
+            grid.add_column(column, justify="left" if column in ("run", "job", "status", "started") else "right", overflow="fold")
         colors = {"succeeded": "green", "failed": "red", "interrupted": "yellow", "running": "cyan"}
         for i in items:
             status = f"[{colors.get(i['status'], 'white')}]{i['status']}[/]"
             started = i["started"].strftime("%Y-%m-%d %H:%M:%S") if i["started"] else ""
-            grid.add_row(str(i["run_id"]), i["job"], status, started,
+            grid.add_row(escape(str(i["run_id"])), escape(i["job"]), status, started,
                          "" if i["duration_s"] is None else f"{i['duration_s']:.1f}s",
                          *("" if i[k] is None else str(i[k]) for k in ("inputs", "records_read", "samples_written", "dropped", "quarantined")))
         out.print(grid)

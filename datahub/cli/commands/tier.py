@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from datahub.cli.lake_option import LAKE_HELP
-from datahub.cli.output import console, print_json, progress
+from datahub.cli.output import console, plain, print_json, progress
+
+if TYPE_CHECKING:
+    from datahub.export.tiering import TierPlan
+    from datahub.lake.lake import Lake
+    from datahub.storage import StorageConfig
 
 tier_app = typer.Typer(help="Move exported releases between storage tiers (cfs, ceph, hdfs) by policy.",
                        no_args_is_help=True)
 
 
-def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[str]):  # type: ignore[no-untyped-def]
+def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[str]
+            ) -> tuple[Lake, StorageConfig, list[str] | None, dict[str, list[str]] | None]:
     from datahub.cli.lake_option import open_lake
     from datahub.errors import SpecError
     from datahub.storage import load_storage_config
@@ -30,16 +36,34 @@ def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[
     return open_lake(lake), config, (release or None), targets
 
 
-def _print_plan(plan) -> None:  # type: ignore[no-untyped-def]
+def _rules(the_lake: Lake, config: StorageConfig, plan: TierPlan, targets: dict[str, list[str]] | None) -> dict[str, str]:
+    """Per release with a move: the rule that placed it (a policy rule in words, or --tiers)."""
+    from datahub.export.tiering import release_states
+    from datahub.storage.policy import storage_class_rule
+
+    names = sorted({m.release for m in plan.moves})
+    rules = {name: "--tiers given on the command line" for name in names if targets and name in targets}
+    by_policy = [name for name in names if name not in rules]
+    for name, state in release_states(the_lake, by_policy).items():
+        klass, why = storage_class_rule(state, config.policy)
+        rules[name] = f"class {klass}: {why}; policy.classes.{klass} = {config.policy.classes.get(klass)}"
+    return rules
+
+
+def _print_plan(plan: TierPlan, rules: dict[str, str] | None = None) -> None:
     out = console()
     if not plan.moves:
         out.print("nothing to move: every release is where the policy wants it")
         return
     for m in plan.moves:
-        what = f"copy {m.source} -> {m.tier}" if m.action == "copy" else f"delete from {m.tier}"
+        what = {"copy": f"copy {m.source} -> {m.tier}", "repair": f"repair on {m.tier} from {m.source}"}.get(
+            m.action, f"delete from {m.tier}")
         extra = " (leftover of an interrupted apply)" if m.leftover else ""
-        out.print(f"  {m.release}: {what}, {m.shards} shards, {m.bytes} bytes"
-                  + (f" [class {m.storage_class}]" if m.storage_class else "") + extra)
+        extra += " (damaged or missing replicas)" if m.action == "repair" else ""
+        rule = (rules or {}).get(m.release)
+        out.print(plain(f"  {m.release}: {what}, {m.shards} shards, {m.bytes} bytes"
+                        + (f" [class {m.storage_class}]" if m.storage_class else "") + extra
+                        + (f"; why: {rule}" if rule else "")), soft_wrap=True)
     out.print(f"total: copy {plan.bytes_to_copy} bytes, delete {plan.bytes_to_delete} bytes")
 
 
@@ -62,7 +86,8 @@ def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] =
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
     result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify)
-    print_json(result.as_dict()) if as_json else _print_plan(result)
+    rules = _rules(the_lake, config, result, targets)
+    print_json({**result.as_dict(), "rules": rules}) if as_json else _print_plan(result, rules)
 
 
 @tier_app.command("apply")

@@ -1,0 +1,82 @@
+"""`datahub quarantine --lake LAKE`: what was quarantined and why, counted by reason with examples."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import typer
+
+from datahub.cli.lake_option import LAKE_HELP
+from datahub.cli.output import console, plain, print_json
+
+EXAMPLE_COLUMNS = ["source_uri", "source_offset", "detail", "run_id"]
+
+
+def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | None = None, examples: int = 3,
+                       storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+    """Quarantined records per reason (most first), each with up to ``examples`` records (file, offset, detail).
+
+    Reads the ``reason`` column for the counts and the example columns of the reasons shown only.
+    """
+    import pyarrow.dataset as ds
+
+    from datahub.cli.lake_option import open_lake
+
+    lake = open_lake(root, storage_options=storage_options)
+    out: dict[str, Any] = {"lake": lake.root, "total": 0, "reasons": []}
+    if not lake.exists("quarantine"):
+        return out
+    where = None
+    if reason is not None:
+        where = ds.field("reason") == reason
+    if job_run is not None:
+        where = (ds.field("run_id") == job_run) if where is None else where & (ds.field("run_id") == job_run)
+    reasons = lake.read("quarantine", columns=["reason"], filters=where)
+    counts = reasons.group_by("reason").aggregate([("reason", "count")]).to_pylist()
+    counts.sort(key=lambda row: (-row["reason_count"], row["reason"] or ""))
+    out["total"] = reasons.num_rows
+    for row in counts:
+        item: dict[str, Any] = {"reason": row["reason"], "records": row["reason_count"], "examples": []}
+        if examples > 0:
+            match = ds.field("reason") == row["reason"]
+            if job_run is not None:
+                match = match & (ds.field("run_id") == job_run)
+            rows = lake.read("quarantine", columns=EXAMPLE_COLUMNS, filters=match)
+            rows = rows.sort_by([("source_uri", "ascending"), ("source_offset", "ascending")]).slice(0, examples)
+            item["examples"] = rows.to_pylist()
+        out["reasons"].append(item)
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("quarantine")
+    def quarantine(
+        lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
+        reason: Optional[str] = typer.Option(None, "--reason", help="Only this reason (e.g. invalid_json)."),
+        run: Optional[str] = typer.Option(None, "--run", help="Only records quarantined by this run id."),
+        examples: int = typer.Option(3, "--examples", min=0, help="Example records shown per reason."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Count quarantined records by reason, with example records (file, offset, what was wrong)."""
+        from rich.table import Table
+
+        summary = quarantine_summary(lake, reason=reason, job_run=run, examples=examples)
+        if as_json:
+            print_json(summary)
+            return
+        out = console()
+        if not summary["reasons"]:
+            out.print(f"nothing quarantined in {plain(summary['lake'])}" + (f" with reason {plain(reason)}" if reason else ""))
+            return
+        grid = Table(title=f"quarantine in {plain(summary['lake'])}: {summary['total']} records")
+        grid.add_column("reason", overflow="fold")
+        grid.add_column("records", justify="right")
+        for item in summary["reasons"]:
+            grid.add_row(plain(item["reason"]), str(item["records"]))
+        out.print(grid)
+        for item in summary["reasons"]:
+            if item["examples"]:
+                out.print(f"[bold]{plain(item['reason'])}[/] ({item['records']}), e.g.:")
+            for example in item["examples"]:
+                where = f"{example['source_uri']}:{example['source_offset']}"
+                out.print(f"  {plain(where)}  {plain(example['detail'] or '')}", soft_wrap=True)

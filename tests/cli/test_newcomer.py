@@ -1,0 +1,166 @@
+"""The friction a new user met (issue 21): output that is readable when piped, progress in logs,
+a quarantine listing, error text printed as written, one --lake convention, and exit codes that
+tell a script when a lookup found nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from datahub.cli.lake_option import lake_ref
+from datahub.cli.output import _LogLines, progress
+from datahub.engines.arrow import ArrowEngine
+from datahub.errors import SpecError
+from datahub.lake import Lake
+from datahub.pipeline.run import run_job
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def datahub(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as cron runs it: stdout and stderr are pipes, not a terminal."""
+    return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "RAY_AUTH_MODE": "disabled", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def lake_with_runs(tmp_path_factory) -> tuple[Path, str, Path]:
+    """A lake after one run with good, broken and text-less records (the in-process Arrow engine)."""
+    from datahub.config.spec import validate_job_spec
+
+    root = tmp_path_factory.mktemp("newcomer")
+    inputs = root / "in"
+    inputs.mkdir()
+    good = [f"document {i} about rivers, mountains and the long history of the valley towns" for i in range(3)]
+    (inputs / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in good) + "{broken\n" + '{"text": null}\n')
+    (inputs / "empty.jsonl.zst").write_bytes(b"")
+    spec = validate_job_spec({"name": "a-job-with-a-rather-long-name-for-wrapping", "lake": {"root": str(root / "lake")},
+                              "inputs": [{"uri": str(inputs / "*.jsonl*")}], "graph": {"samples": {"sink": "samples"}}})
+    result = run_job(spec, engine=ArrowEngine())
+    assert result.status == "succeeded", result.error
+    return root / "lake", result.run_id, inputs / "a.jsonl"
+
+
+def test_piped_tables_never_wrap_or_cut_ids(lake_with_runs):
+    lake, run_id, _ = lake_with_runs
+    out = datahub("runs", "--lake", str(lake))
+    assert out.returncode == 0, out.stderr
+    assert run_id in out.stdout and "a-job-with-a-rather-long-name-for-wrapping" in out.stdout
+    assert "…" not in out.stdout
+    row = next(line for line in out.stdout.splitlines() if run_id in line)
+    assert "succeeded" in row  # one row per run: nothing wrapped onto a second line
+
+
+def test_the_lake_is_accepted_as_option_and_deprecated_positional(lake_with_runs):
+    lake, run_id, _ = lake_with_runs
+    new = datahub("runs", "--lake", str(lake), "--json")
+    old = datahub("runs", str(lake), "--json")
+    assert new.returncode == old.returncode == 0, old.stderr
+    assert json.loads(new.stdout) == json.loads(old.stdout)
+    assert "deprecated" not in new.stderr and f"use `datahub runs --lake {lake}`" in old.stderr
+    table = datahub("inspect", "--lake", str(lake), "samples", "--json")
+    assert table.returncode == 0, table.stderr and list(json.loads(table.stdout)["tables"]) == ["samples"]
+    with pytest.raises(SpecError, match="two lakes given"):
+        lake_ref("/a", "/b", command="runs")
+    with pytest.raises(SpecError, match="no lake given"):
+        lake_ref(None, None, command="qa")
+    with pytest.raises(SpecError, match="--lake is empty"):
+        lake_ref(None, "", command="qa")
+
+
+def test_quarantine_command_counts_by_reason_with_examples(lake_with_runs):
+    lake, run_id, source = lake_with_runs
+    out = datahub("quarantine", "--lake", str(lake), "--json")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["total"] == 3
+    by_reason = {r["reason"]: r for r in summary["reasons"]}
+    assert {k: v["records"] for k, v in by_reason.items()} == {"invalid_json": 1, "missing_text_field": 1, "invalid_stream": 1}
+    example = by_reason["missing_text_field"]["examples"][0]
+    assert example["source_uri"].endswith("a.jsonl") and example["source_offset"] == 5 and example["run_id"] == run_id
+    assert example["detail"] == "field 'text' is null"
+    text = datahub("quarantine", "--lake", str(lake), "--reason", "invalid_json")
+    assert text.returncode == 0 and "invalid_json" in text.stdout and "missing_text_field" not in text.stdout
+    assert f"{source}:4" in text.stdout
+
+
+def test_lineage_of_an_unknown_sample_or_source_exits_non_zero(lake_with_runs):
+    lake, _, source = lake_with_runs
+    known = Lake(lake).read("samples", columns=["sample_id"]).column("sample_id")[0].as_py()
+    assert datahub("lineage", known, "--lake", str(lake)).returncode == 0
+    unknown = datahub("lineage", "0" * 64, "--lake", str(lake))
+    assert unknown.returncode == 1 and "no lineage events" in unknown.stdout
+    assert datahub("lineage", "--source", str(source), "--lake", str(lake)).returncode == 0
+    missing = datahub("lineage", "--source", str(source) + ".typo", "--lake", str(lake), "--json")
+    assert missing.returncode == 1 and "no record of" in missing.stderr
+
+
+def test_error_text_is_printed_as_written_not_as_markup(tmp_path):
+    storage = tmp_path / "storage.yaml"
+    storage.write_text("tiers:\n  Bad Tier:\n    kind: cfs\n    path: /tmp/x\n")
+    out = datahub("tier", "plan", "--lake", str(tmp_path / "lake"), "--storage", str(storage))
+    assert out.returncode == 2
+    assert "must match [a-z][a-z0-9_-]*" in out.stderr, out.stderr
+    assert "\x1b[" not in out.stderr  # piped: no colour codes
+
+
+def test_run_check_lists_the_inputs(tmp_path):
+    out = datahub("run", "jobs/demo.yaml", "--check", "--lake", str(tmp_path / "lake"))
+    assert out.returncode == 0, out.stderr
+    listed = [line.strip().split("  ")[0] for line in out.stdout.splitlines() if line.startswith("  ")]
+    assert listed and all(Path(uri).exists() for uri in listed)
+    assert f"{len(listed)} input files" in out.stdout
+
+
+def test_progress_is_log_lines_when_not_a_terminal(capsys):
+    with progress("run demo") as update:
+        assert isinstance(update, _LogLines)
+        update("rows", 10)
+        update("rows", 20)  # within LOG_EVERY_SECONDS of the first: not repeated
+        update("qa", 0)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and lines[0].endswith("run demo: rows 10 (0s)") and "run demo: qa 0" in lines[1]
+
+
+def test_a_run_prints_phases_and_the_stats_sink(tmp_path):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text("".join(json.dumps({"text": f"a document about topic {i} and more words"}) + "\n"
+                                                     for i in range(5)))
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: stats-job\nengine: {{kind: ray, num_cpus: 1}}\nlake: {{root: {tmp_path / 'lake'}}}\n"
+                   f"inputs: [{{uri: {tmp_path / 'in' / '*.jsonl'}}}]\n"
+                   "graph:\n  normalize: {op: normalize_text}\n  samples: {sink: samples, after: [normalize]}\n"
+                   "  stats: {sink: stats, after: [normalize]}\n")
+    out = datahub("run", str(job))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "run stats-job: rows" in out.stderr  # log-style progress in a non-terminal
+    stats = next(line for line in out.stdout.splitlines() if line.strip().startswith("stats "))
+    assert "5 rows" in stats and "a.jsonl: 5" in stats
+    runs = Lake(tmp_path / "lake").read("runs").to_pylist()
+    assert runs[0]["status"] == "succeeded"
+
+
+def test_no_colour_codes_in_runs_error(tmp_path, ray_engine):
+    from datahub.config.spec import validate_job_spec
+    from datahub.operator import BatchOperator, register
+
+    @register
+    class _FailsInATask(BatchOperator):
+        name = "test_fails_in_a_task"
+
+        def process(self, table: pa.Table) -> pa.Table:
+            raise ValueError("tier names must match [a-z][a-z0-9_-]*")
+
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "one document"}) + "\n")
+    spec = validate_job_spec({"name": "fails", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": str(tmp_path / "a.jsonl")}],
+                              "graph": {"bad": {"op": "test_fails_in_a_task"}, "samples": {"sink": "samples", "after": ["bad"]}}})
+    with pytest.raises(Exception):
+        run_job(spec, engine=ray_engine)
+    error = Lake(tmp_path / "lake").read("runs").column("error")[0].as_py()
+    assert "must match [a-z][a-z0-9_-]*" in error and "\x1b" not in error
