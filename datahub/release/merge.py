@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
+from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
 from datahub.release.digest import id_keys
 from datahub.release.freeze import freeze, refuse_taken, release_txn
@@ -56,20 +57,8 @@ def _dropped_lineage(dups: Duplicates | None, new: str, ts: datetime) -> pa.Tabl
         for d, dr, s, extra in zip(dups.dup_of.to_pylist(), dups.dup_release.to_pylist(), dups.source.to_pylist(),
                                    dups.extra)
     ]
-    n = len(refs)
-    return pa.table(
-        {
-            "sample_id": dups.sample_id,
-            "run_id": pa.array([release_txn(new)] * n, pa.string()),
-            "op": pa.array([MERGE_OP] * n, pa.string()),
-            "params_hash": pa.nulls(n, pa.string()),
-            "action": pa.array(["dropped"] * n, pa.string()),
-            "reason": pa.array([dups.reason] * n, pa.string()),
-            "ref": pa.array(refs, pa.string()),
-            "ts": pa.array([ts] * n, pa.timestamp("us", tz="UTC")),
-        },
-        schema=LINEAGE,
-    ).sort_by([("sample_id", "ascending")])
+    return lineage_rows(dups.sample_id, run_id=release_txn(new), op=MERGE_OP, action="dropped", reason=dups.reason,
+                        ref=pa.array(refs, pa.string()), ts=ts)
 
 
 def _sample(rows: pa.Table, weights: dict[str, float], sources: list[str], seed: int) -> tuple[pa.Table, dict[str, int]]:

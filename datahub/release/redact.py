@@ -9,6 +9,7 @@ holds any of the samples is listed, and lineage records a ``dropped`` event with
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ import pyarrow.dataset as ds
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
-from datahub.lake.tables import LINEAGE
+from datahub.lake.lineage_rows import lineage_rows
 from datahub.release.freeze import freeze, refuse_taken, release_txn
 from datahub.release.records import (
     MATERIALIZED_PREFIX,
@@ -29,6 +30,7 @@ from datahub.release.records import (
 )
 
 REDACT_OP = "release.redact@1"
+BATCH_ROWS = 8192
 
 
 def read_ids_file(path: str) -> list[str]:
@@ -79,40 +81,49 @@ def redact(
         raise ReleaseError("redact needs what to remove: --sample ID (repeatable), --ids-file F or --source URI")
     refuse_taken(lake, new)
     parent = get_release(lake, source)
-    rows = read_release(lake, parent)
-    target = pc.is_in(rows.column("sample_id"), value_set=pa.array(ids, pa.string()))
-    if source_uri is not None:
-        target = pc.or_(target, pc.fill_null(pc.equal(rows.column("source_uri"), source_uri), False))
-    removed = rows.filter(target)
-    if not removed.num_rows:
+    dataset = lake.dataset(parent.table, parent.version)
+    has_source = "source_uri" in dataset.schema.names
+    if source_uri is not None and not has_source:
+        raise ReleaseError(f"release {source!r} has no source_uri column; redact it by --sample ID instead")
+    wanted = pa.array(ids, pa.string())
+
+    def target_of(batch: pa.RecordBatch) -> pa.Array:
+        target = pc.is_in(batch.column("sample_id"), value_set=wanted)
+        if source_uri is not None:
+            target = pc.or_(target, pc.fill_null(pc.equal(batch.column("source_uri"), source_uri), False))
+        return target
+
+    # pass 1 (ids and source_uri only): what goes, and the ids that stay (for the release digest and lineage)
+    kept_ids: list[pa.Array] = []
+    removed_chunks: list[pa.Array] = []
+    for batch in dataset.to_batches(columns=["sample_id", "source_uri"] if has_source else ["sample_id"],
+                                    batch_size=BATCH_ROWS, batch_readahead=1, fragment_readahead=1):
+        target = target_of(batch)
+        removed_chunks.append(pc.filter(batch.column("sample_id"), target))
+        kept_ids.append(pc.filter(batch.column("sample_id"), pc.invert(target)))
+    removed_rows = sum(len(c) for c in removed_chunks)
+    if not removed_rows:
         what = f"source {source_uri!r}" if source_uri and not ids else f"{len(ids)} given sample id(s)"
         raise ReleaseError(f"release {source!r} holds none of the {what}; nothing to redact "
                            f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.ref})")
-    kept = rows.filter(pc.invert(target))
-    removed_ids = pc.unique(removed.column("sample_id"))
+    removed_ids = pc.unique(pa.chunked_array(removed_chunks, pa.string()))
     contained_in = releases_containing(lake, sample_ids=sorted(set(ids) | set(removed_ids.to_pylist())),
                                        source_uri=source_uri)
     ts = datetime.now(timezone.utc)
-    n = len(removed_ids)
     ref = json.dumps({"release": new, "from": source, "reason": reason, "source_uri": source_uri})
-    dropped = pa.table(
-        {
-            "sample_id": removed_ids,
-            "run_id": pa.array([release_txn(new)] * n, pa.string()),
-            "op": pa.array([REDACT_OP] * n, pa.string()),
-            "params_hash": pa.nulls(n, pa.string()),
-            "action": pa.array(["dropped"] * n, pa.string()),
-            "reason": pa.array([f"redacted: {reason}"] * n, pa.string()),
-            "ref": pa.array([ref] * n, pa.string()),
-            "ts": pa.array([ts] * n, pa.timestamp("us", tz="UTC")),
-        },
-        schema=LINEAGE,
-    )
+    dropped = lineage_rows(removed_ids, run_id=release_txn(new), op=REDACT_OP, action="dropped",
+                           reason=f"redacted: {reason}", ref=ref, ts=ts)
+
+    def kept() -> Iterator[pa.Table]:  # pass 2: every column, streamed into the commit
+        for batch in dataset.to_batches(batch_size=BATCH_ROWS, batch_readahead=1, fragment_readahead=1):
+            yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
+
     table = MATERIALIZED_PREFIX + new
-    lake.commit(table, kept, txn=release_txn(new), metadata={"datahub.release": new, "datahub.redact_reason": reason})
+    lake.commit(table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema),
+                metadata={"datahub.release": new, "datahub.redact_reason": reason})
     version = int(lake.table(table).version())
-    details = {"reason": reason, "removed": removed.num_rows, "removed_ids": sorted(removed_ids.to_pylist()),
+    details = {"reason": reason, "removed": removed_rows, "removed_ids": sorted(removed_ids.to_pylist()),
                "requested_ids": len(ids), "source_uri": source_uri, "contained_in": contained_in}
-    return freeze(lake, new, table=table, version=version, sample_ids=kept.column("sample_id"), kind="redact",
-                  qa_status="inherited", parents=[source], creator=creator, details=details,
+    return freeze(lake, new, table=table, version=version, sample_ids=pa.chunked_array(kept_ids, pa.string()),
+                  kind="redact", qa_status="inherited", parents=[source], creator=creator, details=details,
                   extra_lineage=dropped, run_ids=list(parent.run_ids), jobs=list(parent.jobs))

@@ -81,13 +81,6 @@ def collect(lake: Lake, *, table: str = "samples", version: int | None = None) -
     return data
 
 
-def _cluster_sizes(refs: list[str | None]) -> list[int]:
-    """Duplicate cluster sizes from dedup drop refs ({"cluster_id"} or {"dup_of"}): kept one + dropped."""
-    members: Counter[str] = Counter()
-    _count_clusters(refs, members)
-    return sorted(n + 1 for n in members.values())
-
-
 def _count_clusters(refs: list[str | None], members: Counter[str]) -> None:
     """Add the dropped members of each duplicate cluster named by these refs."""
     for ref in refs:
