@@ -204,6 +204,7 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
         sinks = execute_graph(graph, files, context, staging)
         checkpoint("after_graph")
         lease.ensure_held()
+        context.report("commit", 0)
         replace = _job_rows_predicate(spec.name) if full else None
         samples_sinks = [s for s in sinks.values() if isinstance(s, tuple)]
         versions: dict[str, int | None] = {}
@@ -288,6 +289,7 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
         elif isinstance(node.operator, GlobalOperator):
             pending = [frame]  # handed over whole: the operator may free its input once it has read it
             del frame
+            context.report(f"{name} ({node.operator.name})", 0)  # a phase in the progress: dedup runs here
             frame = node.operator.apply(pending.pop(), context)
         elif node.sink == "samples":
             # one samples sink per graph (graph.py): Spark executors write the tables' files
