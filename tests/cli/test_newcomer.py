@@ -164,3 +164,57 @@ def test_no_colour_codes_in_runs_error(tmp_path, ray_engine):
         run_job(spec, engine=ray_engine)
     error = Lake(tmp_path / "lake").read("runs").column("error")[0].as_py()
     assert "must match [a-z][a-z0-9_-]*" in error and "\x1b" not in error
+
+
+def test_tier_plan_names_the_rule_that_moves_a_release(tmp_path):
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+    from tests.export.helpers import make_lake
+
+    lake = str(tmp_path / "lake")
+    make_lake(lake, 20)
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs: {{kind: cfs, path: {tmp_path / 'cfs'}}}\n  cfs2: {{kind: cfs, path: {tmp_path / 'cfs2'}}}\n"
+                       "policy:\n  classes: {hot: [cfs, cfs2], warm: [cfs]}\n")
+    runner = CliRunner()
+
+    def ok(*args: str) -> str:
+        result = runner.invoke(app, list(args))
+        assert result.exit_code == 0, f"{args}: {result.output} {result.exception!r}"
+        return result.stdout
+
+    ok("release", "create", "r1", "--lake", lake)
+    ok("export", "r1", "--lake", lake, "--tier", "cfs", "--storage", str(storage))
+    assert "nothing to move" in ok("tier", "plan", "--lake", lake, "--storage", str(storage))  # warm: stays on cfs
+    ok("release", "promote", "r1", "--channel", "stable", "--lake", lake)
+    plan = ok("tier", "plan", "--lake", lake, "--storage", str(storage))
+    assert "r1: copy cfs -> cfs2" in plan and "why: class hot: channel stable (policy.hot_channels)" in plan
+    assert "policy.classes.hot = ['cfs', 'cfs2']" in plan
+    rules = json.loads(ok("tier", "plan", "--lake", lake, "--storage", str(storage), "--release", "r1", "--tiers", "cfs2",
+                          "--json"))["rules"]
+    assert rules == {"r1": "--tiers given on the command line"}
+
+
+def test_lineage_fate_of_a_redacted_sample_is_redacted(tmp_path, job_spec):
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+    from datahub.release import create_release, redact
+    from datahub.sample_id import sample_id_of
+
+    texts = ["a kept document about the river delta", "a private document with a phone number 555 0100"]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    spec = job_spec(inputs=[{"uri": str(tmp_path / "a.jsonl")}])
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = Lake(spec.lake.root)
+    create_release(lake, "r1")
+    secret = sample_id_of(texts[1])
+    redact(lake, "r2", source="r1", sample_ids=[secret], reason="PII")
+    runner = CliRunner()
+    story = runner.invoke(app, ["lineage", secret, "--lake", str(lake.root)])
+    assert story.exit_code == 0 and "fate: redacted" in story.stdout, story.output
+    by_source = json.loads(runner.invoke(app, ["lineage", "--source", str(tmp_path / "a.jsonl"), "--lake", str(lake.root),
+                                               "--json"]).stdout)
+    assert by_source["counts"] == {"kept": 1, "redacted": 1}
+    assert {r["sample_id"]: r["fate"] for r in by_source["records"]}[secret] == "redacted"
