@@ -89,7 +89,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         manifest_options = None
         if isinstance(release_or_manifest, str) and "://" in release_or_manifest:  # a manifest URI on an object store
             manifest_options = manifest_options_for(storage_config, release_or_manifest)
-        self.manifest = load_manifest(release_or_manifest, lake=lake, storage_options=manifest_options)
+        self.manifest = load_manifest(release_or_manifest, lake=lake, storage_options=manifest_options,
+                                      read_policy=read_policy)
         self.rank, self.world_size = resolve_topology(rank, world_size)
         self.seed, self.epoch = int(seed), int(epoch)
         self.shuffle, self.shuffle_buffer = shuffle, int(shuffle_buffer or 0)

@@ -32,6 +32,10 @@ class ManifestError(SpecError):
     """A release manifest is missing, unreadable or lacks a field the loader needs."""
 
 
+class ManifestUnavailableError(StorageError):
+    """The store holding a release manifest did not answer (transient), after the loader's bounded retries."""
+
+
 class ConsumedCountRequiredError(TerminalError):
     """``state_dict()`` was asked for a position this process cannot know (DataLoader workers read the data)."""
 

@@ -8,7 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from datahub.errors import IntegrityError
-from datahub.loader.errors import ManifestError
+from datahub.loader.errors import ManifestError, ManifestUnavailableError, ReplicaUnavailableError, replica_error
+from datahub.loader.read_policy import DEFAULT_READ_POLICY, ReadPolicy, limit_transport_retries
+from datahub.retry import retry
 from datahub.shards.manifest import Manifest
 
 
@@ -17,8 +19,12 @@ def load_manifest(
     *,
     lake: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    read_policy: ReadPolicy | None = None,
 ) -> Manifest:
     """Accept a parsed manifest, a dict, a path/URI to ``manifest.json`` (or its export dir), or a release name.
+
+    A remote manifest is read with ``read_policy``'s timeouts and retried ``attempts`` times when the store does
+    not answer (then ``ManifestUnavailableError``); a missing or unreadable one raises ``ManifestError`` at once.
 
     A release name (no ``/``, not ending in ``.json``) is resolved, for now, as
     ``{lake}/_exports/{release}/manifest.json``; resolving through the lake's ``releases``
@@ -37,16 +43,33 @@ def load_manifest(
         ref = f"{lake.rstrip('/')}/_exports/{ref}/manifest.json"
     elif not ref.endswith(".json"):
         ref = ref.rstrip("/") + "/manifest.json"
-    import fsspec
+    policy = read_policy or DEFAULT_READ_POLICY
+    raw = retry(lambda: _read(ref, policy.fsspec_options(ref, storage_options or {})), attempts=policy.attempts,
+                backoff=policy.backoff_s, max_backoff=policy.max_backoff_s, jitter=policy.jitter)
+    try:
+        data = json.loads(raw)
+    except ValueError as error:
+        raise ManifestError(f"cannot read manifest {ref}: not JSON ({error})") from error
+    return _parse(data, where=ref)
+
+
+def _read(ref: str, options: Mapping[str, Any]) -> bytes:
+    import fsspec.core
 
     try:
-        with fsspec.open(ref, "rb", **dict(storage_options or {})) as handle:
-            data = json.loads(handle.read())
+        fs, path = fsspec.core.url_to_fs(ref, **options)
+        limit_transport_retries(fs)
+        return bytes(fs.cat_file(path))
     except FileNotFoundError:
         raise ManifestError(f"no manifest at {ref}; was the release exported?") from None
-    except (OSError, ValueError) as error:
-        raise ManifestError(f"cannot read manifest {ref}: {error}") from error
-    return _parse(data, where=ref)
+    except Exception as error:  # classified like a shard replica read; anything else is a bug and propagates
+        classified = replica_error(error)
+        if classified is None:
+            raise
+        if isinstance(classified, ReplicaUnavailableError):
+            raise ManifestUnavailableError(f"cannot read manifest {ref}: storage did not answer ({classified}); "
+                                           "check that it is up and reachable") from error
+        raise ManifestError(f"cannot read manifest {ref}: {classified}") from error
 
 
 def _parse(data: dict[str, Any], *, where: str) -> Manifest:

@@ -65,7 +65,7 @@ def ray_dataset(
     """
     storage_config = as_storage(storage)
     options = manifest_options(storage_config, release_or_manifest) if isinstance(release_or_manifest, str) else None
-    manifest = load_manifest(release_or_manifest, lake=lake, storage_options=options)
+    manifest = load_manifest(release_or_manifest, lake=lake, storage_options=options, read_policy=read_policy)
     source = ShardSource(manifest, tier_preference=tier_preference, verify=verify, read_policy=read_policy,
                          storage=tier_options(storage_config, tiers=readable_tiers(manifest, tier_preference)))
     shard_indexes = list(range(len(manifest.shards)))

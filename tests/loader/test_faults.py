@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from datahub.loader import ReadPolicy, ReleaseDataset
-from datahub.loader.errors import NoReadableReplicaError
+from datahub.loader.errors import ManifestUnavailableError, NoReadableReplicaError
 from tests.ceph import REPO, S3Endpoint, ceph_s3  # noqa: F401
 from tests.loader.rgw import PrivateRgw, private_rgw  # noqa: F401
 from tests.loader.shards import all_ids, write_release
@@ -100,6 +100,24 @@ def test_rgw_outage_without_another_tier_raises_the_loaders_error_after_bounded_
     assert "after 2 rounds" in message and "check that it is up and reachable" in message
     assert len(head) == 4 and data.source.retries == 1
     assert elapsed < policy.worst_case_s(tiers=1)
+
+
+def test_manifest_on_a_frozen_rgw_fails_in_bounded_time_with_the_loaders_error(
+    tmp_path: Path, ceph_s3: S3Endpoint, private_rgw: PrivateRgw  # noqa: F811
+) -> None:
+    manifest = on_ceph_and_cfs(tmp_path, ceph_s3, (4, 4))
+    bucket = manifest["shards"][0]["replicas"]["ceph"][len("s3://"):].split("/")[0]
+    uri = f"s3://{bucket}/releases/demo-v1/manifest.json"
+    ceph_s3.filesystem().pipe_file(uri[len("s3://"):], json.dumps(manifest).encode())
+    policy = ReadPolicy(connect_timeout_s=1.0, read_timeout_s=1.5, attempts=2, backoff_s=0.2)
+    storage = {"ceph": private_rgw.s3fs_kwargs()}
+    ready = ReleaseDataset(uri, storage=storage, tier_preference=["ceph"], rank=0, world_size=1, read_policy=policy)
+    assert sorted(s["sample_id"] for s in ready) == all_ids(manifest)
+    private_rgw.freeze()
+    began = time.monotonic()
+    with pytest.raises(ManifestUnavailableError, match=r"cannot read manifest s3://.*storage did not answer \(ReadTimeoutError"):
+        ReleaseDataset(uri, storage=storage, tier_preference=["ceph"], rank=0, world_size=1, read_policy=policy)
+    assert time.monotonic() - began < policy.worst_case_s(tiers=1)
 
 
 RANKS, WORKERS = 3, 2
