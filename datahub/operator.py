@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -52,23 +52,29 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Operator:
-    """Base class: name, version, typed params, optional dependencies checked at construction."""
+P = TypeVar("P", bound=BaseModel)
+
+
+class Operator(Generic[P]):
+    """Base class: name, version, typed params, optional dependencies checked at construction.
+
+    Generic over its params model: ``class MyFilter(BatchOperator[MyParams])`` with ``Params = MyParams``
+    types ``self.params`` as ``MyParams``.
+    """
 
     name: ClassVar[str]
     version: ClassVar[str] = "1"
-    Params: ClassVar[type[BaseModel]] = Params
+    Params: ClassVar[type[BaseModel]] = Params  # the model P; a ClassVar cannot name a type variable
+    params: P
     # (import name, pip requirement) pairs checked when the operator is built.
     requires: ClassVar[tuple[tuple[str, str], ...]] = ()
     # True: the operator adds signals to every row it sees (an "annotated" lineage event).
     annotates: ClassVar[bool] = False
 
-    def __init__(self, params: BaseModel | dict[str, Any] | None = None) -> None:
+    def __init__(self, params: P | Mapping[str, Any] | None = None) -> None:
         self._check_requirements()
-        if isinstance(params, BaseModel):
-            self.params = params
-        else:
-            self.params = self.Params.model_validate(params or {})
+        validated = params if isinstance(params, BaseModel) else self.Params.model_validate(params or {})
+        self.params = cast(P, validated)  # Params is P's model (see the class docstring)
 
     @classmethod
     def _check_requirements(cls) -> None:
@@ -148,14 +154,14 @@ class OperatorContext(Protocol):
         """A named point inside the operator where crash-safety tests may kill the process."""
 
 
-class BatchOperator(Operator):
+class BatchOperator(Operator[P]):
     """A map, filter or annotate step: ``process(table) -> table`` with the same rows."""
 
     def process(self, table: pa.Table) -> pa.Table:  # pragma: no cover - interface
         raise NotImplementedError
 
 
-class GlobalOperator(Operator):
+class GlobalOperator(Operator[P]):
     """A step that needs all rows at once (dedup). Written against the engine-neutral Frame."""
 
     def apply(self, frame: Frame, context: OperatorContext) -> Frame:  # pragma: no cover - interface

@@ -173,7 +173,9 @@ def retry_stream(
             sleep(delay)
 
 
-def retry_policy(fn: Callable[[], T], policy: RetryPolicy, **kwargs: object) -> T:
+def retry_policy(fn: Callable[[], T], policy: RetryPolicy, *,
+                 on_retry: Callable[[int, BaseException, float], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
     """``retry`` with the numbers taken from ``policy``."""
     return retry(fn, attempts=policy.attempts, backoff=policy.backoff, max_backoff=policy.max_backoff,
-                 jitter=policy.jitter, **kwargs)  # type: ignore[arg-type]
+                 jitter=policy.jitter, on_retry=on_retry, sleep=sleep)

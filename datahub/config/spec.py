@@ -100,7 +100,7 @@ class OpenLineageSpec(_Model):
         if self.transport == "http" and not (self.url or "").strip():
             raise ValueError("openlineage.url is required for transport: http; add the collector, e.g. "
                              "`url: http://marquez:5000` (/api/v1/lineage is added when the URL has no path)")
-        if self.transport == "http" and not self.url.startswith(("http://", "https://")):  # type: ignore[union-attr]
+        if self.transport == "http" and not (self.url or "").startswith(("http://", "https://")):
             raise ValueError(f"openlineage.url {self.url!r}: expected an http:// or https:// URL")
         return self
 

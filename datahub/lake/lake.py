@@ -196,7 +196,8 @@ class Lake:
 
         return retry_policy(attempt, attempts)
 
-    def _commit_once(self, name: str, data: WriteData, *, txn: str, schema: pa.Schema | None, mode: str,
+    def _commit_once(self, name: str, data: WriteData, *, txn: str, schema: pa.Schema | None,
+                     mode: Literal["append", "overwrite"],
                      metadata: Mapping[str, Any] | None, partition_by: list[str] | None, predicate: str | None,
                      max_retries: int, row_group_rows: int | None) -> int | None:
         from deltalake import CommitProperties, PostCommitHookProperties, Transaction, WriterProperties, write_deltalake
@@ -219,21 +220,22 @@ class Lake:
             app_transactions=[Transaction(app_id=txn, version=1, last_updated=int(time.time() * 1000))],
             max_commit_retries=max_retries,
         )
+        # One dict for write_deltalake's overloads (which split on mode and predicate): mode and the
+        # predicate are runtime values here, and None means "not given" for every option.
+        options: dict[str, Any] = {
+            "mode": mode,
+            "predicate": predicate if exists else None,
+            "schema_mode": "merge" if exists else None,
+            "partition_by": None if exists else partition_by,
+            "storage_options": self.storage_options or None,
+            "commit_properties": props,
+            "writer_properties": WriterProperties(max_row_group_size=row_group_rows) if row_group_rows else None,
+            "target_file_size": STREAM_FILE_BYTES if streamed else None,
+            "configuration": None if exists else KEEP_LOG,
+            "post_commithook_properties": PostCommitHookProperties(cleanup_expired_logs=False),
+        }
         try:
-            write_deltalake(  # type: ignore[call-overload,misc]  # mode is a runtime str; predicate only with overwrite
-                self.table_uri(name),
-                reader,
-                mode=mode,  # type: ignore[arg-type]
-                predicate=predicate if exists else None,
-                schema_mode="merge" if exists else None,
-                partition_by=None if exists else partition_by,
-                storage_options=self.storage_options or None,
-                commit_properties=props,
-                writer_properties=WriterProperties(max_row_group_size=row_group_rows) if row_group_rows else None,
-                target_file_size=STREAM_FILE_BYTES if streamed else None,
-                configuration=None if exists else KEEP_LOG,
-                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
-            )
+            write_deltalake(self.table_uri(name), reader, **options)
         except CommitFailedError as exc:
             if self.applied(name, txn):  # a concurrent writer of the same txn won the race
                 return None

@@ -229,14 +229,15 @@ class _ObjectStore:
         return sorted(n.rsplit("/", 1)[-1] for n in names if n.endswith(".json"))
 
 
-def _precondition_failed(exc: BaseException) -> bool:
+def _precondition_failed(error: BaseException) -> bool:
+    exc: BaseException | None = error
     while exc is not None:
         response = getattr(exc, "response", None)
         if isinstance(response, dict):
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             code = response.get("Error", {}).get("Code")
             return status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict")
-        exc = exc.__cause__  # type: ignore[assignment]
+        exc = exc.__cause__
     return False
 
 

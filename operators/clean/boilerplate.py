@@ -30,7 +30,7 @@ class BoilerplateParams(Params):
 
 
 @register
-class StripBoilerplate(BatchOperator):
+class StripBoilerplate(BatchOperator[BoilerplateParams]):
     """Drop short lines matching boilerplate patterns; count them in ``quality.boilerplate_lines``."""
 
     name = "strip_boilerplate"
@@ -39,7 +39,7 @@ class StripBoilerplate(BatchOperator):
     annotates = True
 
     def process(self, table: pa.Table) -> pa.Table:
-        p: BoilerplateParams = self.params  # type: ignore[assignment]
+        p: BoilerplateParams = self.params
         original = table.column("text")
         lines = ts.split(original, "\n")
         stripped = pc.utf8_lower(pc.utf8_trim_whitespace(lines.values))

@@ -21,7 +21,7 @@ class FixUnicodeParams(Params):
 
 
 @register
-class FixUnicode(BatchOperator):
+class FixUnicode(BatchOperator[FixUnicodeParams]):
     """ftfy.fix_text on the rows that can need it (a vectorized pre-check skips plain ASCII)."""
 
     name = "fix_unicode"
@@ -32,7 +32,7 @@ class FixUnicode(BatchOperator):
     def process(self, table: pa.Table) -> pa.Table:
         import ftfy
 
-        p: FixUnicodeParams = self.params  # type: ignore[assignment]
+        p: FixUnicodeParams = self.params
         config = ftfy.TextFixerConfig(normalization=p.normalization, unescape_html=p.unescape_html,
                                       fix_latin_ligatures=p.fix_latin_ligatures, uncurl_quotes=p.uncurl_quotes)
         text = table.column("text").combine_chunks()

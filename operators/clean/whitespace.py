@@ -20,7 +20,7 @@ class NormalizeParams(Params):
 
 
 @register
-class NormalizeText(BatchOperator):
+class NormalizeText(BatchOperator[NormalizeParams]):
     """Normalize Unicode and whitespace so equal documents look equal to later steps."""
 
     name = "normalize_text"
@@ -28,7 +28,7 @@ class NormalizeText(BatchOperator):
     Params = NormalizeParams
 
     def process(self, table: pa.Table) -> pa.Table:
-        p: NormalizeParams = self.params  # type: ignore[assignment]
+        p: NormalizeParams = self.params
         text = table.column("text")
         if p.unicode_form != "none":
             text = pc.utf8_normalize(text, form=p.unicode_form)

@@ -75,7 +75,7 @@ class ExactIndexRows:
 
 
 @register
-class ExactDedup(GlobalOperator):
+class ExactDedup(GlobalOperator[ExactDedupParams]):
     """Exact duplicates after normalization (NFKC, lowercase, punctuation, whitespace)."""
 
     name = "exact_dedup"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +14,10 @@ class FilterParams(Params):
     drop: bool = True  # False: only annotate the `quality` struct, drop nothing
 
 
-class QualityFilter(BatchOperator):
+FP = TypeVar("FP", bound=FilterParams)
+
+
+class QualityFilter(BatchOperator[FP]):
     """Subclasses return signals and an ordered list of (reason, failing-rows mask).
 
     A row is dropped with the reason of the first rule it fails; rules are vectorized.
@@ -33,7 +36,7 @@ class QualityFilter(BatchOperator):
         numeric = {k: v for k, v in signals.items() if isinstance(v, np.ndarray)}
         arrays = {k: (pa.array(v) if isinstance(v, np.ndarray) else v) for k, v in signals.items()}
         table = add_quality_signals(table, arrays)
-        if not self.params.drop:  # type: ignore[attr-defined]
+        if not self.params.drop:
             return table
         reason = first_failure(self.rules(numeric), table.num_rows)
         return self.mark_dropped(table, pa.array(reason != ""), pa.array(reason, pa.string()))

@@ -41,7 +41,7 @@ class C4Params(FilterParams):
 
 
 @register
-class C4Quality(QualityFilter):
+class C4Quality(QualityFilter[C4Params]):
     """C4's heuristics: terminal punctuation, words per line, javascript/policy lines, lorem ipsum, code."""
 
     name = "c4_quality"
@@ -49,7 +49,7 @@ class C4Quality(QualityFilter):
     Params = C4Params
 
     def process(self, table: pa.Table) -> pa.Table:
-        p: C4Params = self.params  # type: ignore[assignment]
+        p: C4Params = self.params
         text = pc.fill_null(table.column("text"), "")
         if p.split == "paragraphs":
             text = pc.replace_substring_regex(text, pattern=r"\n[ \t]*(\n[ \t]*)+", replacement="\x00")

@@ -32,7 +32,7 @@ class FineWebParams(FilterParams):
 
 
 @register
-class FineWebQuality(QualityFilter):
+class FineWebQuality(QualityFilter[FineWebParams]):
     """FineWeb's rules: line-ending punctuation, short lines, duplicated-line characters, list-like text."""
 
     name = "fineweb_quality"
@@ -40,7 +40,7 @@ class FineWebQuality(QualityFilter):
     Params = FineWebParams
 
     def signals(self, table: pa.Table) -> dict[str, np.ndarray | pa.Array]:
-        p: FineWebParams = self.params  # type: ignore[assignment]
+        p: FineWebParams = self.params
         text = pc.fill_null(table.column("text"), "")
         all_lines = ts.split(text, "\n")
         nonblank = np.asarray(pc.invert(pc.equal(pc.utf8_trim_whitespace(all_lines.values), "")).to_numpy(zero_copy_only=False), dtype=bool)
@@ -61,7 +61,7 @@ class FineWebQuality(QualityFilter):
         }
 
     def rules(self, s: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
-        p: FineWebParams = self.params  # type: ignore[assignment]
+        p: FineWebParams = self.params
         rules = [("fineweb_empty", s["fineweb_lines"] == 0)]
         if p.line_punct_thr is not None:
             low = s["fineweb_line_punct_ratio"] < p.line_punct_thr

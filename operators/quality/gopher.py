@@ -43,7 +43,7 @@ class GopherQualityParams(FilterParams):
 
 
 @register
-class GopherQuality(QualityFilter):
+class GopherQuality(QualityFilter[GopherQualityParams]):
     """Gopher's document-quality heuristics: length, word length, symbols, bullets, alpha, stop words."""
 
     name = "gopher_quality"
@@ -51,7 +51,7 @@ class GopherQuality(QualityFilter):
     Params = GopherQualityParams
 
     def signals(self, table: pa.Table) -> dict[str, np.ndarray | pa.Array]:
-        p: GopherQualityParams = self.params  # type: ignore[assignment]
+        p: GopherQualityParams = self.params
         text = table.column("text")
         tokens = ts.words(text)
         trimmed = pc.utf8_trim(tokens.values, characters=ts.PUNCTUATION)
@@ -86,7 +86,7 @@ class GopherQuality(QualityFilter):
         }
 
     def rules(self, s: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
-        p: GopherQualityParams = self.params  # type: ignore[assignment]
+        p: GopherQualityParams = self.params
         rules: list[tuple[str, np.ndarray]] = []
 
         def rule(name: str, limit: float | None, failing: np.ndarray) -> None:
@@ -122,7 +122,7 @@ class GopherRepetitionParams(FilterParams):
 
 
 @register
-class GopherRepetition(QualityFilter):
+class GopherRepetition(QualityFilter[GopherRepetitionParams]):
     """Gopher's repetition rules: duplicate lines/paragraphs and repeated word n-grams."""
 
     name = "gopher_repetition"
@@ -130,7 +130,7 @@ class GopherRepetition(QualityFilter):
     Params = GopherRepetitionParams
 
     def signals(self, table: pa.Table) -> dict[str, np.ndarray | pa.Array]:
-        p: GopherRepetitionParams = self.params  # type: ignore[assignment]
+        p: GopherRepetitionParams = self.params
         text = table.column("text")
         chars = ts.to_numpy(pc.utf8_length(pc.fill_null(text, "")))
         paragraphs = ts.split(pc.utf8_trim_whitespace(pc.fill_null(text, "")), r"\n{2,}", regex=True)
@@ -153,7 +153,7 @@ class GopherRepetition(QualityFilter):
         return out
 
     def rules(self, s: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
-        p: GopherRepetitionParams = self.params  # type: ignore[assignment]
+        p: GopherRepetitionParams = self.params
         rules = [
             (name, s[f"gopher_{name}"] > limit)
             for name, limit in (("dup_para_frac", p.dup_para_frac), ("dup_para_char_frac", p.dup_para_char_frac),

@@ -84,7 +84,7 @@ def classify_texts(texts: list[str], *, candidates: tuple[str, ...] | None = Non
 
 
 @register
-class LanguageId(QualityFilter):
+class LanguageId(QualityFilter[LanguageParams]):
     """Annotate ``language`` and ``language_score``; drop languages outside ``allowed`` or low scores."""
 
     name = "language_id"
@@ -93,7 +93,7 @@ class LanguageId(QualityFilter):
     requires = (("langid", "langid>=1.1.6"),)
 
     def signals(self, table: pa.Table) -> dict[str, np.ndarray | pa.Array]:
-        p: LanguageParams = self.params  # type: ignore[assignment]
+        p: LanguageParams = self.params
         heads = pc.utf8_slice_codeunits(pc.fill_null(table.column("text"), ""), 0, p.max_chars).to_pylist()
         results = classify_texts(heads, candidates=tuple(p.candidates) if p.candidates else None)
         return {
@@ -102,7 +102,7 @@ class LanguageId(QualityFilter):
         }
 
     def process(self, table: pa.Table) -> pa.Table:
-        p: LanguageParams = self.params  # type: ignore[assignment]
+        p: LanguageParams = self.params
         signals = self.signals(table)
         from datahub.operator import add_quality_signals
 

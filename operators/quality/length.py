@@ -20,7 +20,7 @@ class LengthParams(FilterParams):
 
 
 @register
-class LengthFilter(QualityFilter):
+class LengthFilter(QualityFilter[LengthParams]):
     """Record ``length_chars``/``length_words``; drop documents outside the configured bounds."""
 
     name = "length_filter"
@@ -35,7 +35,7 @@ class LengthFilter(QualityFilter):
         }
 
     def rules(self, s: dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
-        p: LengthParams = self.params  # type: ignore[assignment]
+        p: LengthParams = self.params
         bounds = [("too_few_chars", p.min_chars, s["length_chars"] < (p.min_chars or 0)),
                   ("too_many_chars", p.max_chars, s["length_chars"] > (p.max_chars or np.inf)),
                   ("too_few_words", p.min_words, s["length_words"] < (p.min_words or 0)),

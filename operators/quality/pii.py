@@ -51,7 +51,7 @@ class PiiParams(Params):
 
 
 @register
-class RedactPii(BatchOperator):
+class RedactPii(BatchOperator[PiiParams]):
     """Replace e-mails, IP addresses and phone numbers in ``text``; count them per sample."""
 
     name = "redact_pii"
@@ -60,7 +60,7 @@ class RedactPii(BatchOperator):
     annotates = True
 
     def process(self, table: pa.Table) -> pa.Table:
-        p: PiiParams = self.params  # type: ignore[assignment]
+        p: PiiParams = self.params
         text = pc.fill_null(table.column("text"), "")
         counts: dict[str, np.ndarray] = {}
         # Order matters: e-mails first (they may contain digits), IPv6 before IPv4 (::ffff:1.2.3.4).

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 import typer
 
 from datahub.cli.output import console, print_json
+
+if TYPE_CHECKING:
+    from datahub.lake.lake import Lake
+    from datahub.release.merge_dedup import DedupMode
+    from datahub.release.records import Release
 
 LAKE = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix.")
 
@@ -20,13 +25,13 @@ class DedupChoice(str, Enum):
     none = "none"
 
 
-def _lake(root: str):  # type: ignore[no-untyped-def]
+def _lake(root: str) -> Lake:
     from datahub.cli.lake_option import open_lake  # a root, or a lake YAML with storage options
 
     return open_lake(root)
 
 
-def _print_release(release, *, title: str | None = None) -> None:  # type: ignore[no-untyped-def]
+def _print_release(release: Release, *, title: str | None = None) -> None:
     out = console()
     if title:
         out.print(title)
@@ -153,8 +158,8 @@ def register(app: typer.Typer) -> None:
         """Combine releases into a new frozen one (deduplicated, optionally weighted)."""
         from datahub.release import merge_releases, parse_weights
 
-        mode = "none" if no_dedup else dedup.value
-        release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=mode,  # type: ignore[arg-type]
+        mode = cast("DedupMode", "none" if no_dedup else dedup.value)  # DedupChoice lists the modes
+        release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=mode,
                                  threshold=threshold, verify=verify, seed=seed)
         if as_json:
             print_json(release.as_dict())

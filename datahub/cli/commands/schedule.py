@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, cast
 
 import typer
 
@@ -27,9 +27,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the written files as JSON."),
     ) -> None:
         """Write one CronJob manifest (concurrencyPolicy Forbid) or Airflow DAG per job; each calls `datahub run`."""
-        from datahub.schedule.render import render_jobs
+        from datahub.schedule.render import Target, render_jobs
 
-        written = render_jobs([str(j) for j in jobs], target=target, out=out, image=image, lake=lake,  # type: ignore[arg-type]
+        written = render_jobs([str(j) for j in jobs], target=cast(Target, target), out=out, image=image, lake=lake,
                               jobs_dir=jobs_dir, namespace=namespace)
         if as_json:
             print_json([{"job": w.job, "target": w.target, "path": str(w.path)} for w in written])

@@ -112,16 +112,17 @@ class ApplyChain:
             yield conform(from_spark_side(pa.Table.from_batches([batch])), self.input_schema)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        spark_output = spark_side_schema(self.output_schema) if self.output_schema is not None else None
+        output = self.output_schema
+        spark_output = spark_side_schema(output) if output is not None else None
         for batch in batches:
             for table in self._tables(batch):
                 for fn in self.fns:
                     table = fn(table)
-                if spark_output is None:
+                if output is None or spark_output is None:
                     yield _ipc_batch(encode(table))
                 elif table.num_rows:
                     try:
-                        typed = conform(conform(table, self.output_schema), spark_compatible_schema(self.output_schema))  # type: ignore[arg-type]
+                        typed = conform(conform(table, output), spark_compatible_schema(output))
                         typed = typed.rename_columns(spark_output.names)
                     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
                         raise TypeError(
