@@ -87,6 +87,16 @@ def _render(lake: Lake, data: ReportData, report: Report) -> str:
             parts.append(f"<img id='plot-{key}' src='{report.plots[key].name}' alt='{esc(title)}'>")
         else:
             parts.append(f"<p class='note' id='note-{key}'>{esc(report.notes[key])}</p>")
+    parts.append("<h2 id='quarantine'>Quarantine</h2>")
+    if data.quarantine:
+        parts.append(f"<p>{sum(data.quarantine.values())} records quarantined by the runs that wrote this table; "
+                     f"examples: <code>datahub quarantine --lake {esc(lake.root)}</code></p>")
+        parts.append("<table><tr><th>reason</th><th>records</th></tr>")
+        for reason, n in data.quarantine.most_common():
+            parts.append(f"<tr><td>{esc(str(reason))}</td><td>{n}</td></tr>")
+        parts.append("</table>")
+    else:
+        parts.append("<p class='note' id='note-quarantine'>no record was quarantined by the runs that wrote this table</p>")
     parts.append("<h2 id='qa'>QA suites</h2>")
     if data.qa:
         parts.append("<table><tr><th>suite</th><th>result</th><th>failed expectations</th></tr>")

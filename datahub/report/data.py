@@ -25,6 +25,7 @@ class ReportData:
     drops: Counter[tuple[str, str]] = field(default_factory=Counter)  # (op, reason) -> n
     cluster_sizes: list[int] = field(default_factory=list)
     qa: list[Any] = field(default_factory=list)
+    quarantine: Counter[str] = field(default_factory=Counter)  # reason -> records, of the runs that wrote the table
 
 
 BATCH_ROWS = 16_384
@@ -75,6 +76,9 @@ def collect(lake: Lake, *, table: str = "samples", version: int | None = None) -
             data.drops.update(zip(batch.column("op").to_pylist(), batch.column("reason").to_pylist()))
             _count_clusters(batch.column("ref").to_pylist(), members)
         data.cluster_sizes = sorted(n + 1 for n in members.values())
+    if lake.exists("quarantine") and run_ids:
+        reasons = lake.read("quarantine", columns=["reason"], filters=pc.field("run_id").isin(sorted(run_ids)))
+        data.quarantine.update(reasons.column("reason").to_pylist())
     from datahub.qa import results_for
 
     data.qa = results_for(lake, table=table, version=version)
