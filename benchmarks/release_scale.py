@@ -1,0 +1,165 @@
+"""Post-lake stages at two release sizes, 4x apart: peak memory of each command's whole process tree.
+
+Builds two lakes of generated ~5 KB documents (S and L = 4 x S bytes of text), each with two releases
+(``half``: the first half of the rows, ``full``: all of them), then runs the CLI a user runs, one command at a
+time, sampling the summed PSS of its process tree (``benchmarks/_procmem.py``):
+release create, qa, report, export (this process, then Ray with 2 workers, to another tier), tier apply (a copy
+to a third tier), release diff, release redact, release merge (half + full, exact dedup).
+
+Prints per command the peak on S and L and their ratio, then ``rss_growth_max: X`` (the largest L/S ratio),
+``export_mb_s`` for the local and the Ray export on L, and ``export_vs_copy: Y`` = local export throughput /
+a plain ``cp -r`` of the produced shard bytes to the same tier (a local directory here).
+
+    .venv/bin/python benchmarks/release_scale.py --small-mb 100 --shard-size 32MB
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from _procmem import run_measured  # noqa: E402
+
+DOC_BYTES = 5000
+CHUNK_DOCS = 5000
+
+
+def _words(rng: np.random.Generator, count: int) -> np.ndarray:
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
+    lengths = rng.integers(2, 10, count)
+    return np.array([letters[rng.integers(0, 26, n)].tobytes().decode() for n in lengths])
+
+
+def _chunk(rng: np.random.Generator, vocabulary: np.ndarray, start: int, count: int) -> pa.Table:
+    """``count`` documents of about DOC_BYTES: Zipf-ish draws from the vocabulary (no two documents equal)."""
+    ranks = np.minimum(rng.zipf(1.2, size=(count, DOC_BYTES // 6)), len(vocabulary)) - 1
+    texts = [f"document {start + i}. " + " ".join(vocabulary[row].tolist()) for i, row in enumerate(ranks)]
+    ids = [hashlib.sha256(t.encode()).hexdigest()[:32] for t in texts]
+    n = len(texts)
+    quality = pa.StructArray.from_arrays(
+        [pa.array(["en"] * n), pa.array(rng.uniform(0.8, 1.0, n)), pa.array(rng.uniform(0.85, 1.0, n)),
+         pa.array(rng.uniform(4, 6, n)), pa.array(rng.uniform(0, 0.05, n)), pa.array(rng.uniform(0.2, 0.5, n))],
+        names=["language", "language_score", "gopher_alpha_words_ratio", "gopher_mean_word_length",
+               "gopher_dup_line_frac", "fineweb_line_punct_ratio"])
+    return pa.table({
+        "sample_id": ids, "text": texts,
+        "source_uri": [f"file:///corpus/part-{(start + i) % 16:02d}.jsonl" for i in range(n)],
+        "source_offset": pa.array(np.arange(start, start + n), pa.int64()),
+        "ingest_run_id": ["bench-ingest"] * n,
+        "meta": [json.dumps({"n": start + i}) for i in range(n)],
+        "quality": quality,
+    })
+
+
+def build_lake(root: Path, documents: int) -> None:
+    """samples v0: the first half of the documents, v1: all of them (two commits, streamed in chunks)."""
+    from datahub.lake import Lake
+
+    lake = Lake(root)
+    rng = np.random.default_rng(7)
+    vocabulary = _words(rng, 30_000)
+    half = documents // 2
+    for txn, (begin, end) in (("bench/half", (0, half)), ("bench/rest", (half, documents))):
+        chunks = (_chunk(np.random.default_rng(s), vocabulary, s, min(CHUNK_DOCS, end - s))
+                  for s in range(begin, end, CHUNK_DOCS))
+        lake.commit("samples", chunks, txn=txn)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--small-mb", type=float, default=100, help="text of the small lake (MB); the large is 4x")
+    parser.add_argument("--shard-size", default="32MB")
+    parser.add_argument("--skip-ray", action="store_true")
+    args = parser.parse_args()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+    datahub = str(Path(sys.executable).parent / "datahub")
+    sizes = {"S": int(args.small_mb * 1e6 / DOC_BYTES), "L": int(4 * args.small_mb * 1e6 / DOC_BYTES)}
+    peaks: dict[str, dict[str, float]] = {}
+    export_mb_s: dict[str, float] = {}
+    export_vs_copy = None
+    with tempfile.TemporaryDirectory(prefix="datahub-bench-release-scale-") as tmp:
+        for label, documents in sizes.items():
+            work = Path(tmp) / label
+            started = time.perf_counter()
+            script = ("import sys; sys.path.insert(0, {!r}); from release_scale import build_lake; "
+                      "from pathlib import Path; build_lake(Path({!r}), {}); import os; os._exit(0)"
+                      ).format(str(REPO / "benchmarks"), str(work / "lake"), documents)
+            subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=str(REPO))
+            print(f"{label}: {documents:,} documents (~{documents * DOC_BYTES / 1e6:,.0f} MB of text) built in "
+                  f"{time.perf_counter() - started:.0f} s", flush=True)
+            storage = work / "storage.yaml"
+            storage.write_text(json.dumps({"tiers": {t: {"kind": "cfs", "path": str(work / t)}
+                                                     for t in ("cfs", "cfs2", "cfs3")}}))
+            lake = str(work / "lake")
+            (work / "ids.txt").write_text("")
+            commands: list[tuple[str, list[str]]] = [
+                ("release create", ["release", "create", "half", "--lake", lake, "--version", "0"]),
+                ("release create", ["release", "create", "full", "--lake", lake, "--version", "1"]),
+                ("qa", ["qa", "--lake", lake, "--version", "1", "--no-record"]),
+                ("report", ["report", "--lake", lake, "--out", str(work / "report"), "--version", "1"]),
+                ("export", ["export", "full", "--lake", lake, "--tier", "cfs", "--storage", str(storage),
+                            "--shard-size", args.shard_size]),
+            ]
+            if not args.skip_ray:
+                commands.append(("export ray", ["export", "full", "--lake", lake, "--tier", "cfs2", "--storage",
+                                                str(storage), "--shard-size", args.shard_size, "--engine", "ray",
+                                                "--workers", "2"]))
+            commands += [
+                ("tier apply", ["tier", "apply", "--lake", lake, "--storage", str(storage), "--release", "full",
+                                "--tiers", "cfs,cfs2,cfs3" if not args.skip_ray else "cfs,cfs3"]),
+                ("release diff", ["release", "diff", "half", "full", "--lake", lake]),
+                ("release redact", ["release", "redact", "redacted", "--from", "full", "--lake", lake,
+                                    "--source", "file:///corpus/part-03.jsonl", "--reason", "benchmark take-down"]),
+                ("release merge", ["release", "merge", "merged", "--from", "half", "--from", "full", "--lake", lake]),
+            ]
+            for name, command in commands:
+                measured = run_measured([datahub, *command], env=env, cwd=str(REPO))
+                if measured.returncode != 0:
+                    raise SystemExit(f"{label}: datahub {' '.join(command)} failed ({measured.returncode}):\n"
+                                     f"{measured.stdout[-2000:]}\n{measured.stderr[-3000:]}")
+                key = name if name != "release create" else "release create"
+                peaks.setdefault(key, {})[label] = max(peaks.get(key, {}).get(label, 0.0), measured.peak_mb)
+                print(f"  {label} {name:<15} wall {measured.wall_s:7.1f} s  peak PSS {measured.peak_mb:8.1f} MB",
+                      flush=True)
+                if name.startswith("export") and label == "L":
+                    tier = work / ("cfs" if name == "export" else "cfs2") / "full"
+                    shard_bytes = sum(p.stat().st_size for p in tier.glob("*.tar"))
+                    export_mb_s["local" if name == "export" else "ray"] = shard_bytes / measured.wall_s / 1e6
+                    if name == "export":
+                        started = time.perf_counter()
+                        subprocess.run(["cp", "-r", str(tier), str(work / "cfs" / "plain-copy")], check=True)
+                        subprocess.run(["sync"], check=False)
+                        copy_mb_s = shard_bytes / (time.perf_counter() - started) / 1e6
+                        export_vs_copy = export_mb_s["local"] / copy_mb_s
+                        print(f"  L cp -r of {shard_bytes / 1e6:.0f} MB of shards: {copy_mb_s:.1f} MB/s", flush=True)
+            shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(f"{'command':<16}{'S peak MB':>11}{'L peak MB':>11}{'L/S':>7}")
+    growth = {}
+    for name, by_size in peaks.items():
+        growth[name] = by_size["L"] / by_size["S"]
+        print(f"{name:<16}{by_size['S']:>11.0f}{by_size['L']:>11.0f}{growth[name]:>7.2f}")
+    for engine, rate in export_mb_s.items():
+        print(f"export_mb_s_{engine}: {rate:.1f}")
+    if export_vs_copy is not None:
+        print(f"export_vs_copy: {export_vs_copy:.2f}")
+    print(f"rss_growth_max: {max(growth.values()):.2f} ({max(growth, key=lambda k: growth[k])})")
+
+
+if __name__ == "__main__":
+    main()
