@@ -5,6 +5,14 @@ happens with probability ``1 - (1 - s**rows)**bands`` (Leskovec et al., Mining o
 Datasets, ch. 3). ``optimal_bands`` picks ``(bands, rows)`` as datasketch's
 ``MinHashLSH._optimal_param`` does: minimize the weighted false-positive and false-negative
 areas under that curve, integrated over [0, threshold] and [threshold, 1].
+
+That balance suits unverified LSH, where every candidate is a removal. When candidates are
+verified by exact Jaccard (``verify: true``) a false positive costs one set comparison, not
+a wrong removal, while a false negative is a duplicate kept for good: ``recall_bands``
+picks, among the ``(bands, rows)`` whose candidate probability at the threshold reaches a
+recall target (0.99 by default), the one with the fewest false-positive candidates (the
+smallest false-positive area). At threshold 0.8 and 128 permutations that is 16 x 6
+(P = 0.992 at Jaccard 0.8) instead of the balanced 9 x 13 (P = 0.40).
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ def optimal_bands(
         raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     if abs(false_positive_weight + false_negative_weight - 1.0) > 1e-9:
         raise ValueError("false_positive_weight + false_negative_weight must be 1")
-    pairs = np.array([(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)], dtype=float)
+    pairs = _pairs(num_perm)
     bands, rows = pairs[:, :1], pairs[:, 1:]
     below = np.linspace(0.0, threshold, _INTEGRATION_POINTS)[None, :]
     above = np.linspace(threshold, 1.0, _INTEGRATION_POINTS)[None, :]
@@ -45,6 +53,34 @@ def optimal_bands(
     false_negative = _integrate((1 - above**rows) ** bands, threshold, 1.0)
     error = false_positive * false_positive_weight + false_negative * false_negative_weight
     best = int(np.argmin(error))  # first minimum, the same scan order as datasketch
+    return int(pairs[best, 0]), int(pairs[best, 1])
+
+
+def _pairs(num_perm: int) -> np.ndarray:
+    return np.array([(b, r) for b in range(1, num_perm + 1) for r in range(1, num_perm // b + 1)], dtype=float)
+
+
+def recall_bands(threshold: float, num_perm: int, *, recall: float = 0.99) -> tuple[int, int]:
+    """``(bands, rows)`` with candidate probability ``>= recall`` at ``threshold`` and, among those,
+    the smallest false-positive area below it (fewest candidates to verify).
+
+    If no split of ``num_perm`` reaches ``recall`` (few permutations, low threshold), the one with
+    the highest candidate probability at the threshold.
+    """
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    if not 0.0 < recall < 1.0:
+        raise ValueError(f"recall must be in (0, 1), got {recall}")
+    pairs = _pairs(num_perm)
+    bands, rows = pairs[:, :1], pairs[:, 1:]
+    at_threshold = (1 - (1 - threshold**rows) ** bands).ravel()
+    below = np.linspace(0.0, threshold, _INTEGRATION_POINTS)[None, :]
+    false_positive = _integrate(1 - (1 - below**rows) ** bands, 0.0, threshold)
+    reaching = at_threshold >= recall
+    if not reaching.any():
+        best = int(np.argmax(at_threshold))
+    else:
+        best = int(np.argmin(np.where(reaching, false_positive, np.inf)))
     return int(pairs[best, 0]), int(pairs[best, 1])
 
 

@@ -32,7 +32,6 @@ import pyarrow.dataset as ds
 from datahub.operator import GlobalOperator, OperatorContext, register
 from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, BandKeys, ExplodeBandKeys, connected_components
 from operators.dedup.index import MINHASH_INDEX, read_index
-from operators.dedup.lsh import optimal_bands
 from operators.dedup.minhash import MinHasher
 from operators.dedup.params import MinhashDedupParams
 from operators.dedup.ranking import is_lake_rank, lake_ranks, rank_sample_ids, row_ranks
@@ -81,11 +80,7 @@ class MinhashDedup(GlobalOperator):
     def __init__(self, params: object = None) -> None:
         super().__init__(params)  # type: ignore[arg-type]
         p = self.params
-        if p.bands is not None and p.rows is not None:
-            self.bands, self.rows = p.bands, p.rows
-        else:
-            self.bands, self.rows = optimal_bands(p.threshold, p.num_perm, false_positive_weight=p.false_positive_weight,
-                                                  false_negative_weight=p.false_negative_weight)
+        self.bands, self.rows = p.lsh_bands()  # for recall when verify is on (params.MinhashDedupParams.lsh_bands)
         self.minhasher = MinHasher(num_perm=p.num_perm, seed=p.seed, scheme=p.scheme, shingle=p.shingle, ngram=p.ngram,
                                    normalization=p.normalization.build())
 

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from datahub.operator import Params
+from operators.dedup.lsh import optimal_bands, recall_bands
 from operators.dedup.normalize import Normalization
 
 
@@ -38,8 +39,8 @@ class MinhashDedupParams(DedupParams):
     shingle: Literal["word", "char"] = "word"
     ngram: int = Field(5, ge=1, le=64, description="n-gram length: words (default 5, as datatrove) or characters")
     num_perm: int = Field(128, ge=2, le=1024)
-    # Jaccard threshold for near duplicates; (bands, rows) follow from it as datasketch's
-    # MinHashLSH._optimal_param unless given. 0.8: NeMo Curator's and datasketch's common choice.
+    # Jaccard threshold for near duplicates; (bands, rows) follow from it unless given (``lsh_bands``).
+    # 0.8: NeMo Curator's and datasketch's common choice.
     threshold: float = Field(0.8, gt=0, le=1)
     bands: int | None = Field(None, ge=1)
     rows: int | None = Field(None, ge=1)
@@ -50,6 +51,9 @@ class MinhashDedupParams(DedupParams):
     seed: int = Field(1, ge=0, lt=2**32)
     scheme: Literal["affine32", "affine64"] = "affine32"
     verify: bool = Field(False, description="confirm LSH candidate pairs by exact shingle Jaccard >= threshold")
+    recall_target: float = Field(
+        0.99, gt=0, lt=1, description="with verify (and no bands/rows/weights given): (bands, rows) whose candidate "
+        "probability at the threshold is at least this, with the fewest false-positive candidates")
     max_iterations: int = Field(64, ge=1, le=1000)
 
     @model_validator(mode="after")
@@ -67,3 +71,15 @@ class MinhashDedupParams(DedupParams):
                 "lower them or raise num_perm"
             )
         return self
+
+    def lsh_bands(self) -> tuple[int, int]:
+        """``(bands, rows)``: as given; else, with ``verify``, for recall (``lsh.recall_bands``: verification
+        removes the false positives, so only missed pairs cost); else balanced as datasketch's
+        ``MinHashLSH._optimal_param`` (``lsh.optimal_bands`` with the two weights)."""
+        if self.bands is not None and self.rows is not None:
+            return self.bands, self.rows
+        weights_given = {"false_positive_weight", "false_negative_weight"} & self.model_fields_set
+        if self.verify and not weights_given:
+            return recall_bands(self.threshold, self.num_perm, recall=self.recall_target)
+        return optimal_bands(self.threshold, self.num_perm, false_positive_weight=self.false_positive_weight,
+                             false_negative_weight=self.false_negative_weight)
