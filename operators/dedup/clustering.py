@@ -23,8 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.operator import Operator
 from operators.dedup.lsh import band_keys
 from operators.dedup.minhash import MinHasher
+from operators.dedup.steps import Select, SharedKeys, join_small
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
@@ -98,17 +100,6 @@ class BandEdges(BandKeys):
         return ExplodeBandKeys()(super().__call__(table))
 
 
-@dataclass(frozen=True)
-class _Select:
-    columns: tuple[str, ...]
-    renames: tuple[tuple[str, str], ...] = ()
-
-    def __call__(self, table: pa.Table) -> pa.Table:
-        table = table.select(list(self.columns))
-        mapping = dict(self.renames)
-        return table.rename_columns([mapping.get(c, c) for c in table.column_names])
-
-
 class _SelfLabel:
     def __call__(self, table: pa.Table) -> pa.Table:
         ids = table.column(SAMPLE_ID)
@@ -136,11 +127,9 @@ def connected_components(edges: Frame, *, max_iterations: int = 64) -> Frame:
     ``edges`` is read twice (key counts, then the shared keys' edges): pass a materialized
     frame, or one that is cheaper to recompute than to hold (signatures of documents in memory).
     """
-    from operators.dedup.steps import SharedKeys, join_small
-
     # Most band keys belong to one document: count members on the keys alone (8 bytes a row
     # through the shuffle), then keep the edges of shared keys, a small share, by broadcast.
-    shared = edges.map_batches(_Select((BAND_KEY,)), name="dedup.band_keys").groupby_agg(
+    shared = edges.map_batches(Select((BAND_KEY,)), name="dedup.band_keys").groupby_agg(
         [BAND_KEY], {"members": (BAND_KEY, "count")}, having=SharedKeys(BAND_KEY, "members")).materialize()
     edges = join_small(edges, shared, on=[BAND_KEY], how="inner", name="dedup.shared_edges").materialize()
     nodes = edges.groupby_agg([SAMPLE_ID], {"degree": (BAND_KEY, "count")})
@@ -150,16 +139,16 @@ def connected_components(edges: Frame, *, max_iterations: int = 64) -> Frame:
         proposed = edges.join(band_label, on=[BAND_KEY]).groupby_agg([SAMPLE_ID], {"label": ("band_label", "min")})
         proposed = proposed.materialize()
         label_of_label = proposed.map_batches(
-            _Select((SAMPLE_ID, "label"), (("label", "label_of_label"), (SAMPLE_ID, "label"))), name="dedup.label_of_label"
+            Select((SAMPLE_ID, "label"), (("label", "label_of_label"), (SAMPLE_ID, "label"))), name="dedup.label_of_label"
         )
         # Join on the proposed label: rename the proposal's own id to avoid a name clash.
         jumped = proposed.join(label_of_label, on=["label"], how="left").map_batches(_Jump(), name="dedup.jump")
         jumped = jumped.materialize()
-        old = labels.map_batches(_Select((SAMPLE_ID, "label"), (("label", "old_label"),)), name="dedup.old_labels")
+        old = labels.map_batches(Select((SAMPLE_ID, "label"), (("label", "old_label"),)), name="dedup.old_labels")
         changed = jumped.join(old, on=[SAMPLE_ID]).map_batches(_Changed(), name="dedup.changed").count()
         labels = jumped
         if changed == 0:
-            return labels.map_batches(_Select((SAMPLE_ID, "label"), (("label", CLUSTER_ID),)), name="dedup.components")
+            return labels.map_batches(Select((SAMPLE_ID, "label"), (("label", CLUSTER_ID),)), name="dedup.components")
     raise ConvergenceError(
         f"connected components did not converge in {max_iterations} rounds; raise max_iterations "
         "(pointer jumping makes this rare: check for a degenerate band key shared by very many documents)"
@@ -209,8 +198,6 @@ class MarkDuplicates:
     reason: str = "near_duplicate"
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        from datahub.operator import Operator
-
         keeper = table.column(KEEPER)
         mask = pc.fill_null(pc.not_equal(table.column(SAMPLE_ID), keeper), False)
         # sample ids are hex digests: no JSON escaping needed, so build the strings vectorized.
@@ -237,5 +224,5 @@ def near_duplicate_clusters(
     components = connected_components(edges, max_iterations=max_iterations)
     scores = None
     if use_quality_score:
-        scores = documents.map_batches(_Select((SAMPLE_ID, QUALITY_SCORE)), name="dedup.quality_scores")
+        scores = documents.map_batches(Select((SAMPLE_ID, QUALITY_SCORE)), name="dedup.quality_scores")
     return choose_keepers(components, scores)

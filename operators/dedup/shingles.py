@@ -192,14 +192,8 @@ class ShingleHasher:
         return self._combine_windows(token_hashes, token_offsets, n)
 
     def _combine_windows(self, token_hashes: np.ndarray, token_offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-        token_counts = np.diff(token_offsets)
-        shingle_counts = np.where(token_counts >= n, token_counts - n + 1, np.minimum(token_counts, 1))
-        shingle_offsets = np.zeros(len(token_counts) + 1, dtype=np.int64)
-        np.cumsum(shingle_counts, out=shingle_offsets[1:])
-        total = int(shingle_offsets[-1])
-        # Global index of each shingle's first token.
-        first = np.arange(total, dtype=np.int64)
-        first += np.repeat(token_offsets[:-1] - shingle_offsets[:-1], shingle_counts)
+        token_counts, shingle_counts, shingle_offsets, first = _shingle_starts(token_offsets, n)
+        total = len(first)
         padded = np.concatenate([token_hashes, np.zeros(n, np.uint64)])
         # Every window of n consecutive tokens, by shifted slices (no gathers), then the shingles' windows.
         count = len(token_hashes)
@@ -224,13 +218,7 @@ class ShingleHasher:
         n = self.ngram
         char_starts = np.flatnonzero((data & 0xC0) != 0x80)
         char_offsets = np.searchsorted(char_starts, offsets, side="left").astype(np.int64)
-        char_counts = np.diff(char_offsets)
-        shingle_counts = np.where(char_counts >= n, char_counts - n + 1, np.minimum(char_counts, 1))
-        shingle_offsets = np.zeros(len(char_counts) + 1, dtype=np.int64)
-        np.cumsum(shingle_counts, out=shingle_offsets[1:])
-        total = int(shingle_offsets[-1])
-        first = np.arange(total, dtype=np.int64)
-        first += np.repeat(char_offsets[:-1] - shingle_offsets[:-1], shingle_counts)
+        _, shingle_counts, shingle_offsets, first = _shingle_starts(char_offsets, n)
         # End of a shingle = start of char first+n, or the document's end.
         boundaries = np.concatenate([char_starts, [len(data)]])
         doc_end_char = np.repeat(char_offsets[1:], shingle_counts)
@@ -278,3 +266,15 @@ def reference_shingle_hash(shingle: bytes, *, kind: ShingleKind = "word") -> int
 
 def reference_shingle_hashes(text: str, *, kind: ShingleKind = "word", ngram: int = 5) -> list[int]:
     return [reference_shingle_hash(s, kind=kind) for s in reference_shingles(text, kind=kind, ngram=ngram)]
+
+
+def _shingle_starts(unit_offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per document of ``unit_offsets`` (tokens or characters): its unit count, its shingle count (windows of
+    ``n`` units; one for a document of fewer), the shingle offsets, and each shingle's first unit (global)."""
+    unit_counts = np.diff(unit_offsets)
+    shingle_counts = np.where(unit_counts >= n, unit_counts - n + 1, np.minimum(unit_counts, 1))
+    shingle_offsets = np.zeros(len(unit_counts) + 1, dtype=np.int64)
+    np.cumsum(shingle_counts, out=shingle_offsets[1:])
+    first = np.arange(int(shingle_offsets[-1]), dtype=np.int64)
+    first += np.repeat(unit_offsets[:-1] - shingle_offsets[:-1], shingle_counts)
+    return unit_counts, shingle_counts, shingle_offsets, first
