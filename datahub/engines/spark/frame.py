@@ -42,6 +42,7 @@ class SparkFrame(Frame):
         fns: tuple[BatchFn, ...] = (),
         name: str = "map",
         parents: tuple[SparkFrame, ...] = (),
+        union_of: tuple[SparkFrame, ...] = (),
     ) -> None:
         if not encoded and schema is None:
             raise ValueError("a typed-rows SparkFrame needs its Arrow schema")
@@ -52,6 +53,7 @@ class SparkFrame(Frame):
         self.fns = fns
         self.name = name
         self._parents = parents  # keeps persisted upstream data alive while this frame exists
+        self._union_of = union_of  # df is the union of these frames' blobs: their schemas type it when empty
         self._known: tuple[DataFrame, pa.Schema] | None = None
         self._rows: DataFrame | None = None
         if encoded and not fns and schema is not None:
@@ -97,9 +99,12 @@ class SparkFrame(Frame):
         return self._known
 
     def _empty_output_schema(self) -> pa.Schema:
-        if self._schema is None:  # blobs of unknown schema and no rows: nothing to ask
+        base = self._schema
+        if base is None and self._union_of:  # an empty union (no duplicates found): its sides know their columns
+            base = unify([side.schema for side in self._union_of])
+        if base is None:  # blobs of unknown schema and no rows: nothing to ask
             return pa.schema([])
-        table = self._schema.empty_table()
+        table = base.empty_table()
         for fn in self.fns:
             table = fn(table)
         return table.schema
@@ -127,7 +132,8 @@ class SparkFrame(Frame):
         if self._known is not None and self.fns:  # start a new chain on the discovered blobs
             blobs, schema = self._known
             return SparkFrame(self.session, blobs, schema=schema, encoded=True, fns=(fn,), name=name, parents=(self,))
-        return SparkFrame(self.session, self.df, schema=self._schema, encoded=self.encoded, fns=self.fns + (fn,), name=name, parents=(self,))
+        return SparkFrame(self.session, self.df, schema=self._schema, encoded=self.encoded, fns=self.fns + (fn,), name=name,
+                          parents=(self,), union_of=self._union_of)
 
     def groupby_agg(self, keys: list[str], aggregations: dict[str, tuple[str, Aggregate]], *,
                     having: BatchFn | None = None) -> SparkFrame:
@@ -182,7 +188,7 @@ class SparkFrame(Frame):
         if self._known is not None and other._known is not None:
             schema = unify([self._known[1], other._known[1]])
         blobs = self._encoded_df().union(other._encoded_df())
-        return SparkFrame(self.session, blobs, schema=schema, encoded=True, parents=(self, other))
+        return SparkFrame(self.session, blobs, schema=schema, encoded=True, parents=(self, other), union_of=(self, other))
 
     def materialize(self) -> SparkFrame:
         if self._is_rows:
