@@ -57,19 +57,13 @@ def is_lake_file(ref: str) -> bool:
 
 def load_lake_spec(path: str | Path) -> Any:
     """The validated ``LakeSpec`` in a lake YAML (top level, or the ``lake:`` section of a job spec)."""
-    import yaml
     from pydantic import ValidationError
 
     from datahub.config.spec import LakeSpec, expand_env, format_validation_error
+    from datahub.config.yaml_file import read_yaml
 
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: lake file not found; --lake takes a lake root or a YAML with root: and "
-                        "storage_options:") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    raw = read_yaml(path, missing="lake file not found; --lake takes a lake root or a YAML with root: and storage_options:")
     if isinstance(raw, dict) and isinstance(raw.get("lake"), dict):
         raw = raw["lake"]  # a job spec (or any file with a lake: section)
     if not isinstance(raw, dict):

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import re
-from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from datahub.config.cron import validate_cron
 from datahub.config.suites import load_suite
+from datahub.config.yaml_file import read_yaml
 from datahub.errors import SpecError
 
 INGEST_NODE = "ingest"
@@ -222,16 +222,7 @@ def load_job_spec(path: str | os.PathLike[str], overrides: list[str] | None = No
     """Read, override, env-expand and validate a job spec (its models; ``datahub.pipeline.job`` also checks
     its graph and operators)."""
     source = os.fspath(path)
-    try:
-        text = Path(source).read_text()
-    except OSError as exc:
-        raise SpecError(f"{source}: cannot read job spec: {exc.strerror}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise SpecError(f"{source}:{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    raw = read_yaml(source, missing="job spec not found; check the path (e.g. jobs/demo.yaml)")
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a job spec is a YAML mapping with name, lake, inputs and graph")
     raw = apply_overrides(raw, overrides or [], source=source)

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from datahub.config.spec import format_validation_error
+from datahub.config.yaml_file import read_yaml
 from datahub.errors import SpecError
 from datahub.storage.tier import Tier
 from datahub.storage.tier_spec import CephTier, CfsTier, HdfsTier, S3Credentials, TierSpec
@@ -103,11 +102,5 @@ def validate_storage_config(raw: dict[str, Any], *, source: str = "<storage>") -
 
 def load_storage_config(path: str | os.PathLike[str]) -> StorageConfig:
     """Read and validate a storage YAML (see schemas/storage.example.yaml)."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: storage config not found; pass --storage PATH (see schemas/storage.example.yaml)") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{path}: not valid YAML: {exc}") from None
-    return validate_storage_config(raw, source=str(path))
+    raw = read_yaml(path, missing="storage config not found; pass --storage PATH (see schemas/storage.example.yaml)")
+    return validate_storage_config(raw, source=os.fspath(path))
