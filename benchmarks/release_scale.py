@@ -37,6 +37,10 @@ from _procmem import run_measured  # noqa: E402
 
 DOC_BYTES = 5000
 CHUNK_DOCS = 5000
+# Parquet row groups of the generated lakes: a reader decodes a whole row group's column chunk, so both lakes get
+# the same (the lake's default for streamed commits is 32,768 rows, ~160 MB of 5 KB texts; a small lake's commits
+# would make smaller ones and flatter the growth ratio)
+ROW_GROUP_ROWS = 4096
 
 
 def _words(rng: np.random.Generator, count: int) -> np.ndarray:
@@ -77,7 +81,7 @@ def build_lake(root: Path, documents: int) -> None:
     for txn, (begin, end) in (("bench/half", (0, half)), ("bench/rest", (half, documents))):
         chunks = (_chunk(np.random.default_rng(s), vocabulary, s, min(CHUNK_DOCS, end - s))
                   for s in range(begin, end, CHUNK_DOCS))
-        lake.commit("samples", chunks, txn=txn)
+        lake.commit("samples", chunks, txn=txn, row_group_rows=ROW_GROUP_ROWS)
 
 
 def main() -> None:
@@ -85,8 +89,11 @@ def main() -> None:
     parser.add_argument("--small-mb", type=float, default=100, help="text of the small lake (MB); the large is 4x")
     parser.add_argument("--shard-size", default="32MB")
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--code", help="run the commands with datahub from this source tree (an older commit, "
+                                       "e.g. `git archive REV | tar -x -C DIR`): the 'before' figures")
     args = parser.parse_args()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
+    command_env = {**env, "PYTHONPATH": args.code} if args.code else env
     datahub = str(Path(sys.executable).parent / "datahub")
     sizes = {"S": int(args.small_mb * 1e6 / DOC_BYTES), "L": int(4 * args.small_mb * 1e6 / DOC_BYTES)}
     peaks: dict[str, dict[str, float]] = {}
@@ -98,7 +105,7 @@ def main() -> None:
             started = time.perf_counter()
             script = ("import sys; sys.path.insert(0, {!r}); from release_scale import build_lake; "
                       "from pathlib import Path; build_lake(Path({!r}), {}); import os; os._exit(0)"
-                      ).format(str(REPO / "benchmarks"), str(work / "lake"), documents)
+                      ).format(str(Path(__file__).resolve().parent), str(work / "lake"), documents)
             subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=str(REPO))
             print(f"{label}: {documents:,} documents (~{documents * DOC_BYTES / 1e6:,.0f} MB of text) built in "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
@@ -128,7 +135,7 @@ def main() -> None:
                 ("release merge", ["release", "merge", "merged", "--from", "half", "--from", "full", "--lake", lake]),
             ]
             for name, command in commands:
-                measured = run_measured([datahub, *command], env=env, cwd=str(REPO))
+                measured = run_measured([datahub, *command], env=command_env, cwd=str(REPO))
                 if measured.returncode != 0:
                     raise SystemExit(f"{label}: datahub {' '.join(command)} failed ({measured.returncode}):\n"
                                      f"{measured.stdout[-2000:]}\n{measured.stderr[-3000:]}")

@@ -30,7 +30,10 @@ from datahub.release.records import (
 )
 
 REDACT_OP = "release.redact@1"
-BATCH_ROWS = 8192
+BATCH_ROWS = 8192  # of ids and source_uri
+# whole rows: batches read and Parquet row groups written (delta-rs buffers a row group; 32k rows of 5 KB texts
+# would be 160 MB)
+ROW_BATCH_ROWS = 2048
 
 
 def read_ids_file(path: str) -> list[str]:
@@ -115,11 +118,11 @@ def redact(
                            reason=f"redacted: {reason}", ref=ref, ts=ts)
 
     def kept() -> Iterator[pa.Table]:  # pass 2: every column, streamed into the commit
-        for batch in dataset.to_batches(batch_size=BATCH_ROWS, batch_readahead=1, fragment_readahead=1):
+        for batch in dataset.to_batches(batch_size=ROW_BATCH_ROWS, batch_readahead=1, fragment_readahead=1):
             yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
 
     table = MATERIALIZED_PREFIX + new
-    lake.commit(table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema),
+    lake.commit(table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema), row_group_rows=ROW_BATCH_ROWS,
                 metadata={"datahub.release": new, "datahub.redact_reason": reason})
     version = int(lake.table(table).version())
     details = {"reason": reason, "removed": removed_rows, "removed_ids": sorted(removed_ids.to_pylist()),
