@@ -50,8 +50,8 @@ def test_export_to_ceph_then_move_to_cfs(tmp_path, ceph_s3, monkeypatch) -> None
 
 
 def test_lake_on_ceph_runs_a_job_exports_and_inspects(tmp_path, ceph_s3, job_spec, ray_engine, monkeypatch) -> None:
-    from datahub.cli.commands.inspect import inspect_lake
     from datahub.lake import Lake
+    from datahub.lake.describe import describe_lake
     from datahub.pipeline.run import run_job
 
     bucket = ceph_s3.new_bucket("lake")
@@ -59,7 +59,7 @@ def test_lake_on_ceph_runs_a_job_exports_and_inspects(tmp_path, ceph_s3, job_spe
     options = ceph_s3.storage_options()
     result = run_job(job_spec(lake={"root": root, "storage_options": options}), engine=ray_engine)
     assert result.status == "succeeded"
-    info = inspect_lake(root, storage_options=options)
+    info = describe_lake(Lake(root, storage_options=options))
     assert info["tables"]["samples"]["rows"] == result.counts["samples_written"] > 0
     assert {"samples", "lineage", "runs"} <= set(info["tables"])
 

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from datahub.cli.commands.runs import list_runs
 from datahub.config.spec import validate_job_spec
 from datahub.engines.arrow import ArrowEngine
 from datahub.errors import LakeError
 from datahub.lake import Lake
 from datahub.pipeline.faults import KILL_AT_ENV
+from datahub.pipeline.history import list_runs
 from datahub.pipeline.run import run_job
 from datahub.qa import run_for_job
 from tests.export.helpers import make_lake
@@ -77,7 +77,7 @@ def test_kill_then_rerun_matches_clean_run(point, corpus, clean, tmp_path, ray_e
     lake = Lake(lake_root)
     assert os.path.exists(lake_root / "_leases" / "crashjob.json"), "a killed run leaves its lease"
 
-    listed = list_runs(str(lake_root))
+    listed = list_runs(Lake(lake_root))
     if point != "after_commit:runs":
         interrupted = [r for r in listed if r["status"] == "interrupted"]
         assert len(interrupted) == 1 and interrupted[0]["run_id"] == clean_run_id
@@ -94,7 +94,7 @@ def test_kill_then_rerun_matches_clean_run(point, corpus, clean, tmp_path, ray_e
     for table in ("samples", "quarantine", "lineage", "runs"):
         assert data_commits(lake, table) == [clean_run_id], f"{table}: one data commit per run"
     assert not os.path.exists(lake_root / "_leases" / "crashjob.json"), "the re-run releases the lease"
-    assert [r["status"] for r in list_runs(str(lake_root))] == ["succeeded"]
+    assert [r["status"] for r in list_runs(Lake(lake_root))] == ["succeeded"]
 
 
 @pytest.mark.parametrize("point", ["after_commit:lineage"])
@@ -241,7 +241,7 @@ def test_dedup_job_killed_then_rerun_matches_clean_run(point, dedup_corpus, dedu
     job = write_job(tmp_path / "job.yaml", dedup_job(dedup_corpus, lake_root))
     killed = run_arrow(job, point)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    interrupted = [r for r in list_runs(str(lake_root)) if r["status"] == "interrupted"]
+    interrupted = [r for r in list_runs(Lake(lake_root)) if r["status"] == "interrupted"]
     assert [r["run_id"] for r in interrupted] == [clean_run_id]
 
     result = rerun(job, dedup_corpus, lake_root)
@@ -266,7 +266,7 @@ def test_new_input_between_kill_and_rerun(point, tmp_path):
     first = rerun(clean_job, corpus, clean_root)
     killed = run_arrow(job, point)
     assert killed.returncode == -getattr(signal, point.partition("@")[2] or "SIGKILL"), killed.stderr[-2000:]
-    assert [(r["run_id"], r["status"]) for r in list_runs(str(crash_root))] == [(first.run_id, "interrupted")]
+    assert [(r["run_id"], r["status"]) for r in list_runs(Lake(crash_root))] == [(first.run_id, "interrupted")]
 
     write_new_input(corpus)
     second = rerun(clean_job, corpus, clean_root)
@@ -326,7 +326,7 @@ def test_failed_run_leaves_its_plan_in_the_lease(corpus, tmp_path, ray_engine, m
     lease = read_lease(Lake(lake_root), spec.name)
     assert lease is not None and lease.is_stale() and lease.job_hash == spec.job_hash()
     assert sorted(uri for uri, _, _ in lease.inputs) == sorted(str(p) for p in corpus.glob("*.jsonl"))
-    assert [r["status"] for r in list_runs(str(lake_root))] == ["interrupted"]
+    assert [r["status"] for r in list_runs(Lake(lake_root))] == ["interrupted"]
     result = run_job(spec, engine=ray_engine)
     assert result.status == "succeeded" and result.run_id == lease.run_id
     assert read_lease(Lake(lake_root), spec.name) is None

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from datahub.cli.commands.runs import list_runs
 from datahub.config.spec import validate_job_spec
 from datahub.lake import Lake, add_actions
+from datahub.pipeline.history import list_runs
 from datahub.pipeline.run import run_job
 from tests.pipeline.corpus import job_raw, make_corpus, run_cli
 
@@ -28,7 +28,7 @@ def test_failed_run_then_resumed(tmp_path, ray_engine, monkeypatch):
     with pytest.raises(ValueError):
         run_job(spec, engine=ray_engine)
     monkeypatch.setattr(add_actions, "commit_files", real_commit)
-    failed = list_runs(str(lake_root))
+    failed = list_runs(Lake(lake_root))
     assert [r["status"] for r in failed] == ["failed"]
     assert "disk quota exceeded" in failed[0]["error"] and "re-run" in failed[0]["hint"]
 
@@ -73,7 +73,7 @@ def test_failed_cli_run_text_shows_status_error_and_the_exact_resume_command(tmp
 
     text = run_cli(["runs", str(lake_root)], env={"COLUMNS": "160"})
     assert text.returncode == 0, text.stderr
-    run_id = list_runs(str(lake_root))[0]["run_id"]
+    run_id = list_runs(Lake(lake_root))[0]["run_id"]
     lines = text.stdout.splitlines()
     detail = next(line for line in lines if line.startswith(f"{run_id} failed: "))
     assert "quarantine: the run's rows do not fit the table's schema" in detail
@@ -94,7 +94,7 @@ def test_failed_cli_run_text_shows_status_error_and_the_exact_resume_command(tmp
     ids = samples.column("sample_id").to_pylist()
     assert len(ids) == len(set(ids)) == 4 + 1 + 3  # no file of the failed run ingested twice
     assert sorted(set(samples.column("ingest_run_id").to_pylist())) == sorted([run_id, result["run_id"]])
-    statuses = [(i["run_id"], i["status"]) for i in list_runs(str(lake_root))]
+    statuses = [(i["run_id"], i["status"]) for i in list_runs(Lake(lake_root))]
     assert statuses == [(run_id, "failed (resumed)"), (run_id, "succeeded"), (result["run_id"], "succeeded")]
     again = run_cli(["runs", str(lake_root)], env={"COLUMNS": "160"})
     assert "fix the error above" not in again.stdout and "failed (resumed)" in again.stdout

@@ -10,37 +10,6 @@ from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json
 
 
-def inspect_lake(root: str, table: str | None = None, *, storage_options: dict[str, str] | None = None) -> dict:
-    """Describe a lake (every table) or one table: version, rows, files, schema, recent commits."""
-    from datahub.cli.lake_option import open_lake
-
-    lake = open_lake(root, storage_options=storage_options)
-    names = [table] if table else lake.tables()
-    out: dict = {"lake": lake.root, "tables": {}}
-    for name in names:
-        dt = lake.table(name)
-        actions = dt.get_add_actions(flatten=True)
-        rows = actions.column("num_records").to_pylist() if actions.num_rows else []
-        info = {
-            "version": dt.version(),
-            "rows": int(sum(r or 0 for r in rows)),
-            "files": actions.num_rows,
-            "schema_version": dt.metadata().configuration.get("datahub.schemaVersion"),
-            "partition_columns": dt.metadata().partition_columns,
-        }
-        if table:
-            import pyarrow as pa
-
-            info["schema"] = [{"name": f.name, "type": str(f.type)} for f in pa.schema(dt.schema().to_arrow())]
-            info["history"] = [
-                {"version": h.get("version"), "operation": h.get("operation"), "timestamp": h.get("timestamp"),
-                 "txn": h.get("datahub.txn")}
-                for h in dt.history(10)
-            ]
-        out["tables"][name] = info
-    return out
-
-
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect(
@@ -54,7 +23,10 @@ def register(app: typer.Typer) -> None:
 
         if lake is not None and lake_arg is not None and table is None:  # `inspect --lake L TABLE`
             lake_arg, table = None, lake_arg
-        info = inspect_lake(lake_ref(lake_arg, lake, command="inspect"), table)
+        from datahub.cli.lake_option import open_lake
+        from datahub.lake.describe import describe_lake
+
+        info = describe_lake(open_lake(lake_ref(lake_arg, lake, command="inspect")), table)
         if as_json:
             print_json(info)
             return
