@@ -1,9 +1,9 @@
 """Commit Parquet files that executors already wrote into a table's folder, as one Delta commit.
 
-The Spark path of DESIGN.md: executors write Parquet (``SparkFrame.write_parquet``), the
-driver commits the files with deltalake ``AddAction``s carrying the run's app transaction,
-so a re-run of the same ``txn`` is a no-op exactly like ``Lake.commit``. No delta-spark, no
-jars. Files of a crashed run that never got committed are unreferenced: no Delta reader sees
+Files written by workers (Spark's executors, any engine's tasks through ``datahub.engines.sink``;
+docs/design.md, Engines) are committed here, by the driver, as deltalake ``AddAction``s carrying the
+run's app transaction, so a re-run of the same ``txn`` is a no-op exactly like ``Lake.commit``. No
+delta-spark, no jars. Files of a crashed run that never got committed are unreferenced: no Delta reader sees
 them, and vacuum removes them.
 
 A commit never hides columns: ``create_write_transaction`` keeps the table's schema as it is,

@@ -1,6 +1,6 @@
 """The lake: one Delta table per name under one root (a local path or s3://...).
 
-Every write is one commit carrying an app transaction id (DESIGN.md): committing the same
+Every write is one commit carrying an app transaction id (docs/design.md, Contracts): committing the same
 ``txn`` to the same table again is a no-op, so a crashed run can be re-run safely.
 """
 

@@ -1,4 +1,4 @@
-"""Arrow schemas of the lake tables (the contracts in DESIGN.md). Versioned by SCHEMA_VERSION."""
+"""Arrow schemas of the lake tables (the contracts in docs/design.md). Versioned by SCHEMA_VERSION."""
 
 from __future__ import annotations
 
