@@ -6,18 +6,14 @@ Engine-neutral reference implementation of the Frame interface: global operators
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
 
 import pyarrow as pa
 
 from datahub.engines.base import Engine, ReadFn
 from datahub.engines.frame import Aggregate, BatchFn, Frame
 from datahub.engines.kernels import aggregate_table, join_tables
-
-if TYPE_CHECKING:
-    from operators.ingest.base import InputFile
-
 
 
 class ArrowFrame(Frame):
@@ -82,7 +78,7 @@ class ArrowEngine(Engine):
     def stop(self) -> None:
         return None
 
-    def read_files(self, files: list[InputFile], read: ReadFn) -> ArrowFrame:
+    def read_files(self, files: Sequence[Any], read: ReadFn) -> ArrowFrame:
         tables = [t for f in files for t in read(f) if t.num_rows]
         if not tables:
             return ArrowFrame(pa.table({}), batch_size=self.batch_size)

@@ -6,8 +6,8 @@ Only ``datahub/engines/`` imports ray or pyspark.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -16,9 +16,10 @@ from datahub.engines.sink import SplitFn, SplitWritten
 
 if TYPE_CHECKING:
     from datahub.lake.lake import Lake
-    from operators.ingest.base import InputFile
 
-ReadFn = Callable[["InputFile"], Iterator[pa.Table]]
+# How a task reads one input: a description the caller defines (the pipeline's ``InputFile``: uri, size, format,
+# storage options), picklable, turned into Arrow tables of one common schema. Engines never look inside it.
+ReadFn = Callable[[Any], Iterator[pa.Table]]
 
 
 class Engine(ABC):
@@ -38,8 +39,8 @@ class Engine(ABC):
     def stop(self) -> None: ...
 
     @abstractmethod
-    def read_files(self, files: list[InputFile], read: ReadFn) -> Frame:
-        """One task per file; ``read`` yields Arrow tables of one common schema."""
+    def read_files(self, files: Sequence[Any], read: ReadFn) -> Frame:
+        """One task per input file description; ``read`` yields Arrow tables of one common schema."""
 
     @abstractmethod
     def from_arrow(self, table: pa.Table) -> Frame: ...

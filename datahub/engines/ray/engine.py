@@ -6,7 +6,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     import ray.data
 
     from datahub.config.spec import EngineSpec
-    from operators.ingest.base import InputFile
 
 
 # glibc malloc keeps freed memory of a process for reuse: its mmap threshold rises to the largest block
@@ -202,7 +201,7 @@ class _NamedFn:
 
 
 class _ReadFiles:
-    def __init__(self, read: ReadFn, files: list[InputFile]) -> None:
+    def __init__(self, read: ReadFn, files: Sequence[Any]) -> None:
         self.read = read
         self.files = files
         self.__name__ = "ingest"
@@ -289,7 +288,7 @@ class RayEngine(Engine):
 
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
-    def read_files(self, files: list[InputFile], read: ReadFn) -> RayFrame:
+    def read_files(self, files: Sequence[Any], read: ReadFn) -> RayFrame:
         import ray.data
 
         index = ray.data.from_items([{"index": i} for i in range(len(files))], override_num_blocks=max(1, len(files)))

@@ -12,8 +12,8 @@ replacement of a job's rows is a delta-rs predicate overwrite, stream the sample
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
 
     from datahub.config.spec import EngineSpec
     from datahub.lake.lake import Lake
-    from operators.ingest.base import InputFile
 
 
 class SparkEngine(Engine):
@@ -74,7 +73,7 @@ class SparkEngine(Engine):
     def parallelism(self) -> int:
         return max(1, int(self.session.sparkContext.defaultParallelism))
 
-    def read_files(self, files: list[InputFile], read: ReadFn) -> SparkFrame:
+    def read_files(self, files: Sequence[Any], read: ReadFn) -> SparkFrame:
         """One Spark task per input file; rows leave the task as Arrow IPC blobs."""
         n = max(1, len(files))
         index = self.session.sparkContext.parallelize([(i,) for i in range(len(files))], numSlices=n)
