@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
+from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
 from datahub.release.digest import release_digest
 from datahub.release.records import RELEASES, RELEASES_TABLE, Release, get_release, release_exists
@@ -59,21 +60,8 @@ def _released_rows(name: str, sample_ids: pa.ChunkedArray | pa.Array, ts: dateti
     pairs = pa.table({"sample_id": sample_ids, "reason": reasons}).filter(pc.is_valid(sample_ids))
     pairs = pairs.group_by("sample_id", use_threads=False).aggregate([("reason", "first")])
     pairs = pairs.sort_by([("sample_id", "ascending")])  # file min/max stats narrow id lookups
-    ids = pairs.column("sample_id")
-    n = len(ids)
-    return pa.table(
-        {
-            "sample_id": ids,
-            "run_id": pa.array([release_txn(name)] * n, pa.string()),
-            "op": pa.array([RELEASE_OP] * n, pa.string()),
-            "params_hash": pa.nulls(n, pa.string()),
-            "action": pa.array(["released"] * n, pa.string()),
-            "reason": pairs.column("reason_first"),
-            "ref": pa.array([name] * n, pa.string()),
-            "ts": pa.array([ts] * n, pa.timestamp("us", tz="UTC")),
-        },
-        schema=LINEAGE,
-    )
+    return lineage_rows(pairs.column("sample_id"), run_id=release_txn(name), op=RELEASE_OP, action="released",
+                        reason=pairs.column("reason_first"), ref=name, ts=ts, sort=False)
 
 
 def freeze(
