@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from datahub.errors import SpecError
 
 if TYPE_CHECKING:
+    from datahub.config.spec import LakeSpec
     from datahub.lake.lake import Lake
 
 LAKE_FILE_SUFFIXES = (".yaml", ".yml")
@@ -55,7 +56,7 @@ def is_lake_file(ref: str) -> bool:
     return "://" not in ref and ref.endswith(LAKE_FILE_SUFFIXES)
 
 
-def load_lake_spec(path: str | Path) -> Any:
+def load_lake_spec(path: str | Path) -> LakeSpec:
     """The validated ``LakeSpec`` in a lake YAML (top level, or the ``lake:`` section of a job spec)."""
     from pydantic import ValidationError
 

@@ -119,7 +119,7 @@ def _commit_files_once(lake: Lake, name: str, files: Sequence[DataFile], *, sche
     from deltalake import CommitProperties, PostCommitHookProperties, Transaction
     from deltalake import Schema as DeltaSchema
     from deltalake.exceptions import CommitFailedError, DeltaError
-    from deltalake.transaction import AddAction, create_table_with_add_actions
+    from deltalake.transaction import AddAction, RemoveAction, create_table_with_add_actions
 
     from datahub.lake.lake import KEEP_LOG
 
@@ -144,12 +144,13 @@ def _commit_files_once(lake: Lake, name: str, files: Sequence[DataFile], *, sche
         app_transactions=[Transaction(app_id=txn, version=1, last_updated=now)],
         max_commit_retries=max_retries,
     )
+    changes: list[AddAction | RemoveAction] = list(actions)  # what create_write_transaction takes
     hooks = PostCommitHookProperties(cleanup_expired_logs=False)  # releases time-travel: keep the log (Lake.keep_log)
     storage = lake.storage_options or None
     try:
         if lake.exists(name):
             _add_missing_columns(lake, name, schema, txn=txn)
-            lake.table(name).create_write_transaction(actions, mode, schema, partition_by=partition_by, commit_properties=props,
+            lake.table(name).create_write_transaction(changes, mode, schema, partition_by=partition_by, commit_properties=props,
                                                       post_commithook_properties=hooks)
         else:
             try:
@@ -164,7 +165,7 @@ def _commit_files_once(lake: Lake, name: str, files: Sequence[DataFile], *, sche
                 if lake.applied(name, txn):
                     return None
                 _add_missing_columns(lake, name, schema, txn=txn)
-                lake.table(name).create_write_transaction(actions, mode, schema, partition_by=partition_by, commit_properties=props,
+                lake.table(name).create_write_transaction(changes, mode, schema, partition_by=partition_by, commit_properties=props,
                                                           post_commithook_properties=hooks)
     except CommitFailedError as exc:
         if lake.applied(name, txn):  # a concurrent writer of the same txn won the race

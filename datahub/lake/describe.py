@@ -19,8 +19,8 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
     for name in names:
         dt = lake.table(name)
         actions = dt.get_add_actions(flatten=True)
-        rows = actions.column("num_records").to_pylist() if actions.num_rows else []
-        info = {
+        rows = list(actions.column("num_records").to_pylist()) if actions.num_rows else []
+        info: dict[str, Any] = {
             "version": dt.version(),
             "rows": int(sum(r or 0 for r in rows)),
             "files": actions.num_rows,

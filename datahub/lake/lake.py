@@ -11,13 +11,16 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import pyarrow as pa
 
 from datahub.errors import CommitConflictError, LakeError
 from datahub.lake.tables import SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
 from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_policy, storage_errors
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 WriteData: TypeAlias = "pa.Table | pa.RecordBatchReader | Iterable[pa.Table]"
 
@@ -80,7 +83,7 @@ class Lake:
 
         return DeltaTable.is_deltatable(self.table_uri(name), storage_options=self.storage_options or None)
 
-    def table(self, name: str, version: int | None = None) -> Any:
+    def table(self, name: str, version: int | None = None) -> DeltaTable:
         """The ``deltalake.DeltaTable`` for ``name`` (at ``version`` if given)."""
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
