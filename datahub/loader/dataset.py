@@ -17,7 +17,8 @@ from datahub.loader.decode import DecodeMode, SampleReader, make_decoder
 from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.manifest import load_manifest
 from datahub.shards.manifest import Manifest
-from datahub.loader.plan import EpochOrder, RankStream, Uneven, rank_stream, resolve_topology, stream_positions
+from datahub.loader.plan import (EpochOrder, RankStream, Segment, Uneven, consumed_items, rank_stream, resolve_topology,
+                                 stream_positions, worker_pieces)
 from datahub.loader.prefetch import Prefetcher
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
@@ -36,9 +37,11 @@ except ImportError:  # pragma: no cover - exercised in the no-torch test via a s
         return None
 
 
-STATE_FORMAT = "datahub.loader/2"
-# /1 replayed a drop-mode elastic segment without its unread tail; its other states mean the same in /2
+STATE_FORMAT = "datahub.loader/3"
+# /1 replayed a drop-mode elastic segment without its unread tail; /1 and /2 shuffled within blocks that did not
+# follow shard bounds (/3's blocks are whole shards, so DataLoader workers can read disjoint shards)
 _OLD_STATE_FORMAT = "datahub.loader/1"
+_OLD_STATE_FORMATS = (_OLD_STATE_FORMAT, "datahub.loader/2")
 _CHUNK_ITEMS = 1 << 16  # plan this many rank items at a time: bounded memory on billion-sample releases
 
 
@@ -101,8 +104,10 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                                   storage=tier_options(storage_config, tiers=readable_tiers(self.manifest, tier_preference)),
                                   cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify,
                                   read_policy=read_policy)
-        self._segments: list[tuple[int, int]] = []  # past (world_size, samples consumed per rank)
+        self._segments: list[Segment] = []  # past (world_size, samples per rank, num_workers, trainer items)
         self._start = 0  # samples of this rank's stream already consumed before this iteration
+        self._pending: tuple[int, int] | None = None  # (num_workers, trainer items) read by workers after _start
+        self._items = 0  # items yielded by the live iterator in this process
         self._worker_resume: dict[str, int] | None = None
         self._consumed = 0  # samples yielded by the live iterator in this process
         self._worker: tuple[int, int] | None = None  # (worker_id, num_workers) when inside a DataLoader worker
@@ -115,20 +120,49 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         """Start ``epoch`` from its beginning (clears a loaded resume point)."""
         self.epoch = int(epoch)
         self._segments, self._start, self._worker_resume, self._consumed = [], 0, None, 0
+        self._pending, self._items = None, 0
 
     def _order(self) -> EpochOrder:
         return EpochOrder([shard.samples for shard in self.manifest.shards], digest=self.manifest.release_digest,
                           seed=self.seed, epoch=self.epoch, shuffle=self.shuffle, shuffle_buffer=self.shuffle_buffer)
 
-    def _stream(self) -> RankStream:
-        return rank_stream(self.manifest.num_samples, segments=self._segments, world_size=self.world_size,
-                           rank=self.rank, uneven=self.uneven)
+    def _plan(self, num_workers: int) -> tuple[list[Segment], int, tuple[int, int] | None]:
+        """(past segments, start, pending workers' consumption) for iterating with ``num_workers``: a loaded state
+        whose workers' items were read with another number of workers becomes a past segment (re-cut, exactly once)."""
+        segments, start, pending = list(self._segments), self._start, self._pending
+        if pending is not None and pending[0] != max(1, num_workers):
+            segments.append((self.world_size, start, *pending))
+            start, pending = 0, None
+        return segments, start, pending
+
+    def _stream(self, segments: list[Segment] | None = None, order: EpochOrder | None = None) -> RankStream:
+        order = order or self._order()
+        return rank_stream(self.manifest.num_samples, segments=self._segments if segments is None else segments,
+                           world_size=self.world_size, rank=self.rank, uneven=self.uneven, batch_size=self.batch_size,
+                           boundaries=order.boundaries)
+
+    def _known_workers(self) -> int:
+        if self._worker is not None:
+            return self._worker[1]
+        return self._worker_use.workers() or 1
+
+    def _pieces(self, num_workers: int) -> tuple[RankStream, list[np.ndarray], int, list[int], EpochOrder]:
+        """This rank's stream from its start, the workers' pieces of it, the piece worker 0 reads next (pieces rotate
+        so that a resumed DataLoader continues the interleaving where it stopped) and each piece's first item."""
+        order = self._order()
+        segments, start, pending = self._plan(num_workers)
+        stream = self._stream(segments, order).tail(start)
+        pieces = worker_pieces(stream, num_workers, self.batch_size, order.boundaries)
+        done, following = [0] * len(pieces), 0
+        if pending is not None:
+            done, following = consumed_items([len(bounds) - 1 for bounds in pieces], pending[1])
+        return stream, pieces, following, done, order
 
     def __len__(self) -> int:
-        """Items (samples, or batches when batch_size is set) this rank yields from the current start point."""
-        remaining = max(0, len(self._stream()) - self._start)
-        size = self.batch_size or 1
-        return -(-remaining // size)
+        """Items (samples, or batches when batch_size is set) this rank yields from the current start point, with the
+        number of DataLoader workers that last iterated it (1 before any did)."""
+        _, pieces, _, done, _ = self._pieces(self._known_workers())
+        return sum(len(bounds) - 1 - first for bounds, first in zip(pieces, done))
 
     # --- resume -----------------------------------------------------------------------------------------
 
@@ -150,31 +184,44 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                 f"them). Pass state_dict(consumed=N), N = the {size} the DataLoader gave the trainer since the epoch "
                 "(or the last load_state_dict) began, e.g. step + 1; or iterate a "
                 "torchdata.stateful_dataloader.StatefulDataLoader and save its state_dict() instead")
-        if consumed is None:
-            samples = self._consumed
-        else:
-            samples = min(consumed * (self.batch_size or 1), max(0, len(self._stream()) - self._start))
+        num_workers = self._known_workers() if consumed is not None or self._worker is not None else 1
+        segments, start, pending = self._plan(num_workers)
         state: dict[str, Any] = {
             "format": STATE_FORMAT, "release": self.manifest.release, "release_digest": self.manifest.release_digest,
             "seed": self.seed, "epoch": self.epoch, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
             "uneven": self.uneven, "batch_size": self.batch_size, "world_size": self.world_size,
-            "segments": [list(segment) for segment in self._segments], "consumed": self._start + samples,
+            "segments": [list(segment) for segment in segments], "consumed": start,
         }
-        if self._worker is not None and consumed is None:
+        if self._worker is not None and consumed is None:  # inside a StatefulDataLoader worker: its own position
             worker_id, num_workers = self._worker
-            state["consumed"] = self._start
+            if pending is not None:
+                state["workers"], state["items"] = pending
             items = self._worker_items + (self._consumed if self.batch_size is None else 0)
             state["worker"] = {"worker_id": worker_id, "num_workers": num_workers, "items": items}
+            return state
+        if num_workers <= 1:  # one stream: the trainer's items are a prefix of it
+            if consumed is None:
+                samples = self._consumed
+            else:
+                samples = min(consumed * (self.batch_size or 1), max(0, len(self._stream(segments)) - start))
+            state["consumed"] = start + samples
+        else:  # the trainer's items interleave the workers' pieces; each rank derives its pieces' prefixes from them
+            state["workers"] = num_workers
+            state["items"] = (pending[1] if pending is not None else 0) + int(consumed or 0)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at ``state``; with another world size the rest of the epoch is re-cut over the new ranks."""
-        if state.get("format") not in (STATE_FORMAT, _OLD_STATE_FORMAT):
+        if state.get("format") not in (STATE_FORMAT, *_OLD_STATE_FORMATS):
             raise ValueError(f"not a ReleaseDataset state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
         if state["format"] == _OLD_STATE_FORMAT and state.get("uneven") == "drop" and state.get("segments"):
             raise ValueError(f"cannot resume a {_OLD_STATE_FORMAT} drop-mode state taken after an elastic resume: "
                              "this version keeps the old world size's unread tail, so the positions differ; "
                              "finish the epoch with the datahub version that wrote it, or restart the epoch")
+        if state["format"] in _OLD_STATE_FORMATS and state.get("shuffle") and int(state.get("shuffle_buffer") or 0) > 1:
+            raise ValueError(f"cannot resume a shuffled {state['format']} state: {STATE_FORMAT} shuffles within blocks "
+                             "of whole shards (so DataLoader workers read disjoint shards), so the order differs; "
+                             "finish the epoch with the datahub version that wrote it, or restart the epoch (set_epoch)")
         mine = {"release_digest": self.manifest.release_digest, "seed": self.seed, "shuffle": self.shuffle,
                 "shuffle_buffer": self.shuffle_buffer, "uneven": self.uneven, "batch_size": self.batch_size}
         clashes = [f"{key}: checkpoint {state[key]!r}, dataset {value!r}" for key, value in mine.items() if state[key] != value]
@@ -182,17 +229,19 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
             raise ValueError("cannot resume: the checkpoint was taken with a different order (" + "; ".join(clashes)
                              + "); construct the ReleaseDataset with the checkpoint's settings")
         self.epoch = int(state["epoch"])
-        self._segments = [(int(w), int(n)) for w, n in state["segments"]]
-        self._consumed = 0
+        self._segments = [(int(w), int(n), *(int(x) for x in rest[:2]), *([1, 0] if not rest else []))
+                          for w, n, *rest in state["segments"]]
+        self._consumed, self._items = 0, 0
         self._worker_resume = dict(state["worker"]) if "worker" in state else None
+        pending = (int(state["workers"]), int(state["items"])) if int(state.get("workers") or 1) > 1 else None
         if int(state["world_size"]) == self.world_size:
-            self._start = int(state["consumed"])
+            self._start, self._pending = int(state["consumed"]), pending
         else:
             if self._worker_resume is not None:
                 raise ValueError("cannot resume a StatefulDataLoader worker state with a different world size; "
                                  "save ReleaseDataset.state_dict(consumed=...) per rank for elastic resumes")
-            self._segments.append((int(state["world_size"]), int(state["consumed"])))
-            self._start = 0
+            self._segments.append((int(state["world_size"]), int(state["consumed"]), *(pending or (1, 0))))
+            self._start, self._pending = 0, None
 
     # --- iteration --------------------------------------------------------------------------------------
 
@@ -203,8 +252,10 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         if info is None:
             self._worker_use.clear()  # iterated here: this process's count is the trainer's again
         else:
-            self._worker_use.mark()
-        first = 0
+            self._worker_use.mark(num_workers)
+        stream, pieces, following, done, order = self._pieces(num_workers)
+        piece = (following + worker_id) % len(pieces)
+        first = done[piece]
         if self._worker_resume is not None:
             resume = self._worker_resume
             if (resume["worker_id"], resume["num_workers"]) != (worker_id, num_workers):
@@ -212,39 +263,29 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                                  f"loaded into worker {worker_id} of {num_workers}; keep num_workers when resuming")
             first = int(resume["items"])
         self._consumed, self._worker_items = 0, first
-        return self._iterate(worker_id, num_workers, first)
+        return self._iterate(stream, order, pieces[piece], first)
 
-    def _worker_chunks(self, stream: RankStream, order: EpochOrder, worker_id: int, num_workers: int, first: int
+    def _worker_chunks(self, stream: RankStream, order: EpochOrder, bounds: np.ndarray, first: int
                        ) -> Iterator[tuple[list[int], list[int], list[bool], list[int], list[int]]]:
         """This worker's samples in chunks: (shard ids, sample indexes, padding flags, per-item sample counts,
-        run starts), where a run is a stretch of consecutive samples from one shard (the list ends with the length)."""
-        size = self.batch_size or 1
-        remaining = max(0, len(stream) - self._start)
-        total_items = -(-remaining // size)
-        items = range(worker_id + first * num_workers, total_items, num_workers)
-        for lo in range(0, len(items), _CHUNK_ITEMS):
-            chunk = np.asarray(items[lo : lo + _CHUNK_ITEMS], dtype=np.int64)
-            item_starts = self._start + chunk * size
-            if size == 1:
-                offsets = item_starts
-                counts = np.ones(len(chunk), dtype=np.int64)
-            else:
-                offsets = (item_starts[:, None] + np.arange(size)).ravel()
-                offsets = offsets[offsets < len(stream)]
-                counts = np.minimum(size, len(stream) - item_starts)
+        run starts), where a run is a stretch of consecutive samples from one shard (the list ends with the length).
+        ``bounds``: the worker's piece of the stream as item bounds; ``first``: the first item to read."""
+        for lo in range(first, len(bounds) - 1, _CHUNK_ITEMS):
+            chunk = bounds[lo : lo + _CHUNK_ITEMS + 1]
+            offsets = np.arange(chunk[0], chunk[-1], dtype=np.int64)
+            counts = np.diff(chunk)
             positions, padding = stream_positions(stream, offsets)
             shards, indexes = order.lookup(positions)
             switches = np.flatnonzero(shards[1:] != shards[:-1]) + 1
             runs = np.concatenate(([0], switches, [len(shards)])) if len(shards) else np.zeros(1, np.int64)
             yield shards.tolist(), indexes.tolist(), padding.tolist(), counts.tolist(), runs.tolist()
 
-    def _iterate(self, worker_id: int, num_workers: int, first: int) -> Iterator[Any]:
-        stream, order = self._stream(), self._order()
+    def _iterate(self, stream: RankStream, order: EpochOrder, bounds: np.ndarray, first: int) -> Iterator[Any]:
         names = [shard.name for shard in self.manifest.shards]
         decode, batch_size = self._decode, self.batch_size
         prefetcher = Prefetcher(self.source.read_buffer, depth=self.prefetch_shards, threads=2)
         readers: dict[int, SampleReader] = {}  # shards in use: sample reader bound to the shard's index and bytes
-        chunks = self._worker_chunks(stream, order, worker_id, num_workers, first)
+        chunks = self._worker_chunks(stream, order, bounds, first)
         upcoming = next(chunks, None)
         if upcoming is not None:
             prefetcher.schedule(dict.fromkeys(upcoming[0]))
@@ -274,6 +315,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                     if batch_size is None:
                         for sample in map(read, indexes[begin:end], padding[begin:end]):
                             self._consumed += 1
+                            self._items += 1
                             yield sample
                         continue
                     while begin < end:
@@ -283,6 +325,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                         if len(batch) == counts[item]:
                             self._consumed += len(batch)
                             self._worker_items += 1
+                            self._items += 1
                             item += 1
                             out, batch = batch, []
                             yield out

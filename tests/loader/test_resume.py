@@ -51,7 +51,7 @@ def test_resume_from_trainer_count_with_plain_dataloader_workers(manifest_path: 
 def test_resume_inside_stateful_dataloader(manifest_path: str, workers: int) -> None:
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     loader = stateful.StatefulDataLoader(make(manifest_path), batch_size=None, num_workers=workers)
-    full = ids(make(manifest_path))
+    full = ids(stateful.StatefulDataLoader(make(manifest_path), batch_size=None, num_workers=workers))
     iterator = iter(loader)
     head = ids(next(iterator) for _ in range(9))
     state = loader.state_dict()
@@ -117,7 +117,12 @@ def test_old_drop_mode_elastic_state_is_refused(manifest_path: str) -> None:
     state = {**dataset.state_dict(), "format": "datahub.loader/1", "segments": [[3, 2]]}
     with pytest.raises(ValueError, match="unread tail"):
         make(manifest_path, 0, 2, uneven="drop").load_state_dict(state)
-    make(manifest_path, 0, 2, uneven="drop").load_state_dict({**state, "segments": []})  # no elastic step: same meaning
+    with pytest.raises(ValueError, match="blocks of whole shards"):  # shuffled before /3: another order
+        make(manifest_path, 0, 2, uneven="drop").load_state_dict({**state, "segments": []})
+    plain = make(manifest_path, 0, 2, uneven="drop", shuffle=False)
+    old = {**plain.state_dict(), "format": "datahub.loader/2", "segments": [[3, 2]], "consumed": 1}
+    plain.load_state_dict(old)  # unshuffled: the same order in /2 and /3
+    assert plain._segments == [(3, 2, 1, 0)] and len(plain) == (29 - 6) // 2 - 1
 
 
 @pytest.mark.parametrize("uneven", ["pad", "drop"])
