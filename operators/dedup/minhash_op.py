@@ -37,7 +37,7 @@ from operators.dedup.params import MinhashDedupParams
 from operators.dedup.ranking import is_lake_rank, lake_ranks, rank_sample_ids, row_ranks
 from operators.dedup.steps import (KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, NotEqual, Select, SharedKeys,
                                   join_small, string_columns)
-from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
+from operators.dedup.verify import ANCHOR, ANCHOR_SHINGLE_SET, JACCARD, SHINGLE_SET, SetJaccard, ShingleSets
 
 if TYPE_CHECKING:
     from datahub.engines.frame import Frame
@@ -177,11 +177,17 @@ class MinhashDedup(GlobalOperator):
                                            filters=ds.field(SAMPLE_ID).isin(lake_ids.to_pylist()))
             if lake_texts.num_rows:
                 texts = texts.union(context.from_arrow(lake_texts.select([SAMPLE_ID, "text"])))
-        texts = texts.materialize()
-        anchor_texts = texts.map_batches(Select((SAMPLE_ID, "text"), ((SAMPLE_ID, ANCHOR), ("text", ANCHOR_TEXT))),
-                                         name="minhash_dedup.anchor_texts")
-        checked = pairs.join(texts, on=[SAMPLE_ID]).join(anchor_texts, on=[ANCHOR]).map_batches(
-            JaccardCheck(self.minhasher.shingler, p.normalization.build(), p.threshold), name="minhash_dedup.jaccard")
+        # Each document of a candidate pair shingled once (verify.ShingleSets), then pairs compare sets.
+        pairs = pairs.materialize()
+        in_pairs = pairs.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.pair_members").union(
+            pairs.map_batches(Select((ANCHOR,), ((ANCHOR, SAMPLE_ID),)), name="minhash_dedup.pair_anchors"))
+        in_pairs = in_pairs.groupby_agg([SAMPLE_ID], {"n": (SAMPLE_ID, "count")}, having=Select((SAMPLE_ID,)))
+        sets = join_small(texts, in_pairs, on=[SAMPLE_ID], how="inner", name="minhash_dedup.pair_texts").map_batches(
+            ShingleSets(self.minhasher.shingler, p.normalization.build()), name="minhash_dedup.shingle_sets").materialize()
+        anchor_sets = sets.map_batches(Select((SAMPLE_ID, SHINGLE_SET), ((SAMPLE_ID, ANCHOR), (SHINGLE_SET, ANCHOR_SHINGLE_SET))),
+                                       name="minhash_dedup.anchor_sets")
+        checked = pairs.join(sets, on=[SAMPLE_ID]).join(anchor_sets, on=[ANCHOR]).map_batches(
+            SetJaccard(p.threshold), name="minhash_dedup.jaccard")
         confirmed = checked.groupby_agg([SAMPLE_ID, ANCHOR], {JACCARD: (JACCARD, "max")}).materialize()
         member_edges = starred.join(confirmed.map_batches(Select((SAMPLE_ID, ANCHOR)), name="minhash_dedup.confirmed"),
                                     on=[SAMPLE_ID, ANCHOR]).map_batches(Select((SAMPLE_ID, BAND_KEY)), name="minhash_dedup.member_edges")
