@@ -83,6 +83,29 @@ def test_planted_pairs_have_the_exact_jaccard_the_test_claims():
     assert exact_jaccard(WORDS, 22) == pytest.approx(178 / 222)
 
 
+def test_shingle_sets_once_per_document_give_the_exact_jaccard_of_the_texts():
+    import numpy as np
+
+    from operators.dedup.verify import ANCHOR, ANCHOR_SHINGLE_SET, SHINGLE_SET, SetJaccard, ShingleSets
+
+    texts, near, far = planted(20, 10, seed=5)
+    texts += ["short text", ""]  # a set far smaller than the others (size filter) and an empty one
+    shingler, normalization = MinHasher().shingler, MinhashDedupParams().normalization.build()
+    sets = ShingleSets(shingler, normalization)(pa.table({"sample_id": [str(i) for i in range(len(texts))], "text": texts}))
+    rng = np.random.default_rng(0)
+    left, right = rng.integers(0, len(texts), 400), rng.integers(0, len(texts), 400)
+    left[:40] = right[:40] = np.arange(40)  # identical pairs
+    column = sets.column(SHINGLE_SET)
+    pairs = pa.table({"sample_id": [str(i) for i in left], ANCHOR: [str(i) for i in right],
+                      SHINGLE_SET: column.take(pa.array(left)), ANCHOR_SHINGLE_SET: column.take(pa.array(right))}).slice(3)
+    a, a_offsets = shingler(normalize_texts(pa.array([texts[i] for i in left[3:]]), normalization))
+    b, b_offsets = shingler(normalize_texts(pa.array([texts[i] for i in right[3:]]), normalization))
+    expected = jaccard_pairs(a, a_offsets, b, b_offsets)
+    for threshold in (0.8, 0.3, 0.01):
+        confirmed = SetJaccard(threshold)(pairs)
+        assert sorted(confirmed.column("jaccard").to_pylist()) == pytest.approx(sorted(expected[expected >= threshold]))
+
+
 def test_verify_chooses_bands_for_recall_and_keeps_explicit_choices():
     verified = MinhashDedupParams(verify=True)
     bands, rows = verified.lsh_bands()
