@@ -24,6 +24,7 @@ import pytest
 from datahub.config.spec import load_job_spec
 from datahub.lake.lake import Lake
 from datahub.pipeline.run import run_job
+from datahub.qa import run_for_job
 from tests.engines.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,7 +89,8 @@ def local_demo(tmp_path_factory, spark_engine):
     cwd = os.getcwd()
     os.chdir(REPO)
     try:
-        result = run_job(load_job_spec(REPO / "jobs/demo.yaml", [f"lake.root={lake}", "engine.kind=spark"]), engine=spark_engine)
+        result = run_job(load_job_spec(REPO / "jobs/demo.yaml", [f"lake.root={lake}", "engine.kind=spark"]), engine=spark_engine,
+                         qa_gate=run_for_job)
     finally:
         os.chdir(cwd)
     assert result.status == "succeeded"

@@ -13,6 +13,7 @@ from datahub.config.spec import load_job_spec
 from datahub.engines.arrow import ArrowEngine
 from datahub.lake.lake import Lake
 from datahub.pipeline.run import run_job
+from datahub.qa import run_for_job
 from operators.dedup.clustering import near_duplicate_clusters
 from operators.dedup.minhash import MinHasher
 from tests.operators.dedup.arrow_frame import ArrowFrame
@@ -32,7 +33,7 @@ def _run_both(job: str, tmp_path: Path, ray_engine, spark_engine, monkeypatch) -
     results = {}
     for name, engine in (("ray", ray_engine), ("spark", spark_engine)):
         spec = load_job_spec(REPO / job, [f"lake.root={tmp_path / name}", f"engine.kind={name}"])
-        results[name] = run_job(spec, engine=engine)
+        results[name] = run_job(spec, engine=engine, qa_gate=run_for_job)
         assert results[name].status == "succeeded", results[name].error
     return Lake(tmp_path / "ray"), Lake(tmp_path / "spark"), results
 
