@@ -14,7 +14,9 @@ lineage records the same.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +28,7 @@ from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
 from datahub.release.digest import id_keys
 from datahub.release.freeze import freeze, refuse_taken, release_txn
-from datahub.release.merge_dedup import SOURCE_COLUMN, DedupMode, Duplicates, dedup_rows
+from datahub.release.merge_dedup import SOURCE_COLUMN, DedupMode, Duplicates, dedup_keyed, dedup_rows, exact_keys
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, read_release
 
 MERGE_OP = "release.merge@1"
@@ -88,6 +90,70 @@ def _sample(rows: pa.Table, weights: dict[str, float], sources: list[str], seed:
     return rows.take(pa.array(chosen, pa.int64())), quotas
 
 
+ROW_BATCH_ROWS = 2048  # whole rows read and written at a time (delta-rs buffers a row group)
+ID_BATCH_ROWS = 8192
+ROW_COLUMN = "_merge_position"  # a row's position in its input release's scan
+
+
+def _narrow_dedup(lake: Lake, parents: list[Release], dedup: DedupMode) -> tuple[pa.Table, dict[str, int],
+                                                                                 Duplicates | None]:
+    """Pass 1: per input release, batch by batch, the ids, the exact-dedup key (from the text) and the row's
+    position; the dedup decides on these narrow rows (about 100 bytes a row)."""
+    parts, keys, counts = [], [], {}
+    method = "sample_id"
+    for parent in parents:
+        dataset = lake.dataset(parent.table, parent.version)
+        columns = ["sample_id"] + (["text"] if dedup == "exact" and "text" in dataset.schema.names else [])
+        seen = 0
+        for batch in dataset.to_batches(columns=columns, batch_size=ID_BATCH_ROWS, batch_readahead=1,
+                                        fragment_readahead=1):
+            n = batch.num_rows
+            parts.append(pa.table({"sample_id": batch.column("sample_id"), SOURCE_COLUMN: pa.repeat(parent.name, n),
+                                   ROW_COLUMN: pa.array(np.arange(seen, seen + n, dtype=np.int64))}))
+            if dedup == "exact":
+                key, method = exact_keys(batch.column("sample_id"),
+                                         batch.column("text") if "text" in batch.schema.names else None)
+                keys.append(key)
+            seen += n
+        counts[parent.name] = seen
+    schema = pa.schema([("sample_id", pa.string()), (SOURCE_COLUMN, pa.string()), (ROW_COLUMN, pa.int64())])
+    rows = pa.concat_tables([p.cast(schema) for p in parts]) if parts else schema.empty_table()
+    if dedup == "none":
+        return rows, counts, None
+    kept, dups = dedup_keyed(rows, pa.chunked_array(keys, pa.string()).combine_chunks() if keys else
+                             pa.array([], pa.string()), method)
+    return kept, counts, dups
+
+
+def _merged_schema(datasets: list[Any]) -> pa.Schema:
+    schemas = [pa.schema(dataset.schema) for dataset in datasets]
+    schemas = [s.remove(s.get_field_index(SOURCE_COLUMN)) if SOURCE_COLUMN in s.names else s for s in schemas]
+    return pa.unify_schemas([*schemas, pa.schema([(SOURCE_COLUMN, pa.string())])], promote_options="permissive")
+
+
+def _kept_rows(parents: list[Release], datasets: list[Any], kept: pa.Table) -> Iterator[pa.Table]:
+    """Pass 2: every column of the kept rows, input release by input release, in batches, in input order.
+    Only pyarrow scans here: delta-rs pulls this generator on its own runtime, where opening a table would
+    block it (``datasets`` are opened before the commit)."""
+    schema = _merged_schema(datasets)
+    for parent, dataset in zip(parents, datasets):
+        mine = pc.equal(kept.column(SOURCE_COLUMN), parent.name)
+        positions = np.sort(np.asarray(kept.column(ROW_COLUMN).filter(mine), dtype=np.int64))
+        seen = 0
+        for batch in dataset.to_batches(batch_size=ROW_BATCH_ROWS, batch_readahead=1, fragment_readahead=1):
+            n = batch.num_rows
+            low, high = np.searchsorted(positions, [seen, seen + n])
+            seen += n
+            if low == high:
+                continue
+            rows = pa.Table.from_batches([batch]).take(pa.array(positions[low:high] - (seen - n)))
+            if SOURCE_COLUMN in rows.column_names:  # merging a merge: the original input release is replaced
+                rows = rows.drop_columns([SOURCE_COLUMN])
+            rows = rows.append_column(SOURCE_COLUMN, pa.repeat(parent.name, rows.num_rows).cast(pa.string()))
+            yield pa.table([rows.column(f.name).cast(f.type) if f.name in rows.column_names else
+                            pa.nulls(rows.num_rows, f.type) for f in schema], schema=schema)
+
+
 def merge_releases(
     lake: Lake,
     new: str,
@@ -109,26 +175,39 @@ def merge_releases(
     refuse_taken(lake, new)
     if len(sources) < 1 or len(set(sources)) != len(sources):
         raise ReleaseError(f"merge {new!r}: give each input release once with --from (got {sources})")
+    if dedup not in ("exact", "near", "none"):
+        raise ReleaseError(f"--dedup {dedup!r}: expected exact, near or none")
     parents = [get_release(lake, s) for s in sources]
     ts = datetime.now(timezone.utc)
-    parts = []
-    for parent in parents:
-        rows = read_release(lake, parent)
-        if SOURCE_COLUMN in rows.column_names:  # merging a merge: keep the original input release
-            rows = rows.drop_columns([SOURCE_COLUMN])
-        parts.append(rows.append_column(SOURCE_COLUMN, pa.array([parent.name] * rows.num_rows, pa.string())))
-    rows = pa.concat_tables(parts, promote_options="permissive")
-    read_counts = {p.name: n.num_rows for p, n in zip(parents, parts)}
-    before = rows.num_rows
-    rows, dups = dedup_rows(rows, dedup, threshold=threshold, verify=verify)
+    table = MATERIALIZED_PREFIX + new
+    if dedup == "near":  # MinHash over every text at once: the releases are held in memory
+        parts = []
+        for parent in parents:
+            rows = read_release(lake, parent)
+            if SOURCE_COLUMN in rows.column_names:  # merging a merge: keep the original input release
+                rows = rows.drop_columns([SOURCE_COLUMN])
+            parts.append(rows.append_column(SOURCE_COLUMN, pa.array([parent.name] * rows.num_rows, pa.string())))
+        rows = pa.concat_tables(parts, promote_options="permissive")
+        read_counts = {p.name: n.num_rows for p, n in zip(parents, parts)}
+        before = rows.num_rows
+        rows, dups = dedup_rows(rows, dedup, threshold=threshold, verify=verify)
+    else:  # exact or none: decided on narrow rows (ids, keys), then the kept rows stream into the commit
+        rows, read_counts, dups = _narrow_dedup(lake, parents, dedup)
+        before = sum(read_counts.values())
     dropped = _dropped_lineage(dups, new, ts)
     method = dups.method if dups is not None else None
     removed = before - rows.num_rows
     quotas = None
     if weights:
         rows, quotas = _sample(rows, weights, sources, seed)
-    table = MATERIALIZED_PREFIX + new
-    lake.commit(table, rows, txn=release_txn(new), metadata={"datahub.release": new})
+    if dedup == "near":
+        lake.commit(table, rows, txn=release_txn(new), metadata={"datahub.release": new})
+    else:
+        kept = rows.select(["sample_id", SOURCE_COLUMN, ROW_COLUMN])
+        rows = rows.select(["sample_id", SOURCE_COLUMN])
+        datasets = [lake.dataset(p.table, p.version) for p in parents]
+        lake.commit(table, _kept_rows(parents, datasets, kept), txn=release_txn(new), schema=_merged_schema(datasets),
+                    row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new})
     version = int(lake.table(table).version())
     details = {"sources": sources, "rows_read": read_counts, "dedup": dedup, "dedup_method": method,
                "duplicates_removed": removed, "duplicates_dropped": dropped.num_rows,

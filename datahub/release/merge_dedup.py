@@ -68,13 +68,31 @@ def dedup_rows(rows: pa.Table, mode: DedupMode, *, threshold: float = 0.8, verif
     return kept.sort_by(_ROW).drop_columns([_ROW]), dups
 
 
-def _exact(rows: pa.Table) -> tuple[pa.Table, Duplicates]:
+def exact_keys(sample_ids: pa.Array | pa.ChunkedArray, texts: pa.Array | pa.ChunkedArray | None) -> tuple[pa.Array, str]:
+    """The exact-dedup key of each row and the method's name (one batch at a time is fine: keys are per row)."""
     try:
         from operators.dedup.exact import content_hash_hex
     except ImportError:  # the dedup library is optional here; sample_id is a content hash too
-        keys, method = rows.column("sample_id").combine_chunks(), "sample_id"
-    else:
-        keys, method = content_hash_hex(rows.column("text")), "exact_content_hash"
+        texts = None
+    if texts is None:
+        ids = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
+        return ids, "sample_id"
+    return content_hash_hex(texts), "exact_content_hash"
+
+
+def dedup_keyed(rows: pa.Table, keys: pa.Array, method: str) -> tuple[pa.Table, Duplicates]:
+    """Exact dedup of narrow rows (``sample_id``, ``release_source``, row order) by precomputed ``keys``: the
+    streaming merge reads the text once, batch by batch, to make the keys, and never holds it."""
+    rows = rows.append_column(_ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64))).append_column("_key", keys)
+    distinct = _first_per(rows, rows.column("sample_id"))
+    kept, dups = _exact(distinct.drop_columns(["_key"]), keys=distinct.column("_key").combine_chunks(), method=method)
+    return kept.sort_by(_ROW).drop_columns([_ROW]), dups
+
+
+def _exact(rows: pa.Table, *, keys: pa.Array | None = None, method: str | None = None) -> tuple[pa.Table, Duplicates]:
+    if keys is None:
+        keys, method = exact_keys(rows.column("sample_id"), rows.column("text") if "text" in rows.column_names else None)
+    assert method is not None
     kept = _first_per(rows, keys)
     is_kept = pc.is_in(rows.column(_ROW), value_set=kept.column(_ROW))
     dropped_keys = pc.filter(keys, pc.invert(is_kept))
