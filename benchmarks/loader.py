@@ -1,29 +1,35 @@
-"""Loader throughput over the same shards in page cache: raw read vs webdataset vs ReleaseDataset.
+"""Loader throughput and remote bytes: ReleaseDataset with its defaults vs webdataset, workers, and a Ceph tier.
 
-    .venv/bin/python benchmarks/loader.py [--shards 8 --samples 2000 --text-bytes 6000] [--writer export|fixture]
+    .venv/bin/python benchmarks/loader.py [--shards 40 --samples 2500 --text-bytes 2500] [--writer export|fixture]
+                                          [--rounds 3] [--no-ceph]
 
 The shards are written by the real export path (``datahub.export.export_table_version`` from a Delta
 ``samples`` table in a temporary lake to a cfs tier), or with ``--writer fixture`` by the loader tests'
 shard writer (no Delta, faster to set up).
 
-Prints MB/s (of shard bytes) and samples/s for one and two workers, then the ratios; the last
-two lines are ``speedup_vs_webdataset`` and ``fraction_of_raw_read`` (one worker each).
-ReleaseDataset yields decode="text" (UTF-8 decoded str) while webdataset yields undecoded bytes
-(its fastest mode). The ratio lines compare like with like: webdataset neither shuffles nor
-verifies, so they use ReleaseDataset(shuffle=False, verify=False, prefetch_shards=0); the run with
-the defaults (block shuffle + sha256 per shard + prefetch threads) is printed too. Two-worker runs
-hand out batches of 256 samples (both libraries), since per-sample DataLoader IPC dominates otherwise.
+What is measured is what the README recommends: ``ReleaseDataset`` with its defaults (block shuffle, sha256
+verification, prefetch), ``batch_size=256, batch_format="arrow"`` (RecordBatches of sample_id/text/is_padding),
+iterated directly (0 workers) or through ``DataLoader(dataset, batch_size=None, num_workers=N)``. webdataset
+runs with its defaults (undecoded bytes per sample, its fastest mode; ``.batched(256)`` through the same
+DataLoader with workers). Each timed run builds a fresh dataset, so nothing carries over between repeats but
+the page cache (and, for ReleaseDataset, nothing of its own: the verified-files record lives with a dataset).
 
-Every run builds a fresh ReleaseDataset, so nothing (tar index, verified checksums) carries over
-between the timed repeats. ReleaseDataset memory-maps local shards (raw_read and webdataset copy them
-with read()), then decodes every sample's text into a new str: the per-sample work is all done.
+Last lines:
+  speedup_vs_webdataset_defaults_0_workers / _2_workers   samples/s ratio (goal >= 10)
+  workers_scaling                                          ReleaseDataset 4 workers / 1 worker (goal >= 1.5)
+  remote_bytes_per_epoch_ratio                             bytes the 4 workers fetched from Ceph / release
+                                                           bytes (goal <= 1.05; also the RGW's own get_b
+                                                           counter when its admin socket is reachable)
+A stripped-down mode (no shuffle, no sha256, no prefetch, per-sample dicts) is printed too, labelled as such.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,13 +38,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from datahub.loader.shard_source import ShardBytes, ShardSource  # noqa: E402
 from tests.loader.shards import write_release  # noqa: E402
+
+BATCH = 256
+RECOMMENDED: dict[str, Any] = {"batch_size": BATCH, "batch_format": "arrow"}  # the README's usage; defaults otherwise
+STRIPPED: dict[str, Any] = {"shuffle": False, "verify": False, "prefetch_shards": 0}  # labelled: not the defaults
 
 
 def exported_release(root: Path, *, shards: int, samples: int, text_bytes: int) -> str:
     """A release written by ``datahub export`` to a cfs tier under ``root``; returns its manifest path."""
     import hashlib
-    import json
 
     import pyarrow as pa
 
@@ -59,15 +69,6 @@ def exported_release(root: Path, *, shards: int, samples: int, text_bytes: int) 
     return str(root / "cfs" / "bench-v1" / "manifest.json")
 
 
-def timed(run: Any, repeat: int = 2) -> tuple[float, int]:
-    best, count = float("inf"), 0
-    for _ in range(repeat):
-        start = time.perf_counter()
-        count = run() or 0
-        best = min(best, time.perf_counter() - start)
-    return best, count
-
-
 def raw_read(paths: list[str]) -> int:
     for path in paths:
         with open(path, "rb") as handle:
@@ -82,31 +83,105 @@ def webdataset_iter(urls: list[str], workers: int) -> int:
     dataset = webdataset.WebDataset(urls, shardshuffle=False, empty_check=False)
     if workers == 0:
         return sum(1 for _ in dataset)
-    batched = dataset.batched(256, collation_fn=None)
+    batched = dataset.batched(BATCH, collation_fn=None)
     return sum(len(batch) for batch in DataLoader(batched, batch_size=None, num_workers=workers))
 
 
-LIKE_FOR_LIKE = {"shuffle": False, "verify": False, "prefetch_shards": 0}
+def rows(item: Any) -> int:
+    return item.num_rows if hasattr(item, "num_rows") else len(item) if isinstance(item, list) else 1
 
 
-def release_iter(manifest: str, workers: int, **settings: Any) -> int:
+def release_iter(manifest: str | dict[str, Any], workers: int, *, source: Any = None, **settings: Any) -> int:
     from torch.utils.data import DataLoader
 
     from datahub.loader import ReleaseDataset
 
+    dataset = ReleaseDataset(manifest, rank=0, world_size=1, **settings)
+    if source is not None:
+        dataset.source = source(dataset)
     if workers == 0:
-        return sum(1 for _ in ReleaseDataset(manifest, rank=0, world_size=1, **settings))
-    dataset = ReleaseDataset(manifest, rank=0, world_size=1, batch_size=256, **settings)
-    return sum(len(batch) for batch in DataLoader(dataset, batch_size=None, num_workers=workers))
+        return sum(rows(item) for item in dataset)
+    return sum(rows(item) for item in DataLoader(dataset, batch_size=None, num_workers=workers))
+
+
+class CountingSource(ShardSource):
+    """Appends the size of every remote fetch to a file, so the bytes DataLoader workers download are observable."""
+
+    log_path: str
+
+    def _fetch(self, tier: str, uri: str, *, mapped: bool) -> tuple[ShardBytes, tuple[int, ...] | None]:
+        data, identity = super()._fetch(tier, uri, mapped=mapped)
+        if identity is None:  # a remote object, not a local file
+            with open(self.log_path, "a") as log:
+                log.write(f"{os.getpid()} {len(data)}\n")
+        return data, identity
+
+
+def rgw_get_bytes() -> int | None:
+    """radosgw's get_b perf counter (all clients), or None when its admin socket cannot be reached."""
+    state = os.environ.get("DATAHUB_CEPH_DIR") or "/tmp/datahub-ceph"
+    try:
+        out = subprocess.run(["ceph", "--conf", f"{state}/ceph.conf", "daemon", "client.rgw.a", "perf", "dump"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return int(json.loads(out)["rgw"]["get_b"])
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
+        return None
+
+
+def ceph_bytes_ratio(manifest: dict[str, Any], workers: int) -> None:
+    """Upload the release to the CI's Ceph, read one epoch with ``workers`` DataLoader workers, print the ratio."""
+    from tests.ceph import ceph_s3_config
+
+    endpoint = ceph_s3_config()
+    if endpoint is None:
+        print("remote_bytes_per_epoch_ratio: skipped (no Ceph S3 endpoint; see tests/ceph.py)")
+        return
+    bucket = endpoint.new_bucket("bench-loader")
+    fs = endpoint.filesystem()
+    remote = json.loads(json.dumps(manifest))
+    try:
+        for shard in remote["shards"]:
+            uri = f"s3://{bucket}/bench-v1/{shard['name']}"
+            fs.pipe_file(uri[len("s3://"):], Path(shard["replicas"]["cfs"]).read_bytes())
+            shard["replicas"] = {"ceph": uri}
+        release_bytes = sum(shard["size"] for shard in remote["shards"])
+        with tempfile.TemporaryDirectory() as scratch:
+            log_path = os.path.join(scratch, "fetches.log")
+
+            def counting(dataset: Any) -> CountingSource:
+                source = CountingSource(dataset.manifest, storage={"ceph": endpoint.s3fs_kwargs()},
+                                        tier_preference=["ceph"])
+                source.log_path = log_path
+                return source
+
+            before = rgw_get_bytes()
+            start = time.perf_counter()
+            count = release_iter(remote, workers, source=counting, storage={"ceph": endpoint.s3fs_kwargs()},
+                                 tier_preference=["ceph"], **RECOMMENDED)
+            seconds = time.perf_counter() - start
+            after = rgw_get_bytes()
+            fetched = [line.split() for line in Path(log_path).read_text().splitlines()]
+        assert count == manifest["num_samples"], count
+        fetched_bytes = sum(int(size) for _, size in fetched)
+        print(f"ceph, {workers} workers: {count} samples in {seconds:.2f} s ({release_bytes / seconds / 1e6:.1f} MB/s), "
+              f"{len(fetched)} fetches by {len({pid for pid, _ in fetched})} processes, "
+              f"{fetched_bytes / 1e6:.1f} MB fetched of a {release_bytes / 1e6:.1f} MB release")
+        if before is not None and after is not None:
+            print(f"rgw_get_bytes_ratio (radosgw get_b over the run, includes any other client): "
+                  f"{(after - before) / release_bytes:.3f}")
+        print(f"remote_bytes_per_epoch_ratio: {fetched_bytes / release_bytes:.3f}")
+    finally:
+        fs.rm(bucket, recursive=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=2000, help="samples per shard")
-    parser.add_argument("--text-bytes", type=int, default=6000, help="text size per sample")
+    parser.add_argument("--shards", type=int, default=40)
+    parser.add_argument("--samples", type=int, default=2500, help="samples per shard")
+    parser.add_argument("--text-bytes", type=int, default=2500, help="text size per sample")
     parser.add_argument("--writer", choices=["export", "fixture"], default="export", help="what writes the shards")
-    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the one-worker runs")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the timed runs")
+    parser.add_argument("--no-ceph", action="store_true", help="skip the remote-bytes run on Ceph")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root:
         if args.writer == "export":
@@ -121,47 +196,61 @@ def main() -> None:
         total_mb = sum(shard["size"] for shard in manifest["shards"]) / 1e6
         total_samples = manifest["num_samples"]
         raw_read(paths)  # into page cache
-        results: dict[str, float] = {}
-
-        def report(name: str, seconds: float) -> None:
-            results[name] = seconds
-            print(f"{name:<36} {total_mb / seconds:9.1f} MB/s {total_samples / seconds:12.0f} samples/s")
 
         def check(count: int) -> int:
             assert count == total_samples, count
             return count
 
-        one_worker = {  # interleaved: each round times every reader once, so drifts in machine speed hit all alike
+        runs = {  # interleaved: each round times every reader once, so drifts in machine speed hit all alike
             "raw_read": lambda: raw_read(paths),
-            "webdataset (1 worker)": lambda: check(webdataset_iter(paths, 0)),
-            "ReleaseDataset (1 worker)": lambda: check(release_iter(manifest_path, 0, **LIKE_FOR_LIKE)),
-            "ReleaseDataset defaults (1 worker)": lambda: check(release_iter(manifest_path, 0)),
+            "webdataset defaults (0 workers)": lambda: check(webdataset_iter(paths, 0)),
+            "ReleaseDataset defaults (0 workers)": lambda: check(release_iter(manifest_path, 0, **RECOMMENDED)),
+            "ReleaseDataset stripped-down, per-sample dicts (0 workers)":
+                lambda: check(release_iter(manifest_path, 0, **STRIPPED)),
+            "webdataset defaults (2 workers)": lambda: check(webdataset_iter(paths, 2)),
+            "ReleaseDataset defaults (1 worker)": lambda: check(release_iter(manifest_path, 1, **RECOMMENDED)),
+            "ReleaseDataset defaults (2 workers)": lambda: check(release_iter(manifest_path, 2, **RECOMMENDED)),
+            "ReleaseDataset defaults (4 workers)": lambda: check(release_iter(manifest_path, 4, **RECOMMENDED)),
+            "ReleaseDataset defaults, list batches (1 worker)":
+                lambda: check(release_iter(manifest_path, 1, batch_size=BATCH)),
+            "ReleaseDataset defaults, list batches (4 workers)":
+                lambda: check(release_iter(manifest_path, 4, batch_size=BATCH)),
         }
+        for name, run in runs.items():  # warm-up, untimed: imports and first-use costs of each reader
+            if "0 workers" in name:
+                run()
         rounds: list[dict[str, float]] = []
         for _ in range(args.rounds):
-            rounds.append({name: timed(run, repeat=1)[0] for name, run in one_worker.items()})
+            times = {}
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run()
+                times[name] = time.perf_counter() - start
+            rounds.append(times)
 
         def median_ratio(slow: str, fast: str) -> float:
             return statistics.median(r[slow] / r[fast] for r in rounds)
 
         print(f"{args.shards} shards ({args.writer}), {total_samples} samples, {total_mb:.1f} MB, "
-              f"text {args.text_bytes} B/sample; one worker: medians of {args.rounds} interleaved rounds")
-        for name in one_worker:
-            report(name, statistics.median(r[name] for r in rounds))
-        for name, run in (("webdataset (2 workers)", lambda: webdataset_iter(paths, 2)),
-                          ("ReleaseDataset (2 workers)", lambda: release_iter(manifest_path, 2, **LIKE_FOR_LIKE)),
-                          ("ReleaseDataset defaults (2 workers)", lambda: release_iter(manifest_path, 2))):
-            seconds, count = timed(run)
-            report(name, seconds)
-            check(count)
-        speedup2 = results["webdataset (2 workers)"] / results["ReleaseDataset (2 workers)"]
-        defaults2 = results["webdataset (2 workers)"] / results["ReleaseDataset defaults (2 workers)"]
-        print(f"speedup_vs_webdataset_2_workers: {speedup2:.2f}")
-        print(f"speedup_vs_webdataset_2_workers_with_shuffle_and_sha256: {defaults2:.2f}")
-        print(f"speedup_vs_webdataset_with_shuffle_and_sha256: "
-              f"{median_ratio('webdataset (1 worker)', 'ReleaseDataset defaults (1 worker)'):.2f}")
-        print(f"speedup_vs_webdataset: {median_ratio('webdataset (1 worker)', 'ReleaseDataset (1 worker)'):.2f}")
-        print(f"fraction_of_raw_read: {median_ratio('raw_read', 'ReleaseDataset (1 worker)'):.3f}")
+              f"text {args.text_bytes} B/sample, batches of {BATCH}; medians of {args.rounds} interleaved rounds")
+        for name in runs:
+            seconds = statistics.median(r[name] for r in rounds)
+            print(f"{name:<60} {total_mb / seconds:9.1f} MB/s {total_samples / seconds:12.0f} samples/s")
+        if not args.no_ceph:
+            ceph_bytes_ratio(manifest, 4)
+        print(f"speedup_vs_webdataset_stripped_down: "
+              f"{median_ratio('webdataset defaults (0 workers)', 'ReleaseDataset stripped-down, per-sample dicts (0 workers)'):.2f}")
+        print(f"workers_scaling_list_batches: "
+              f"{median_ratio('ReleaseDataset defaults, list batches (1 worker)', 'ReleaseDataset defaults, list batches (4 workers)'):.2f}")
+        print(f"speedup_vs_webdataset_defaults_0_workers: "
+              f"{median_ratio('webdataset defaults (0 workers)', 'ReleaseDataset defaults (0 workers)'):.2f}")
+        print(f"speedup_vs_webdataset_defaults_2_workers: "
+              f"{median_ratio('webdataset defaults (2 workers)', 'ReleaseDataset defaults (2 workers)'):.2f}")
+        print(f"workers_scaling: "
+              f"{median_ratio('ReleaseDataset defaults (1 worker)', 'ReleaseDataset defaults (4 workers)'):.2f}")
+
 
 if __name__ == "__main__":
     main()
+    sys.stdout.flush()
+    os._exit(0)  # delta-rs and s3fs's event loop thread can abort or complain at interpreter exit

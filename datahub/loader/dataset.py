@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from datahub.loader.decode import DecodeMode, SampleReader, make_decoder
+from datahub.loader.decode import BatchFormat, DecodeMode, SampleReader, arrow_text_batch, make_decoder, text_parts
 from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.manifest import load_manifest
 from datahub.shards.manifest import Manifest
@@ -60,6 +60,12 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
     are resolved). ``read_policy``: connect/read timeouts, bounded retries and tier cooldown for remote reads
     (``datahub.loader.read_policy``). ``verify``: True checks size and sha256, hashing a local file once per
     identity (device, inode, size, mtime, ctime); "always" hashes every read; False checks the size only.
+
+    DataLoader workers: each reads its own contiguous piece of the rank's stream, cut between shuffle blocks of
+    whole shards, so every shard is fetched once per epoch whatever ``num_workers`` (see ``datahub.loader.plan``).
+    ``batch_size=N, batch_format="arrow"`` yields ``pyarrow.RecordBatch``es (sample_id, text, is_padding) that cross
+    the worker boundary as buffers: the fast way to feed a tokenizer (``DataLoader(dataset, batch_size=None)``
+    passes them through untouched).
     """
 
     def __init__(
@@ -77,6 +83,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         shuffle_buffer: int = 8192,
         decode: DecodeMode | Callable[[dict[str, Any]], Any] = "text",
         batch_size: int | None = None,
+        batch_format: BatchFormat = "list",
         uneven: Uneven = "pad",
         prefetch_shards: int = 2,
         cache_dir: str | os.PathLike[str] | None = None,
@@ -88,6 +95,11 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
             raise ValueError(f"uneven must be 'pad' or 'drop'; got {uneven!r}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None; got {batch_size}")
+        if batch_format not in ("list", "arrow"):
+            raise ValueError(f"batch_format must be 'list' or 'arrow'; got {batch_format!r}")
+        if batch_format == "arrow" and (batch_size is None or decode != "text"):
+            raise ValueError("batch_format='arrow' makes pyarrow RecordBatches of text: it needs batch_size=N and "
+                             f"decode='text' (got batch_size={batch_size}, decode={decode!r})")
         storage_config = as_storage(storage)
         manifest_options = None
         if isinstance(release_or_manifest, str) and "://" in release_or_manifest:  # a manifest URI on an object store
@@ -99,7 +111,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         self.shuffle, self.shuffle_buffer = shuffle, int(shuffle_buffer or 0)
         self.batch_size, self.uneven = batch_size, uneven
         self.prefetch_shards = prefetch_shards
-        self._decode = make_decoder(decode)
+        self.batch_format = batch_format
+        self._decode = text_parts if batch_format == "arrow" else make_decoder(decode)
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,
                                   storage=tier_options(storage_config, tiers=readable_tiers(self.manifest, tier_preference)),
                                   cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify,
@@ -229,7 +242,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
             raise ValueError("cannot resume: the checkpoint was taken with a different order (" + "; ".join(clashes)
                              + "); construct the ReleaseDataset with the checkpoint's settings")
         self.epoch = int(state["epoch"])
-        self._segments = [(int(w), int(n), *(int(x) for x in rest[:2]), *([1, 0] if not rest else []))
+        # a /2 segment is (world_size, samples consumed per rank): read by one worker per rank, or in-process
+        self._segments = [(int(w), int(n), int(rest[0]) if rest else 1, int(rest[1]) if rest else 0)
                           for w, n, *rest in state["segments"]]
         self._consumed, self._items = 0, 0
         self._worker_resume = dict(state["worker"]) if "worker" in state else None
@@ -282,7 +296,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
 
     def _iterate(self, stream: RankStream, order: EpochOrder, bounds: np.ndarray, first: int) -> Iterator[Any]:
         names = [shard.name for shard in self.manifest.shards]
-        decode, batch_size = self._decode, self.batch_size
+        decode, batch_size, arrow = self._decode, self.batch_size, self.batch_format == "arrow"
         prefetcher = Prefetcher(self.source.read_buffer, depth=self.prefetch_shards, threads=2)
         readers: dict[int, SampleReader] = {}  # shards in use: sample reader bound to the shard's index and bytes
         chunks = self._worker_chunks(stream, order, bounds, first)
@@ -328,7 +342,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
                             self._items += 1
                             item += 1
                             out, batch = batch, []
-                            yield out
+                            yield arrow_text_batch(out) if arrow else out
                 for shard in [s for s in readers if s not in later]:
                     del readers[shard]
         finally:

@@ -128,3 +128,22 @@ def test_resume_with_another_number_of_workers_exactly_once(wide: tuple[str, dic
     rest = samples(DataLoader(resumed, batch_size=None, num_workers=2))
     tally = Counter(s["sample_id"] for s in head + rest)
     assert sorted(tally) == sorted(all_ids(manifest)) and set(tally.values()) == {1}
+
+
+def test_arrow_batches_hold_the_list_batches_samples(wide: tuple[str, dict]) -> None:
+    pa = pytest.importorskip("pyarrow")
+    path, _ = wide
+    settings: dict[str, Any] = {"seed": 5, "shuffle_buffer": 10, "batch_size": 8}
+    lists = list(DataLoader(ReleaseDataset(path, rank=1, world_size=2, **settings), batch_size=None, num_workers=2))
+    tables = list(DataLoader(ReleaseDataset(path, rank=1, world_size=2, batch_format="arrow", **settings),
+                             batch_size=None, num_workers=2))
+    assert all(isinstance(batch, pa.RecordBatch) for batch in tables)
+    assert [batch.to_pylist() for batch in tables] == lists
+
+
+def test_arrow_batches_need_a_batch_size_and_text(wide: tuple[str, dict]) -> None:
+    path, _ = wide
+    with pytest.raises(ValueError, match="batch_format='arrow'.*batch_size=N"):
+        ReleaseDataset(path, rank=0, world_size=1, batch_format="arrow")
+    with pytest.raises(ValueError, match="decode='text'"):
+        ReleaseDataset(path, rank=0, world_size=1, batch_format="arrow", batch_size=4, decode="json")
