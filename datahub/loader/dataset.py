@@ -113,6 +113,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         self.prefetch_shards = prefetch_shards
         self.batch_format = batch_format
         self._decode = text_parts if batch_format == "arrow" else make_decoder(decode)
+        if batch_format == "arrow":  # pyarrow imports its pandas shim on first use: here, not once per forked worker
+            arrow_text_batch([("", memoryview(b""), False)])
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,
                                   storage=tier_options(storage_config, tiers=readable_tiers(self.manifest, tier_preference)),
                                   cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify,

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+import numpy.random  # noqa: F401  numpy imports it lazily: loaded here, forked DataLoader workers inherit it (~0.1 s each)
 
 Uneven = Literal["pad", "drop"]
 Intervals = list[tuple[int, int]]  # half-open ranges of positions in G
