@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -69,16 +70,15 @@ class IndexRows:
 
 
 @register
-class MinhashDedup(GlobalOperator):
+class MinhashDedup(GlobalOperator[MinhashDedupParams]):
     """Near duplicates by MinHash-LSH (Broder 1997; Leskovec et al., MMDS ch. 3)."""
 
     name = "minhash_dedup"
     version = "1"
     Params = MinhashDedupParams
-    params: MinhashDedupParams
 
-    def __init__(self, params: object = None) -> None:
-        super().__init__(params)  # type: ignore[arg-type]
+    def __init__(self, params: MinhashDedupParams | Mapping[str, Any] | None = None) -> None:
+        super().__init__(params)
         p = self.params
         self.bands, self.rows = p.lsh_bands()  # for recall when verify is on (params.MinhashDedupParams.lsh_bands)
         self.minhasher = MinHasher(num_perm=p.num_perm, seed=p.seed, scheme=p.scheme, shingle=p.shingle, ngram=p.ngram,
