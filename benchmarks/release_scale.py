@@ -91,14 +91,21 @@ def main() -> None:
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--code", help="run the commands with datahub from this source tree (an older commit, "
                                        "e.g. `git archive REV | tar -x -C DIR`): the 'before' figures")
-    parser.add_argument("--system-allocator", action="store_true",
-                        help="labelled variant: Arrow on malloc with fixed glibc mmap/trim thresholds (the Ray workers' "
-                             "MALLOC_ENV), so freed decode buffers go back to the system instead of mimalloc's cache")
+    allocator = parser.add_mutually_exclusive_group()
+    allocator.add_argument("--system-allocator", action="store_true",
+                           help="Arrow on malloc with fixed glibc mmap/trim thresholds set in each command's "
+                                "environment (the CLI's default since datahub/allocator.py; for --code runs of "
+                                "older commits)")
+    allocator.add_argument("--arrow-allocator", action="store_true",
+                           help="labelled variant: DATAHUB_ALLOCATOR=arrow, Arrow's own allocator (mimalloc/jemalloc, "
+                                "keeps freed decode buffers) and glibc's default thresholds, as before the default")
     args = parser.parse_args()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONWARNINGS": "ignore"}
     if args.system_allocator:
         env.update({"ARROW_DEFAULT_MEMORY_POOL": "system", "MALLOC_MMAP_THRESHOLD_": "131072",
                     "MALLOC_TRIM_THRESHOLD_": "131072"})
+    if args.arrow_allocator:
+        env["DATAHUB_ALLOCATOR"] = "arrow"
     command_env = {**env, "PYTHONPATH": args.code} if args.code else env
     datahub = str(Path(sys.executable).parent / "datahub")
     sizes = {"S": int(args.small_mb * 1e6 / DOC_BYTES), "L": int(4 * args.small_mb * 1e6 / DOC_BYTES)}

@@ -14,6 +14,7 @@ import sys
 import typer
 
 from datahub import __version__
+from datahub.allocator import use_system_allocator
 from datahub.errors import DatahubError
 
 app = typer.Typer(
@@ -54,9 +55,15 @@ def main() -> None:
     _leave(_run())
 
 
+# commands that stream a release after the lake: Arrow on malloc, freed batches returned (datahub/allocator.py)
+POST_LAKE_COMMANDS = frozenset({"qa", "report", "export", "release", "tier", "lineage"})
+
+
 def _run() -> int:
     """Run the command; its exit status."""
     try:
+        if len(sys.argv) > 1 and sys.argv[1] in POST_LAKE_COMMANDS:
+            use_system_allocator()
         app()
     except DatahubError as exc:
         from datahub.cli.output import console, plain
