@@ -22,6 +22,7 @@ from datahub.loader.plan import (EpochOrder, RankStream, Segment, Uneven, consum
 from datahub.loader.prefetch import Prefetcher
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
+from datahub.loader.regions import region_preference
 from datahub.loader.storage_options import StorageArg, as_storage, readable_tiers, tier_options
 from datahub.loader.storage_options import manifest_options as manifest_options_for
 from datahub.shards.index import index_tar
@@ -57,7 +58,10 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
 
     ``storage``: ``{tier: fsspec options}``, or the ``StorageConfig`` / storage YAML path the export used
     (credentials then come from the env variables or file each tier names; only tiers the loader may read
-    are resolved). ``read_policy``: connect/read timeouts, bounded retries and tier cooldown for remote reads
+    are resolved). ``region``: replicas on tiers labelled with this region are read first, the others are the
+    failover (default ``DATAHUB_REGION``; needs ``region:`` labels in the storage config; an explicit
+    ``tier_preference`` wins; ``datahub.loader.regions``). ``read_policy``: connect/read timeouts, bounded retries
+    and tier cooldown for remote reads
     (``datahub.loader.read_policy``). ``verify``: True checks size and sha256, hashing a local file once per
     identity (device, inode, size, mtime, ctime); "always" hashes every read; False checks the size only.
 
@@ -75,6 +79,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         lake: str | None = None,
         storage: StorageArg = None,
         tier_preference: Sequence[str] | None = None,
+        region: str | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         seed: int = 0,
@@ -115,6 +120,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
         self._decode = text_parts if batch_format == "arrow" else make_decoder(decode)
         if batch_format == "arrow":  # pyarrow imports its pandas shim on first use: here, not once per forked worker
             arrow_text_batch([("", memoryview(b""), False)])
+        if tier_preference is None:  # the reader's region's replicas first, the others as failover
+            tier_preference = region_preference(readable_tiers(self.manifest, None), storage_config, region)
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,
                                   storage=tier_options(storage_config, tiers=readable_tiers(self.manifest, tier_preference)),
                                   cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify,

@@ -50,6 +50,11 @@ class Tier:
         return self.spec.kind
 
     @property
+    def region(self) -> str | None:
+        """The tier's region label (``region:`` in the storage YAML), or None."""
+        return self.spec.region
+
+    @property
     def root_uri(self) -> str:
         spec = self.spec
         if isinstance(spec, CfsTier):
@@ -70,7 +75,8 @@ class Tier:
         if isinstance(spec, CephTier):
             key, secret = self._s3_credentials(spec)
             return {"key": key, "secret": secret,
-                    "client_kwargs": {"endpoint_url": spec.endpoint_url, "region_name": spec.region}}
+                    "client_kwargs": {"endpoint_url": spec.endpoint_url,
+                                      "region_name": spec.s3_region or spec.region or "us-east-1"}}
         if isinstance(spec, HdfsTier):
             return {"user": spec.user} if spec.user else {}
         return {}

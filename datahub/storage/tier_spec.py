@@ -13,11 +13,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# every tier kind: where the tier is, for readers that prefer a replica in their own region (DATAHUB_REGION)
+_REGION_HELP = ("region label, e.g. eu-west: the loader prefers replicas in its own region (DATAHUB_REGION) and "
+                "fails over to the others; unset: no region")
+
+
 class CfsTier(_Model):
     """A POSIX mount (Tencent CFS is NFS or CFS Turbo): publish by write-to-temp then rename."""
 
     kind: Literal["cfs"]
     path: str = Field(..., description="directory on the mount, e.g. /mnt/cfs/releases (relative: from the current directory)")
+    region: str | None = Field(None, description=_REGION_HELP)
 
     @field_validator("path")
     @classmethod
@@ -41,7 +47,10 @@ class CephTier(_Model):
     endpoint_url: str = Field(..., description="e.g. http://rgw.internal:7480")
     bucket: str
     prefix: str = ""
-    region: str = "us-east-1"
+    region: str | None = Field(None, description=_REGION_HELP + "; also the S3 region sent to the endpoint "
+                               "(us-east-1 when unset), unless s3_region is given")
+    s3_region: str | None = Field(None, description="the S3 region the endpoint expects when the region label differs "
+                                  "(e.g. an RGW zonegroup's api_name)")
     credentials: S3Credentials = Field(default_factory=S3Credentials)
 
     @field_validator("endpoint_url")
@@ -58,6 +67,7 @@ class HdfsTier(_Model):
     kind: Literal["hdfs"]
     url: str = Field(..., description="webhdfs://HOST:PORT/absolute/path")
     user: str | None = None
+    region: str | None = Field(None, description=_REGION_HELP)
 
     @field_validator("url")
     @classmethod

@@ -50,14 +50,24 @@ def _rules(the_lake: Lake, config: StorageConfig, plan: TierPlan, targets: dict[
     return rules
 
 
-def _print_plan(plan: TierPlan, rules: dict[str, str] | None = None) -> None:
+def _regions(config: StorageConfig) -> dict[str, str]:
+    """The region label of each labelled tier (``region:`` in the storage YAML)."""
+    return {name: spec.region for name, spec in config.tiers.items() if spec.region}
+
+
+def _print_plan(plan: TierPlan, rules: dict[str, str] | None = None, regions: dict[str, str] | None = None) -> None:
     out = console()
     if not plan.moves:
         out.print("nothing to move: every release is where the policy wants it")
         return
+
+    def at(tier: str | None) -> str:  # a tier with its region, when labelled: "ceph-eu (eu-west)"
+        region = (regions or {}).get(tier or "")
+        return f"{tier} ({region})" if region else str(tier)
+
     for m in plan.moves:
-        what = {"copy": f"copy {m.source} -> {m.tier}", "repair": f"repair on {m.tier} from {m.source}"}.get(
-            m.action, f"delete from {m.tier}")
+        what = {"copy": f"copy {at(m.source)} -> {at(m.tier)}",
+                "repair": f"repair on {at(m.tier)} from {at(m.source)}"}.get(m.action, f"delete from {at(m.tier)}")
         extra = " (leftover of an interrupted apply)" if m.leftover else ""
         extra += " (damaged or missing replicas)" if m.action == "repair" else ""
         rule = (rules or {}).get(m.release)
@@ -87,7 +97,11 @@ def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] =
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
     result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify)
     rules = _rules(the_lake, config, result, targets)
-    print_json({**result.as_dict(), "rules": rules}) if as_json else _print_plan(result, rules)
+    regions = _regions(config)
+    if as_json:
+        print_json({**result.as_dict(), "rules": rules, "regions": regions})
+        return
+    _print_plan(result, rules, regions)
 
 
 @tier_app.command("apply")
@@ -102,9 +116,9 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
     with progress("tier apply", enabled=not as_json) as update:
         done = apply_tiers(the_lake, result, storage=config, progress=update)
     if as_json:
-        print_json(TierPlan(tuple(done)).as_dict())
+        print_json({**TierPlan(tuple(done)).as_dict(), "regions": _regions(config)})
         return
-    _print_plan(TierPlan(tuple(done)))
+    _print_plan(TierPlan(tuple(done)), regions=_regions(config))
 
 
 @tier_app.command("touch")
