@@ -47,6 +47,7 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
 from datahub.pipeline.faults import checkpoint
+from datahub.release.records import get_release
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import Tier
 
@@ -76,14 +77,7 @@ def parse_size(value: str | int) -> int:
 
 def export_release(lake: Lake, release_name: str, *, tier: str | Tier, storage: StorageConfig | None = None,
                    **options: Any) -> Manifest:
-    """Export a release by name (resolved through ``datahub.release``) — see ``export_table_version``."""
-    try:
-        from datahub.release import get_release  # type: ignore[attr-defined]
-    except ImportError:
-        raise ReleaseError(
-            f"release {release_name!r}: datahub.release is not available in this install, so release names "
-            "cannot be resolved; export a table version instead (export_table_version(table=..., version=...))"
-        ) from None
+    """Export a release by name (resolved through ``datahub.release.records``) — see ``export_table_version``."""
     release = get_release(lake, release_name)
     return export_table_version(lake, table=release.table, version=int(release.version), release_name=release.name,
                                 release_digest=release.digest, tier=tier, storage=storage, **options)

@@ -131,7 +131,8 @@ class ShardSource:
 
     def read(self, shard_index: int) -> bytes:
         """The shard's verified bytes, as a ``bytes`` copy."""
-        return self._read(shard_index, mapped=False)  # type: ignore[return-value]
+        data = self._read(shard_index, mapped=False)
+        return data if isinstance(data, bytes) else bytes(data)
 
     def read_buffer(self, shard_index: int) -> ShardBytes:
         """The shard's verified bytes without a copy: a read-only mmap for local files, else bytes."""

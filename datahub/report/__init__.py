@@ -62,8 +62,9 @@ def build_report(lake: Lake, *, out_dir: str | Path, table: str = "samples", ver
     }
     report = Report(out / "index.html")
     for key, _, missing in SECTIONS:
-        if drawn[key] is not None:
-            report.plots[key] = drawn[key]  # type: ignore[assignment]
+        path = drawn[key]
+        if path is not None:
+            report.plots[key] = path
         else:
             report.notes[key] = missing
     report.index.write_text(_render(lake, data, report))

@@ -102,7 +102,7 @@ def _index_plain_ustar(array: np.ndarray) -> ShardIndex | None:
     sizes = _octal_words(np.ascontiguousarray(words[:, 0]), np.ascontiguousarray(words[:, 1]))
     following = np.arange(1, count + 1) + ((sizes + BLOCK - 1) >> 9)
     following[~plain] = count  # stop the chain at anything but a plain header (end marker included)
-    chain = memoryview(following)  # type: ignore[arg-type]  # plain ints per lookup, no whole-array conversion
+    chain = following.data  # a memoryview: plain ints per lookup, no whole-array conversion
     headers = []
     block = 0
     while block < count:

@@ -46,7 +46,7 @@ def codec_of(uri: str) -> Codec:
 def decompress(stream: IO[bytes], uri: str) -> IO[bytes]:
     codec = codec_of(uri)
     if codec == "gzip":
-        return gzip.GzipFile(fileobj=cast(IO[bytes], _NonEmptySource(stream, uri, "gzip")))  # type: ignore[return-value]
+        return cast(IO[bytes], gzip.GzipFile(fileobj=cast(IO[bytes], _NonEmptySource(stream, uri, "gzip"))))
     if codec == "zstd":
         return io.BufferedReader(_ZstdFrames(stream, uri), buffer_size=1 << 20)
     if isinstance(stream, io.BufferedReader):
