@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from datahub.settings import progress_forced
+
 
 def print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str, sort_keys=True) + "\n")
@@ -62,9 +64,7 @@ def progress(description: str, *, enabled: bool = True) -> Iterator[Any]:
 
 
 def _force_progress() -> bool:
-    import os
-
-    return os.environ.get("DATAHUB_PROGRESS") == "1"
+    return progress_forced()
 
 
 LOG_EVERY_SECONDS = 10.0

@@ -9,7 +9,7 @@ published shard and before the manifest (``export:after_shard:N``, ``export:befo
 the N-th time this process reaches it, e.g. the second run of one ``run_job`` call), the process
 sends itself SIGKILL: no cleanup, no ``finally``, exactly what an OOM-kill or node loss does.
 ``name@SIGINT`` sends that signal instead (Ctrl-C: a KeyboardInterrupt that unwinds the stack).
-This is the one place that variable is read; unset, a checkpoint costs a dict lookup.
+The variable is read through ``datahub.settings.kill_at``; unset, a checkpoint costs a dict lookup.
 """
 
 from __future__ import annotations
@@ -18,14 +18,17 @@ import os
 import signal
 from collections import Counter
 
-KILL_AT_ENV = "DATAHUB_TEST_KILL_AT"
+from datahub.settings import KILL_AT_ENV, kill_at
+
+__all__ = ["KILL_AT_ENV", "checkpoint"]
+
 
 _reached: Counter[str] = Counter()  # checkpoint name -> times reached in this process (only when armed)
 
 
 def checkpoint(name: str) -> None:
     """Die by SIGKILL here when ``DATAHUB_TEST_KILL_AT`` names ``name`` (or ``name#N``, N-th time)."""
-    wanted = os.environ.get(KILL_AT_ENV)
+    wanted = kill_at()
     if not wanted:
         return
     _reached[name] += 1

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from types import ModuleType
 
 import numpy as np
+
+from datahub.settings import minhash_compiled
 
 log = logging.getLogger("datahub.dedup")
 _MODULE = "operators.dedup._minhash_c"
@@ -28,7 +29,7 @@ _missing = False
 
 def enabled() -> bool:
     """Whether signatures take the compiled path (extension built, not turned off by the environment)."""
-    return os.environ.get("DATAHUB_MINHASH_COMPILED", "1") != "0" and _load() is not None
+    return minhash_compiled() and _load() is not None
 
 
 def word_signatures(data: np.ndarray, offsets: np.ndarray, position_constants: np.ndarray, a: np.ndarray,
