@@ -7,7 +7,7 @@ only from its top. ``use_system_allocator`` puts Arrow on malloc and fixes glibc
 128 kB (the Ray workers' ``MALLOC_ENV``), so freed batches go back to the system: measured with
 ``benchmarks/release_scale.py``, qa's peak grows 1.11x and export's 1.24x for 4x the data instead of 1.5-1.7x.
 
-This is the one place the setting is read: ``DATAHUB_ALLOCATOR=system`` (the default) or ``arrow`` (keep Arrow's
+The setting is ``DATAHUB_ALLOCATOR`` (read in ``datahub.settings``): ``system`` (the default) or ``arrow`` (keep Arrow's
 own allocator and glibc's defaults, e.g. for a quick comparison). Variables the user set themselves
 (``ARROW_DEFAULT_MEMORY_POOL``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) are left as they are.
 """
@@ -19,9 +19,9 @@ import os
 import sys
 from collections.abc import MutableMapping
 
+from datahub import settings
 from datahub.errors import DatahubError
 
-ALLOCATOR_ENV = "DATAHUB_ALLOCATOR"
 ALLOCATORS = ("system", "arrow")
 MALLOC_THRESHOLD = 131072
 
@@ -38,11 +38,11 @@ def use_system_allocator(environ: MutableMapping[str, str] | None = None) -> boo
     glibc thresholds through ``mallopt``, since glibc reads ``MALLOC_*_`` only at exec. True when applied.
     """
     env = os.environ if environ is None else environ
-    choice = env.get(ALLOCATOR_ENV, "system").strip().lower() or "system"
+    choice = settings.allocator(env)
     if choice not in ALLOCATORS:
-        raise DatahubError(f"{ALLOCATOR_ENV}={env[ALLOCATOR_ENV]!r} is not an allocator setting; use one of "
-                           f"{', '.join(ALLOCATORS)} (system: Arrow on malloc, freed memory returned; arrow: "
-                           "Arrow's own allocator)")
+        name = settings.ALLOCATOR_ENV
+        raise DatahubError(f"{name}={env[name]!r} is not an allocator setting; use one of {', '.join(ALLOCATORS)} "
+                           "(system: Arrow on malloc, freed memory returned; arrow: Arrow's own allocator)")
     if choice == "arrow":
         return False
     env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")

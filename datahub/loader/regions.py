@@ -1,27 +1,26 @@
 """Replica order by region: a reader tries the tiers of its own region first and fails over to the others.
 
 A tier's region is the ``region:`` label of its entry in the storage YAML (``datahub.storage.tier_spec``). The
-reader's region is ``ReleaseDataset(region=...)``, else the ``DATAHUB_REGION`` environment variable, read here
-and nowhere else; with neither, or raw ``{tier: fsspec options}`` (no labels), the order is the manifest's.
+reader's region is ``ReleaseDataset(region=...)``, else the ``DATAHUB_REGION`` environment variable (read in
+``datahub.settings``); with neither, or raw ``{tier: fsspec options}`` (no labels), the order is the manifest's.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from datahub import settings
+
 if TYPE_CHECKING:
     from datahub.storage.config import StorageConfig
-
-REGION_ENV = "DATAHUB_REGION"
 
 
 def reader_region(region: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     """The reader's region: ``region`` when given, else ``DATAHUB_REGION`` (empty: none)."""
     if region is not None:
         return region or None
-    return (os.environ if environ is None else environ).get(REGION_ENV) or None
+    return settings.region(environ)
 
 
 def tier_regions(storage: Mapping[str, Mapping[str, Any]] | StorageConfig | None) -> dict[str, str | None]:
