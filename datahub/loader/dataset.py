@@ -32,7 +32,7 @@ try:  # a real IterableDataset when torch is installed (DataLoader workers, Stat
     from torch.utils.data import IterableDataset as _Base
     from torch.utils.data import get_worker_info as _get_worker_info
 except ImportError:  # pragma: no cover - exercised in the no-torch test via a subprocess
-    _Base = object  # type: ignore[assignment,misc]
+    _Base = object  # type: ignore[assignment,misc]  # torch is an optional extra: a plain iterable then
 
     def _get_worker_info() -> Any:
         return None
@@ -46,7 +46,7 @@ _OLD_STATE_FORMATS = (_OLD_STATE_FORMAT, "datahub.loader/2")
 _CHUNK_ITEMS = 1 << 16  # plan this many rank items at a time: bounded memory on billion-sample releases
 
 
-class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]
+class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is torch's IterableDataset, or object without torch
     """Iterate one rank's share of a release: each sample exactly once per epoch over all ranks and workers.
 
     Every rank gets the same number of items; ``uneven="pad"`` (default) repeats a sample on
