@@ -27,6 +27,7 @@ from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_l
 from datahub.export.plan import ORDER, export_order
 from datahub.export.source import TableSource
 from datahub.export.write import ShardDone
+from datahub.pipeline.faults import checkpoint
 from datahub.shards.index import index_tar
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
@@ -223,15 +224,22 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
         data = _read_verified(manifest, shard, storage, skip_tier=skip_tier)
         dest.publish_verified(uri, data, sha256=shard.sha256)
 
+    index = {s.name: i for i, s in enumerate(manifest.shards)}
     window = max(1, workers)
     with ThreadPoolExecutor(max_workers=window, thread_name_prefix="datahub-tier-copy") as pool:
-        pending: deque[Future[None]] = deque()
+        pending: deque[tuple[ShardRecord, Future[None]]] = deque()
+
+        def finish() -> None:
+            shard, future = pending.popleft()
+            future.result()
+            checkpoint(f"tier:after_shard:{index[shard.name]}")  # crash tests: verified on the tier, not published
+
         for shard in shards:  # at most ``workers`` copies in flight; a failure stops new ones (a re-run resumes)
             if len(pending) == window:
-                pending.popleft().result()
-            pending.append(pool.submit(one, shard))
+                finish()
+            pending.append((shard, pool.submit(one, shard)))
         while pending:
-            pending.popleft().result()
+            finish()
 
 
 def _copy(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2) -> None:
