@@ -25,6 +25,7 @@ import yaml
 from datahub.export import export_table_version, read_lake_manifest
 from datahub.loader.dataset import ReleaseDataset
 from datahub.pipeline.faults import KILL_AT_ENV
+from datahub.shards.manifest import Manifest
 from datahub.storage import validate_storage_config
 from tests.ceph import S3Endpoint, ceph_s3  # noqa: F401
 from tests.export.helpers import make_lake
@@ -43,6 +44,12 @@ def _tier_apply(lake: Path, east: Path, west: Path, *, kill_at: str | None = Non
             "--release", "r1", "--tiers", "cfs,ceph", "--json"]
     return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], capture_output=True, text=True,
                           timeout=300, env=env, cwd=REPO, check=False)
+
+
+def _manifest(lake: Any) -> Manifest:
+    manifest = read_lake_manifest(lake, "r1")
+    assert manifest is not None
+    return manifest
 
 
 def _read(lake: Path, storage: Path) -> ReleaseDataset:
@@ -83,8 +90,8 @@ def test_cross_region_tier_copy_resumes_after_sigkill(tmp_path: Path, ceph_s3: S
     # shards 0 and 1 were verified before the kill, shard 2 may have been in flight (2 copies at once), 3 and 4
     # were never started; the manifest (lake and tiers) still names only cfs
     assert {names[0], names[1]} <= landed <= {names[0], names[1], names[2]}, landed
-    assert read_lake_manifest(lake, "r1").tiers == ["cfs"]
-    assert all(set(s.replicas) == {"cfs"} for s in read_lake_manifest(lake, "r1").shards)
+    assert _manifest(lake).tiers == ["cfs"]
+    assert all(set(s.replicas) == {"cfs"} for s in _manifest(lake).shards)
     before = _read(lake_root, both)
     assert sorted(s["sample_id"] for s in before) == expected_ids
     assert set(before.source.reads) == {("cfs", name) for name in names}  # no ceph replica is visible yet
@@ -98,11 +105,11 @@ def test_cross_region_tier_copy_resumes_after_sigkill(tmp_path: Path, ceph_s3: S
     for name in names:  # nothing copied twice: the shards landed before the kill were verified, not rewritten
         versions = versioned.object_version_info(f"{bucket}/{PREFIX}/r1/{name}")
         assert len(versions) == 1, (name, versions)
-    published = read_lake_manifest(lake, "r1")
+    published = _manifest(lake)
     assert sorted(published.tiers) == ["ceph", "cfs"]
     ceph_tier = validate_storage_config({"tiers": {"ceph": ceph}}, source=str(west)).tier("ceph")
     for shard in published.shards:  # sha256 at the destination matches the manifest
-        assert ceph_tier.verify(shard.replicas["ceph"], size=shard.size, sha256=shard.sha256)
+        assert ceph_tier.verify(shard.replicas["ceph"], size=shard.size, sha256=shard.checksum)
 
     after = _read(lake_root, both)
     read_ids = Counter(s["sample_id"] for s in after)
