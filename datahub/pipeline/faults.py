@@ -4,7 +4,7 @@ The runner calls ``checkpoint`` at its commit boundaries (``after_commit:TABLE``
 dedup operators inside their engine hooks (``minhash_dedup:after_signatures``,
 ``minhash_dedup:after_clustering``, ``exact_dedup:after_keepers``) and the export after each
 published shard and before the manifest (``export:after_shard:N``, ``export:before_manifest``,
-``export:after_tier_manifest``). When the environment variable
+``export:after_tier_manifest``), and the tier copy after each verified shard (``tier:after_shard:N``). When the environment variable
 ``DATAHUB_TEST_KILL_AT`` names that point (a comma-separated list is allowed; ``name#N`` means
 the N-th time this process reaches it, e.g. the second run of one ``run_job`` call), the process
 sends itself SIGKILL: no cleanup, no ``finally``, exactly what an OOM-kill or node loss does.
