@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -21,12 +21,14 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, LakeError, SpecError, StorageError
 from datahub.export.export import commit_export_lineage, publish_manifest
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
 from datahub.export.plan import ORDER, export_order
 from datahub.export.source import TableSource
 from datahub.export.write import ShardDone
+from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.index import index_tar
 from datahub.storage.config import StorageConfig
@@ -66,7 +68,7 @@ class TierPlan:
                 "bytes_to_delete": self.bytes_to_delete}
 
 
-def exported_releases(lake: Any) -> list[str]:
+def exported_releases(lake: Lake) -> list[str]:
     """Release names with a manifest under ``{lake}/_exports/``."""
     import fsspec
 
@@ -81,7 +83,7 @@ def exported_releases(lake: Any) -> list[str]:
     return [n for n in names if fs.exists(f"{path}/{n}/{MANIFEST_NAME}")]
 
 
-def release_states(lake: Any, names: list[str], *, manifests: Mapping[str, Manifest] | None = None
+def release_states(lake: Lake, names: list[str], *, manifests: Mapping[str, Manifest] | None = None
                    ) -> dict[str, ReleaseState]:
     """The policy's inputs per release: channels (``release_channels``), archived flag and last read
     (``release_events``), and when it was released. An export of a bare table version (no release
@@ -111,7 +113,7 @@ def _parse_time(text: str) -> datetime | None:
 
 
 def plan_tiers(
-    lake: Any,
+    lake: Lake,
     *,
     storage: StorageConfig,
     states: Mapping[str, ReleaseState] | None = None,
@@ -169,7 +171,7 @@ def plan_tiers(
     return TierPlan(tuple(moves))
 
 
-def apply_tiers(lake: Any, plan: TierPlan, *, storage: StorageConfig,
+def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
                 progress: Callable[..., None] | None = None, workers: int = 2) -> list[Move]:
     """Carry out a plan (copies and repairs of a release before its deletes); returns the moves done.
     ``workers`` shards are copied at once, each held in memory once (memory: ``workers`` shards)."""
@@ -213,36 +215,68 @@ def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verif
     return sorted(damaged)
 
 
-def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, storage: StorageConfig,
-                 skip_tier: str | None, workers: int, check_existing: bool) -> None:
-    """Copy shard by shard from a verified replica, ``workers`` at once; each copy is verified at the
-    destination (size and sha256); a destination replica already verified is kept (resume)."""
-    def one(shard: ShardRecord) -> None:
-        uri = dest.uri(manifest.release, shard.name)
-        if check_existing and dest.verify(uri, size=shard.size, sha256=shard.checksum):
-            return
-        data = _read_verified(manifest, shard, storage, skip_tier=skip_tier)
-        dest.publish_verified(uri, data, sha256=shard.sha256)
+@dataclass(frozen=True)
+class ShardCopySink(Sink[list[int], list[int]]):
+    """Tier copies on the write seam: each task copies the shards named in its rows (``index`` into the
+    manifest's shards) from a verified replica to ``dest``, verified there (size and sha256); a replica
+    already verified on ``dest`` is kept (resume). The commit returns the indices written; the caller
+    publishes the manifest, the one step that makes the copies visible. Holds configuration only."""
 
+    manifest: Manifest
+    dest: Tier
+    storage: StorageConfig
+    skip_tier: str | None
+    check_existing: bool
+
+    def write(self, batches: Iterable[pa.Table]) -> list[int]:
+        written = []
+        for batch in batches:
+            for index in batch.column("index").to_pylist():
+                shard = self.manifest.shards[index]
+                uri = self.dest.uri(self.manifest.release, shard.name)
+                if self.check_existing and self.dest.verify(uri, size=shard.size, sha256=shard.checksum):
+                    continue
+                data = _read_verified(self.manifest, shard, self.storage, skip_tier=self.skip_tier)
+                self.dest.publish_verified(uri, data, sha256=shard.sha256)
+                written.append(index)
+        return written
+
+    def commit(self, results: list[list[int]]) -> list[int]:
+        return sorted(index for result in results for index in result)
+
+
+def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, storage: StorageConfig,
+                 skip_tier: str | None, workers: int, check_existing: bool) -> list[int]:
+    """Copy shard by shard through ``ShardCopySink``, ``workers`` tasks (one shard each) at once on threads
+    of this process; returns the indices of the shards written (those already intact on ``dest`` are kept)."""
+    sink = ShardCopySink(manifest, dest, storage, skip_tier, check_existing)
     index = {s.name: i for i, s in enumerate(manifest.shards)}
     window = max(1, workers)
-    with ThreadPoolExecutor(max_workers=window, thread_name_prefix="datahub-tier-copy") as pool:
-        pending: deque[tuple[ShardRecord, Future[None]]] = deque()
+    results: list[list[int]] = []
+    sink.start()
+    try:
+        with ThreadPoolExecutor(max_workers=window, thread_name_prefix="datahub-tier-copy") as pool:
+            pending: deque[tuple[ShardRecord, Future[list[int]]]] = deque()
 
-        def finish() -> None:
-            shard, future = pending.popleft()
-            future.result()
-            checkpoint(f"tier:after_shard:{index[shard.name]}")  # crash tests: verified on the tier, not published
+            def finish() -> None:
+                shard, future = pending.popleft()
+                results.append(future.result())
+                checkpoint(f"tier:after_shard:{index[shard.name]}")  # crash tests: verified on the tier, not published
 
-        for shard in shards:  # at most ``workers`` copies in flight; a failure stops new ones (a re-run resumes)
-            if len(pending) == window:
+            for shard in shards:  # at most ``workers`` copies in flight; a failure stops new ones (a re-run resumes)
+                if len(pending) == window:
+                    finish()
+                task = [pa.table({"index": pa.array([index[shard.name]], pa.int64())})]
+                pending.append((shard, pool.submit(sink.write, task)))
+            while pending:
                 finish()
-            pending.append((shard, pool.submit(one, shard)))
-        while pending:
-            finish()
+        return sink.commit(results)
+    except BaseException as exc:
+        sink.abort(results, exc)
+        raise
 
 
-def _copy(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2) -> None:
+def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2) -> None:
     dest = storage.tier(tier_name)
     _copy_shards(manifest, list(manifest.shards), dest, storage=storage, skip_tier=None, workers=workers,
                  check_existing=True)
@@ -258,7 +292,7 @@ def _copy(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConf
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
 
 
-def _delete(lake: Any, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> None:
+def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> None:
     tier = storage.tier(tier_name)
     if tier_name in {t for s in manifest.shards for t in s.replicas}:
         remaining = {s.name: {t: u for t, u in s.replicas.items() if t != tier_name} for s in manifest.shards}
@@ -287,7 +321,7 @@ def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfi
                          f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release")
 
 
-def _ids_of(lake: Any, manifest: Manifest, storage: StorageConfig) -> Callable[[ShardDone], pa.Array]:
+def _ids_of(lake: Lake, manifest: Manifest, storage: StorageConfig) -> Callable[[ShardDone], pa.Array]:
     """Sample keys of a shard in shard order (the lineage index of a new tier).
 
     Recomputed from the lake, not from shard bytes: the export order is a function of the frozen
