@@ -52,7 +52,7 @@ class QAVerdict:
 
 def qa_command(lake: Lake, *, table: str, version: int | None = None) -> str:
     """The ``datahub qa`` command line that runs the suites on ``table`` (at ``version``, default latest)."""
-    return f"datahub qa {lake.ref} --table {table}" + ("" if version is None else f" --version {version}")
+    return f"datahub qa --lake {lake.ref} --table {table}" + ("" if version is None else f" --version {version}")
 
 
 def qa_verdict(lake: Lake, *, table: str, version: int) -> QAVerdict:

@@ -88,7 +88,7 @@ def test_hints_in_messages_name_the_lake_file_a_command_was_given(tmp_path) -> N
     lake_file.write_text(f"root: {tmp_path / 'lake'}\nstorage_options: {{timeout: '30'}}\n")
     assert open_lake(str(lake_file)).ref == str(lake_file)
     assert open_lake(str(tmp_path / "lake")).ref == str(tmp_path / "lake")
-    assert qa_command(open_lake(str(lake_file)), table="samples") == f"datahub qa {lake_file} --table samples"
+    assert qa_command(open_lake(str(lake_file)), table="samples") == f"datahub qa --lake {lake_file} --table samples"
     missing = CliRunner().invoke(app, ["release", "show", "nope", "--lake", str(lake_file)])
     assert missing.exit_code != 0  # the app raises; datahub's main() prints the message
     assert f"datahub release list --lake {lake_file})" in missing.output + str(missing.exception)

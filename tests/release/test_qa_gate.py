@@ -48,7 +48,7 @@ def test_failed_suite_refuses_release_naming_only_real_failures(tmp_path):
     assert "expect_column_proportion_of_unique_values_to_be_between column='text_id'" in message
     listed = [line for line in message.splitlines() if line.startswith("  suite samples.v1:")]
     assert len(listed) == 2  # skipped optional expectations are not failures
-    assert f"datahub qa {lake.root} --table samples" in message  # a command that exists
+    assert f"datahub qa --lake {lake.root} --table samples" in message  # a command that exists
     assert not lake.exists("releases")
 
     # the data is fixed by a new run; QA passes on that version and the release goes through
@@ -73,7 +73,7 @@ def test_require_qa_hint_names_the_real_qa_command(tmp_path):
     out = CliRunner().invoke(app, ["release", "create", "r", "--lake", lake.root, "--require-qa"])
     assert isinstance(out.exception, ReleaseError)
     hint = str(out.exception).rsplit(": ", 1)[-1]
-    assert hint == f"datahub qa {lake.root} --table samples --version {version}"
+    assert hint == f"datahub qa --lake {lake.root} --table samples --version {version}"
     # the hinted command runs as printed and records a result the gate then reads
     ran = CliRunner().invoke(app, hint.split()[1:])
     assert ran.exit_code == 0, ran.output
