@@ -27,7 +27,8 @@ def main(config_path: str) -> int:
 
     dataset = ReleaseDataset(config["manifest"], storage=config["storage"], tier_preference=config["tiers"],
                              rank=config["rank"], world_size=config["world_size"], seed=7,
-                             shuffle_buffer=config["shuffle_buffer"], read_policy=ReadPolicy(**config["read_policy"]))
+                             shuffle_buffer=config["shuffle_buffer"], read_policy=ReadPolicy(**config["read_policy"]),
+                             prefetch_shards=config.get("prefetch_shards", 2))
     gates = {int(count): Path(path) for count, path in config["gates"]}
     ids: list[str] = []
     waited = 0.0

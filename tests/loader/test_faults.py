@@ -121,8 +121,8 @@ def test_manifest_on_a_frozen_rgw_fails_in_bounded_time_with_the_loaders_error(
 
 
 RANKS, WORKERS = 3, 2
-SHARDS, PER_SHARD = 72, 8  # 192 samples per rank, 24 shards: each quarter of a rank's share needs more
-# shards than its workers read ahead (2 per worker), so the reads after each gate meet the outage
+SHARDS, PER_SHARD = 72, 8  # 192 samples per rank, 24 shards, 12 per DataLoader worker: the part of the epoch
+# after each gate needs more shards than a worker holds or reads ahead, so its reads meet the outage
 
 
 def run_ranks(tmp_path: Path, name: str, manifest_path: Path, rgw: PrivateRgw, gates: list[tuple[int, Path]]
@@ -131,7 +131,8 @@ def run_ranks(tmp_path: Path, name: str, manifest_path: Path, rgw: PrivateRgw, g
     for rank in range(RANKS):
         out, err = tmp_path / f"{name}-{rank}.json", tmp_path / f"{name}-{rank}.err"
         config = {"manifest": str(manifest_path), "storage": {"ceph": rgw.s3fs_kwargs()}, "tiers": ["ceph", "cfs"],
-                  "rank": rank, "world_size": RANKS, "workers": WORKERS, "shuffle_buffer": 2 * PER_SHARD,
+                  "rank": rank, "world_size": RANKS, "workers": WORKERS,
+                  "shuffle_buffer": 2 * PER_SHARD, "prefetch_shards": 1,
                   "read_policy": {"connect_timeout_s": 1.0, "read_timeout_s": 2.0, "attempts": 3, "backoff_s": 0.2,
                                   "tier_cooldown_s": 3.0},
                   "gates": [[count, str(path)] for count, path in gates], "out": str(out)}
@@ -183,20 +184,22 @@ def test_three_ranks_two_workers_epoch_survives_an_rgw_kill_and_a_freeze(
     clean_s = max(rank["working_s"] for rank in clean)
 
     share = SHARDS * PER_SHARD // RANKS
-    gates = [(share * k // 4, tmp_path / f"gate{k}") for k in (1, 2, 3)]
+    # kill at 2/8, restart at 4/8, freeze at 5/8 of each rank's share: each worker (12 shards) then still has ~4
+    # shards to fetch, more than its read-ahead (the shard in hand + prefetch_shards=1), so the freeze is met
+    gates = [(share * k // 8, tmp_path / f"gate{k}") for k in (2, 4, 5)]
     processes, outs, errs = run_ranks(tmp_path, "faults", manifest_path, private_rgw, gates)
     deadline = time.monotonic() + limit_s
     try:
         arrivals = [[Path(f"{path}.at{rank}") for rank in range(RANKS)] for _, path in gates]
         wait_for_files(arrivals[0], processes, errs, deadline)
-        private_rgw.kill()  # the next quarter is read while radosgw is dead: connections refused
+        private_rgw.kill()  # the next part is read while radosgw is dead: connections refused
         gates[0][1].touch()
         wait_for_files(arrivals[1], processes, errs, deadline)
         private_rgw.start()
         time.sleep(policy.tier_cooldown_s + 0.5)  # every worker tries ceph first again
         gates[1][1].touch()
         wait_for_files(arrivals[2], processes, errs, deadline)
-        private_rgw.freeze()  # the last quarter meets a radosgw that accepts connections and never answers
+        private_rgw.freeze()  # the rest meets a radosgw that accepts connections and never answers
         gates[2][1].touch()
         wait_all(processes, errs, deadline)
     finally:
