@@ -37,20 +37,27 @@ def validation_columns(schema: pa.Schema) -> dict[str, str]:
     return columns
 
 
-def validation_batch(batch: pa.RecordBatch | pa.Table, wanted: set[str]) -> pa.Table:
-    """The ``wanted`` validation columns of one batch. ``text_id`` here is the text's 64-bit hash (equal
-    texts share it), so it streams; ``validation_frame``'s dictionary ids say the same for one frame."""
-    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+def _flat_columns(table: pa.Table, wanted: set[str] | None) -> dict[str, Any]:
+    """The table's flat columns and one ``quality_<signal>`` column per quality struct field; only the
+    ``wanted`` names when given (derived text columns are added by the callers)."""
     columns: dict[str, Any] = {}
     for name in table.column_names:
         column = table.column(name)
         if name == "quality" and pa.types.is_struct(column.type):
             struct = column.combine_chunks()
             for i, child in enumerate(struct.type):
-                if f"quality_{child.name}" in wanted:
+                if wanted is None or f"quality_{child.name}" in wanted:
                     columns[f"quality_{child.name}"] = struct.field(i)
-        elif name in wanted and not pa.types.is_nested(column.type):
+        elif (wanted is None or name in wanted) and not pa.types.is_nested(column.type):
             columns[name] = column
+    return columns
+
+
+def validation_batch(batch: pa.RecordBatch | pa.Table, wanted: set[str]) -> pa.Table:
+    """The ``wanted`` validation columns of one batch. ``text_id`` here is the text's 64-bit hash (equal
+    texts share it), so it streams; ``validation_frame``'s dictionary ids say the same for one frame."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    columns = _flat_columns(table, wanted)
     if "text" in table.column_names:
         text = table.column("text").combine_chunks()
         if "text_length" in wanted:
@@ -156,15 +163,7 @@ def validation_frame(table: pa.Table) -> Any:
     ``text_length`` (characters), ``text_id`` (equal texts share an id, so the proportion of
     unique ids is 1 - exact-duplicate rate) and ``quality_<signal>`` per quality struct field.
     """
-    columns: dict[str, Any] = {}
-    for name in table.column_names:
-        column = table.column(name)
-        if name == "quality" and pa.types.is_struct(column.type):
-            struct = column.combine_chunks()
-            for i, field in enumerate(struct.type):
-                columns[f"quality_{field.name}"] = struct.field(i)
-        elif not pa.types.is_nested(column.type):
-            columns[name] = column
+    columns = _flat_columns(table, None)
     if "text" in table.column_names:
         text = table.column("text").combine_chunks()
         columns["text_length"] = pc.utf8_length(text)
