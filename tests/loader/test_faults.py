@@ -222,10 +222,8 @@ def test_three_ranks_two_workers_epoch_survives_an_rgw_kill_and_a_freeze(
     for pid in workers:  # one line per outage and process (a stale pooled connection after the restart may add one)
         assert 1 <= outage_lines[(pid, "EndpointConnectionError")] <= 2, logs[-3000:]
         assert outage_lines[(pid, "ReadTimeoutError")] <= 1, logs[-3000:]
-    # every worker reads ceph again after the restart (cooldown over) unless that first read met a stale
-    # connection; most, in practice all, then meet the freeze
-    # (a worker whose first ceph read after the restart met a stale connection logs the freeze only as a count)
-    assert sum(outage_lines[(pid, "ReadTimeoutError")] for pid in workers) >= 1, logs[-3000:]
+    # whether a worker logs the freeze depends on its read-ahead and on a stale connection after the restart
+    # (then later failures are counted without a line): the freeze is covered by the exact union and the bound
     # Each worker process pays a dead tier at most a few times (cooldown), each at most worst_case_s; the rest
     # of the epoch is read from cfs. Generous: twice the clean epoch plus two outages' worst case per worker.
     bound_s = 2 * clean_s + 2 * WORKERS * policy.worst_case_s(tiers=1)
