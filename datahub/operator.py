@@ -70,6 +70,8 @@ class Operator(Generic[P]):
     requires: ClassVar[tuple[tuple[str, str], ...]] = ()
     # True: the operator adds signals to every row it sees (an "annotated" lineage event).
     annotates: ClassVar[bool] = False
+    # The sample kinds (datahub.kinds) the operator can handle; the graph refuses to feed it others.
+    kinds: ClassVar[frozenset[str]] = frozenset({"text"})
 
     def __init__(self, params: P | Mapping[str, Any] | None = None) -> None:
         self._check_requirements()

@@ -18,7 +18,7 @@ ROOTS = ("datahub", "operators")
 
 # The layer order, bottom first (STYLE.md). A module may import its own layer or any layer below.
 LAYERS: list[tuple[str, ...]] = [
-    ("datahub", "datahub.errors", "datahub.sample_id", "datahub.retry", "datahub.settings"),
+    ("datahub", "datahub.errors", "datahub.sample_id", "datahub.retry", "datahub.settings", "datahub.kinds"),
     ("datahub.config",),
     ("datahub.lake", "datahub.storage"),
     ("datahub.engines",),

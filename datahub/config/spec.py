@@ -20,6 +20,7 @@ from datahub.config.cron import validate_cron
 from datahub.config.suites import load_suite
 from datahub.config.yaml_file import read_yaml
 from datahub.errors import SpecError
+from datahub.kinds.names import KINDS, Kind
 
 INGEST_NODE = "ingest"
 _NODE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -58,7 +59,9 @@ class LakeSpec(_Model):
 
 class InputSpec(_Model):
     uri: str = Field(..., description="a path, glob or URI (local, s3://, hdfs://)")
-    format: Literal["auto", "jsonl", "parquet", "text", "warc"] = "auto"
+    format: Literal["auto", "jsonl", "parquet", "text", "warc", "webdataset"] = "auto"
+    kind: Kind = Field("text", description="the sample kind this input holds (datahub.kinds): text, image_text, "
+                                          "chat, preference or trajectory")
     text_field: str = "text"
     storage_options: dict[str, str] = Field(default_factory=dict)
 
@@ -149,9 +152,17 @@ class JobSpec(_Model):
                 raise ValueError(f"node name {name!r}: use letters, digits, '_' or '-'")
         return graph
 
+    def input_kinds(self) -> list[str]:
+        """The sample kinds this job's inputs hold, in ``KINDS`` order."""
+        present = {spec.kind for spec in self.inputs}
+        return [kind for kind in KINDS if kind in present]
+
     def job_hash(self) -> str:
         """Hash of what the job computes (engine and lake location excluded)."""
         payload = self.model_dump(mode="json", include={"name", "inputs", "limits", "graph"})
+        for spec in payload["inputs"]:  # jobs written before sample kinds keep their hash
+            if spec.get("kind") == "text":
+                del spec["kind"]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -48,6 +48,17 @@ class Graph:
         return [node.operator.op_id for node in self.operators() if node.operator is not None]
 
 
+def _check_kinds(spec: JobSpec, name: str, operator: Operator, source: str) -> None:
+    """Every sample kind of the job's inputs flows through every node: the operator must accept each."""
+    for index, input_spec in enumerate(spec.inputs):
+        if input_spec.kind not in operator.kinds:
+            raise SpecError(
+                f"{source}: graph.{name}: operator {operator.name!r} does not accept samples of kind "
+                f"{input_spec.kind!r} (inputs.{index}: {input_spec.uri}); it accepts: {', '.join(sorted(operator.kinds))}. "
+                f"Use an operator made for {input_spec.kind!r}, or put that input in a job of its own"
+            )
+
+
 def build_graph(spec: JobSpec, *, source: str = "<spec>") -> Graph:
     nodes: dict[str, Node] = {}
     for name, node_spec in spec.graph.items():
@@ -69,6 +80,8 @@ def build_graph(spec: JobSpec, *, source: str = "<spec>") -> Graph:
                 )
             if up != INGEST_NODE and spec.graph[up].sink is not None:
                 raise SpecError(f"{source}: graph.{name}.after: {up!r} is a sink; sinks end a branch")
+        if operator is not None:
+            _check_kinds(spec, name, operator, source)
         nodes[name] = Node(name, list(node_spec.after), operator, node_spec.sink, node_spec.table)
     for node in nodes.values():
         for up in node.upstream:

@@ -40,6 +40,7 @@ def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>",
                 mtime=mtime,
                 format=fmt,
                 text_field=spec.text_field,
+                kind=spec.kind,
                 storage_options=tuple(sorted(options.items())) if options else (),
             )
     return [files[k] for k in sorted(files)]

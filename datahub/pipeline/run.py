@@ -266,6 +266,7 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
         max_record_bytes=spec.limits.max_record_bytes,
         min_text_chars=spec.limits.min_text_chars,
         batch_rows=spec.limits.batch_rows,
+        kinds=spec.input_kinds(),
     )
     frames: dict[str, Frame] = {INGEST_NODE: context.engine.read_files(files, reader)}
     fan_out: dict[str, int] = {INGEST_NODE: sum(INGEST_NODE in n.upstream for n in graph.nodes.values())}

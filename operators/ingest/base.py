@@ -16,6 +16,7 @@ from typing import IO, Any, ClassVar, cast
 import pyarrow as pa
 
 from datahub.errors import OperatorError, TransientError
+from datahub.kinds import DEFAULT_KIND, KIND_COLUMN, kind_spec
 from operators.ingest.stream import StorageStream
 
 RAW_SAMPLE = pa.schema(
@@ -50,6 +51,7 @@ class InputFile:
     format: str
     text_field: str = "text"
     storage_options: tuple[tuple[str, str], ...] = ()
+    kind: str = DEFAULT_KIND  # the sample kind the job spec says this input holds (datahub.kinds)
 
 
 @dataclass
@@ -58,19 +60,34 @@ class ReadBatch:
     quarantine: pa.Table
 
 
+def raw_sample_schema(kind: str) -> pa.Schema:
+    """What a reader of ``kind`` produces: ``RAW_SAMPLE``, plus ``kind`` and the kind's own columns for other kinds."""
+    if kind == DEFAULT_KIND:
+        return RAW_SAMPLE
+    return pa.schema(list(RAW_SAMPLE) + [pa.field(KIND_COLUMN, pa.string())] + list(kind_spec(kind).fields))
+
+
 @dataclass
 class _Buffer:
     uri: str
     fmt: str
     max_rows: int
+    kind: str = DEFAULT_KIND
     rows: list[dict[str, Any]] = field(default_factory=list)
     bad: list[dict[str, Any]] = field(default_factory=list)
 
-    def sample(self, text: str, offset: int, meta: dict[str, Any] | None) -> None:
-        self.rows.append(
-            {"text": text, "source_uri": self.uri, "source_offset": offset, "source_format": self.fmt,
-             "meta": json.dumps(meta, ensure_ascii=False, sort_keys=True, default=str) if meta else None}
-        )
+    def sample(self, text: str, offset: int, meta: dict[str, Any] | None, *,
+               fields: dict[str, Any] | None = None) -> None:
+        """One good record: its text (what text operators see), origin, extra meta and the kind's own ``fields``."""
+        row = {"text": text, "source_uri": self.uri, "source_offset": offset, "source_format": self.fmt,
+               "meta": json.dumps(meta, ensure_ascii=False, sort_keys=True, default=str) if meta else None}
+        if self.kind != DEFAULT_KIND:
+            row[KIND_COLUMN] = self.kind
+            if fields:
+                row.update(fields)
+        elif fields:
+            raise OperatorError(f"{self.uri}: a text reader gave kind fields {sorted(fields)}; set the input's `kind:`")
+        self.rows.append(row)
 
     def quarantine(self, offset: int, reason: str, detail: str, raw: bytes | None) -> None:
         self.bad.append(
@@ -84,15 +101,21 @@ class _Buffer:
         return len(self.rows) + len(self.bad) >= self.max_rows
 
     def flush(self) -> ReadBatch:
-        batch = ReadBatch(pa.Table.from_pylist(self.rows, RAW_SAMPLE), pa.Table.from_pylist(self.bad, RAW_QUARANTINE))
+        batch = ReadBatch(pa.Table.from_pylist(self.rows, raw_sample_schema(self.kind)),
+                          pa.Table.from_pylist(self.bad, RAW_QUARANTINE))
         self.rows, self.bad = [], []
         return batch
 
 
 class Reader:
-    """Base of the readers; subclasses implement :meth:`records`, filling the buffer."""
+    """Base of the readers; subclasses implement :meth:`records`, filling the buffer.
+
+    A reader is registered for one ``format`` and the sample ``kinds`` it can read from that format
+    (e.g. JSONL holds text documents, or chats with ``kind: chat``).
+    """
 
     format: ClassVar[str]
+    kinds: ClassVar[tuple[str, ...]] = (DEFAULT_KIND,)
     suffixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, *, max_record_bytes: int, batch_rows: int = 2048) -> None:
@@ -105,7 +128,7 @@ class Reader:
         The batches are a pure function of the file's bytes, so a caller that retries after a
         storage failure can skip the batches it already has.
         """
-        buffer = _Buffer(file.uri, self.format, self.batch_rows)
+        buffer = _Buffer(file.uri, self.format, self.batch_rows, file.kind)
         try:
             for _ in self.records(file, buffer):
                 if buffer.full:
@@ -146,29 +169,39 @@ def text_field_problem(field: str, value: Any, absent: bool, fields: list[str], 
     return f"field {field!r} is a {type(value).__name__}, not a string"
 
 
-_READERS: dict[str, type[Reader]] = {}
+_READERS: dict[tuple[str, str], type[Reader]] = {}  # (format, kind) -> reader
 
 
 def register_reader(cls: type[Reader]) -> type[Reader]:
-    if cls.format in _READERS and _READERS[cls.format] is not cls:
-        raise OperatorError(f"reader format {cls.format!r} registered twice ({_READERS[cls.format].__qualname__}, {cls.__qualname__})")
-    _READERS[cls.format] = cls
+    """Class decorator: ``cls`` reads ``cls.format`` files holding samples of each of ``cls.kinds``."""
+    for kind in cls.kinds:
+        kind_spec(kind)  # an unknown or unimplemented kind is refused here
+        existing = _READERS.get((cls.format, kind))
+        if existing is not None and existing is not cls:
+            raise OperatorError(f"reader for format {cls.format!r}, kind {kind!r} registered twice "
+                                f"({existing.__qualname__}, {cls.__qualname__})")
+        _READERS[(cls.format, kind)] = cls
     return cls
 
 
-def reader_for(fmt: str) -> type[Reader]:
+def reader_for(fmt: str, kind: str = DEFAULT_KIND) -> type[Reader]:
     try:
-        return _READERS[fmt]
+        return _READERS[(fmt, kind)]
     except KeyError:
-        raise OperatorError(f"no reader for format {fmt!r}; known: {', '.join(sorted(_READERS))}") from None
+        formats = sorted({f for f, _ in _READERS})
+        if fmt not in formats:
+            raise OperatorError(f"no reader for format {fmt!r}; known: {', '.join(formats)}") from None
+        kinds = sorted(k for f, k in _READERS if f == fmt)
+        raise OperatorError(f"format {fmt!r} has no reader for sample kind {kind!r} (it reads: {', '.join(kinds)}); "
+                            "set the input's `kind:` to one of those, or convert the file") from None
 
 
 def detect_format(uri: str) -> str:
     name = uri.lower()
-    for fmt, cls in sorted(_READERS.items()):
+    for (fmt, _kind), cls in sorted(_READERS.items()):
         if any(name.endswith(s) for s in cls.suffixes):
             return fmt
     raise OperatorError(
         f"{uri}: cannot tell the input format from the file name; set `format:` on the input "
-        f"(one of {', '.join(sorted(_READERS))})"
+        f"(one of {', '.join(sorted({f for f, _ in _READERS}))})"
     )
