@@ -1,0 +1,635 @@
+"""Tokenize a frozen table version at export: Megatron indexed token files (``.bin``/``.idx`` + ``.ids``) on a tier.
+
+``export_tokens(lake, RELEASE, tokenizer=PATH, tier=...)`` writes ``{release}/tokens-{sha12}/{release}-NNNNNN.*``
+(format: ``datahub.shards.indexed``; manifest: ``datahub.shards.token_manifest``). A document is the tokenizer's
+ids of a sample's ``text`` (``encode_batch``, ``add_special_tokens`` off by default) followed by the EOD id; the
+documents follow the release's export order (``datahub.export.plan``: by sample_id, or the keyed hash of
+``shuffle_seed``), the very order of the text export, and a file holds a contiguous range of it.
+
+Flow (the release is never held in one process; the driver holds ids and token counts, ~100 bytes a document):
+1. count: every data file of the version is tokenized (engine tasks, or this process) and only
+   ``(sample_id, tokens)`` comes back; the driver orders the documents and cuts files at ``file_tokens``;
+2. write: every data file is tokenized again and each document routed to its file by the files' first keys
+   (``ShardRouter``); a file's documents are grouped (an engine shuffle, or local spill files), ordered, and
+   written whole by one task through the write seam (``TokenFileWriter``), which returns sizes and sha256s.
+   Tokenizing twice costs CPU but keeps memory and the shuffle bounded by the plan, not by the tokens twice;
+3. lineage: ``exported`` events (ref: the file's prefix URI and the document's index in it), one commit;
+4. the manifest, last: in the tier's token folder, then under the lake.
+
+Same table version + tokenizer bytes + settings -> byte-identical files on every engine (tested). A killed export
+is re-run: files journalled under ``tokens-{sha12}/_partial/{key}/`` and verified at the destination are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import itertools
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.config.spec import EngineSpec
+from datahub.engines.base import Engine
+from datahub.engines.registry import make_engine
+from datahub.engines.sink import Sink
+from datahub.errors import IntegrityError, MissingDependencyError, ReleaseError, SpecError
+from datahub.export.plan import ORDER, ExportPlan, ShardRouter, ShardSpan, order_hash
+from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN
+from datahub.export.source import TableSource
+from datahub.export.spill import ShardSpill
+from datahub.lake.lake import Lake
+from datahub.lake.lineage_rows import lineage_rows
+from datahub.lake.tables import LINEAGE
+from datahub.pipeline.faults import checkpoint
+from datahub.release.records import get_release
+from datahub.shards.indexed import BIN_SUFFIX, IDS_SUFFIX, IDX_SUFFIX, encode_ids, encode_index, token_dtype
+from datahub.shards.token_manifest import (TOKEN_MANIFEST_NAME, FilePart, TokenFileRecord, TokenizerInfo, TokenManifest,
+                                           publish_lake_token_manifest, read_lake_token_manifest, token_dir)
+from datahub.storage.config import StorageConfig
+from datahub.storage.tier import Tier
+
+__all__ = ["DEFAULT_FILE_TOKENS", "LoadedTokenizer", "export_table_tokens", "export_tokens", "load_tokenizer"]
+
+DEFAULT_FILE_TOKENS = 2**27  # ~134M tokens a file: 256 MiB of uint16, the order of the text export's 256 MB shards
+TOKENS_OP = "export-tokens@1"
+FORMAT = "megatron-mmidx-1"
+TOKENIZER_FILE = "tokenizer.json"
+# End-of-document tokens of common tokenizers, tried in order when neither the caller nor tokenizer_config.json
+# names one (GPT-2/NeoX, Llama/Mistral/T5, Llama 3, Gemma, others).
+EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
+BATCH_ROWS = 1024
+_RELEASE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+Progress = Callable[..., None]
+EngineChoice = Literal["local", "ray", "spark"] | Engine
+
+COUNTED = pa.schema([(KEY_COLUMN, pa.string()), ("tokens", pa.int64())])
+# Routed documents: the file they belong to (named "shard" for ``ShardSpill``), the order hash bits (0 without a
+# seed), the id and the document's tokens (EOD included) as little-endian bytes of the file's dtype.
+ROUTED = pa.schema([("shard", pa.int64()), ("order_hash", pa.int64()), (KEY_COLUMN, pa.string()),
+                    ("tokens", pa.large_binary())])
+
+
+# ---- the tokenizer --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedTokenizer:
+    """A tokenizer by content (its JSON), picklable to engine tasks, and what the manifest records of it."""
+
+    json: str
+    info: TokenizerInfo
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return token_dtype(self.info.vocab_size)
+
+    def encode(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+        """The documents of ``texts`` (null: empty text): flat tokens in the file dtype, EOD after each, and
+        their lengths (EOD included). One ``encode_batch`` call: the tokenizer's own threads do the work."""
+        values = pc.fill_null(texts, "").to_pylist()
+        tokenizer = _tokenizer(self.info.sha256, self.json)
+        fast = getattr(tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.20: no offsets computed
+        encodings = (fast or tokenizer.encode_batch)(values, add_special_tokens=self.info.add_special_tokens)
+        lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+        total = int(lengths.sum())
+        flat = np.empty(total, dtype=self.dtype.newbyteorder("<"))
+        ends = np.cumsum(lengths) - 1
+        body = np.ones(total, dtype=bool)
+        body[ends] = False
+        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total - len(ends))
+        if ids.size and int(ids.max()) > np.iinfo(self.dtype).max:
+            raise IntegrityError(f"tokenizer {self.info.sha256[:12]}: id {int(ids.max())} is past its vocab_size "
+                                 f"{self.info.vocab_size}; the tokenizer file is inconsistent")
+        flat[body] = ids
+        flat[ends] = self.info.eod_id
+        return flat, lengths
+
+
+_LOADED: dict[str, Any] = {}  # sha256 -> tokenizers.Tokenizer, one per process (a task builds it once)
+
+
+def _tokenizer(sha256: str, text: str) -> Any:
+    if sha256 not in _LOADED:
+        from tokenizers import Tokenizer
+
+        _LOADED[sha256] = Tokenizer.from_str(text)
+    return _LOADED[sha256]
+
+
+def load_tokenizer(path: str | os.PathLike[str], *, eod_token: str | None = None,
+                   add_special_tokens: bool = False) -> LoadedTokenizer:
+    """A ``tokenizers`` JSON file, or a Hugging Face tokenizer directory holding ``tokenizer.json`` (read from
+    disk, never downloaded). The EOD token: ``eod_token``, else the directory's ``tokenizer_config.json``
+    ``eos_token``, else the first of ``EOD_CANDIDATES`` in the vocabulary."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise MissingDependencyError("datahub export --tokenizer needs the tokenizers package: "
+                                     "pip install 'datahub[tokens]' (or pip install tokenizers)") from None
+    given = Path(path)
+    if not given.exists():
+        raise SpecError(f"--tokenizer {path}: no such file or directory; give a tokenizer.json file or a Hugging Face "
+                        "tokenizer directory that holds one (downloads by name are not done at export time)")
+    file = given / TOKENIZER_FILE if given.is_dir() else given
+    if not file.is_file():
+        present = ", ".join(sorted(p.name for p in given.iterdir())[:10]) or "nothing"
+        raise SpecError(f"--tokenizer {path}: the directory has no {TOKENIZER_FILE} (it holds {present}); "
+                        "save the tokenizer with tokenizer.save('tokenizer.json') or save_pretrained() of a fast tokenizer")
+    raw = file.read_bytes()
+    try:
+        tokenizer = Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad JSON (and UnicodeDecodeError)
+        raise SpecError(f"--tokenizer {file}: not a tokenizers JSON file ({str(exc).splitlines()[0][:200]}); "
+                        "give the tokenizer.json that tokenizers' Tokenizer.save writes") from None
+    sha256 = hashlib.sha256(raw).hexdigest()
+    chosen = eod_token or (_configured_eos(given) if given.is_dir() else None)
+    candidates = [chosen] if chosen else list(EOD_CANDIDATES)
+    for name in candidates:
+        eod_id = tokenizer.token_to_id(name)
+        if eod_id is not None:
+            break
+    else:
+        raise SpecError(f"--tokenizer {file}: no end-of-document token: {'/'.join(candidates)} is not in the vocabulary; "
+                        "name it with --eod-token")
+    info = TokenizerInfo(sha256=sha256, vocab_size=int(tokenizer.get_vocab_size(with_added_tokens=True)),
+                         eod_id=int(eod_id), eod_token=str(name), add_special_tokens=add_special_tokens,
+                         source=str(path))
+    _LOADED[sha256] = tokenizer
+    return LoadedTokenizer(raw.decode("utf-8"), info)
+
+
+def _configured_eos(directory: Path) -> str | None:
+    config = directory / "tokenizer_config.json"
+    if not config.is_file():
+        return None
+    try:
+        eos = json.loads(config.read_text()).get("eos_token")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) and eos else None
+
+
+# ---- planning ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CountReader:
+    """An engine task's count pass: one data file's ``(sample_id, tokens)`` (picklable)."""
+
+    source: TableSource
+    tokenizer: LoadedTokenizer
+
+    def __call__(self, file: str | None) -> Iterator[pa.Table]:
+        for batch in self.source.scan([KEY_COLUMN, TEXT_COLUMN], files=None if file is None else [file],
+                                      batch_rows=BATCH_ROWS):
+            if batch.num_rows:
+                _, lengths = self.tokenizer.encode(batch.column(TEXT_COLUMN))
+                yield pa.table([batch.column(KEY_COLUMN).cast(pa.string()), pa.array(lengths, pa.int64())],
+                               schema=COUNTED)
+
+
+def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_tokens: int, where: str) -> ExportPlan:
+    """Order documents as the text export does and cut files: a file closes before the document that would take
+    it past ``file_tokens`` (a larger document gets a file of its own). ``sizes`` are tokens per document."""
+    tables = [t for t in counted if t.num_rows]
+    table = pa.concat_tables(tables).combine_chunks() if tables else COUNTED.empty_table()
+    ids = table.column(KEY_COLUMN).combine_chunks() if table.num_rows else pa.array([], pa.string())
+    if ids.null_count:
+        raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
+    lengths = np.asarray(table.column("tokens").combine_chunks(), dtype=np.int64) if table.num_rows \
+        else np.zeros(0, dtype=np.int64)
+    hashes = order_hash(ids, shuffle_seed) if shuffle_seed is not None else None
+    if hashes is None:
+        order = pc.sort_indices(ids)
+    else:
+        order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
+    ids = ids.take(order)
+    if len(ids) > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1))).as_py():
+        raise IntegrityError(f"{where}: sample_id is not unique: a document must name one sample; add exact dedup to "
+                             "the job graph (or release a deduplicated table version) before exporting")
+    positions = np.asarray(order)
+    lengths = lengths[positions]
+    hashes = hashes[positions] if hashes is not None else None
+    return ExportPlan(ids, hashes, lengths, cut_files(lengths, file_tokens=file_tokens))
+
+
+def cut_files(lengths: np.ndarray, *, file_tokens: int) -> tuple[ShardSpan, ...]:
+    """Contiguous files of at most ``file_tokens`` tokens (a longer document alone), one search per file."""
+    cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    spans: list[ShardSpan] = []
+    start = 0
+    while start < len(lengths):
+        end = int(np.searchsorted(cumulative, cumulative[start] + file_tokens, side="right")) - 1
+        take = max(end - start, 1)
+        spans.append(ShardSpan(len(spans), start, take))
+        start += take
+    return tuple(spans)
+
+
+# ---- writing -------------------------------------------------------------------------------------------
+
+
+def file_prefix(release: str, index: int) -> str:
+    return f"{release}-{index:06d}"
+
+
+@dataclass(frozen=True)
+class TokenFileDone:
+    """One published token file (three parts): what the manifest, the journal and the lineage need."""
+
+    index: int
+    prefix: str
+    documents: int
+    tokens: int
+    first_document: int
+    bin: tuple[int, str]
+    idx: tuple[int, str]
+    ids: tuple[int, str]
+
+    def record(self, replicas: dict[str, str]) -> TokenFileRecord:
+        return TokenFileRecord(prefix=self.prefix, documents=self.documents, tokens=self.tokens,
+                               first_document=self.first_document, bin=FilePart(*self.bin), idx=FilePart(*self.idx),
+                               ids=FilePart(*self.ids), replicas=replicas)
+
+    @classmethod
+    def from_record(cls, index: int, record: TokenFileRecord) -> TokenFileDone:
+        return cls(index, record.prefix, record.documents, record.tokens, record.first_document,
+                   (record.bin.size, record.bin.sha256), (record.idx.size, record.idx.sha256),
+                   (record.ids.size, record.ids.sha256))
+
+
+@dataclass(frozen=True)
+class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
+    """The token export's sink on the write seam: ``encode`` routes documents in reading tasks, ``write`` gets all
+    routed documents of one file, orders them, builds and publishes ``.bin``/``.idx``/``.ids`` and returns its
+    ``TokenFileDone``. Picklable (the tokenizer travels as its JSON). No ``abort``: published files stay,
+    journalled, for a re-run to keep."""
+
+    release: str
+    tokenizer: LoadedTokenizer
+    router: ShardRouter
+    shuffle_seed: int | None
+    starts: tuple[int, ...]
+    tokens: tuple[int, ...]
+    tier_name: str
+    tier_spec: Any
+    tier_source: str
+    folder: str  # the token folder under the release on the tier
+    journal_dir: str | None = None
+
+    def tier(self) -> Tier:
+        return Tier(self.tier_name, self.tier_spec, source=self.tier_source)
+
+    def uri(self, target: Tier, index: int, suffix: str = "") -> str:
+        return target.uri(self.release, self.folder, file_prefix(self.release, index) + suffix)
+
+    def encode(self, batch: pa.RecordBatch | pa.Table, *, only: frozenset[int] | None = None) -> pa.Table:
+        """Routed documents of ``batch`` (``sample_id``, ``text``): tokens and the file they belong to."""
+        table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+        ids = table[KEY_COLUMN].combine_chunks().cast(pa.string())
+        hashes = order_hash(ids, self.shuffle_seed) if self.shuffle_seed is not None else None
+        files = self.router.route(ids, hashes)
+        texts = table[TEXT_COLUMN].combine_chunks()
+        if only is not None:
+            keep = np.isin(files, np.fromiter(only, dtype=np.int64, count=len(only)))
+            if not keep.all():
+                mask = pa.array(keep)
+                ids, texts, files = ids.filter(mask), texts.filter(mask), files[keep]
+                hashes = hashes[keep] if hashes is not None else None
+        flat, lengths = self.tokenizer.encode(texts)
+        offsets = np.concatenate([[0], np.cumsum(lengths * flat.itemsize)]).astype(np.int64)
+        documents = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(lengths),
+                                                     [None, pa.py_buffer(offsets), pa.py_buffer(flat.tobytes())])
+        bits = hashes.view(np.int64) if hashes is not None else np.zeros(len(ids), dtype=np.int64)
+        return pa.table([pa.array(files, pa.int64()), pa.array(bits, pa.int64()), ids, documents], schema=ROUTED)
+
+    def build(self, rows: pa.Table) -> tuple[int, bytes, bytes, bytes, int]:
+        """The three parts of one file from its routed documents (any order in, export order out)."""
+        index = int(rows["shard"][0].as_py())
+        where = file_prefix(self.release, index)
+        if pc.any(pc.not_equal(rows["shard"], index)).as_py():
+            raise IntegrityError(f"{where}: documents of several token files given to one writer")
+        if rows.num_rows != self.router.samples[index]:
+            raise IntegrityError(f"{where}: {rows.num_rows} documents routed, the plan has {self.router.samples[index]}; "
+                                 "the table version changed underneath? re-run the export")
+        if self.shuffle_seed is not None:
+            hashes = np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
+            order = pc.sort_indices(pa.table({"h": hashes, "id": rows[KEY_COLUMN]}),
+                                    sort_keys=[("h", "ascending"), ("id", "ascending")])
+        else:
+            order = pc.sort_indices(rows[KEY_COLUMN])
+        documents = rows["tokens"].take(order).combine_chunks()
+        itemsize = self.tokenizer.dtype.itemsize
+        offsets = np.frombuffer(documents.buffers()[1], dtype=np.int64)[documents.offset:documents.offset + len(documents) + 1]
+        data = documents.buffers()[2]
+        body = bytes(memoryview(data)[int(offsets[0]):int(offsets[-1])]) if data is not None else b""
+        lengths = np.diff(offsets) // itemsize
+        if int(lengths.sum()) != self.tokens[index]:
+            raise IntegrityError(f"{where}: {int(lengths.sum())} tokens written, {self.tokens[index]} counted; the "
+                                 "tokenizer gave different ids on two passes (a nondeterministic tokenizer?)")
+        ids = rows[KEY_COLUMN].take(order)
+        return index, body, encode_index(lengths, dtype=self.tokenizer.dtype), encode_ids(ids), len(ids)
+
+    def publish(self, index: int, parts: tuple[bytes, bytes, bytes], *, tier: Tier | None = None) -> TokenFileDone:
+        """Publish ``.bin``, ``.idx`` and ``.ids`` (each atomically; sizes checked), then journal the file."""
+        target = tier or self.tier()
+        described: dict[str, tuple[int, str]] = {}
+        for suffix, body in zip((BIN_SUFFIX, IDX_SUFFIX, IDS_SUFFIX), parts):
+            uri = self.uri(target, index, suffix)
+            target.publish(uri, body)
+            if target.size(uri) != len(body):
+                raise IntegrityError(f"tier {target.name}: {uri} has the wrong size after writing; check the tier, re-run")
+            described[suffix] = (len(body), hashlib.sha256(body).hexdigest())
+        done = TokenFileDone(index, file_prefix(self.release, index), self.router.samples[index], self.tokens[index],
+                             self.starts[index], described[BIN_SUFFIX], described[IDX_SUFFIX], described[IDS_SUFFIX])
+        if self.journal_dir is not None:
+            target.publish(f"{self.journal_dir}/{index:06d}.json", json.dumps(asdict(done)).encode())
+        return done
+
+    def write(self, batches: Iterable[pa.Table]) -> TokenFileDone:
+        index, body, idx, ids, _ = self.build(pa.concat_tables(list(batches)))
+        return self.publish(index, (body, idx, ids))
+
+    def commit(self, results: list[TokenFileDone]) -> list[TokenFileDone]:
+        return sorted(results, key=lambda done: done.index)
+
+
+@dataclass(frozen=True)
+class RoutedDocuments:
+    """An engine task's write-pass read: one data file, tokenized and routed (picklable)."""
+
+    source: TableSource
+    writer: TokenFileWriter
+    only: frozenset[int] | None
+
+    def __call__(self, file: str | None) -> Iterator[pa.Table]:
+        for batch in self.source.scan([KEY_COLUMN, TEXT_COLUMN], files=None if file is None else [file],
+                                      batch_rows=BATCH_ROWS):
+            routed = self.writer.encode(batch, only=self.only)
+            if routed.num_rows:
+                yield routed
+
+
+# ---- the export ----------------------------------------------------------------------------------------
+
+
+def export_tokens(lake: Lake, release_name: str, *, tokenizer: str | os.PathLike[str] | LoadedTokenizer,
+                  tier: str | Tier, storage: StorageConfig | None = None, **options: Any) -> TokenManifest:
+    """Tokenize a release by name (resolved through ``datahub.release.records``); see ``export_table_tokens``."""
+    release = get_release(lake, release_name)
+    return export_table_tokens(lake, table=release.table, version=int(release.version), release_name=release.name,
+                               release_digest=release.digest, tokenizer=tokenizer, tier=tier, storage=storage,
+                               **options)
+
+
+def export_table_tokens(
+    lake: Lake,
+    *,
+    table: str,
+    version: int,
+    release_name: str,
+    tokenizer: str | os.PathLike[str] | LoadedTokenizer,
+    tier: str | Tier,
+    storage: StorageConfig | None = None,
+    file_tokens: int = DEFAULT_FILE_TOKENS,
+    shuffle_seed: int | None = None,
+    eod_token: str | None = None,
+    add_special_tokens: bool = False,
+    release_digest: str | None = None,
+    progress: Progress | None = None,
+    engine: EngineChoice = "local",
+    workers: int | None = None,
+    verify: bool = False,
+    spill_dir: str | None = None,
+) -> TokenManifest:
+    """Write ``table`` at Delta ``version`` as Megatron token files on ``tier``; return the token manifest.
+
+    Same table version, tokenizer bytes and settings -> byte-identical files whichever ``engine`` writes them
+    ("local": this process; "ray"/"spark" or a started ``Engine``: tasks, ``workers`` at once). Exporting
+    again to a tier that holds them checks the files (size; sha256 too with ``verify``) and rewrites damaged
+    ones; to another tier it adds that tier's replicas.
+    """
+    import re
+
+    if not re.match(_RELEASE_NAME, release_name):
+        raise SpecError(f"release name {release_name!r}: use letters, digits, '.', '_' or '-' (max 128, no '/')")
+    if file_tokens < 1:
+        raise SpecError(f"--file-tokens must be >= 1, got {file_tokens}")
+    if workers is not None and workers < 1:
+        raise SpecError(f"--workers must be >= 1, got {workers}")
+    loaded = tokenizer if isinstance(tokenizer, LoadedTokenizer) else \
+        load_tokenizer(tokenizer, eod_token=eod_token, add_special_tokens=add_special_tokens)
+    target = tier if isinstance(tier, Tier) else _tier(tier, storage)
+    source = TableSource(lake, table, int(version))
+    schema = source.schema()
+    if TEXT_COLUMN not in schema.names or KEY_COLUMN not in schema.names:
+        raise IntegrityError(f"{source.where}: token export needs the {KEY_COLUMN!r} and {TEXT_COLUMN!r} columns")
+    settings: dict[str, Any] = {"table": table, "table_version": int(version), "file_tokens": file_tokens,
+                                "shuffle_seed": shuffle_seed, "order": ORDER, "format": FORMAT,
+                                "tokenizer": loaded.info.sha256, "eod_id": loaded.info.eod_id,
+                                "add_special_tokens": loaded.info.add_special_tokens}
+    export_key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    report = progress or (lambda stage, done, total=None: None)
+    folder = token_dir(loaded.info.sha256)
+
+    existing = read_lake_token_manifest(lake, release_name, loaded.info.sha256)
+    if existing is not None and existing.export.get("key") != export_key:
+        raise ReleaseError(f"release {release_name!r} was tokenized with this tokenizer before with other settings "
+                           f"({existing.export.get('settings')}); token files are immutable: export under a new release "
+                           "name")
+    running, owned = _engine(engine)
+    try:
+        files = source.files()
+        report("count", 0, len(files))
+        plan = plan_files(_count(source, loaded, files, running), shuffle_seed=shuffle_seed, file_tokens=file_tokens,
+                          where=source.where)
+        report("count", len(files), len(files))
+        journal = f"{target.uri(release_name, folder)}/_partial/{export_key}"
+        writer = TokenFileWriter(release=release_name, tokenizer=loaded, router=plan.router(), shuffle_seed=shuffle_seed,
+                                 starts=tuple(s.start for s in plan.spans),
+                                 tokens=tuple(int(plan.sizes[s.start:s.start + s.samples].sum()) for s in plan.spans),
+                                 tier_name=target.name, tier_spec=target.spec, tier_source=target.source, folder=folder,
+                                 journal_dir=journal)
+        if existing is not None and target.name in existing.tiers:
+            done = _intact(existing, writer, target, verify=verify)
+        else:
+            done = _journalled(writer, target, plan)
+        report("files", len(done), len(plan.spans))
+        todo = [s.index for s in plan.spans if s.index not in {d.index for d in done}]
+        for written in _write(source, writer, todo, running, workers=workers, spill_dir=spill_dir):
+            done.append(written)
+            report("files", len(done), len(plan.spans))
+            checkpoint(f"export-tokens:after_file:{written.index}")
+    finally:
+        if owned and running is not None:
+            running.stop()
+    done.sort(key=lambda d: d.index)
+    if existing is not None:  # another tier, or repairs: the very same bytes
+        if len(existing.files) != len(done):
+            raise IntegrityError(f"release {release_name!r}: re-export made {len(done)} token files, the manifest has "
+                                 f"{len(existing.files)}; the table version changed underneath?")
+        for old, new in zip(existing.files, done):
+            if (old.prefix, old.bin.sha256, old.idx.sha256, old.ids.sha256) != \
+                    (new.prefix, new.bin[1], new.idx[1], new.ids[1]):
+                raise IntegrityError(f"{new.prefix}: re-export differs from the published token file; the table version "
+                                     "changed underneath? export under a new release name")
+    _commit_lineage(lake, release_name, target, writer, done, plan, export_key)
+    checkpoint("export-tokens:before_manifest")
+    replicas = {d.prefix: {**(existing.files[d.index].replicas if existing else {}),
+                           target.name: writer.uri(target, d.index)} for d in done}
+    manifest = TokenManifest(
+        release=release_name,
+        created=existing.created if existing else datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        table=table, table_version=int(version),
+        release_digest=release_digest or _content_digest(plan.ids, table, int(version)),
+        shuffle_seed=shuffle_seed, tokenizer=loaded.info, dtype=str(loaded.dtype),
+        files=tuple(d.record(replicas[d.prefix]) for d in done),
+        export={"key": export_key, "settings": settings},
+    )
+    if existing is not None:
+        manifest = replace(manifest, tokenizer=replace(loaded.info, source=existing.tokenizer.source))
+    _publish(lake, manifest, [target, *_other_tiers(manifest, target, storage)])
+    target.delete(f"{target.uri(release_name, folder)}/_partial", recursive=True)
+    target.sweep_partials(target.uri(release_name, folder))
+    return manifest
+
+
+def _tier(name: str, storage: StorageConfig | None) -> Tier:
+    if storage is None:
+        raise SpecError(f"tier {name!r}: no storage config given; pass --storage storage.yaml")
+    return storage.tier(name)
+
+
+def _engine(engine: EngineChoice) -> tuple[Engine | None, bool]:
+    if engine == "local":
+        return None, False
+    if isinstance(engine, str):
+        if engine not in ("ray", "spark"):
+            raise SpecError(f"--engine {engine!r}: token export runs on local, ray or spark")
+        running = make_engine(EngineSpec(kind=engine))
+        running.start()
+        return running, True
+    if engine.name not in ("ray", "spark"):
+        raise SpecError(f"--engine {engine.name!r}: token export runs on local, ray or spark")
+    return engine, False
+
+
+def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], engine: Engine | None) -> Iterator[pa.Table]:
+    """The count pass: ``(sample_id, tokens)`` of every live row, from engine tasks (one per data file) or here."""
+    read = CountReader(source, tokenizer)
+    if engine is None or not files:
+        yield from read(None)
+        return
+    for batch in engine.read_files(files, read).iter_batches():
+        yield batch.select([KEY_COLUMN, "tokens"]).cast(COUNTED)
+
+
+def _write(source: TableSource, writer: TokenFileWriter, todo: list[int], engine: Engine | None, *,
+           workers: int | None, spill_dir: str | None) -> Iterator[TokenFileDone]:
+    """Write the files ``todo`` in this process (spill files group the documents) or on an engine."""
+    if not todo:
+        return
+    only = frozenset(todo) if len(todo) < len(writer.starts) else None
+    read = RoutedDocuments(source, writer, only)
+    if engine is None:
+        tier = writer.tier()
+        with tempfile.TemporaryDirectory(prefix="datahub-tokens-", dir=spill_dir) as directory:
+            spill = ShardSpill(directory, ROUTED)
+            for routed in read(None):
+                spill.add(routed)
+            spill.flush()
+            for index in todo:
+                built, body, idx, ids, _ = writer.build(spill.read(index))
+                yield writer.publish(built, (body, idx, ids), tier=tier)
+        return
+    write_groups = importlib.import_module(f"datahub.engines.{engine.name}.export").write_groups
+    writer.start()
+    yield from writer.commit(write_groups(engine, source.files(), read=read, key="shard", sink=writer,
+                                          routed_schema=ROUTED, workers=workers))
+
+
+def _journalled(writer: TokenFileWriter, target: Tier, plan: ExportPlan) -> list[TokenFileDone]:
+    """Files a killed run of this export published and journalled, verified at the destination (size, sha256)."""
+    done: list[TokenFileDone] = []
+    for span in plan.spans:
+        try:
+            raw = json.loads(target.read(f"{writer.journal_dir}/{span.index:06d}.json"))
+        except FileNotFoundError:
+            continue
+        entry = TokenFileDone(int(raw["index"]), str(raw["prefix"]), int(raw["documents"]), int(raw["tokens"]),
+                              int(raw["first_document"]), *((int(raw[p][0]), str(raw[p][1])) for p in ("bin", "idx", "ids")))
+        if (entry.documents, entry.first_document) != (span.samples, span.start):
+            continue
+        if all(target.verify(writer.uri(target, span.index, suffix), size=part[0], sha256=part[1])
+               for suffix, part in ((BIN_SUFFIX, entry.bin), (IDX_SUFFIX, entry.idx), (IDS_SUFFIX, entry.ids))):
+            done.append(entry)
+    return done
+
+
+def _intact(existing: TokenManifest, writer: TokenFileWriter, target: Tier, *, verify: bool) -> list[TokenFileDone]:
+    """The published files still whole on ``target`` (size; sha256 too with ``verify``): the rest is rewritten."""
+    done = []
+    for index, record in enumerate(existing.files):
+        whole = True
+        for suffix, name in ((BIN_SUFFIX, "bin"), (IDX_SUFFIX, "idx"), (IDS_SUFFIX, "ids")):
+            uri, part = writer.uri(target, index, suffix), record.part(name)
+            whole = whole and (target.verify(uri, size=part.size, sha256=part.sha256) if verify
+                               else target.size(uri) == part.size)
+        if whole:
+            done.append(TokenFileDone.from_record(index, record))
+    return done
+
+
+def _commit_lineage(lake: Lake, release: str, tier: Tier, writer: TokenFileWriter, done: list[TokenFileDone],
+                    plan: ExportPlan, export_key: str) -> None:
+    """``exported`` events, one per document: ref = {"tokens": PREFIX URI, "tier", "document": index in the file}."""
+    txn = f"export-tokens/{release}/{tier.name}/{writer.folder}"
+    if lake.applied("lineage", txn):
+        return
+    now = datetime.now(timezone.utc)
+
+    def rows() -> Iterator[pa.Table]:
+        for file in done:
+            keys = plan.shard_ids(file.index)
+            head = json.dumps({"tokens": writer.uri(tier, file.index), "tier": tier.name})[:-1] + ', "document": '
+            positions = pa.array(np.arange(len(keys), dtype=np.int64)).cast(pa.string())
+            ref = pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
+            yield lineage_rows(keys, run_id=txn, op=TOKENS_OP, action="exported", params_hash=export_key, ref=ref, ts=now)
+
+    lake.commit("lineage", rows(), txn=txn, schema=LINEAGE,
+                metadata={"datahub.export": release, "datahub.tier": tier.name, "datahub.tokenizer": writer.folder})
+
+
+def _other_tiers(manifest: TokenManifest, target: Tier, storage: StorageConfig | None) -> list[Tier]:
+    return [storage.tier(name) for name in manifest.tiers
+            if name != target.name and storage is not None and name in storage.tiers]
+
+
+def _publish(lake: Lake, manifest: TokenManifest, tiers: list[Tier]) -> None:
+    """The manifest into every tier's token folder, then under the lake (what marks the export done)."""
+    for tier in tiers:
+        tier.publish(tier.uri(manifest.release, token_dir(manifest.tokenizer.sha256), TOKEN_MANIFEST_NAME),
+                     manifest.to_json())
+    checkpoint("export-tokens:after_tier_manifest")
+    publish_lake_token_manifest(lake, manifest)
+
+
+def _content_digest(ids: pa.Array, table: str, version: int) -> str:
+    """Stand-in for a release digest when exporting a bare table version: table, version and ids in order."""
+    digest = hashlib.sha256(f"{table}@{version}".encode())
+    for start in range(0, len(ids), 65_536):
+        digest.update(("\n" + "\n".join(ids.slice(start, 65_536).to_pylist())).encode())
+    return digest.hexdigest()

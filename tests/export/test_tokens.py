@@ -1,0 +1,214 @@
+"""Tokenized export: Megatron .bin/.idx read back by a reader written here from the format spec (struct + numpy,
+not datahub.shards.indexed), byte-identical on Ray, the tokenizer's hash in the manifest and the lineage."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from datahub.errors import IntegrityError, ReleaseError, SpecError
+from datahub.export.plan import export_order
+from datahub.export.source import TableSource
+from datahub.export.tokens import export_table_tokens, load_tokenizer
+from datahub.lake import Lake
+from datahub.shards.token_manifest import read_lake_token_manifest
+from tests.export.helpers import cfs_storage
+
+tokenizers = pytest.importorskip("tokenizers")
+
+CODES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+TEXTS = ["the quick brown fox jumps over the lazy dog", "héllo wörld, 世界! <|endoftext|> inside", "", None,
+         "tokens tokens tokens " * 20, "a", "numbers 0123456789 and punctuation ;:!?"]
+
+
+def train_tokenizer(path: Path, *, vocab_size: int = 300) -> Path:
+    """A byte-level BPE trained here on a few sentences (no download)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([t for t in TEXTS if t] * 5 + [f"document {i} word" for i in range(50)], trainer)
+    tokenizer.save(str(path))
+    return path
+
+
+def make_lake(root: Path, n: int = 90) -> tuple[Lake, int]:
+    ids = [hashlib.sha256(f"doc {i}".encode()).hexdigest()[:32] for i in range(n)]
+    texts = [TEXTS[i % len(TEXTS)] if i % 3 else f"document {i} " + "word " * (i % 23) for i in range(n)]
+    lake = Lake(root)
+    table = pa.table({"sample_id": ids, "text": texts, "source_uri": ["file:///in.jsonl"] * n})
+    for part in range(3):  # three data files: three engine tasks
+        version = lake.commit("samples", table.slice(part * n // 3, n // 3 if part < 2 else n - 2 * (n // 3)),
+                              txn=f"seed/{part}")
+    assert version is not None and len(TableSource(lake, "samples", version).files()) == 3
+    return lake, version
+
+
+def spec_read(prefix: str) -> tuple[list[list[int]], list[str]]:
+    """Megatron-LM's index layout read with struct + numpy: every sequence's tokens, and the .ids lines."""
+    idx = Path(prefix + ".idx").read_bytes()
+    assert idx[:9] == b"MMIDIDX\x00\x00" and struct.unpack("<Q", idx[9:17]) == (1,)
+    dtype = np.dtype(CODES[idx[17]]).newbyteorder("<")
+    sequences, documents = struct.unpack("<QQ", idx[18:34])
+    lengths = np.frombuffer(idx, "<i4", sequences, 34)
+    pointers = np.frombuffer(idx, "<i8", sequences, 34 + 4 * sequences)
+    doc_idx = np.frombuffer(idx, "<i8", documents, 34 + 12 * sequences)
+    assert len(idx) == 34 + 12 * sequences + 8 * documents
+    assert doc_idx.tolist() == list(range(sequences + 1))  # one sequence per document
+    data = Path(prefix + ".bin").read_bytes()
+    assert len(data) == int(lengths.sum()) * dtype.itemsize
+    tokens = [np.frombuffer(data, dtype, int(n), int(p)).tolist() for n, p in zip(lengths, pointers)]
+    return tokens, Path(prefix + ".ids").read_text().splitlines()
+
+
+def expected(lake: Lake, version: int, path: Path, seed: int | None) -> tuple[list[str], dict[str, list[int]]]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    eod = tokenizer.token_to_id("<|endoftext|>")
+    table = lake.read("samples")
+    docs = {sid: tokenizer.encode(text or "", add_special_tokens=False).ids + [eod]
+            for sid, text in zip(table["sample_id"].to_pylist(), table["text"].to_pylist())}
+    order = export_order(TableSource(lake, "samples", version), shuffle_seed=seed).to_pylist()
+    return order, docs
+
+
+def read_all(manifest, tier: str) -> tuple[list[str], list[list[int]]]:
+    ids: list[str] = []
+    tokens: list[list[int]] = []
+    for record in manifest.files:
+        got, names = spec_read(record.replicas[tier])
+        assert len(got) == record.documents and sum(map(len, got)) == record.tokens
+        tokens += got
+        ids += names
+    return ids, tokens
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_token_files_equal_the_tokenizer_output_plus_eod_for_every_document(tmp_path, seed) -> None:
+    lake, version = make_lake(tmp_path / "lake")
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+    manifest = export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                                   storage=storage, file_tokens=400, shuffle_seed=seed)
+    order, docs = expected(lake, version, path, seed)
+    ids, tokens = read_all(manifest, "cfs")
+    assert ids == order  # the text export's order
+    assert tokens == [docs[i] for i in order]
+    assert len(manifest.files) > 3 and all(f.tokens <= 400 or f.documents == 1 for f in manifest.files)
+    assert [f.first_document for f in manifest.files] == list(np.cumsum([0] + [f.documents for f in manifest.files])[:-1])
+    assert manifest.tokenizer.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert (manifest.dtype, manifest.tokenizer.eod_token, manifest.num_documents) == ("uint16", "<|endoftext|>", 90)
+    for record in manifest.files:
+        for suffix in ("bin", "idx", "ids"):
+            body = Path(record.replicas["cfs"] + "." + suffix).read_bytes()
+            assert (len(body), hashlib.sha256(body).hexdigest()) == (record.part(suffix).size, record.part(suffix).sha256)
+    on_tier = json.loads(Path(tmp_path / "cfs/r" / f"tokens-{manifest.tokenizer.sha256[:12]}/tokens-manifest.json").read_text())
+    assert on_tier == manifest.to_dict() and read_lake_token_manifest(lake, "r") == manifest
+    assert not (tmp_path / "cfs/r" / f"tokens-{manifest.tokenizer.sha256[:12]}/_partial").exists()
+
+    lineage = [r for r in lake.read("lineage").to_pylist() if r["action"] == "exported"]
+    assert len(lineage) == 90 and {r["op"] for r in lineage} == {"export-tokens@1"}
+    refs = {r["sample_id"]: json.loads(r["ref"]) for r in lineage}
+    third = manifest.files[2]
+    sid = ids[third.first_document + 1]
+    assert refs[sid] == {"tokens": third.replicas["cfs"], "tier": "cfs", "document": 1}
+    # our own reader agrees with the spec reader
+    from datahub.shards.indexed import IndexedDataset
+
+    dataset = IndexedDataset(third.replicas["cfs"])
+    assert dataset[1].tolist() == docs[sid] and dataset.sample_ids[1].as_py() == sid
+
+    # a second run is a no-op; a damaged file is rewritten with the same bytes
+    assert export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                               storage=storage, file_tokens=400, shuffle_seed=seed) == manifest
+    damaged = Path(third.replicas["cfs"] + ".bin")
+    damaged.write_bytes(damaged.read_bytes()[:-2])
+    export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                        storage=storage, file_tokens=400, shuffle_seed=seed)
+    assert hashlib.sha256(damaged.read_bytes()).hexdigest() == third.bin.sha256
+    with pytest.raises(ReleaseError, match="other settings"):
+        export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                            storage=storage, file_tokens=999, shuffle_seed=seed)
+
+
+def test_ray_writes_the_bytes_of_a_local_export(tmp_path, ray_engine) -> None:
+    lake, version = make_lake(tmp_path / "lake", 120)
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("local", tmp_path / "local"), ("ray", tmp_path / "ray"))
+
+    def run(tier: str, **kw):
+        return export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier=tier,
+                                   storage=storage, file_tokens=700, shuffle_seed=3, **kw)
+
+    local = run("local")
+    on_ray = run("ray", engine=ray_engine, workers=2)  # a second tier: the same bytes are required and checked
+    assert len(local.files) > 2 and on_ray.tiers == ["local", "ray"]
+    for record in on_ray.files:
+        for suffix in ("bin", "idx", "ids"):
+            assert Path(record.replicas["ray"] + "." + suffix).read_bytes() == \
+                Path(record.replicas["local"] + "." + suffix).read_bytes()
+    assert [f.bin.sha256 for f in local.files] == [f.bin.sha256 for f in on_ray.files]
+    order, docs = expected(lake, version, path, 3)
+    ids, tokens = read_all(on_ray, "ray")
+    assert ids == order and tokens == [docs[i] for i in order]
+
+
+def test_tokenizer_paths_and_errors(tmp_path) -> None:
+    path = train_tokenizer(tmp_path / "tok.json")
+    with pytest.raises(SpecError, match="no such file"):
+        load_tokenizer(tmp_path / "missing.json")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "vocab.txt").write_text("a\n")
+    with pytest.raises(SpecError, match="no tokenizer.json.*vocab.txt"):
+        load_tokenizer(empty)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SpecError, match="not a tokenizers JSON"):
+        load_tokenizer(bad)
+    with pytest.raises(SpecError, match="--eod-token"):
+        load_tokenizer(path, eod_token="<nope>")
+    # a Hugging Face directory: tokenizer.json, and the EOS named by tokenizer_config.json
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "tokenizer.json").write_bytes(path.read_bytes())
+    (hf / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<pad>"}}))
+    loaded = load_tokenizer(hf)
+    assert (loaded.info.eod_token, loaded.info.sha256) == ("<pad>", hashlib.sha256(path.read_bytes()).hexdigest())
+    assert load_tokenizer(path).info.eod_token == "<|endoftext|>"
+    flat, lengths = load_tokenizer(path, eod_token="<pad>").encode(pa.array(["a b", None]))
+    assert lengths.tolist() == [len(flat) - 1, 1] and flat[-1] == loaded.info.eod_id
+
+
+def test_large_vocabulary_writes_int32(tmp_path) -> None:
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(70_000)} | {"<|endoftext|>": 70_000, "[UNK]": 70_001}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    from tokenizers import pre_tokenizers
+
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "wl.json"))
+    loaded = load_tokenizer(tmp_path / "wl.json")
+    assert loaded.dtype == np.int32
+    flat, lengths = loaded.encode(pa.array(["t69999 t1 zzz"]))
+    assert flat.tolist() == [69_999, 1, 70_001, 70_000] and lengths.tolist() == [4]
+
+
+def test_refuses_a_table_without_text(tmp_path) -> None:
+    lake = Lake(tmp_path / "lake")
+    version = lake.commit("samples", pa.table({"sample_id": ["a"], "caption": ["x"]}), txn="seed/1")
+    path = train_tokenizer(tmp_path / "tok.json")
+    with pytest.raises(IntegrityError, match="'text'"):
+        export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                            storage=cfs_storage(("cfs", tmp_path / "cfs")))
