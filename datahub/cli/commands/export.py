@@ -1,4 +1,5 @@
-"""`datahub export RELEASE --lake L --tier TIER`: deterministic WebDataset shards + manifest on a tier."""
+"""`datahub export RELEASE --lake L --tier TIER`: deterministic WebDataset shards + manifest on a tier;
+with `--tokenizer PATH`, Megatron token files (.bin/.idx + .ids) + token manifest instead."""
 
 from __future__ import annotations
 
@@ -30,9 +31,23 @@ def register(app: typer.Typer) -> None:
         workers: Optional[int] = typer.Option(None, "--workers", help="Engine tasks at once (default: the engine's)."),
         verify: bool = typer.Option(False, "--verify", help="On a tier that holds the release, check replicas by "
                                     "sha256 too (not only size) and rewrite damaged ones."),
+        tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Tokenize instead: a tokenizers JSON file or a "
+                                                 "Hugging Face tokenizer directory holding tokenizer.json (read from "
+                                                 "disk, never downloaded). Writes Megatron indexed files RELEASE-NNNNNN"
+                                                 ".bin/.idx (+ .ids: sample_id per document) under RELEASE/tokens-SHA12/ "
+                                                 "on the tier, each document's tokens followed by the EOD id, in the "
+                                                 "text export's order."),
+        eod_token: Optional[str] = typer.Option(None, "--eod-token", help="With --tokenizer: the end-of-document token "
+                                                "(default: tokenizer_config.json's eos_token, else <|endoftext|>, </s>, "
+                                                "<|end_of_text|>, ...)."),
+        file_tokens: Optional[int] = typer.Option(None, "--file-tokens", help="With --tokenizer: tokens per file "
+                                                  "(default 134217728 = 2**27; a longer document gets a file of its own)."),
+        add_special_tokens: bool = typer.Option(False, "--add-special-tokens", help="With --tokenizer: let the "
+                                                "tokenizer's post-processor add its special tokens (e.g. BOS)."),
         as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
     ) -> None:
-        """Export a release as byte-reproducible WebDataset shards; re-running resumes and skips verified shards."""
+        """Export a release as byte-reproducible WebDataset shards (or, with --tokenizer, Megatron token files);
+        re-running resumes and skips verified files."""
         from datahub.cli.lake_option import open_lake
         from datahub.export import export_release, export_table_version
         from datahub.storage import load_storage_config
@@ -43,6 +58,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"use local, ray or spark, got {engine!r}", param_hint="--engine")
         options: dict[str, Any] = {"tier": tier, "storage": config, "shard_size": shard_size, "shard_samples": shard_samples,
                    "shuffle_seed": shuffle_seed, "workers": workers, "verify": verify}
+        if tokenizer is None and (eod_token is not None or file_tokens is not None or add_special_tokens):
+            raise typer.BadParameter("--eod-token, --file-tokens and --add-special-tokens go with --tokenizer",
+                                     param_hint="--tokenizer")
+        if tokenizer is not None and (shard_size is not None or shard_samples is not None):
+            raise typer.BadParameter("--shard-size/--shard-samples size text shards; token files are cut by "
+                                     "--file-tokens", param_hint="--tokenizer")
         running = None
         if engine != "local":
             from datahub.config.spec import EngineSpec
@@ -52,6 +73,16 @@ def register(app: typer.Typer) -> None:
             running = make_engine(spec)
             running.start()
             options["engine"] = running
+        if tokenizer is not None:
+            try:
+                _export_tokens(the_lake, release, tokenizer=tokenizer, table=table, version=version, tier=tier,
+                               config=config, eod_token=eod_token, file_tokens=file_tokens,
+                               add_special_tokens=add_special_tokens, shuffle_seed=shuffle_seed, engine=running or "local",
+                               workers=workers, verify=verify, as_json=as_json)
+            finally:
+                if running is not None:
+                    running.stop()
+            return
         with progress(f"export {release}", enabled=not as_json) as update:
             if table is not None:
                 chosen = version if version is not None else the_lake.table(table).version()
@@ -71,3 +102,31 @@ def register(app: typer.Typer) -> None:
         out.print(f"  samples    {manifest.num_samples}")
         out.print(f"  bytes      {total}")
         out.print(f"  replicas   {', '.join(manifest.tiers)}")
+
+
+def _export_tokens(the_lake: Any, release: str, *, tokenizer: Path, table: str | None, version: int | None,
+                   tier: str, config: Any, eod_token: str | None, file_tokens: int | None, add_special_tokens: bool,
+                   shuffle_seed: int | None, engine: Any, workers: int | None, verify: bool, as_json: bool) -> None:
+    from datahub.export.tokens import DEFAULT_FILE_TOKENS, export_table_tokens, export_tokens
+
+    options: dict[str, Any] = {"tokenizer": tokenizer, "tier": tier, "storage": config, "eod_token": eod_token,
+                               "file_tokens": file_tokens or DEFAULT_FILE_TOKENS, "add_special_tokens": add_special_tokens,
+                               "shuffle_seed": shuffle_seed, "engine": engine, "workers": workers, "verify": verify}
+    with progress(f"export {release} tokens", enabled=not as_json) as update:
+        if table is not None:
+            chosen = version if version is not None else the_lake.table(table).version()
+            manifest = export_table_tokens(the_lake, table=table, version=chosen, release_name=release, progress=update,
+                                           **options)
+        else:
+            manifest = export_tokens(the_lake, release, progress=update, **options)
+    if as_json:
+        print_json(manifest.to_dict())
+        return
+    out = console()
+    info = manifest.tokenizer
+    out.print(f"[bold green]tokenized {manifest.release}[/] ({manifest.table}@v{manifest.table_version}) to tier {tier}")
+    out.print(f"  tokenizer  sha256 {info.sha256[:12]}  vocab {info.vocab_size}  eod {info.eod_token!r}={info.eod_id}")
+    out.print(f"  files      {len(manifest.files)} x .bin/.idx/.ids  ({manifest.dtype})")
+    out.print(f"  documents  {manifest.num_documents}")
+    out.print(f"  tokens     {manifest.num_tokens}")
+    out.print(f"  replicas   {', '.join(manifest.tiers)}")
