@@ -101,6 +101,11 @@ class EpochOrder:
         self._block_perms: dict[int, np.ndarray] = {}
 
     @property
+    def shard_starts(self) -> np.ndarray:
+        """Position in G where each slot of ``shard_order`` starts (and N at the end)."""
+        return self._starts
+
+    @property
     def boundaries(self) -> np.ndarray:
         """Positions in G where a new block (or, unshuffled, a new shard) starts: cutting there shares no shard."""
         return self._block_bounds

@@ -1,0 +1,299 @@
+"""PackedDataset: fixed-length token sequences packed from a token release, token-exact and elastic on resume.
+
+The token stream of an epoch: the documents of the release's indexed files (Megatron ``.bin``/``.idx``,
+``datahub.shards.indexed``; datahub's documents already end with the tokenizer's EOD id, other files can have
+one appended with ``append_eod=``) in an order that is a pure function of (token release, seed, epoch): files
+are permuted and documents shuffled within blocks of whole files holding at least ``shuffle_buffer`` documents
+(``datahub.loader.plan.EpochOrder``, the same block shuffle as ``ReleaseDataset``), then concatenated. Packed
+sequence ``j`` is the tokens ``[t + j * seq_len, t + (j + 1) * seq_len)`` of that stream, ``t`` the resume point
+in tokens (0 at an epoch start); the epoch's last sequence is completed with ``pad_token`` (``loss_mask`` False).
+A document may continue into the next sequence; ``position_ids`` restart at 0 for each piece of a document inside
+a sequence and ``segment_ids`` number those pieces (0, 1, ...), so a trainer can block attention across documents
+(e.g. flash-attn's varlen ``cu_seqlens`` from the segment changes) or ignore both and attend across them.
+
+Ranks and DataLoader workers stride the sequence list (``datahub.loader.strided``): rank r of W reads sequences
+r, r + W, ...; every rank reads ceil(S / W) of the S remaining sequences, a short rank one padding sequence
+(all ``loss_mask`` False). **The resume rule**: ``state_dict(consumed=c)`` (c = items the trainer received on each
+rank) records the token offset ``t' = min(T, t + c * batch_size * W * seq_len)``: every token before ``t'`` was read
+exactly once by some rank, none after it. ``load_state_dict`` continues the stream at ``t'`` with the new world
+size, ``num_workers`` and even ``seq_len``: no token is repeated or skipped (N ranks -> M ranks, token-exact).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datahub.errors import SpecError
+from datahub.loader.plan import EpochOrder
+from datahub.loader.strided import StridedDataset
+from datahub.shards.indexed import IndexedDataset
+
+STATE_FORMAT = "datahub.loader.packed/1"
+TokenSourceArg = Any  # a TokenManifest, a tokens-manifest.json path, or a list of indexed prefixes / IndexedDatasets
+BatchReader = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
+
+
+class TokenFiles:
+    """The documents of a token release: per file, each document's first token and length (EOD included)."""
+
+    def __init__(self, files: Sequence[IndexedDataset], *, digest: str, append_eod: int | None = None,
+                 release: str = "") -> None:
+        self.files = list(files)
+        self.digest, self.release, self.append_eod = digest, release, append_eod
+        self.doc_starts: list[np.ndarray] = []
+        self.doc_lengths: list[np.ndarray] = []
+        for data in self.files:
+            itemsize = data.dtype.itemsize
+            docs = data.document_indices
+            if len(docs) == len(data.sequence_lengths) + 1 and np.array_equal(docs, np.arange(len(docs))):
+                starts = data.sequence_pointers // itemsize  # one sequence per document (datahub's files)
+                lengths = data.sequence_lengths.astype(np.int64)
+            else:  # several sequences per document: they are contiguous in .bin (Megatron's writer)
+                cumulative = np.concatenate([[0], np.cumsum(data.sequence_lengths, dtype=np.int64)])
+                lengths = cumulative[docs[1:]] - cumulative[docs[:-1]]
+                first = np.minimum(docs[:-1], max(len(data.sequence_pointers) - 1, 0))
+                starts = data.sequence_pointers[first] // itemsize if len(data.sequence_pointers) else np.zeros(0, np.int64)
+            if append_eod is not None:
+                lengths = lengths + 1
+            self.doc_starts.append(np.asarray(starts, dtype=np.int64))
+            self.doc_lengths.append(np.asarray(lengths, dtype=np.int64))
+        self.documents = [len(lengths) for lengths in self.doc_lengths]
+        self.file_tokens = np.array([int(lengths.sum()) for lengths in self.doc_lengths], dtype=np.int64)
+        self.num_tokens = int(self.file_tokens.sum())
+
+    @classmethod
+    def open(cls, source: TokenSourceArg, *, tier_preference: Sequence[str] | None = None,
+             append_eod: int | None = None) -> TokenFiles:
+        """From a ``TokenManifest`` (or its JSON path: local replicas, first tier of ``tier_preference`` holding
+        one), or a list of local indexed prefixes or ``IndexedDataset``s."""
+        from datahub.shards.token_manifest import TokenManifest
+
+        if isinstance(source, (str, os.PathLike)) and str(source).endswith(".json"):
+            import json
+
+            where = str(source)
+            source = TokenManifest.from_dict(json.loads(Path(where).read_text()), where=where)
+        if isinstance(source, TokenManifest):
+            files = [IndexedDataset(_local_replica(record.replicas, record.prefix, tier_preference))
+                     for record in source.files]
+            digest = hashlib.sha256(f"{source.release_digest}/{source.tokenizer.sha256}".encode()).hexdigest()
+            return cls(files, digest=digest, append_eod=append_eod, release=source.release)
+        if isinstance(source, (str, os.PathLike, IndexedDataset)):
+            source = [source]
+        files = [item if isinstance(item, IndexedDataset) else IndexedDataset(item) for item in source]
+        if not files:
+            raise SpecError("PackedDataset: no token files given; pass a token manifest or indexed file prefixes")
+        identity = "\n".join(f"{Path(f.prefix).name} {f.num_documents} {f.num_tokens}" for f in files)
+        return cls(files, digest=hashlib.sha256(identity.encode()).hexdigest(), append_eod=append_eod)
+
+
+def _local_replica(replicas: Mapping[str, str], prefix: str, tier_preference: Sequence[str] | None) -> str:
+    tiers = list(tier_preference) if tier_preference else sorted(replicas)
+    for tier in tiers:
+        uri = replicas.get(tier)
+        if uri is None:
+            continue
+        if uri.startswith("file://"):
+            uri = uri[len("file://"):]
+        if "://" not in uri:
+            return uri
+    raise SpecError(f"token file {prefix}: no local replica among tiers {tiers} (replicas: {dict(replicas)}); "
+                    "PackedDataset memory-maps token files, so copy them to a cfs tier or a local disk first")
+
+
+class TokenLayout:
+    """One epoch's token stream: where each token of the concatenated, block-shuffled documents lives."""
+
+    def __init__(self, files: TokenFiles, *, seed: int, epoch: int, shuffle: bool, shuffle_buffer: int) -> None:
+        self.files = files
+        self.order = EpochOrder(files.documents, digest=files.digest, seed=seed, epoch=epoch, shuffle=shuffle,
+                                shuffle_buffer=shuffle_buffer)
+        # blocks are whole files: a block's tokens are the sum of its files' tokens
+        slots = np.searchsorted(self.order.shard_starts, self.order.boundaries)
+        per_slot = files.file_tokens[self.order.shard_order]
+        slot_tokens = np.concatenate([[0], np.cumsum(per_slot)])
+        self.block_starts = slot_tokens[slots]  # token offset of each block (and the total at the end)
+        self.num_tokens = int(self.block_starts[-1])
+        self._blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def _block(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cumulative token offsets of the block's documents, their file, their first token in the file)."""
+        cached = self._blocks.get(block)
+        if cached is None:
+            lo, hi = int(self.order.boundaries[block]), int(self.order.boundaries[block + 1])
+            file_of, doc = self.order.lookup(np.arange(lo, hi, dtype=np.int64))
+            lengths = np.empty(hi - lo, dtype=np.int64)
+            starts = np.empty(hi - lo, dtype=np.int64)
+            for f in np.unique(file_of).tolist():
+                mask = file_of == f
+                lengths[mask] = self.files.doc_lengths[f][doc[mask]]
+                starts[mask] = self.files.doc_starts[f][doc[mask]]
+            cumulative = np.concatenate([[0], np.cumsum(lengths)])
+            if len(self._blocks) >= 4:
+                self._blocks.clear()
+            cached = self._blocks[block] = (cumulative, file_of.astype(np.int64), starts)
+        return cached
+
+    def pieces(self, begin: int, end: int) -> list[tuple[int, int, int, int, bool]]:
+        """The documents' pieces covering tokens [begin, end) of the stream: (file, first token in the file,
+        length, offset in the output, whether the piece ends with an appended EOD)."""
+        out: list[tuple[int, int, int, int, bool]] = []
+        block = int(np.searchsorted(self.block_starts, begin, side="right")) - 1
+        eod = self.files.append_eod is not None
+        while begin < end and block < len(self.block_starts) - 1:
+            base, stop = int(self.block_starts[block]), min(end, int(self.block_starts[block + 1]))
+            if stop > begin:
+                cumulative, file_of, starts = self._block(block)
+                first = int(np.searchsorted(cumulative, begin - base, side="right")) - 1
+                last = int(np.searchsorted(cumulative, stop - base - 1, side="right")) - 1
+                for d in range(first, last + 1):
+                    lo = max(int(cumulative[d]), begin - base)
+                    hi = min(int(cumulative[d + 1]), stop - base)
+                    if hi <= lo:
+                        continue
+                    ends_doc = eod and hi == int(cumulative[d + 1])
+                    out.append((int(file_of[d]), int(starts[d]) + lo - int(cumulative[d]), hi - lo,
+                                base + lo, ends_doc))
+                begin = stop
+            block += 1
+        return out
+
+
+class PackedDataset(StridedDataset):
+    """Iterate one rank's packed sequences of ``seq_len`` tokens: every token exactly once per epoch over all ranks
+    and DataLoader workers, resumable token-exactly with another world size (see the module docstring).
+
+    Items are dicts of numpy arrays: ``tokens`` (int32, ``[seq_len]``, or ``[B, seq_len]`` with ``batch_size=B``),
+    ``loss_mask`` (bool: False on padding), and with ``document_boundaries=True`` (default) ``position_ids`` and
+    ``segment_ids`` (int32). A DataLoader turns them into tensors that cross the worker boundary in shared memory.
+    ``source``: a ``TokenManifest``, the path of a ``tokens-manifest.json``, or indexed file prefixes.
+    """
+
+    def __init__(
+        self,
+        source: TokenSourceArg,
+        *,
+        seq_len: int,
+        rank: int | None = None,
+        world_size: int | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int = 1 << 16,
+        batch_size: int | None = None,
+        document_boundaries: bool = True,
+        pad_token: int = 0,
+        append_eod: int | None = None,
+        tier_preference: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(rank=rank, world_size=world_size, batch_size=batch_size)
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1; got {seq_len}")
+        self.files = source if isinstance(source, TokenFiles) else TokenFiles.open(
+            source, tier_preference=tier_preference, append_eod=append_eod)
+        self.seq_len, self.seed, self.epoch = int(seq_len), int(seed), int(epoch)
+        self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer or 0)
+        self.document_boundaries, self.pad_token = document_boundaries, int(pad_token)
+        self._start = 0  # tokens of this epoch's stream consumed before this iteration
+        self._layout: TokenLayout | None = None
+        self._layout_epoch = -1
+
+    # --- the stream -------------------------------------------------------------------------------------
+
+    def layout(self, epoch: int | None = None) -> TokenLayout:
+        epoch = self.epoch if epoch is None else epoch
+        if self._layout is None or self._layout_epoch != epoch:
+            self._layout = TokenLayout(self.files, seed=self.seed, epoch=epoch, shuffle=self.shuffle,
+                                       shuffle_buffer=self.shuffle_buffer)
+            self._layout_epoch = epoch
+        return self._layout
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in one epoch's stream."""
+        return self.files.num_tokens
+
+    def sequences_from(self, start: int) -> int:
+        """Packed sequences left from token offset ``start``."""
+        return -(-max(0, self.num_tokens - start) // self.seq_len)
+
+    def _global_items(self) -> int:
+        return self.sequences_from(self._start)
+
+    def sequence_reader(self, epoch: int, start: int) -> BatchReader:
+        """A function from sequence offsets (from token offset ``start`` of ``epoch``'s stream) and a padding mask
+        to a batch (dict of ``[len(offsets), seq_len]`` arrays)."""
+        layout, tokens = self.layout(epoch), [data.tokens for data in self.files.files]
+        seq_len, boundaries, eod = self.seq_len, self.document_boundaries, self.files.append_eod
+        total = layout.num_tokens
+
+        def read(offsets: np.ndarray, padding: np.ndarray) -> dict[str, np.ndarray]:
+            rows = len(offsets)
+            out = np.full((rows, seq_len), self.pad_token, dtype=np.int32)
+            mask = np.zeros((rows, seq_len), dtype=bool)
+            positions = np.zeros((rows, seq_len), dtype=np.int32) if boundaries else None
+            segments = np.zeros((rows, seq_len), dtype=np.int32) if boundaries else None
+            for row, (offset, pad) in enumerate(zip(offsets.tolist(), padding.tolist())):
+                if pad:
+                    continue
+                begin = start + offset * seq_len
+                line = out[row]
+                for segment, (f, first, length, at, ends_doc) in enumerate(layout.pieces(begin, min(total, begin + seq_len))):
+                    o = at - begin
+                    copied = length - 1 if ends_doc else length
+                    line[o:o + copied] = tokens[f][first:first + copied]
+                    if ends_doc:
+                        line[o + copied] = eod
+                    if positions is not None and segments is not None:
+                        positions[row, o:o + length] = np.arange(length, dtype=np.int32)
+                        segments[row, o:o + length] = segment
+                mask[row, : min(seq_len, total - begin)] = True
+            batch = {"tokens": out, "loss_mask": mask}
+            if positions is not None and segments is not None:
+                batch["position_ids"], batch["segment_ids"] = positions, segments
+            return batch
+
+        return read
+
+    def _reader(self) -> Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+        read = self.sequence_reader(self.epoch, self._start)
+        if self.batch_size is not None:
+            return read
+        return lambda offsets, padding: {key: value[0] for key, value in read(offsets, padding).items()}
+
+    # --- epochs and resume ------------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first token (clears a loaded resume point)."""
+        self.epoch, self._start, self._yielded = int(epoch), 0, 0
+
+    def _identity(self) -> dict[str, Any]:
+        return {"digest": self.files.digest, "seed": self.seed, "shuffle": self.shuffle,
+                "shuffle_buffer": self.shuffle_buffer, "append_eod": self.files.append_eod}
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """The position in tokens, the same dict on every rank: ``consumed`` = items (batches when batch_size is set)
+        the trainer received since the epoch or the last ``load_state_dict`` began (needed with DataLoader workers;
+        with ``num_workers=0`` this process's count is used)."""
+        sequences = self.consumed_global(consumed)
+        tokens = min(self.num_tokens, self._start + sequences * self.seq_len)
+        return {"format": STATE_FORMAT, "release": self.files.release, **self._identity(), "epoch": self.epoch,
+                "tokens": tokens, "num_tokens": self.num_tokens, "seq_len": self.seq_len,
+                "world_size": self.world_size}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue at the state's token offset; world size, ``num_workers``, ``seq_len`` and ``batch_size`` may differ."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a PackedDataset state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+        clashes = [f"{key}: checkpoint {state.get(key)!r}, dataset {value!r}"
+                   for key, value in self._identity().items() if state.get(key) != value]
+        if clashes:
+            raise ValueError("cannot resume: the checkpoint was taken over other tokens or another order ("
+                             + "; ".join(clashes) + "); construct the PackedDataset with the checkpoint's settings")
+        self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["tokens"]), 0

@@ -1,0 +1,109 @@
+"""The global-index rule shared by ``PackedDataset`` and ``MixtureDataset``: ranks and workers stride one sequence.
+
+An epoch (after a resume point) is one global sequence of ``G`` items, the same on every rank. Rank ``r`` of
+``W`` reads items ``r, r + W, r + 2W, ...``; every rank reads ``n = ceil(G / W)`` items, the short ones a padding
+item at the end (flagged, masked out of the loss). With ``batch_size=B`` the rank's items are cut into batches
+of ``B`` (the last may be short); DataLoader worker ``w`` of ``k`` makes the rank's batches ``w, w + k, ...``,
+and since DataLoader takes one item from each worker in turn, the trainer receives the rank's batches in order
+whatever ``num_workers``.
+
+So after every rank received ``c`` items, the global items consumed are exactly the prefix ``[0, min(G, c * B * W))``:
+the resume point is one number, independent of the world size and of ``num_workers``. Resuming with another
+world size (elastic) or another ``num_workers`` strides the rest of the sequence with the new values: no item is
+repeated or skipped. The subclass says what an item is and how a position in the sequence maps to data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from datahub.loader.errors import ConsumedCountRequiredError
+from datahub.loader.plan import resolve_topology
+from datahub.loader.worker_use import WorkerUse
+
+try:  # a real IterableDataset when torch is installed (DataLoader workers)
+    from torch.utils.data import IterableDataset as _Base
+    from torch.utils.data import get_worker_info as _get_worker_info
+except ImportError:  # pragma: no cover - torch is an optional extra
+    _Base = object  # type: ignore[assignment,misc]  # torch is an optional extra: a plain iterable then
+
+    def _get_worker_info() -> Any:
+        return None
+
+
+class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is torch's IterableDataset, or object
+    """Rank/worker striding, batching and the consumed count over a subclass's global sequence.
+
+    Subclasses implement ``_global_items()`` (G from the current resume point) and ``_reader()`` (a function from
+    global offsets and a padding mask to one item or batch, made in the iterating process); their ``state_dict``
+    turns ``consumed_global(consumed)`` into their own resume point.
+    """
+
+    def __init__(self, *, rank: int | None, world_size: int | None, batch_size: int | None) -> None:
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None; got {batch_size}")
+        self.rank, self.world_size = resolve_topology(rank, world_size)
+        self.batch_size = batch_size
+        self._yielded = 0  # items yielded by the live iterator in this process (num_workers=0)
+        self._worker_use = WorkerUse()
+
+    # --- subclass hooks ---------------------------------------------------------------------------------
+
+    def _global_items(self) -> int:
+        raise NotImplementedError
+
+    def _reader(self) -> Any:
+        raise NotImplementedError
+
+    # --- the rule ---------------------------------------------------------------------------------------
+
+    def _rank_items(self) -> int:
+        return -(-self._global_items() // self.world_size)
+
+    def __len__(self) -> int:
+        """Items (or batches) this rank yields from the resume point."""
+        return -(-self._rank_items() // (self.batch_size or 1))
+
+    def _offsets(self, item: int, count: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+        """Global offsets of the rank's items [item, item + count) and their padding mask."""
+        offsets = self.rank + (item + np.arange(count, dtype=np.int64)) * self.world_size
+        padding = offsets >= total
+        return np.where(padding, 0, offsets), padding
+
+    def __iter__(self) -> Iterator[Any]:
+        info = _get_worker_info()
+        worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        if info is None:
+            self._worker_use.clear()
+        else:
+            self._worker_use.mark(num_workers)
+        self._yielded = 0
+        return self._iterate(worker_id, num_workers)
+
+    def _iterate(self, worker_id: int, num_workers: int) -> Iterator[Any]:
+        total = self._global_items()
+        rank_items = -(-total // self.world_size)
+        size = self.batch_size or 1
+        batches = -(-rank_items // size)
+        read = self._reader()
+        for batch in range(worker_id, batches, num_workers):
+            first = batch * size
+            offsets, padding = self._offsets(first, min(size, rank_items - first), total)
+            out = read(offsets, padding)
+            self._yielded += 1
+            yield out
+
+    def consumed_global(self, consumed: int | None) -> int:
+        """Global items consumed when every rank received ``consumed`` items (default: this process's count)."""
+        if consumed is None and self._worker_use.seen():
+            raise ConsumedCountRequiredError(
+                f"{type(self).__name__}.state_dict(): DataLoader worker processes read this dataset, so this process "
+                "does not know how many items the trainer received. Pass state_dict(consumed=N), N = the items "
+                "(batches when batch_size is set) the DataLoader gave the trainer since the epoch or the last "
+                "load_state_dict began, e.g. step + 1")
+        items = self._yielded if consumed is None else int(consumed)
+        rank_items = min(items * (self.batch_size or 1), self._rank_items())
+        return min(self._global_items(), rank_items * self.world_size)

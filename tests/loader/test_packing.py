@@ -1,0 +1,157 @@
+"""PackedDataset: every token exactly once over ranks x workers, token-exact resume after a kill, elastic 3 -> 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from datahub.loader.packing import PackedDataset  # noqa: E402
+from tests.loader.tokens import real_tokens, write_tokens  # noqa: E402
+
+SEQ = 16
+SETTINGS: dict[str, Any] = {"seq_len": SEQ, "seed": 3, "epoch": 1, "shuffle_buffer": 40, "batch_size": 3}
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> tuple[list[str], int]:
+    return write_tokens(tmp_path / "tokens")
+
+
+def read_all(loader: Any) -> tuple[list[int], int]:
+    out, batches = [], 0
+    for batch in loader:
+        out.extend(real_tokens({k: np.asarray(v) for k, v in batch.items()}))
+        batches += 1
+    return out, batches
+
+
+def test_every_token_once_over_3_ranks_x_2_workers(corpus: tuple[list[str], int]) -> None:
+    prefixes, total = corpus
+    seen: Counter[int] = Counter()
+    counts = set()
+    for rank in range(3):
+        dataset = PackedDataset(prefixes, rank=rank, world_size=3, **SETTINGS)
+        tokens, batches = read_all(DataLoader(dataset, batch_size=None, num_workers=2))
+        seen.update(tokens)
+        counts.add(batches)
+    assert len(counts) == 1, "every rank yields the same number of batches"
+    assert sorted(seen) == list(range(1, total + 1)) and set(seen.values()) == {1}
+
+
+def test_order_is_deterministic_and_documents_are_marked(corpus: tuple[list[str], int]) -> None:
+    prefixes, _ = corpus
+    first = [b["tokens"].tolist() for b in PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS)]
+    again = [b["tokens"].tolist() for b in PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS)]
+    other = [b["tokens"].tolist() for b in PackedDataset(prefixes, rank=0, world_size=1, **{**SETTINGS, "seed": 4})]
+    assert first == again and first != other
+    for batch in PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS):
+        for tokens, mask, positions, segments in zip(batch["tokens"], batch["loss_mask"], batch["position_ids"],
+                                                     batch["segment_ids"]):
+            real = int(mask.sum())
+            assert mask[:real].all() and not mask[real:].any(), "padding only at the end of the epoch's last sequence"
+            # ids are consecutive within a document: a segment is one run of consecutive ids, positions count it
+            for segment in np.unique(segments[:real]):
+                where = np.flatnonzero(segments[:real] == segment)
+                assert (np.diff(tokens[where]) == 1).all()
+                assert positions[where].tolist() == list(range(len(where)))
+
+
+def test_resume_3_ranks_to_2_ranks_token_exact(corpus: tuple[list[str], int]) -> None:
+    prefixes, total = corpus
+    seen: Counter[int] = Counter()
+    states = []
+    for rank in range(3):
+        dataset = PackedDataset(prefixes, rank=rank, world_size=3, **SETTINGS)
+        loader = iter(DataLoader(dataset, batch_size=None, num_workers=2))
+        for _ in range(4):
+            seen.update(real_tokens({k: np.asarray(v) for k, v in next(loader).items()}))
+        states.append(dataset.state_dict(consumed=4))
+    assert all(state == states[0] for state in states), "the state is the same dict on every rank"
+    assert states[0]["tokens"] == 4 * 3 * 3 * SEQ
+    for rank in range(2):  # elastic: 2 ranks, another batch size and one worker
+        dataset = PackedDataset(prefixes, rank=rank, world_size=2, **{**SETTINGS, "batch_size": 5})
+        dataset.load_state_dict(json.loads(json.dumps(states[0])))
+        seen.update(read_all(DataLoader(dataset, batch_size=None, num_workers=1))[0])
+    assert sorted(seen) == list(range(1, total + 1)) and set(seen.values()) == {1}
+
+
+def test_resume_with_another_seq_len_is_token_exact(corpus: tuple[list[str], int]) -> None:
+    prefixes, total = corpus
+    dataset = PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS)
+    seen: Counter[int] = Counter()
+    for step, batch in enumerate(dataset):
+        seen.update(real_tokens(batch))
+        if step == 5:
+            break
+    state = dataset.state_dict()  # num_workers=0: the count is this process's
+    resumed = PackedDataset(prefixes, rank=0, world_size=1, **{**SETTINGS, "seq_len": 7})
+    resumed.load_state_dict(state)
+    seen.update(read_all(resumed)[0])
+    assert sorted(seen) == list(range(1, total + 1)) and set(seen.values()) == {1}
+
+
+def test_state_refuses_another_order(corpus: tuple[list[str], int]) -> None:
+    prefixes, _ = corpus
+    state = PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        PackedDataset(prefixes, rank=0, world_size=1, **{**SETTINGS, "seed": 9}).load_state_dict(state)
+
+
+def test_state_needs_the_count_with_workers(corpus: tuple[list[str], int]) -> None:
+    from datahub.loader.errors import ConsumedCountRequiredError
+
+    prefixes, _ = corpus
+    dataset = PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS)
+    next(iter(DataLoader(dataset, batch_size=None, num_workers=1)))
+    with pytest.raises(ConsumedCountRequiredError, match="consumed=N"):
+        dataset.state_dict()
+
+
+TRAINER = """
+import json, os, signal, sys
+import numpy as np
+from torch.utils.data import DataLoader
+from datahub.loader.packing import PackedDataset
+from tests.loader.tokens import real_tokens
+prefixes, out, stop, settings = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+dataset = PackedDataset(prefixes, rank=0, world_size=1, **settings)
+if os.path.exists(out + "/ckpt.json"):
+    dataset.load_state_dict(json.load(open(out + "/ckpt.json"))["data"])
+seen = []
+for step, batch in enumerate(DataLoader(dataset, batch_size=None, num_workers=2)):
+    seen += real_tokens({k: np.asarray(v) for k, v in batch.items()})
+    with open(out + "/ckpt.tmp", "w") as f:  # the trainer checkpoints every step, atomically
+        json.dump({"data": dataset.state_dict(consumed=step + 1), "seen": seen}, f)
+    os.replace(out + "/ckpt.tmp", out + "/ckpt.json")
+    if step + 1 == stop:
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_killed_at_40_percent_resumes_token_exact(corpus: tuple[list[str], int], tmp_path: Path) -> None:
+    prefixes, total = corpus
+    batches = len(PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS))
+    stop = int(batches * 0.4)
+    run = [sys.executable, "-c", TRAINER, json.dumps(prefixes), str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    killed = subprocess.run([*run, str(stop), json.dumps(SETTINGS)], env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    before = json.loads((tmp_path / "ckpt.json").read_text())
+    assert before["data"]["tokens"] == stop * SETTINGS["batch_size"] * SEQ
+    resumed = subprocess.run([*run, "0", json.dumps(SETTINGS)], env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    after = json.loads((tmp_path / "ckpt.json").read_text())
+    seen = Counter(before["seen"] + after["seen"])
+    assert sorted(seen) == list(range(1, total + 1)) and set(seen.values()) == {1}
