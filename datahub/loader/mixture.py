@@ -8,7 +8,8 @@ stride scheduling, the same error-minimizing rule as Megatron-LM's ``BlendedData
 picks the source furthest below its share), so every prefix of the mixture holds each source's share to within
 one item. Weights are by items: samples for text sources, packed sequences of ``seq_len`` tokens for token
 sources (so by tokens exactly). Each source is read exactly once per epoch: when one is used up, the others
-continue at their weights (the epoch ends when all are used up). ``upsample={name: k}`` declares a source read
+continue at their weights (the epoch ends when all are used up); a source of weight 0 is not read (its cursor
+stays, for a later change of weights). ``upsample={name: k}`` declares a source read
 k times per epoch (k passes over its own epochs ``k * epoch + p``).
 
 Ranks and DataLoader workers stride the global sequence (``datahub.loader.strided``), so the resume point is one
@@ -245,7 +246,8 @@ class MixtureDataset(StridedDataset):
         return cursor
 
     def _global_items(self) -> int:
-        return int((self._remaining() - self._done).sum())
+        weighted = np.array([self.weights[name] > 0 for name in self.names])
+        return int(((self._remaining() - self._done) * weighted).sum())
 
     def _reader(self) -> Callable[[np.ndarray, np.ndarray], Any]:
         weights = np.array([self.weights[name] for name in self.names], dtype=np.float64)
