@@ -7,14 +7,14 @@ documents follow the release's export order (``datahub.export.plan``: by sample_
 ``shuffle_seed``), the very order of the text export, and a file holds a contiguous range of it.
 
 Flow (the release is never held in one process; the driver holds ids and token counts, ~100 bytes a document):
-1. count: every data file of the version is tokenized (engine tasks, or this process) and only
-   ``(sample_id, tokens)`` comes back; the driver orders the documents and cuts files at ``file_tokens``;
-2. write: every data file is tokenized again and each document routed to its file by the files' first keys
+1. count: every data file of the version is tokenized once (engine tasks, or this process); its tokens are
+   staged (``Staging``: a local temp folder, or the tier's ``_partial`` folder that every engine task reaches)
+   and only ``(sample_id, tokens)`` comes back; the driver orders the documents and cuts files at ``file_tokens``;
+2. write: every staged data file is read back and each document routed to its file by the files' first keys
    (``ShardRouter``); a file's documents are grouped (an engine shuffle, or local spill files), ordered, and
-   written whole by one task through the write seam (``TokenFileWriter``), which returns sizes and sha256s.
-   Tokenizing twice costs CPU but keeps memory and the shuffle bounded by the plan, not by the tokens twice;
+   written whole by one task through the write seam (``TokenFileWriter``), which returns sizes and sha256s;
 3. lineage: ``exported`` events (ref: the file's prefix URI and the document's index in it), one commit;
-4. the manifest, last: in the tier's token folder, then under the lake.
+4. the manifest, last: in the tier's token folder, then under the lake; the ``_partial`` folder is removed.
 
 Same table version + tokenizer bytes + settings -> byte-identical files on every engine (tested). A killed export
 is re-run: files journalled under ``tokens-{sha12}/_partial/{key}/`` and verified at the destination are kept.
@@ -57,6 +57,7 @@ from datahub.shards.token_manifest import (TOKEN_MANIFEST_NAME, FilePart, TokenF
                                            publish_lake_token_manifest, read_lake_token_manifest, token_dir)
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import Tier
+from datahub.storage.tier_spec import CfsTier
 
 __all__ = ["DEFAULT_FILE_TOKENS", "LoadedTokenizer", "export_table_tokens", "export_tokens", "load_tokenizer"]
 
@@ -74,6 +75,9 @@ Progress = Callable[..., None]
 EngineChoice = Literal["local", "ray", "spark"] | Engine
 
 COUNTED = pa.schema([(KEY_COLUMN, pa.string()), ("tokens", pa.int64())])
+# Staged documents (count pass -> write pass): the id and the document's tokens (EOD included) as little-endian
+# bytes of the file's dtype.
+STAGED = pa.schema([(KEY_COLUMN, pa.string()), ("tokens", pa.large_binary())])
 # Routed documents: the file they belong to (named "shard" for ``ShardSpill``), the order hash bits (0 without a
 # seed), the id and the document's tokens (EOD included) as little-endian bytes of the file's dtype.
 ROUTED = pa.schema([("shard", pa.int64()), ("order_hash", pa.int64()), (KEY_COLUMN, pa.string()),
@@ -185,20 +189,51 @@ def _configured_eos(directory: Path) -> str | None:
 # ---- planning ------------------------------------------------------------------------------------------
 
 
+def documents_array(flat: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """One large_binary value per document: its tokens' bytes (zero-copy over ``flat``)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths * flat.itemsize, out=offsets[1:])
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(lengths),
+                                            [None, pa.py_buffer(offsets), pa.py_buffer(flat)])
+
+
 @dataclass(frozen=True)
-class CountReader:
-    """An engine task's count pass: one data file's ``(sample_id, tokens)`` (picklable)."""
+class Staging:
+    """Where the count pass leaves each data file's tokens for the write pass, so text is tokenized once: a
+    local temp folder for a local export, the target tier's ``_partial`` folder for engine tasks (every task
+    reaches it). One Arrow IPC stream per data file: ``sample_id`` and the document's token bytes."""
+
+    tier_name: str
+    tier_spec: Any
+    tier_source: str
+    folder: str
+
+    def tier(self) -> Tier:
+        return Tier(self.tier_name, self.tier_spec, source=self.tier_source)
+
+    def uri(self, file: str) -> str:
+        return f"{self.folder}/{hashlib.sha256(file.encode()).hexdigest()[:16]}.arrow"
+
+
+@dataclass(frozen=True)
+class StageTokens:
+    """The count pass over one data file (a task): tokenize, stage the tokens, yield ``(sample_id, tokens)``."""
 
     source: TableSource
     tokenizer: LoadedTokenizer
+    staging: Staging
 
-    def __call__(self, file: str | None) -> Iterator[pa.Table]:
-        for batch in self.source.scan([KEY_COLUMN, TEXT_COLUMN], files=None if file is None else [file],
-                                      batch_rows=BATCH_ROWS):
-            if batch.num_rows:
-                _, lengths = self.tokenizer.encode(batch.column(TEXT_COLUMN))
-                yield pa.table([batch.column(KEY_COLUMN).cast(pa.string()), pa.array(lengths, pa.int64())],
-                               schema=COUNTED)
+    def __call__(self, file: str) -> Iterator[pa.Table]:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, STAGED) as stream:
+            for batch in self.source.scan([KEY_COLUMN, TEXT_COLUMN], files=[file], batch_rows=BATCH_ROWS):
+                if not batch.num_rows:
+                    continue
+                flat, lengths = self.tokenizer.encode(batch.column(TEXT_COLUMN))
+                ids = batch.column(KEY_COLUMN).cast(pa.string())
+                stream.write_table(pa.table([ids, documents_array(flat, lengths)], schema=STAGED))
+                yield pa.table([ids, pa.array(lengths, pa.int64())], schema=COUNTED)
+        self.staging.tier().publish(self.staging.uri(file), sink.getvalue().to_pybytes())
 
 
 def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_tokens: int, where: str) -> ExportPlan:
@@ -296,23 +331,19 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
     def uri(self, target: Tier, index: int, suffix: str = "") -> str:
         return target.uri(self.release, self.folder, file_prefix(self.release, index) + suffix)
 
-    def encode(self, batch: pa.RecordBatch | pa.Table, *, only: frozenset[int] | None = None) -> pa.Table:
-        """Routed documents of ``batch`` (``sample_id``, ``text``): tokens and the file they belong to."""
-        table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-        ids = table[KEY_COLUMN].combine_chunks().cast(pa.string())
+    def route(self, staged: pa.RecordBatch | pa.Table, *, only: frozenset[int] | None = None) -> pa.Table:
+        """Routed documents of a staged batch (``sample_id``, token bytes): the file each belongs to."""
+        table = pa.Table.from_batches([staged]) if isinstance(staged, pa.RecordBatch) else staged
+        ids = table[KEY_COLUMN].combine_chunks()
+        documents = table["tokens"].combine_chunks()
         hashes = order_hash(ids, self.shuffle_seed) if self.shuffle_seed is not None else None
         files = self.router.route(ids, hashes)
-        texts = table[TEXT_COLUMN].combine_chunks()
         if only is not None:
             keep = np.isin(files, np.fromiter(only, dtype=np.int64, count=len(only)))
             if not keep.all():
                 mask = pa.array(keep)
-                ids, texts, files = ids.filter(mask), texts.filter(mask), files[keep]
+                ids, documents, files = ids.filter(mask), documents.filter(mask), files[keep]
                 hashes = hashes[keep] if hashes is not None else None
-        flat, lengths = self.tokenizer.encode(texts)
-        offsets = np.concatenate([[0], np.cumsum(lengths * flat.itemsize)]).astype(np.int64)
-        documents = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(lengths),
-                                                     [None, pa.py_buffer(offsets), pa.py_buffer(flat.tobytes())])
         bits = hashes.view(np.int64) if hashes is not None else np.zeros(len(ids), dtype=np.int64)
         return pa.table([pa.array(files, pa.int64()), pa.array(bits, pa.int64()), ids, documents], schema=ROUTED)
 
@@ -368,19 +399,19 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
 
 
 @dataclass(frozen=True)
-class RoutedDocuments:
-    """An engine task's write-pass read: one data file, tokenized and routed (picklable)."""
+class RoutedStaged:
+    """The write pass over one data file (a task): its staged tokens, routed to their files (picklable)."""
 
-    source: TableSource
+    staging: Staging
     writer: TokenFileWriter
     only: frozenset[int] | None
 
-    def __call__(self, file: str | None) -> Iterator[pa.Table]:
-        for batch in self.source.scan([KEY_COLUMN, TEXT_COLUMN], files=None if file is None else [file],
-                                      batch_rows=BATCH_ROWS):
-            routed = self.writer.encode(batch, only=self.only)
-            if routed.num_rows:
-                yield routed
+    def __call__(self, file: str) -> Iterator[pa.Table]:
+        with pa.ipc.open_stream(self.staging.tier().read(self.staging.uri(file))) as stream:
+            for batch in stream:
+                routed = self.writer.route(batch, only=self.only)
+                if routed.num_rows:
+                    yield routed
 
 
 # ---- the export ----------------------------------------------------------------------------------------
@@ -450,29 +481,38 @@ def export_table_tokens(
         raise ReleaseError(f"release {release_name!r} was tokenized with this tokenizer before with other settings "
                            f"({existing.export.get('settings')}); token files are immutable: export under a new release "
                            "name")
+    journal = f"{target.uri(release_name, folder)}/_partial/{export_key}"
+    if existing is not None and target.name in existing.tiers:
+        intact = _intact(existing, target, folder, verify=verify)
+        if len(intact) == len(existing.files):
+            return existing  # already exported to this tier: applying twice is a no-op
     running, owned = _engine(engine)
     try:
-        files = source.files()
-        report("count", 0, len(files))
-        plan = plan_files(_count(source, loaded, files, running), shuffle_seed=shuffle_seed, file_tokens=file_tokens,
-                          where=source.where)
-        report("count", len(files), len(files))
-        journal = f"{target.uri(release_name, folder)}/_partial/{export_key}"
-        writer = TokenFileWriter(release=release_name, tokenizer=loaded, router=plan.router(), shuffle_seed=shuffle_seed,
-                                 starts=tuple(s.start for s in plan.spans),
-                                 tokens=tuple(int(plan.sizes[s.start:s.start + s.samples].sum()) for s in plan.spans),
-                                 tier_name=target.name, tier_spec=target.spec, tier_source=target.source, folder=folder,
-                                 journal_dir=journal)
-        if existing is not None and target.name in existing.tiers:
-            done = _intact(existing, writer, target, verify=verify)
-        else:
-            done = _journalled(writer, target, plan)
-        report("files", len(done), len(plan.spans))
-        todo = [s.index for s in plan.spans if s.index not in {d.index for d in done}]
-        for written in _write(source, writer, todo, running, workers=workers, spill_dir=spill_dir):
-            done.append(written)
+        with tempfile.TemporaryDirectory(prefix="datahub-tokens-", dir=spill_dir) as scratch:
+            staged_on = target if running is not None else Tier("staging", CfsTier(kind="cfs", path=scratch))
+            staging = Staging(staged_on.name, staged_on.spec, staged_on.source,
+                              f"{journal}/staged" if running is not None else staged_on.uri("staged"))
+            files = source.files()
+            report("count", 0, len(files))
+            plan = plan_files(_count(source, loaded, files, staging, running), shuffle_seed=shuffle_seed,
+                              file_tokens=file_tokens, where=source.where)
+            report("count", len(files), len(files))
+            writer = TokenFileWriter(release=release_name, tokenizer=loaded, router=plan.router(),
+                                     shuffle_seed=shuffle_seed, starts=tuple(s.start for s in plan.spans),
+                                     tokens=tuple(int(plan.sizes[s.start:s.start + s.samples].sum()) for s in plan.spans),
+                                     tier_name=target.name, tier_spec=target.spec, tier_source=target.source,
+                                     folder=folder, journal_dir=journal)
+            if existing is not None and target.name in existing.tiers:
+                done = intact
+            else:
+                done = _journalled(writer, target, plan)
             report("files", len(done), len(plan.spans))
-            checkpoint(f"export-tokens:after_file:{written.index}")
+            finished = {d.index for d in done}
+            todo = [s.index for s in plan.spans if s.index not in finished]
+            for written in _write(files, staging, writer, todo, running, workers=workers, spill_dir=scratch):
+                done.append(written)
+                report("files", len(done), len(plan.spans))
+                checkpoint(f"export-tokens:after_file:{written.index}")
     finally:
         if owned and running is not None:
             running.stop()
@@ -527,29 +567,35 @@ def _engine(engine: EngineChoice) -> tuple[Engine | None, bool]:
     return engine, False
 
 
-def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], engine: Engine | None) -> Iterator[pa.Table]:
-    """The count pass: ``(sample_id, tokens)`` of every live row, from engine tasks (one per data file) or here."""
-    read = CountReader(source, tokenizer)
-    if engine is None or not files:
-        yield from read(None)
+def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], staging: Staging,
+           engine: Engine | None) -> Iterator[pa.Table]:
+    """The count pass: ``(sample_id, tokens)`` of every live row, from engine tasks (one per data file) or here;
+    every data file's tokens are staged on the way."""
+    read = StageTokens(source, tokenizer, staging)
+    if engine is None:
+        for file in files:
+            yield from read(file)
         return
-    for batch in engine.read_files(files, read).iter_batches():
-        yield batch.select([KEY_COLUMN, "tokens"]).cast(COUNTED)
+    if files:
+        for batch in engine.read_files(files, read).iter_batches():
+            yield batch.select([KEY_COLUMN, "tokens"]).cast(COUNTED)
 
 
-def _write(source: TableSource, writer: TokenFileWriter, todo: list[int], engine: Engine | None, *,
+def _write(files: list[str], staging: Staging, writer: TokenFileWriter, todo: list[int], engine: Engine | None, *,
            workers: int | None, spill_dir: str | None) -> Iterator[TokenFileDone]:
-    """Write the files ``todo`` in this process (spill files group the documents) or on an engine."""
+    """Write the files ``todo`` from the staged tokens, in this process (spill files group the documents) or on
+    an engine (its shuffle groups them)."""
     if not todo:
         return
     only = frozenset(todo) if len(todo) < len(writer.starts) else None
-    read = RoutedDocuments(source, writer, only)
+    read = RoutedStaged(staging, writer, only)
     if engine is None:
         tier = writer.tier()
         with tempfile.TemporaryDirectory(prefix="datahub-tokens-", dir=spill_dir) as directory:
             spill = ShardSpill(directory, ROUTED)
-            for routed in read(None):
-                spill.add(routed)
+            for file in files:
+                for routed in read(file):
+                    spill.add(routed)
             spill.flush()
             for index in todo:
                 built, body, idx, ids, _ = writer.build(spill.read(index))
@@ -557,8 +603,8 @@ def _write(source: TableSource, writer: TokenFileWriter, todo: list[int], engine
         return
     write_groups = importlib.import_module(f"datahub.engines.{engine.name}.export").write_groups
     writer.start()
-    yield from writer.commit(write_groups(engine, source.files(), read=read, key="shard", sink=writer,
-                                          routed_schema=ROUTED, workers=workers))
+    yield from writer.commit(write_groups(engine, files, read=read, key="shard", sink=writer, routed_schema=ROUTED,
+                                          workers=workers))
 
 
 def _journalled(writer: TokenFileWriter, target: Tier, plan: ExportPlan) -> list[TokenFileDone]:
@@ -579,13 +625,13 @@ def _journalled(writer: TokenFileWriter, target: Tier, plan: ExportPlan) -> list
     return done
 
 
-def _intact(existing: TokenManifest, writer: TokenFileWriter, target: Tier, *, verify: bool) -> list[TokenFileDone]:
+def _intact(existing: TokenManifest, target: Tier, folder: str, *, verify: bool) -> list[TokenFileDone]:
     """The published files still whole on ``target`` (size; sha256 too with ``verify``): the rest is rewritten."""
     done = []
     for index, record in enumerate(existing.files):
         whole = True
-        for suffix, name in ((BIN_SUFFIX, "bin"), (IDX_SUFFIX, "idx"), (IDS_SUFFIX, "ids")):
-            uri, part = writer.uri(target, index, suffix), record.part(name)
+        for name in ("bin", "idx", "ids"):
+            uri, part = target.uri(existing.release, folder, f"{record.prefix}.{name}"), record.part(name)
             whole = whole and (target.verify(uri, size=part.size, sha256=part.sha256) if verify
                                else target.size(uri) == part.size)
         if whole:
