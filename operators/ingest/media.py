@@ -1,0 +1,171 @@
+"""Image-text readers (kind ``image_text``): Parquet with image bytes or paths, JSONL with image paths.
+
+Every reader hands one record to :func:`add_image_record`, which checks the image (``operators.media.checks``:
+format, size, decompression bombs, a full decode) and either fills the kind's columns (``datahub.kinds.media``)
+or quarantines the record with the reason, so every record read is accounted for.
+
+Where the image is:
+
+- Parquet: a binary column (``image``, ``jpg``, ``png``, ``webp``, ``image_bytes``), or a struct with ``bytes``
+  and ``path`` (Hugging Face ``datasets.Image``); else a path/URI column;
+- JSONL and Parquet: a string field ``image_path``, ``image_uri``, ``image_url``, ``path`` or ``url``: an absolute
+  path, an ``s3://``/``hdfs://`` URI, or a path relative to the input file's folder (its base location).
+
+The caption is the input's ``text_field`` (``caption`` for LAION-style files). The other fields go to ``meta``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import posixpath
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pyarrow.parquet as pq
+
+from datahub.errors import TransientError
+from datahub.kinds.media import (IMAGE, IMAGE_BYTE_SIZE, IMAGE_FORMAT, IMAGE_HEIGHT, IMAGE_SHA256, IMAGE_URI,
+                                 IMAGE_WIDTH)
+from operators.ingest.base import RAW_PREVIEW_BYTES, InputFile, Reader, _Buffer, register_reader, text_field_problem
+from operators.ingest.stream import StorageStream
+from operators.media.checks import MediaProblem, inspect_image
+
+BYTES_COLUMNS = ("image", "jpg", "png", "webp", "image_bytes")
+PATH_FIELDS = ("image_path", "image_uri", "image_url", "path", "url")
+
+
+def add_image_record(buffer: _Buffer, *, offset: int, caption: Any, image: bytes | None, image_uri: str | None,
+                     meta: dict[str, Any] | None, max_record_bytes: int, caption_field: str = "text") -> None:
+    """Check one image-text record and add it to ``buffer`` as a sample or a quarantine row."""
+    if not isinstance(caption, str):
+        reason = "missing_caption" if caption is None else "caption_not_a_string"
+        detail = text_field_problem(caption_field, caption, caption is None, sorted(meta or {}))
+        buffer.quarantine(offset, reason, detail, json.dumps(meta, default=str).encode() if meta else None)
+        return
+    if image is None:
+        buffer.quarantine(offset, "missing_image", f"record {offset}: no image bytes and no image path "
+                          f"(looked for columns {', '.join(BYTES_COLUMNS)} and fields {', '.join(PATH_FIELDS)})",
+                          caption.encode("utf-8"))
+        return
+    if len(image) > max_record_bytes:
+        buffer.quarantine(offset, "oversize", f"image of {len(image)} bytes > max_record_bytes={max_record_bytes}",
+                          image[:RAW_PREVIEW_BYTES])
+        return
+    try:
+        info = inspect_image(image)
+    except MediaProblem as problem:
+        where = f" ({image_uri})" if image_uri else ""
+        buffer.quarantine(offset, problem.reason, f"record {offset}{where}: {problem.detail}", image)
+        return
+    buffer.sample(caption, offset, meta or None, fields={
+        IMAGE: image, IMAGE_URI: image_uri, IMAGE_FORMAT: info.format, IMAGE_WIDTH: info.width,
+        IMAGE_HEIGHT: info.height, IMAGE_BYTE_SIZE: info.byte_size, IMAGE_SHA256: info.sha256,
+    })
+
+
+def resolve(reference: str, base_uri: str) -> str:
+    """An image reference as a URI: absolute paths and URIs as they are, relative ones under the input's folder."""
+    if "://" in reference or reference.startswith("/"):
+        return reference
+    return posixpath.join(posixpath.dirname(base_uri), reference)
+
+
+def fetch(uri: str, file: InputFile) -> tuple[bytes | None, str | None]:
+    """``(bytes, None)`` of the referenced image, or ``(None, why)`` if it is not there.
+
+    A missing file is bad data (quarantined); a storage failure raises ``StorageError`` and the input is retried.
+    """
+    try:
+        with StorageStream.open(uri, dict(file.storage_options)) as stream:
+            return stream.read(), None
+    except TransientError:
+        raise
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+class _ImageRecords:
+    """Turns one record's fields into the checked sample or quarantine row."""
+
+    max_record_bytes: int
+
+    def add(self, file: InputFile, buffer: _Buffer, offset: int, record: dict[str, Any]) -> None:
+        caption = record.pop(file.text_field, None)
+        image: bytes | None = None
+        uri: str | None = None
+        for name in BYTES_COLUMNS:
+            value = record.get(name)
+            if isinstance(value, dict):  # datasets.Image: {"bytes": ..., "path": ...}
+                record.pop(name)
+                image, path = value.get("bytes"), value.get("path")
+                uri = resolve(path, file.uri) if isinstance(path, str) and path else None
+                break
+            if isinstance(value, (bytes, bytearray)):
+                image = bytes(record.pop(name))
+                break
+        if image is None:
+            for name in PATH_FIELDS:
+                reference = record.get(name)
+                if isinstance(reference, str) and reference:
+                    record.pop(name)
+                    uri = resolve(reference, file.uri)
+                    image, missing = fetch(uri, file)
+                    if image is None:
+                        buffer.quarantine(offset, "image_not_found", f"record {offset}: {uri}: {missing}",
+                                          json.dumps({name: reference}).encode())
+                        return
+                    break
+        add_image_record(buffer, offset=offset, caption=caption, image=image, image_uri=uri, meta=record,
+                         max_record_bytes=self.max_record_bytes, caption_field=file.text_field)
+
+
+@register_reader
+class ImageParquetReader(_ImageRecords, Reader):
+    """Parquet rows of (caption, image bytes or path); ``source_offset`` = row index."""
+
+    format = "parquet"
+    kinds = ("image_text",)
+    suffixes = (".parquet", ".pq")
+
+    def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:
+        with self.open(file) as stream:
+            parquet = pq.ParquetFile(stream)
+            row = 0
+            # small batches: a batch of images is megabytes
+            for batch in parquet.iter_batches(batch_size=max(1, min(self.batch_rows, 256))):
+                for record in batch.to_pylist():
+                    self.add(file, buffer, row, record)
+                    row += 1
+                    yield None
+
+
+@register_reader
+class ImageJsonlReader(_ImageRecords, Reader):
+    """JSON Lines of (caption, image path or URI); ``source_offset`` = 1-based line number."""
+
+    format = "jsonl"
+    kinds = ("image_text",)
+    suffixes = (".jsonl", ".ndjson")
+
+    def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:
+        with self.open(file) as raw, io.BufferedReader(cast(io.RawIOBase, raw), 1 << 20) as stream:
+            for line_no, line in enumerate(stream, start=1):
+                if not line.strip():
+                    continue
+                if len(line) > self.max_record_bytes:
+                    buffer.quarantine(line_no, "oversize", f"line of {len(line)} bytes > max_record_bytes="
+                                      f"{self.max_record_bytes}", line[:RAW_PREVIEW_BYTES])
+                    yield None
+                    continue
+                try:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    buffer.quarantine(line_no, "invalid_json", str(exc), line)
+                    yield None
+                    continue
+                if not isinstance(record, dict):
+                    buffer.quarantine(line_no, "not_an_object", f"JSON {type(record).__name__}, expected an object", line)
+                else:
+                    self.add(file, buffer, line_no, record)
+                yield None

@@ -1,0 +1,84 @@
+"""WebDataset tar shards of image-text pairs (kind ``image_text``), the layout img2dataset writes.
+
+A sample is the run of consecutive tar members sharing a key (the member path up to the first dot of its
+file name, as ``webdataset`` groups them): ``KEY.jpg`` / ``.jpeg`` / ``.png`` / ``.webp`` (the image),
+``KEY.txt`` (the caption) and ``KEY.json`` (metadata; its ``caption`` field when there is no ``.txt``).
+``source_offset`` = the sample's ordinal in the shard (0-based); ``meta`` = the JSON object plus ``key``.
+Bad samples (no image, no caption, bad JSON, bad media) are quarantined with the reason; a shard that breaks
+off mid-way keeps the samples read before the break and quarantines the rest as one ``unreadable_file``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+from collections.abc import Iterator
+from typing import Any
+
+from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
+from operators.ingest.media import add_image_record
+
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
+_KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset.tariterators.base_plus_ext
+
+
+def split_key(path: str) -> tuple[str, str] | None:
+    """``(key, extension)`` of a member path, extension lowercased; None for a name without one."""
+    match = _KEY.match(path)
+    return (match.group(1), match.group(2).lower()) if match else None
+
+
+@register_reader
+class WebDatasetReader(Reader):
+    format = "webdataset"
+    kinds = ("image_text",)
+    suffixes = (".tar", ".tar.gz", ".tgz")
+
+    def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:
+        with self.open(file) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
+            ordinal = 0
+            key: str | None = None
+            members: dict[str, bytes] = {}
+            for info in tar:
+                if not info.isfile():
+                    continue
+                parts = split_key(info.name)
+                if parts is None or parts[0].startswith("__"):  # __index__ and the like are not samples
+                    continue
+                if key is not None and parts[0] != key:
+                    self._sample(file, buffer, ordinal, key, members)
+                    ordinal += 1
+                    members = {}
+                    yield None
+                key = parts[0]
+                handle = tar.extractfile(info)
+                members[parts[1]] = handle.read() if handle is not None else b""
+            if key is not None:
+                self._sample(file, buffer, ordinal, key, members)
+                yield None
+
+    def _sample(self, file: InputFile, buffer: _Buffer, ordinal: int, key: str, members: dict[str, bytes]) -> None:
+        meta: dict[str, Any] = {}
+        if "json" in members:
+            try:
+                parsed = json.loads(members["json"])
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                buffer.quarantine(ordinal, "invalid_json", f"{key}.json: {exc}", members["json"])
+                return
+            if isinstance(parsed, dict):
+                meta.update(parsed)
+        caption: Any = None
+        if "txt" in members:
+            try:
+                caption = members["txt"].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                buffer.quarantine(ordinal, "invalid_utf8", f"{key}.txt: {exc}", members["txt"])
+                return
+        elif isinstance(meta.get("caption"), str):
+            caption = meta.pop("caption")
+        meta["key"] = key
+        extension = next((e for e in IMAGE_EXTENSIONS if e in members), None)
+        image = members.get(extension) if extension is not None else None
+        add_image_record(buffer, offset=ordinal, caption=caption, image=image, image_uri=None, meta=meta,
+                         max_record_bytes=self.max_record_bytes, caption_field=f"{key}.txt")
