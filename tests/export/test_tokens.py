@@ -212,3 +212,46 @@ def test_refuses_a_table_without_text(tmp_path) -> None:
     with pytest.raises(IntegrityError, match="'text'"):
         export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
                             storage=cfs_storage(("cfs", tmp_path / "cfs")))
+
+
+def test_killed_export_resumes_keeping_the_journalled_files(tmp_path) -> None:
+    """SIGKILL after the second published file; the re-run keeps files 0-1 (not rewritten) and writes the rest:
+    the same bytes as an export that was never killed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from datahub.pipeline.faults import KILL_AT_ENV
+
+    make_lake(tmp_path / "lake", 90)
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  a:\n    kind: cfs\n    path: {tmp_path / 'a'}\n  b:\n    kind: cfs\n    path: {tmp_path / 'b'}\n")
+
+    def cli(tier: str, release: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != KILL_AT_ENV}
+        if kill_at:
+            env[KILL_AT_ENV] = kill_at
+        return subprocess.run([sys.executable, "-m", "datahub.cli.main", "export", release, "--lake", str(tmp_path / "lake"),
+                               "--tier", tier, "--storage", str(storage), "--table", "samples", "--tokenizer", str(path),
+                               "--file-tokens", "300", "--json"], env=env, capture_output=True, text=True, timeout=300)
+
+    killed = cli("a", "r", "export-tokens:after_file:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    folder = tmp_path / "a/r" / f"tokens-{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+    kept = {p.name: p.stat().st_mtime_ns for p in folder.glob("r-00000[01].*")}
+    assert len(kept) == 6 and not (folder / "tokens-manifest.json").exists()
+    assert read_lake_token_manifest(Lake(tmp_path / "lake"), "r") is None
+    resumed = cli("a", "r")
+    assert resumed.returncode == 0, resumed.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in folder.glob("r-00000[01].*")} == kept
+    assert not (folder / "_partial").exists()
+    manifest = json.loads(resumed.stdout)
+    clean = cli("b", "r2")
+    assert clean.returncode == 0, clean.stderr
+    for record in manifest["files"]:
+        for suffix in ("bin", "idx", "ids"):
+            assert Path(record["replicas"]["a"] + "." + suffix).read_bytes() == \
+                Path(record["replicas"]["a"].replace(str(tmp_path / "a/r"), str(tmp_path / "b/r2")).replace("/r-", "/r2-")
+                     + "." + suffix).read_bytes()
