@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("datahub.operator",),
     ("operators",),
     ("datahub.pipeline",),
-    ("datahub.release", "datahub.qa", "datahub.lineage", "datahub.report"),
+    ("datahub.release", "datahub.qa", "datahub.lineage", "datahub.report", "datahub.evalset"),
     ("datahub.export", "datahub.shards", "datahub.loader"),
     ("datahub.schedule", "datahub.cli"),
 ]

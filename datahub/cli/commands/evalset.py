@@ -1,0 +1,96 @@
+"""`datahub evalset add/list/check`: the evaluation-set registry and contamination checks (thin over datahub.evalset)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from datahub.cli.lake_option import LAKE_HELP
+from datahub.cli.output import console, print_json
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="Evaluation sets (benchmarks) a release must not contain: register, list, check.",
+                        no_args_is_help=True)
+    app.add_typer(group, name="evalset")
+
+    @group.command("add")
+    def add(
+        name: str = typer.Argument(..., help="Eval set name, e.g. mmlu (refs read NAME@VERSION:ITEM)."),
+        path: str = typer.Argument(..., help="JSONL (.gz) or Parquet: one item per record with prompt/question and "
+                                             "answer/output fields, optional id."),
+        lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Register a benchmark's items as the next version of an eval set (unchanged content: no new version)."""
+        from datahub.cli.lake_option import open_lake
+        from datahub.evalset import add_evalset
+
+        result = add_evalset(open_lake(lake), name, path)
+        if as_json:
+            print_json(result.as_dict())
+            return
+        verb = "added" if result.created else "unchanged, already registered as"
+        console().print(f"[bold green]eval set {result.name}@{result.version}[/] {verb}: {result.items} items "
+                        f"from {result.source_uri}")
+
+    @group.command("list")
+    def list_(
+        lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
+        all_versions: bool = typer.Option(False, "--all-versions", help="Every version, not only the latest."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Registered eval sets (latest version of each)."""
+        from rich.table import Table
+
+        from datahub.cli.lake_option import open_lake
+        from datahub.evalset import list_evalsets
+
+        sets = list_evalsets(open_lake(lake), all_versions=all_versions)
+        if as_json:
+            print_json([s.as_dict() for s in sets])
+            return
+        if not sets:
+            console().print(f"no eval sets in {lake}; register one with: datahub evalset add NAME PATH --lake {lake}")
+            return
+        grid = Table(title=f"eval sets in {lake}")
+        for column in ("name", "version", "items", "versions", "added", "source"):
+            grid.add_column(column)
+        for s in sets:
+            grid.add_row(s.name, str(s.version), str(s.items), str(s.versions), f"{s.added:%Y-%m-%d %H:%M}", s.source_uri)
+        console().print(grid)
+
+    @group.command("check")
+    def check(
+        lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
+        table: str = typer.Option("samples", "--table", help="Table to check."),
+        version: Optional[int] = typer.Option(None, "--version", help="Delta version (default: latest)."),
+        ngram: int = typer.Option(13, "--ngram", min=3, help="Words per n-gram."),
+        min_overlap: int = typer.Option(1, "--min-overlap", min=1, help="Matching n-grams that make a sample contaminated."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    ) -> None:
+        """Count samples of a table version that share n-grams with the registered eval sets (streamed)."""
+        from datahub.cli.lake_option import open_lake
+        from datahub.cli.output import progress
+        from datahub.evalset import contamination
+
+        done = [0]
+        with progress(f"checking {table}", enabled=not as_json) as update:
+            def advance(rows: int) -> None:
+                done[0] += rows
+                update("rows", done[0])
+
+            found = contamination(open_lake(lake), table=table, version=version, ngram=ngram, min_overlap=min_overlap,
+                                  progress=advance)
+        if as_json:
+            print_json({**found.as_dict(), "examples": dict(list(sorted(found.refs.items()))[:20])})
+            return
+        out = console()
+        if not found.evalsets:
+            out.print("no eval sets registered: nothing to check against")
+        elif found.count:
+            out.print(f"[bold red]contaminated[/]: {found.describe()}")
+        else:
+            out.print(f"[green]clean[/]: {found.rows_checked} rows of {table} v{found.version} share no "
+                      f"{ngram}-gram with {', '.join(found.evalsets)}")

@@ -1,0 +1,192 @@
+"""``datahub evalset add/list``: benchmark items as versioned rows of the lake's ``evalsets`` table.
+
+Input: JSONL (optionally ``.gz``) or Parquet, one item per record. The prompt is the first of the fields
+``PROMPT_FIELDS`` present, the answer the first of ``ANSWER_FIELDS`` (a list or number answer is kept as
+JSON); the item id is the ``id`` field (else ``item_id``, else the 0-based record number). A record with no
+usable prompt or answer text is an error naming the file and line: an eval set is curated, so nothing is
+silently skipped. Adding a name again with other content makes version N+1; the same content is a no-op.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.errors import LakeError, SpecError
+from datahub.lake.lake import Lake
+from datahub.lake.lineage_rows import lineage_rows
+from datahub.sample_id import sample_ids
+from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE
+
+PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
+ANSWER_FIELDS = ("answer", "output", "target", "label", "solution", "completion", "response")
+ID_FIELDS = ("id", "item_id")
+EVALSET_OP = "evalset.add@1"
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """One registered version of an eval set."""
+
+    name: str
+    version: int
+    items: int
+    source_uri: str
+    digest: str
+    added: datetime
+    versions: int = 1
+    created: bool = True  # False: ``add`` found the same content already registered (no new version)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["added"] = self.added.isoformat()
+        return out
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value if value.strip() else None
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _pick(record: dict[str, Any], fields: tuple[str, ...]) -> Any:
+    for name in fields:
+        if name in record and record[name] is not None:
+            return record[name]
+    return None
+
+
+def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(enumerate(pq.read_table(path).to_pylist(), start=1))
+    opener = gzip.open if path.suffix == ".gz" else open
+    out = []
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecError(f"{path}:{line_number}: not a JSON object ({exc.msg}); one item per line, e.g. "
+                                '{"id": "q1", "prompt": "...", "answer": "..."}') from None
+            if not isinstance(record, dict):
+                raise SpecError(f"{path}:{line_number}: expected a JSON object, got {type(record).__name__}")
+            out.append((line_number, record))
+    return out
+
+
+def read_items(path: str | Path) -> pa.Table:
+    """The items of an eval-set file as ``(item_id, prompt, answer, text)``; errors name file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: no such eval-set file (JSONL, JSONL.gz or Parquet with prompt/answer fields)")
+    ids, prompts, answers = [], [], []
+    for number, (line, record) in enumerate(_records(path)):
+        prompt, answer = _text(_pick(record, PROMPT_FIELDS)), _text(_pick(record, ANSWER_FIELDS))
+        if prompt is None and answer is None:
+            raise SpecError(f"{path}:{line}: no prompt or answer text; expected one of the fields "
+                            f"{', '.join(PROMPT_FIELDS)} and/or {', '.join(ANSWER_FIELDS)} (got {', '.join(sorted(record)) or 'none'})")
+        item_id = _pick(record, ID_FIELDS)
+        ids.append(str(item_id) if item_id is not None else str(number))
+        prompts.append(prompt)
+        answers.append(answer)
+    if not ids:
+        raise SpecError(f"{path}: no items; an eval set needs at least one record")
+    seen: set[str] = set()
+    for item_id in ids:
+        if item_id in seen:
+            raise SpecError(f"{path}: item id {item_id!r} appears twice; ids must be unique within a set")
+        seen.add(item_id)
+    texts = [("\n".join(t for t in (p, a) if t)) for p, a in zip(prompts, answers)]
+    return pa.table({"item_id": pa.array(ids, pa.string()), "prompt": pa.array(prompts, pa.string()),
+                     "answer": pa.array(answers, pa.string()), "text": pa.array(texts, pa.string())})
+
+
+def _digest(items: pa.Table) -> str:
+    digest = hashlib.sha256()
+    for item_id, text in sorted(zip(items.column("item_id").to_pylist(), items.column("text").to_pylist())):
+        digest.update(item_id.encode() + b"\x00" + text.encode() + b"\x01")
+    return digest.hexdigest()
+
+
+def _check_name(name: str) -> None:
+    if not name or not set(name) <= _NAME_CHARS or "@" in name or ":" in name or not name[0].isalnum():
+        raise SpecError(f"eval set name {name!r}: use letters, digits, '_', '.' or '-', starting with a letter or digit "
+                        "(it appears in lineage refs as NAME@VERSION:ITEM)")
+
+
+def add_evalset(lake: Lake, name: str, path: str | Path) -> EvalSet:
+    """Register the items of ``path`` as the next version of eval set ``name`` (a no-op for unchanged content)."""
+    _check_name(name)
+    items = read_items(path)
+    digest = _digest(items)
+    existing = [s for s in list_evalsets(lake, all_versions=True) if s.name == name]
+    if existing and existing[-1].digest == digest:
+        latest = existing[-1]
+        return EvalSet(latest.name, latest.version, latest.items, latest.source_uri, latest.digest, latest.added,
+                       versions=len(existing), created=False)
+    version = existing[-1].version + 1 if existing else 1
+    now = datetime.now(timezone.utc)
+    n = items.num_rows
+    source_uri = str(Path(path).resolve())
+    hashes = sample_ids(items.column("text"))
+    rows = pa.table({
+        "evalset": pa.array([name] * n, pa.string()),
+        "version": pa.array([version] * n, pa.int64()),
+        "item_id": items.column("item_id"),
+        "prompt": items.column("prompt"),
+        "answer": items.column("answer"),
+        "text": items.column("text"),
+        "item_hash": hashes,
+        "source_uri": pa.array([source_uri] * n, pa.string()),
+        "digest": pa.array([digest] * n, pa.string()),
+        "added": pa.array([now] * n, pa.timestamp("us", tz="UTC")),
+    }, schema=EVALSETS)
+    txn = f"evalset/{name}@{version}"
+    refs = pc.binary_join_element_wise(f"{name}@{version}:", items.column("item_id"), "")
+    lake.commit("lineage", lineage_rows(hashes, run_id=txn, op=EVALSET_OP, action="ingested", reason="evalset",
+                                        ref=refs, ts=now), txn=txn, metadata={"datahub.evalset": f"{name}@{version}"})
+    if lake.commit(EVALSETS_TABLE, rows, txn=txn, metadata={"datahub.evalset": f"{name}@{version}"}) is None:
+        raise LakeError(f"eval set {name} version {version} was added concurrently by another writer; "
+                        f"list them with: datahub evalset list --lake {lake.ref}")
+    return EvalSet(name, version, n, source_uri, digest, now, versions=version)
+
+
+def list_evalsets(lake: Lake, *, all_versions: bool = False) -> list[EvalSet]:
+    """Registered eval sets: the latest version of each (or every version), by name then version."""
+    if not lake.exists(EVALSETS_TABLE):
+        return []
+    rows = lake.read(EVALSETS_TABLE, columns=["evalset", "version", "source_uri", "digest", "added"])
+    grouped = rows.group_by(["evalset", "version"], use_threads=False).aggregate([
+        ("source_uri", "first"), ("digest", "first"), ("added", "min"), ("evalset", "count")])
+    grouped = grouped.sort_by([("evalset", "ascending"), ("version", "ascending")])
+    out: list[EvalSet] = []
+    counts: dict[str, int] = {}
+    for row in grouped.to_pylist():
+        counts[row["evalset"]] = counts.get(row["evalset"], 0) + 1
+        out.append(EvalSet(row["evalset"], int(row["version"]), int(row["evalset_count"]), row["source_uri_first"],
+                           row["digest_first"], row["added_min"]))
+    out = [EvalSet(s.name, s.version, s.items, s.source_uri, s.digest, s.added, versions=counts[s.name]) for s in out]
+    if all_versions:
+        return out
+    latest: dict[str, EvalSet] = {}
+    for s in out:
+        latest[s.name] = s
+    return list(latest.values())
+
+
+__all__ = ["EvalSet", "add_evalset", "list_evalsets", "read_items"]

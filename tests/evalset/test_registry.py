@@ -1,0 +1,80 @@
+"""The eval-set registry: versioned rows in the lake's ``evalsets`` table with ``ingested`` lineage."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pyarrow.compute as pc
+import pytest
+
+from datahub.errors import LakeError, SpecError
+from datahub.evalset import add_evalset, list_evalsets, read_items
+from datahub.lake import Lake
+from datahub.sample_id import sample_id_of
+from operators.decontam.evalsets import latest_items, load_index
+from tests.evalset.helpers import QUESTIONS, item_text, write_evalset
+
+
+def test_add_list_versions_and_lineage(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    path = write_evalset(tmp_path / "bench.jsonl")
+    first = add_evalset(lake, "bench", path)
+    assert (first.name, first.version, first.items, first.created) == ("bench", 1, 3, True)
+
+    again = add_evalset(lake, "bench", path)  # same content: no new version, nothing written
+    assert (again.version, again.created) == (1, False)
+    assert lake.read("evalsets").num_rows == 3
+
+    write_evalset(path, QUESTIONS[:2])  # the benchmark lost an item: version 2
+    second = add_evalset(lake, "bench", path)
+    assert (second.version, second.items) == (2, 2)
+    listed = list_evalsets(lake)
+    assert [(s.name, s.version, s.items, s.versions) for s in listed] == [("bench", 2, 2, 2)]
+    assert [s.version for s in list_evalsets(lake, all_versions=True)] == [1, 2]
+
+    latest = latest_items(lake)
+    assert latest.column("item_id").to_pylist() == ["q1", "q2"] and set(latest.column("version").to_pylist()) == {2}
+    assert load_index(lake).refs == ["bench@2:q1", "bench@2:q2"]
+
+    lineage = lake.read("lineage")
+    ingested = lineage.filter(pc.equal(lineage.column("op"), "evalset.add@1"))
+    assert ingested.num_rows == 5 and set(ingested.column("action").to_pylist()) == {"ingested"}
+    row = ingested.filter(pc.equal(ingested.column("ref"), "bench@1:q3")).to_pylist()[0]
+    assert row["sample_id"] == sample_id_of(item_text("q3")) and row["run_id"] == "evalset/bench@1"
+
+
+def test_field_aliases_gzip_and_record_numbers(tmp_path):
+    path = tmp_path / "b.jsonl.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write(json.dumps({"prompt": "p one", "output": ["a", "b"]}) + "\n\n")
+        handle.write(json.dumps({"input": "p two", "target": 3}) + "\n")
+    items = read_items(path)
+    assert items.column("item_id").to_pylist() == ["0", "1"]
+    assert items.column("text").to_pylist() == ['p one\n["a", "b"]', "p two\n3"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"id": 1, "question": "q"}\nnot json\n', r"bad.jsonl:2: not a JSON object"),
+    ('{"id": 1, "title": "q"}\n', r"bad.jsonl:1: no prompt or answer text.*got id, title"),
+    ('{"id": 1, "question": "a"}\n{"id": 1, "question": "b"}\n', r"item id '1' appears twice"),
+    ("", r"no items"),
+])
+def test_bad_files_name_file_and_line(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(SpecError, match=message):
+        add_evalset(Lake(tmp_path / "lake"), "bench", path)
+    assert not Lake(tmp_path / "lake").exists("evalsets")
+
+
+def test_bad_names_and_unknown_sets(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    path = write_evalset(tmp_path / "b.jsonl")
+    with pytest.raises(SpecError, match="eval set name 'a:b'"):
+        add_evalset(lake, "a:b", path)
+    with pytest.raises(LakeError, match="not registered.*datahub evalset add"):
+        load_index(lake, ["missing"])
+    add_evalset(lake, "bench", path)
+    with pytest.raises(LakeError, match=r"missing not registered.*registered: bench"):
+        load_index(lake, ["missing"])
