@@ -1,8 +1,15 @@
-"""``release.create``: freeze a Delta version of a table under an immutable name, QA-gated."""
+"""``release.create``: freeze a Delta version of a table under an immutable name, QA-gated and
+checked against the registered evaluation sets (``datahub.evalset``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from datahub.errors import ReleaseError
+from datahub.evalset.check import Contamination, contamination
 from datahub.lake.lake import Lake
 from datahub.release.freeze import freeze, refuse_taken
 from datahub.release.qa_gate import qa_command, qa_verdict
@@ -17,12 +24,18 @@ def create_release(
     version: int | None = None,
     require_qa: bool = False,
     creator: str | None = None,
+    allow_contamination: str | None = None,
 ) -> Release:
     """Freeze ``table`` at ``version`` (default: latest) as release ``name``.
 
     Refused when the name exists, when the latest result of any QA suite for that version
-    failed, or (with ``require_qa``) when no QA ran on it.
+    failed, (with ``require_qa``) when no QA ran on it, or when samples share 13-grams with a
+    registered eval set, unless ``allow_contamination`` gives the reason (recorded in the
+    release's details and in the contaminated samples' ``released`` lineage rows).
     """
+    if allow_contamination is not None and not allow_contamination.strip():
+        raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
+                           '--allow-contamination "eval set is the held-out split, not the one we score on"')
     check_name(name)
     refuse_taken(lake, name)
     if not lake.exists(table):
@@ -43,7 +56,28 @@ def create_release(
             f"release {name!r} refused: no QA results for {table} v{version} and --require-qa was given; "
             f"run the QA suites first: {qa_command(lake, table=table, version=version)}"
         )
+    found = contamination(lake, table=table, version=version)
+    if found.count and allow_contamination is None:
+        raise ReleaseError(
+            f"release {name!r} refused: {found.describe()}\n"
+            "drop them with the decontaminate operator in the job (graph node `op: decontaminate`) and re-run, or "
+            'release anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
+        )
     ids = lake.read(table, version=version, columns=["sample_id"]).column("sample_id")
+    details: dict[str, Any] = {"qa_suites": verdict.suites}
+    reasons = None
+    if found.evalsets:
+        details["contamination"] = {**found.as_dict(), "allowed": allow_contamination if found.count else None}
+    if found.count:
+        reasons = _allowed_reasons(ids, found, allow_contamination or "")
     return freeze(lake, name, table=table, version=version, sample_ids=ids, kind="create",
-                  qa_status=verdict.status, creator=creator,
-                  details={"qa_suites": verdict.suites})
+                  qa_status=verdict.status, creator=creator, details=details, released_reason=reasons)
+
+
+def _allowed_reasons(ids: pa.ChunkedArray | pa.Array, found: Contamination, reason: str) -> pa.Array:
+    """The ``released`` lineage reason of every row: null, or the allowed contamination and its eval item."""
+    contaminated = pa.array(list(found.refs), pa.string())
+    texts = pa.array([f"contamination allowed: {reason} ({ref})" for ref in found.refs.values()], pa.string())
+    position = pc.index_in(ids, value_set=contaminated)
+    out = pc.take(texts, position)
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out

@@ -61,12 +61,16 @@ def register(app: typer.Typer) -> None:
         table: str = typer.Option("samples", "--table", help="Table to freeze."),
         version: Optional[int] = typer.Option(None, "--version", help="Delta version to freeze (default: latest)."),
         require_qa: bool = typer.Option(False, "--require-qa", help="Refuse when no QA suite ran on that version."),
+        allow_contamination: Optional[str] = typer.Option(
+            None, "--allow-contamination", metavar="REASON",
+            help="Release even though samples overlap a registered eval set (datahub evalset); the reason is recorded."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Freeze a table version as a release; refused when its latest QA results failed."""
+        """Freeze a table version as a release; refused when its latest QA results failed or it overlaps an eval set."""
         from datahub.release import create_release
 
-        release = create_release(_lake(lake), name, table=table, version=version, require_qa=require_qa)
+        release = create_release(_lake(lake), name, table=table, version=version, require_qa=require_qa,
+                                 allow_contamination=allow_contamination)
         if as_json:
             print_json(release.as_dict())
             return

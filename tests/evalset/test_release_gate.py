@@ -1,0 +1,83 @@
+"""``release create`` refuses a table that overlaps a registered eval set, unless the reason is given and recorded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.compute as pc
+import pytest
+
+from datahub.errors import ReleaseError
+from datahub.evalset import add_evalset, contamination
+from datahub.lake import Lake
+from datahub.release import create_release, get_release, list_releases
+from datahub.sample_id import sample_id_of
+from tests.evalset.helpers import item_text, write_evalset
+from tests.release.helpers import add_samples
+
+CLEAN = [f"an ordinary training document number {i} about gardening, tools, soil and the weather in spring" for i in range(6)]
+
+
+def _lake(tmp_path, texts):
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, texts, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    return lake
+
+
+def test_contaminated_table_is_refused_with_set_and_count(tmp_path):
+    leaked = ["Forum post: " + item_text("q2").upper() + " thanks!", "Quiz answers. " + item_text("q3")]
+    lake = _lake(tmp_path, CLEAN + leaked)
+    found = contamination(lake, batch_rows=3)  # three batches: the check streams
+    assert found.rows_checked == 8 and found.by_evalset == {"bench@1": 2}
+    assert found.refs == {sample_id_of(leaked[0]): "bench@1:q2", sample_id_of(leaked[1]): "bench@1:q3"}
+    with pytest.raises(ReleaseError, match=r"(?s)refused: 2 sample\(s\) of samples v\d+ overlap eval sets \[bench@1: 2 sample"
+                                           r"\(s\)\].*--allow-contamination"):
+        create_release(lake, "r1")
+    assert list_releases(lake) == []
+
+
+def test_allowed_contamination_is_recorded_in_release_and_lineage(tmp_path):
+    leaked = "Quiz answers. " + item_text("q3")
+    lake = _lake(tmp_path, CLEAN + [leaked])
+    with pytest.raises(ReleaseError, match="needs a reason"):
+        create_release(lake, "r1", allow_contamination="  ")
+    release = create_release(lake, "r1", allow_contamination="bench@1 is a public dev split we do not score on")
+    assert release.row_count == 7
+    recorded = get_release(lake, "r1").details["contamination"]
+    assert recorded["allowed"] == "bench@1 is a public dev split we do not score on"
+    assert recorded["by_evalset"] == {"bench@1": 1} and recorded["contaminated"] == 1
+    lineage = lake.read("lineage")
+    released = lineage.filter(pc.equal(lineage.column("action"), "released"))
+    reasons = dict(zip(released.column("sample_id").to_pylist(), released.column("reason").to_pylist()))
+    assert reasons[sample_id_of(leaked)] == ("contamination allowed: bench@1 is a public dev split we do not score on "
+                                             "(bench@1:q3)")
+    assert [reasons[sample_id_of(t)] for t in CLEAN] == [None] * 6
+
+
+def test_clean_table_releases_and_records_the_check(tmp_path):
+    lake = _lake(tmp_path, CLEAN)
+    release = create_release(lake, "r1")
+    assert release.details["contamination"] == {"table": "samples", "version": release.version, "rows_checked": 6,
+                                                "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0,
+                                                "allowed": None}
+
+
+def test_cli_refuses_then_allows(tmp_path):
+    lake = _lake(tmp_path, CLEAN + ["copied: " + item_text("q1")])
+
+    def datahub(*args):
+        return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], capture_output=True, text=True)
+
+    listed = datahub("evalset", "list", "--lake", lake.root, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(s["name"], s["version"], s["items"]) for s in json.loads(listed.stdout)] == [("bench", 1, 3)]
+    checked = datahub("evalset", "check", "--lake", lake.root, "--json")
+    assert json.loads(checked.stdout)["by_evalset"] == {"bench@1": 1}
+    refused = datahub("release", "create", "r1", "--lake", lake.root)
+    assert refused.returncode == 2 and "bench@1: 1 sample" in refused.stderr
+    allowed = datahub("release", "create", "r1", "--lake", lake.root, "--allow-contamination", "held-out split", "--json")
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout)["details"]["contamination"]["allowed"] == "held-out split"
