@@ -22,7 +22,7 @@ import pyarrow as pa
 from datahub.errors import IntegrityError
 from datahub.shards.index import ShardIndex
 
-DecodeMode = Literal["text", "json", "bytes"]
+DecodeMode = Literal["text", "json", "bytes", "pil", "numpy"]
 BatchFormat = Literal["list", "arrow"]
 SampleReader = Callable[[int, bool], Any]
 Decoder = Callable[[ShardIndex, memoryview, str], SampleReader]
@@ -104,15 +104,53 @@ def _json(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
     return sample
 
 
+# Image members of image_text samples (datahub.kinds.media), as img2dataset and webdataset name them.
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff")
+
+
+def _image(as_array: bool) -> Decoder:
+    """Like "json", plus ``image``: the image member decoded to RGB (a PIL image, or uint8 H x W x 3 numpy),
+    as webdataset's "pil" and "rgb8" decoders give it; None for a sample without an image member."""
+
+    def bind(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
+        import io
+
+        from PIL import Image
+
+        parsed = _json(index, view, shard)
+
+        def sample(i: int, padding: bool) -> dict[str, Any]:
+            out = parsed(i, padding)
+            extension = next((e for e in IMAGE_EXTENSIONS if e in out), None)
+            image = None
+            if extension is not None:
+                data = out.pop(extension)
+                try:
+                    with Image.open(io.BytesIO(data)) as opened:
+                        image = opened.convert("RGB")
+                except Exception as exc:
+                    raise IntegrityError(f"shard {shard}: sample {index.keys[i]}: .{extension} does not decode "
+                                         f"({type(exc).__name__}: {exc})") from exc
+            out["image"] = np.asarray(image) if as_array and image is not None else image
+            return out
+
+        return sample
+
+    return bind
+
+
 def make_decoder(decode: DecodeMode | Callable[[dict[str, Any]], Any]) -> Decoder:
     """"text": {sample_id, text, is_padding}; "json": adds meta (the parsed .json) and other members as bytes;
-    "bytes": every member as bytes keyed by extension; a callable receives the "bytes" dict."""
+    "bytes": every member as bytes keyed by extension; "pil" / "numpy": "json" with the image member decoded
+    to an RGB PIL image / uint8 array as ``image``; a callable receives the "bytes" dict."""
     if decode == "text":
         return _text
     if decode == "json":
         return _json
     if decode == "bytes":
         return _raw
+    if decode in ("pil", "numpy"):
+        return _image(as_array=decode == "numpy")
     if callable(decode):
         user = decode
 
@@ -121,4 +159,4 @@ def make_decoder(decode: DecodeMode | Callable[[dict[str, Any]], Any]) -> Decode
             return lambda i, padding: user(raw(i, padding))
 
         return _custom
-    raise ValueError(f"decode must be 'text', 'json', 'bytes' or a callable; got {decode!r}")
+    raise ValueError(f"decode must be 'text', 'json', 'bytes', 'pil', 'numpy' or a callable; got {decode!r}")
