@@ -641,7 +641,8 @@ def _intact(existing: TokenManifest, target: Tier, folder: str, *, verify: bool)
 
 def _commit_lineage(lake: Lake, release: str, tier: Tier, writer: TokenFileWriter, done: list[TokenFileDone],
                     plan: ExportPlan, export_key: str) -> None:
-    """``exported`` events, one per document: ref = {"tokens": PREFIX URI, "tier", "document": index in the file}."""
+    """``exported`` events, one per document: ref = {"tokens": PREFIX URI, "tier", "tokenizer": sha256,
+    "document": index in the file}; ``params_hash`` is the export key (table version, tokenizer, settings)."""
     txn = f"export-tokens/{release}/{tier.name}/{writer.folder}"
     if lake.applied("lineage", txn):
         return
@@ -650,7 +651,8 @@ def _commit_lineage(lake: Lake, release: str, tier: Tier, writer: TokenFileWrite
     def rows() -> Iterator[pa.Table]:
         for file in done:
             keys = plan.shard_ids(file.index)
-            head = json.dumps({"tokens": writer.uri(tier, file.index), "tier": tier.name})[:-1] + ', "document": '
+            head = json.dumps({"tokens": writer.uri(tier, file.index), "tier": tier.name,
+                               "tokenizer": writer.tokenizer.info.sha256})[:-1] + ', "document": '
             positions = pa.array(np.arange(len(keys), dtype=np.int64)).cast(pa.string())
             ref = pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
             yield lineage_rows(keys, run_id=txn, op=TOKENS_OP, action="exported", params_hash=export_key, ref=ref, ts=now)

@@ -18,6 +18,7 @@ from datahub.export.source import TableSource
 from datahub.export.tokens import export_table_tokens, load_tokenizer
 from datahub.lake import Lake
 from datahub.shards.token_manifest import read_lake_token_manifest
+from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
 from tests.export.helpers import cfs_storage
 
 tokenizers = pytest.importorskip("tokenizers")
@@ -121,7 +122,8 @@ def test_token_files_equal_the_tokenizer_output_plus_eod_for_every_document(tmp_
     refs = {r["sample_id"]: json.loads(r["ref"]) for r in lineage}
     third = manifest.files[2]
     sid = ids[third.first_document + 1]
-    assert refs[sid] == {"tokens": third.replicas["cfs"], "tier": "cfs", "document": 1}
+    assert refs[sid] == {"tokens": third.replicas["cfs"], "tier": "cfs", "tokenizer": manifest.tokenizer.sha256,
+                         "document": 1}
     # our own reader agrees with the spec reader
     from datahub.shards.indexed import IndexedDataset
 
@@ -141,26 +143,29 @@ def test_token_files_equal_the_tokenizer_output_plus_eod_for_every_document(tmp_
                             storage=storage, file_tokens=999, shuffle_seed=seed)
 
 
-def test_ray_writes_the_bytes_of_a_local_export(tmp_path, ray_engine) -> None:
+@pytest.mark.parametrize("engine_name", ["ray", "spark"])
+def test_engines_write_the_bytes_of_a_local_export(tmp_path, request, engine_name) -> None:
+    engine = request.getfixturevalue(f"{engine_name}_engine")
     lake, version = make_lake(tmp_path / "lake", 120)
     path = train_tokenizer(tmp_path / "tok.json")
-    storage = cfs_storage(("local", tmp_path / "local"), ("ray", tmp_path / "ray"))
+    storage = cfs_storage(("local", tmp_path / "local"), (engine_name, tmp_path / engine_name))
 
     def run(tier: str, **kw):
         return export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier=tier,
                                    storage=storage, file_tokens=700, shuffle_seed=3, **kw)
 
     local = run("local")
-    on_ray = run("ray", engine=ray_engine, workers=2)  # a second tier: the same bytes are required and checked
-    assert len(local.files) > 2 and on_ray.tiers == ["local", "ray"]
-    for record in on_ray.files:
+    remote = run(engine_name, engine=engine, workers=2)  # a second tier: the same bytes are required and checked
+    assert len(local.files) > 2 and remote.tiers == sorted(["local", engine_name])
+    for record in remote.files:
         for suffix in ("bin", "idx", "ids"):
-            assert Path(record.replicas["ray"] + "." + suffix).read_bytes() == \
+            assert Path(record.replicas[engine_name] + "." + suffix).read_bytes() == \
                 Path(record.replicas["local"] + "." + suffix).read_bytes()
-    assert [f.bin.sha256 for f in local.files] == [f.bin.sha256 for f in on_ray.files]
+    assert [f.bin.sha256 for f in local.files] == [f.bin.sha256 for f in remote.files]
     order, docs = expected(lake, version, path, 3)
-    ids, tokens = read_all(on_ray, "ray")
+    ids, tokens = read_all(remote, engine_name)
     assert ids == order and tokens == [docs[i] for i in order]
+    assert not (tmp_path / engine_name / "r" / local.files[0].replicas["local"].split("/")[-2] / "_partial").exists()
 
 
 def test_tokenizer_paths_and_errors(tmp_path) -> None:
