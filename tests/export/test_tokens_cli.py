@@ -34,3 +34,20 @@ def test_export_with_a_tokenizer_prints_the_token_manifest(tmp_path) -> None:
     stray = runner.invoke(app, [*base, "--file-tokens", "5"])
     assert stray.exit_code != 0 and "go with --tokenizer" in stray.output
     assert "--tokenizer" in runner.invoke(app, ["export", "--help"]).output
+
+
+def test_export_a_release_by_name(tmp_path) -> None:
+    from datahub.lake import Lake
+    from datahub.release.create import create_release
+
+    make_lake(tmp_path / "lake", 12)
+    release = create_release(Lake(tmp_path / "lake"), "corpus-1")
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n")
+    out = CliRunner().invoke(app, ["export", "corpus-1", "--lake", str(tmp_path / "lake"), "--tier", "cfs",
+                                   "--storage", str(storage), "--tokenizer", str(path), "--shuffle-seed", "9", "--json"])
+    assert out.exit_code == 0, out.output
+    manifest = json.loads(out.stdout)
+    assert (manifest["release_digest"], manifest["table_version"]) == (release.digest, int(release.version))
+    assert manifest["num_documents"] == 12 and manifest["shuffle_seed"] == 9 and len(manifest["files"]) == 1
