@@ -105,13 +105,14 @@ class LoadedTokenizer:
         tokenizer = _tokenizer(self.info.sha256, self.json)
         fast = getattr(tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.20: no offsets computed
         encodings = (fast or tokenizer.encode_batch)(values, add_special_tokens=self.info.add_special_tokens)
-        lengths = np.fromiter((len(e.ids) + 1 for e in encodings), dtype=np.int64, count=len(encodings))
+        documents = [e.ids for e in encodings]  # each .ids access builds a new list: once
+        lengths = np.fromiter(map(len, documents), dtype=np.int64, count=len(documents)) + 1
         total = int(lengths.sum())
         flat = np.empty(total, dtype=self.dtype.newbyteorder("<"))
         ends = np.cumsum(lengths) - 1
         body = np.ones(total, dtype=bool)
         body[ends] = False
-        ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64, count=total - len(ends))
+        ids = np.fromiter(itertools.chain.from_iterable(documents), dtype=np.int64, count=total - len(ends))
         if ids.size and int(ids.max()) > np.iinfo(self.dtype).max:
             raise IntegrityError(f"tokenizer {self.info.sha256[:12]}: id {int(ids.max())} is past its vocab_size "
                                  f"{self.info.vocab_size}; the tokenizer file is inconsistent")
@@ -127,8 +128,16 @@ def _tokenizer(sha256: str, text: str) -> Any:
     if sha256 not in _LOADED:
         from tokenizers import Tokenizer
 
-        _LOADED[sha256] = Tokenizer.from_str(text)
+        _LOADED[sha256] = _whole_documents(Tokenizer.from_str(text))
     return _LOADED[sha256]
+
+
+def _whole_documents(tokenizer: Any) -> Any:
+    """A tokenizer.json may carry truncation or padding settings (e.g. max_length 512 for a classifier); an
+    export tokenizes whole documents, unpadded."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
 
 
 def load_tokenizer(path: str | os.PathLike[str], *, eod_token: str | None = None,
@@ -169,7 +178,7 @@ def load_tokenizer(path: str | os.PathLike[str], *, eod_token: str | None = None
     info = TokenizerInfo(sha256=sha256, vocab_size=int(tokenizer.get_vocab_size(with_added_tokens=True)),
                          eod_id=int(eod_id), eod_token=str(name), add_special_tokens=add_special_tokens,
                          source=str(path))
-    _LOADED[sha256] = tokenizer
+    _LOADED[sha256] = _whole_documents(tokenizer)
     return LoadedTokenizer(raw.decode("utf-8"), info)
 
 

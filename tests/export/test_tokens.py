@@ -260,3 +260,20 @@ def test_killed_export_resumes_keeping_the_journalled_files(tmp_path) -> None:
             assert Path(record["replicas"]["a"] + "." + suffix).read_bytes() == \
                 Path(record["replicas"]["a"].replace(str(tmp_path / "a/r"), str(tmp_path / "b/r2")).replace("/r-", "/r2-")
                      + "." + suffix).read_bytes()
+
+
+def test_truncation_and_padding_in_the_tokenizer_file_are_ignored(tmp_path) -> None:
+    from tokenizers import Tokenizer
+
+    path = train_tokenizer(tmp_path / "tok.json")
+    tokenizer = Tokenizer.from_file(str(path))
+    whole = tokenizer.encode(TEXTS[4], add_special_tokens=False).ids
+    tokenizer.enable_truncation(max_length=4)
+    tokenizer.enable_padding(length=8, pad_id=1, pad_token="<pad>")
+    tokenizer.save(str(tmp_path / "truncating.json"))
+    from datahub.export import tokens
+
+    tokens._LOADED.clear()  # a fresh process: the file's settings are what a task would load
+    flat, lengths = load_tokenizer(tmp_path / "truncating.json").encode(pa.array([TEXTS[4], "a"]))
+    assert len(whole) > 8 and flat[: len(whole)].tolist() == whole and lengths[0] == len(whole) + 1
+    assert lengths[1] == 2
