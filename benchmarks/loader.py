@@ -21,6 +21,19 @@ Last lines:
                                                            bytes (goal <= 1.05; also the RGW's own get_b
                                                            counter when its admin socket is reachable)
 A stripped-down mode (no shuffle, no sha256, no prefetch, per-sample dicts) is printed too, labelled as such.
+
+Tokens (``--tokens N``, default 16M; ``--no-text`` runs only this part): a token release of N uint16 tokens in
+8 Megatron ``.bin``/``.idx`` files (``datahub.shards.indexed``; documents of ~600 tokens, lognormal, each ended
+by EOD), read as packed sequences of ``--seq-len`` (2048) tokens in batches of 8 by ``PackedDataset`` with its
+defaults (document block shuffle, position and segment ids), and the same token stream packed at write time into
+MosaicML Streaming's MDS format (one ``bytes`` column of seq_len tokens per sample, no compression, as
+llm-foundry's ``--concat_tokens`` writes it) read by ``StreamingDataset(shuffle=True, batch_size=8)``, both
+through ``DataLoader`` with 0 and 2 workers (interleaved rounds, medians):
+  tokens_vs_streaming                                      packed tokens/s ratio, 2 workers (goal >= 2)
+  tokens_vs_streaming_0_workers                            the same with 0 workers
+  workers_scaling_tokens                                   PackedDataset 4 workers / 1 worker (goal >= 1.5)
+  peak_memory_tokens_mb                                    whole process tree (PSS), one epoch with 2 workers,
+                                                           at N and 4N tokens
 """
 
 from __future__ import annotations
@@ -174,6 +187,154 @@ def ceph_bytes_ratio(manifest: dict[str, Any], workers: int) -> None:
         fs.rm(bucket, recursive=True)
 
 
+SEQ_LEN, TOKEN_BATCH = 2048, 8
+
+
+def token_release(root: Path, tokens: int, *, seq_len: int, files: int = 8, mds: bool = True) -> list[str]:
+    """Write ``tokens`` uint16 tokens as ``files`` indexed files (and, with ``mds``, the same stream packed into
+    MDS samples of ``seq_len`` tokens under ``root/mds``); returns the indexed prefixes."""
+    import numpy as np
+
+    from datahub.shards.indexed import IndexedWriter
+
+    rng = np.random.default_rng(0)
+    eod = 0
+    prefixes, stream = [], []
+    for f in range(files):
+        want = tokens // files
+        lengths = np.maximum(1, rng.lognormal(6.0, 0.8, size=want // 300 + 16).astype(np.int64))
+        lengths = lengths[: int(np.searchsorted(np.cumsum(lengths), want)) + 1]
+        flat = rng.integers(1, 50000, size=int(lengths.sum()), dtype=np.uint16)
+        flat[np.cumsum(lengths) - 1] = eod  # every document ends with EOD, as datahub's export writes them
+        prefix = str(root / f"tok-{f:06d}")
+        with IndexedWriter(prefix, dtype=np.uint16) as writer:
+            writer.add_documents(flat, lengths, [f"d{f}-{i}" for i in range(len(lengths))])
+        prefixes.append(prefix)
+        if mds:
+            stream.append(flat)
+    if mds:
+        from streaming import MDSWriter
+
+        packed = np.concatenate(stream)
+        packed = np.concatenate([packed, np.zeros(-len(packed) % seq_len, dtype=np.uint16)])  # last one padded
+        with MDSWriter(out=str(root / "mds"), columns={"tokens": "bytes"}, compression=None,
+                       size_limit=1 << 26) as writer:
+            for start in range(0, len(packed), seq_len):
+                writer.write({"tokens": packed[start:start + seq_len].tobytes()})
+    return prefixes
+
+
+def import_streaming() -> None:
+    """mosaicml-streaming's package imports torchvision (for its vision datasets); when torchvision is not installed
+    (no build matches this torch here), a stub package stands in: MDS reading never touches it."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        stub = Path(tempfile.mkdtemp(prefix="torchvision-stub-")) / "torchvision"
+        (stub / "transforms").mkdir(parents=True)
+        (stub / "__init__.py").write_text("")
+        (stub / "datasets.py").write_text("class VisionDataset:\n    pass\n\n\nclass CIFAR10(VisionDataset):\n    pass\n")
+        (stub / "transforms" / "__init__.py").write_text("")
+        (stub / "transforms" / "functional.py").write_text("def to_tensor(x):\n    raise NotImplementedError\n")
+        sys.path.append(str(stub.parent))
+    import streaming  # noqa: F401
+
+
+def packed_iter(prefixes: list[str], workers: int) -> int:
+    from torch.utils.data import DataLoader
+
+    from datahub.loader import PackedDataset
+
+    dataset = PackedDataset(prefixes, seq_len=SEQ_LEN, batch_size=TOKEN_BATCH, rank=0, world_size=1)
+    loader = dataset if workers == 0 else DataLoader(dataset, batch_size=None, num_workers=workers)
+    # what a trainer touches: every array as a tensor (made in this process from the batch's compact form)
+    return sum(int(batch.to_torch()["loss_mask"].sum()) for batch in loader)
+
+
+def _stack_tokens(samples: list[dict[str, Any]]) -> Any:
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.stack([np.frombuffer(s["tokens"], dtype=np.uint16) for s in samples]).astype(np.int32))
+
+
+def streaming_iter(mds_dir: str, workers: int) -> int:
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+    from torch.utils.data import DataLoader
+
+    clean_stale_shared_memory()
+    dataset = StreamingDataset(local=mds_dir, batch_size=TOKEN_BATCH, shuffle=True, shuffle_seed=0)
+    loader = DataLoader(dataset, batch_size=TOKEN_BATCH, num_workers=workers, collate_fn=_stack_tokens)
+    count = 0
+    for batch in loader:
+        count += batch.numel()
+    del loader, dataset
+    return count
+
+
+def read_tokens_once(root: str, workers: int) -> None:
+    """Child mode for the memory figure: one epoch of packed reads."""
+    prefixes = sorted(str(p)[:-4] for p in Path(root).glob("tok-*.bin"))
+    print(packed_iter(prefixes, workers))
+
+
+def token_benchmark(tokens: int, rounds: int) -> None:
+    import_streaming()
+    from benchmarks._procmem import run_measured
+
+    with tempfile.TemporaryDirectory() as root:
+        prefixes = token_release(Path(root), tokens, seq_len=SEQ_LEN)
+        mds_dir = str(Path(root) / "mds")
+        total = sum(Path(p + ".bin").stat().st_size for p in prefixes) // 2
+        sequences = -(-total // SEQ_LEN)
+        runs = {
+            "PackedDataset defaults (0 workers)": lambda: packed_iter(prefixes, 0),
+            "MosaicML Streaming MDS (0 workers)": lambda: streaming_iter(mds_dir, 0),
+            "PackedDataset defaults (1 worker)": lambda: packed_iter(prefixes, 1),
+            "PackedDataset defaults (2 workers)": lambda: packed_iter(prefixes, 2),
+            "MosaicML Streaming MDS (2 workers)": lambda: streaming_iter(mds_dir, 2),
+            "PackedDataset defaults (4 workers)": lambda: packed_iter(prefixes, 4),
+        }
+        for name, run in runs.items():  # warm-up: imports, page cache, MDS index files
+            if "0 workers" in name:
+                run()
+        timed: list[dict[str, float]] = []
+        for _ in range(rounds):
+            times = {}
+            for name, run in runs.items():
+                start = time.perf_counter()
+                count = run()
+                times[name] = time.perf_counter() - start
+                assert count >= total - SEQ_LEN, (name, count, total)
+            timed.append(times)
+        print(f"tokens: {total} uint16 tokens in {len(prefixes)} indexed files, {sequences} sequences of {SEQ_LEN}, "
+              f"batches of {TOKEN_BATCH}; medians of {rounds} interleaved rounds")
+        for name in runs:
+            seconds = statistics.median(r[name] for r in timed)
+            print(f"{name:<60} {total / seconds / 1e6:9.1f} M tokens/s {sequences / seconds:10.0f} sequences/s")
+
+        def ratio(slow: str, fast: str) -> float:
+            return statistics.median(r[slow] / r[fast] for r in timed)
+
+        peaks = []
+        for size in (tokens, 4 * tokens):
+            with tempfile.TemporaryDirectory() as scratch:
+                token_release(Path(scratch), size, seq_len=SEQ_LEN, mds=False)
+                measured = run_measured([sys.executable, __file__, "--read-tokens", scratch, "--workers", "2"],
+                                        cwd=str(Path(__file__).resolve().parents[1]))
+                assert measured.returncode == 0, measured.stderr[-2000:]
+                peaks.append(measured.peak_mb)
+        print(f"peak_memory_tokens_mb: {peaks[0]:.0f} at {tokens} tokens, {peaks[1]:.0f} at {4 * tokens} tokens "
+              f"(growth {peaks[1] / peaks[0]:.2f}x for 4x the tokens)")
+        print(f"tokens_vs_streaming_0_workers: "
+              f"{ratio('MosaicML Streaming MDS (0 workers)', 'PackedDataset defaults (0 workers)'):.2f}")
+        print(f"workers_scaling_tokens: "
+              f"{ratio('PackedDataset defaults (1 worker)', 'PackedDataset defaults (4 workers)'):.2f}")
+        print(f"tokens_vs_streaming: "
+              f"{ratio('MosaicML Streaming MDS (2 workers)', 'PackedDataset defaults (2 workers)'):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=40)
@@ -182,7 +343,18 @@ def main() -> None:
     parser.add_argument("--writer", choices=["export", "fixture"], default="export", help="what writes the shards")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the timed runs")
     parser.add_argument("--no-ceph", action="store_true", help="skip the remote-bytes run on Ceph")
+    parser.add_argument("--tokens", type=int, default=16_000_000, help="tokens of the token release (0: skip)")
+    parser.add_argument("--no-text", action="store_true", help="run only the token part")
+    parser.add_argument("--read-tokens", help=argparse.SUPPRESS)  # child mode of the memory figure
+    parser.add_argument("--workers", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.read_tokens:
+        read_tokens_once(args.read_tokens, args.workers)
+        return
+    if args.tokens:
+        token_benchmark(args.tokens, args.rounds)
+    if args.no_text:
+        return
     with tempfile.TemporaryDirectory() as root:
         if args.writer == "export":
             manifest_path = exported_release(Path(root), shards=args.shards, samples=args.samples,

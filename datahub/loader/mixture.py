@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from datahub.loader.dataset import ReleaseDataset
-from datahub.loader.packing import PackedDataset
+from datahub.loader.packing import PackedDataset, TokenBatch
 from datahub.loader.plan import EpochOrder
 from datahub.loader.strided import StridedDataset
 from datahub.shards.index import index_tar
@@ -158,7 +158,7 @@ class MixtureDataset(StridedDataset):
 
     The sources give the data and their own order settings (seed, shuffle, decode, tiers); their rank, world size
     and batch size are ignored: the mixture's apply. Text items are the sources' samples with a ``source`` key
-    (lists of them with ``batch_size``); token items are the packed-sequence dicts plus ``source`` (index into
+    (lists of them with ``batch_size``); token items are ``TokenBatch``es with a ``source`` array (index into
     ``names``). See the module docstring for the merge and the resume rules.
     """
 
@@ -311,10 +311,12 @@ class MixtureDataset(StridedDataset):
                             batch = {key: np.empty((len(offsets), *value.shape[1:]), dtype=value.dtype)
                                      for key, value in part.items()}
                         for key, value in part.items():
+                            if value.dtype != batch[key].dtype:  # sources with other token dtypes: widen
+                                batch[key] = batch[key].astype(np.result_type(batch[key].dtype, value.dtype))
                             batch[key][rows[sub]] = value
                 assert batch is not None
                 batch["source"] = src.astype(np.int32)
-                return batch if self.batch_size is not None else {key: value[0] for key, value in batch.items()}
+                return TokenBatch(batch, single=self.batch_size is None)
             samples: list[Any] = [None] * len(offsets)
             for s in np.unique(src).tolist():
                 rows = np.flatnonzero(src == s)

@@ -39,6 +39,86 @@ TokenSourceArg = Any  # a TokenManifest, a tokens-manifest.json path, or a list 
 BatchReader = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
+class TokenBatch:
+    """Packed sequences by name: ``batch["tokens"]`` (int32), ``loss_mask`` (bool), ``position_ids`` and
+    ``segment_ids`` (int32, when document boundaries are kept), ``source`` (mixtures); ``keys()``, ``items()``,
+    ``to_torch()`` (tensors sharing the arrays' memory).
+
+    Deliberately not a ``Mapping``: DataLoader's ``default_convert`` then passes it through, so a worker sends
+    the compact form (tokens in the files' dtype, each row's real length, a bool per token marking document
+    starts: 3 bytes per uint16 token instead of 13) as a few pickled arrays through the result pipe; the full
+    arrays are made on first access in the trainer. Converted to tensors in the worker, every array would
+    travel as its own shared-memory segment with a file descriptor handed over per tensor, which measured ~6x
+    slower per batch here (``benchmarks/loader.py``).
+    """
+
+    __slots__ = ("raw", "single", "_made")
+
+    def __init__(self, raw: dict[str, np.ndarray], *, single: bool = False) -> None:
+        self.raw, self.single = raw, single
+        self._made: dict[str, np.ndarray] = {}
+
+    def __getstate__(self) -> tuple[dict[str, np.ndarray], bool]:
+        return self.raw, self.single
+
+    def __setstate__(self, state: tuple[dict[str, np.ndarray], bool]) -> None:
+        self.raw, self.single = state
+        self._made = {}
+
+    def keys(self) -> list[str]:
+        names = ["tokens", "loss_mask"]
+        if "starts" in self.raw:
+            names += ["position_ids", "segment_ids"]
+        return names + (["source"] if "source" in self.raw else [])
+
+    def items(self) -> list[tuple[str, np.ndarray]]:
+        return [(key, self[key]) for key in self.keys()]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __len__(self) -> int:
+        return 1 if self.single else len(self.raw["tokens"])
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        made = self._made.get(key)
+        if made is None:
+            made = self._made[key] = self._make(key)
+        return made
+
+    def _make(self, key: str) -> np.ndarray:
+        raw = self.raw
+        value: np.ndarray
+        if key == "tokens":
+            value = raw["tokens"].astype(np.int32, copy=False)
+        elif key == "loss_mask":
+            value = np.arange(raw["tokens"].shape[1])[None, :] < raw["lengths"][:, None]
+        elif key == "segment_ids" and "starts" in raw:
+            value = np.cumsum(raw["starts"], axis=1, dtype=np.int32) - 1
+            np.maximum(value, 0, out=value)
+        elif key == "position_ids" and "starts" in raw:
+            starts = raw["starts"].copy()
+            starts[:, 0] = True  # padding rows too: positions restart at every row
+            flat = np.flatnonzero(starts.ravel()).astype(np.int32)
+            runs = np.diff(np.append(flat, np.int32(starts.size)))
+            value = (np.arange(starts.size, dtype=np.int32) - np.repeat(flat, runs)).reshape(starts.shape)
+        elif key == "source" and "source" in raw:
+            value = raw["source"]
+        else:
+            raise KeyError(f"{key!r}: a TokenBatch has {self.keys()}")
+        return value[0] if self.single else value
+
+    def to_torch(self) -> dict[str, Any]:
+        """The arrays as torch tensors sharing their memory (tokens, position and segment ids are int32)."""
+        import torch
+
+        return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in self.items()}
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{key}{list(self.raw[key].shape)}" for key in self.raw)
+        return f"TokenBatch({shapes})"
+
+
 class TokenFiles:
     """The documents of a token release: per file, each document's first token and length (EOD included)."""
 
@@ -169,9 +249,10 @@ class PackedDataset(StridedDataset):
     """Iterate one rank's packed sequences of ``seq_len`` tokens: every token exactly once per epoch over all ranks
     and DataLoader workers, resumable token-exactly with another world size (see the module docstring).
 
-    Items are dicts of numpy arrays: ``tokens`` (int32, ``[seq_len]``, or ``[B, seq_len]`` with ``batch_size=B``),
-    ``loss_mask`` (bool: False on padding), and with ``document_boundaries=True`` (default) ``position_ids`` and
-    ``segment_ids`` (int32). A DataLoader turns them into tensors that cross the worker boundary in shared memory.
+    Items are ``TokenBatch``es of numpy arrays: ``tokens`` (int32, ``[seq_len]``, or ``[B, seq_len]`` with
+    ``batch_size=B``), ``loss_mask`` (bool: False on padding), and with ``document_boundaries=True`` (default)
+    ``position_ids`` and ``segment_ids`` (int32); ``batch.to_torch()`` gives tensors without a copy. Use
+    ``DataLoader(dataset, batch_size=None, num_workers=N)``: the batches cross the worker boundary as pickled arrays.
     ``source``: a ``TokenManifest``, the path of a ``tokens-manifest.json``, or indexed file prefixes.
     """
 
@@ -228,44 +309,45 @@ class PackedDataset(StridedDataset):
 
     def sequence_reader(self, epoch: int, start: int) -> BatchReader:
         """A function from sequence offsets (from token offset ``start`` of ``epoch``'s stream) and a padding mask
-        to a batch (dict of ``[len(offsets), seq_len]`` arrays)."""
+        to a batch's raw arrays (``TokenBatch``'s compact form: tokens in the files' dtype, real lengths, and the
+        document piece starts)."""
         layout, tokens = self.layout(epoch), [data.tokens for data in self.files.files]
         seq_len, boundaries, eod = self.seq_len, self.document_boundaries, self.files.append_eod
         total = layout.num_tokens
+        dtype = np.result_type(*[t.dtype for t in tokens]) if tokens else np.dtype(np.int32)
+        if eod is not None and not np.can_cast(np.min_scalar_type(eod), dtype):
+            dtype = np.dtype(np.int32)
 
         def read(offsets: np.ndarray, padding: np.ndarray) -> dict[str, np.ndarray]:
             rows = len(offsets)
-            out = np.full((rows, seq_len), self.pad_token, dtype=np.int32)
-            mask = np.zeros((rows, seq_len), dtype=bool)
-            positions = np.zeros((rows, seq_len), dtype=np.int32) if boundaries else None
-            segments = np.zeros((rows, seq_len), dtype=np.int32) if boundaries else None
+            out = np.full((rows, seq_len), self.pad_token, dtype=dtype)
+            lengths = np.zeros(rows, dtype=np.int32)
+            starts = np.zeros((rows, seq_len), dtype=bool) if boundaries else None
             for row, (offset, pad) in enumerate(zip(offsets.tolist(), padding.tolist())):
                 if pad:
                     continue
                 begin = start + offset * seq_len
                 line = out[row]
-                for segment, (f, first, length, at, ends_doc) in enumerate(layout.pieces(begin, min(total, begin + seq_len))):
+                for f, first, length, at, ends_doc in layout.pieces(begin, min(total, begin + seq_len)):
                     o = at - begin
                     copied = length - 1 if ends_doc else length
                     line[o:o + copied] = tokens[f][first:first + copied]
                     if ends_doc:
                         line[o + copied] = eod
-                    if positions is not None and segments is not None:
-                        positions[row, o:o + length] = np.arange(length, dtype=np.int32)
-                        segments[row, o:o + length] = segment
-                mask[row, : min(seq_len, total - begin)] = True
-            batch = {"tokens": out, "loss_mask": mask}
-            if positions is not None and segments is not None:
-                batch["position_ids"], batch["segment_ids"] = positions, segments
+                    if starts is not None:
+                        starts[row, o] = True
+                lengths[row] = min(seq_len, total - begin)
+            batch = {"tokens": out, "lengths": lengths}
+            if starts is not None:
+                batch["starts"] = starts
             return batch
 
         return read
 
-    def _reader(self) -> Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]:
+    def _reader(self) -> Callable[[np.ndarray, np.ndarray], TokenBatch]:
         read = self.sequence_reader(self.epoch, self._start)
-        if self.batch_size is not None:
-            return read
-        return lambda offsets, padding: {key: value[0] for key, value in read(offsets, padding).items()}
+        single = self.batch_size is None
+        return lambda offsets, padding: TokenBatch(read(offsets, padding), single=single)
 
     # --- epochs and resume ------------------------------------------------------------------------------
 

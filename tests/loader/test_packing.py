@@ -155,3 +155,17 @@ def test_killed_at_40_percent_resumes_token_exact(corpus: tuple[list[str], int],
     after = json.loads((tmp_path / "ckpt.json").read_text())
     seen = Counter(before["seen"] + after["seen"])
     assert sorted(seen) == list(range(1, total + 1)) and set(seen.values()) == {1}
+
+
+def test_batches_cross_workers_as_arrays_and_wrap_as_tensors(corpus: tuple[list[str], int]) -> None:
+    from datahub.loader.packing import TokenBatch
+
+    prefixes, _ = corpus
+    batch = next(iter(DataLoader(PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS), batch_size=None,
+                                 num_workers=1)))
+    assert isinstance(batch, TokenBatch) and isinstance(batch["tokens"], np.ndarray)
+    assert batch["tokens"].shape == (SETTINGS["batch_size"], SEQ) and len(batch) == SETTINGS["batch_size"]
+    tensors = batch.to_torch()
+    assert tensors["tokens"].dtype == torch.int32 and tensors["loss_mask"].dtype == torch.bool
+    tensors["tokens"][0, 0] = -5  # a view, not a copy
+    assert batch["tokens"][0, 0] == -5
