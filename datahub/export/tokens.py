@@ -223,6 +223,34 @@ class Staging:
     def uri(self, file: str) -> str:
         return f"{self.folder}/{hashlib.sha256(file.encode()).hexdigest()[:16]}.arrow"
 
+    @property
+    def posix(self) -> bool:
+        """A POSIX folder (a local temp folder, a cfs tier): streamed batch by batch, never held whole."""
+        return isinstance(self.tier_spec, CfsTier)
+
+    def write(self, file: str, tables: Iterable[pa.Table]) -> None:
+        """Stage the tables of one data file (atomically: a re-run never reads half a file)."""
+        uri = self.uri(file)
+        if self.posix:
+            os.makedirs(os.path.dirname(uri), exist_ok=True)
+            with pa.OSFile(uri + ".tmp", "wb") as sink, pa.ipc.new_stream(sink, STAGED) as stream:
+                for table in tables:
+                    stream.write_table(table)
+            os.replace(uri + ".tmp", uri)
+            return
+        buffer = pa.BufferOutputStream()
+        with pa.ipc.new_stream(buffer, STAGED) as stream:
+            for table in tables:
+                stream.write_table(table)
+        self.tier().publish(uri, buffer.getvalue().to_pybytes())
+
+    def read(self, file: str) -> Iterator[pa.RecordBatch]:
+        """The staged batches of one data file."""
+        uri = self.uri(file)
+        source = pa.memory_map(uri) if self.posix else pa.BufferReader(self.tier().read(uri))
+        with source, pa.ipc.open_stream(source) as stream:
+            yield from stream
+
 
 @dataclass(frozen=True)
 class StageTokens:
@@ -233,16 +261,18 @@ class StageTokens:
     staging: Staging
 
     def __call__(self, file: str) -> Iterator[pa.Table]:
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, STAGED) as stream:
+        counted: list[pa.Table] = []
+
+        def staged() -> Iterator[pa.Table]:
             for batch in self.source.scan([KEY_COLUMN, TEXT_COLUMN], files=[file], batch_rows=BATCH_ROWS):
-                if not batch.num_rows:
-                    continue
-                flat, lengths = self.tokenizer.encode(batch.column(TEXT_COLUMN))
-                ids = batch.column(KEY_COLUMN).cast(pa.string())
-                stream.write_table(pa.table([ids, documents_array(flat, lengths)], schema=STAGED))
-                yield pa.table([ids, pa.array(lengths, pa.int64())], schema=COUNTED)
-        self.staging.tier().publish(self.staging.uri(file), sink.getvalue().to_pybytes())
+                if batch.num_rows:
+                    flat, lengths = self.tokenizer.encode(batch.column(TEXT_COLUMN))
+                    ids = batch.column(KEY_COLUMN).cast(pa.string())
+                    counted.append(pa.table([ids, pa.array(lengths, pa.int64())], schema=COUNTED))
+                    yield pa.table([ids, documents_array(flat, lengths)], schema=STAGED)
+
+        self.staging.write(file, staged())
+        yield from counted
 
 
 def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_tokens: int, where: str) -> ExportPlan:
@@ -416,11 +446,10 @@ class RoutedStaged:
     only: frozenset[int] | None
 
     def __call__(self, file: str) -> Iterator[pa.Table]:
-        with pa.ipc.open_stream(self.staging.tier().read(self.staging.uri(file))) as stream:
-            for batch in stream:
-                routed = self.writer.route(batch, only=self.only)
-                if routed.num_rows:
-                    yield routed
+        for batch in self.staging.read(file):
+            routed = self.writer.route(batch, only=self.only)
+            if routed.num_rows:
+                yield routed
 
 
 # ---- the export ----------------------------------------------------------------------------------------

@@ -1,0 +1,40 @@
+"""Token export to the real Ceph RGW on Ray: the tokens are staged on S3 between the passes, the files are the
+bytes of a local export, and the staging folder is gone afterwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from datahub.export.tokens import export_table_tokens
+from datahub.storage import validate_storage_config
+from tests.ceph import ceph_s3  # noqa: F401
+from tests.export.test_tokens import make_lake, train_tokenizer
+
+pytestmark = pytest.mark.ceph
+
+
+def test_ray_token_export_to_ceph_matches_a_local_export(tmp_path, ceph_s3, ray_engine) -> None:
+    bucket = ceph_s3.new_bucket("token-export")
+    credentials = tmp_path / "ceph.credentials"  # read by every Ray worker: engine tasks resolve the tier themselves
+    credentials.write_text(f"access_key_id = {ceph_s3.key}\nsecret_access_key = {ceph_s3.secret}\n")
+    storage = validate_storage_config({"tiers": {
+        "cfs": {"kind": "cfs", "path": str(tmp_path / "cfs")},
+        "ceph": {"kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": bucket, "prefix": "releases",
+                 "region": ceph_s3.region, "credentials": {"file": str(credentials)}},
+    }}, source="storage.yaml")
+    lake, version = make_lake(tmp_path / "lake", 90)
+    path = train_tokenizer(tmp_path / "tok.json")
+    settings = {"file_tokens": 500, "shuffle_seed": 4}
+    local = export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                                storage=storage, **settings)
+    remote = export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="ceph",
+                                 storage=storage, engine=ray_engine, workers=2, **settings)
+    assert len(remote.files) == len(local.files) > 2 and remote.tiers == ["ceph", "cfs"]
+    fs = ceph_s3.filesystem()
+    for record in remote.files:
+        for suffix in ("bin", "idx", "ids"):
+            assert fs.cat(record.replicas["ceph"] + "." + suffix) == Path(record.replicas["cfs"] + "." + suffix).read_bytes()
+    folder = remote.files[0].replicas["ceph"].rsplit("/", 1)[0]
+    assert fs.exists(f"{folder}/tokens-manifest.json") and not fs.exists(f"{folder}/_partial")
