@@ -99,8 +99,8 @@ class TokenBatch:
         elif key == "position_ids" and "starts" in raw:
             starts = raw["starts"].copy()
             starts[:, 0] = True  # padding rows too: positions restart at every row
-            flat = np.flatnonzero(starts.ravel()).astype(np.int32)
-            runs = np.diff(np.append(flat, np.int32(starts.size)))
+            flat: np.ndarray = np.flatnonzero(starts.ravel()).astype(np.int32)
+            runs: np.ndarray = np.diff(np.concatenate([flat, np.array([starts.size], dtype=np.int32)]))
             value = (np.arange(starts.size, dtype=np.int32) - np.repeat(flat, runs)).reshape(starts.shape)
         elif key == "source" and "source" in raw:
             value = raw["source"]
