@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -91,6 +92,10 @@ class ExactDedup(GlobalOperator[ExactDedupParams]):
                              sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
+    def content_hash_step(self) -> Callable[[pa.Table], pa.Table]:
+        """The key function: adds ``CONTENT_HASH`` and ``ROW_RANK`` to a batch (a subclass may key on other content)."""
+        return AddContentHash(self.params.normalization.build(), self.params.keep_by)
+
     def apply(self, frame: Frame, context: OperatorContext) -> Frame:
         p = self.params
         # The documents are held once (``reusable``), next to one narrow row per document (id,
@@ -100,7 +105,7 @@ class ExactDedup(GlobalOperator[ExactDedupParams]):
         if frame.count() == 0:  # no record at all (empty inputs): nothing to compare, and no columns to key on
             return frame
         keyed = frame.map_batches(KeepAlive(alive=True), name="exact_dedup.alive").map_batches(
-            AddContentHash(p.normalization.build(), p.keep_by), name="exact_dedup.content_hash"
+            self.content_hash_step(), name="exact_dedup.content_hash"
         ).map_batches(Select((SAMPLE_ID, CONTENT_HASH, ROW_RANK)), name="exact_dedup.keys").materialize()
         if keyed.count() == 0:
             return frame

@@ -84,3 +84,22 @@ def test_distance_zero_keeps_every_transformed_copy(tmp_path, truth):
     loose = _run(tmp_path / "in", tmp_path / "loose")
     assert strict.counts["samples_written"] > loose.counts["samples_written"]
     assert loose.counts["samples_written"] <= len(originals) + 2
+
+
+def test_image_exact_dedup_keys_on_the_image_bytes_whatever_the_caption(tmp_path, truth):
+    originals, _ = _groups(truth)
+    first_key, first = next(iter(sorted(originals.items())))
+    recaptioned = {**first, "txt": b"the same picture under another caption"}
+    _write(tmp_path / "in" / "a.tar", {**originals, "again": recaptioned})
+    spec = validate_job_spec({"name": "imgx", "lake": {"root": str(tmp_path / "lake")},
+                              "inputs": [{"uri": str(tmp_path / "in" / "*.tar"), "format": "webdataset",
+                                          "kind": "image_text"}],
+                              "graph": {"exact": {"op": "image_exact_dedup"},
+                                        "samples": {"sink": "samples", "after": ["exact"]}}}, source="t.yaml")
+    result = run_job(spec, engine=ArrowEngine())
+    assert result.status == "succeeded", result.error
+    dropped = _dropped(Lake(tmp_path / "lake"))
+    assert result.counts["dropped"] == {"exact_duplicate": 1}
+    (ref,) = dropped.values()
+    assert ref["method"] == "exact" and ref["cluster_id"] == "sha256:" + hashlib.sha256(image_of(first)).hexdigest()
+    assert ref["dup_of"] in {_sample_id(first), _sample_id(recaptioned)}
