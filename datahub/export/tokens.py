@@ -532,7 +532,7 @@ def export_table_tokens(
                               f"{journal}/staged" if running is not None else staged_on.uri("staged"))
             files = source.files()
             report("count", 0, len(files))
-            plan = plan_files(_count(source, loaded, files, staging, running), shuffle_seed=shuffle_seed,
+            plan = plan_files(_count(source, loaded, files, staging, running, report), shuffle_seed=shuffle_seed,
                               file_tokens=file_tokens, where=source.where)
             report("count", len(files), len(files))
             writer = TokenFileWriter(release=release_name, tokenizer=loaded, router=plan.router(),
@@ -606,13 +606,14 @@ def _engine(engine: EngineChoice) -> tuple[Engine | None, bool]:
 
 
 def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], staging: Staging,
-           engine: Engine | None) -> Iterator[pa.Table]:
+           engine: Engine | None, report: Progress) -> Iterator[pa.Table]:
     """The count pass: ``(sample_id, tokens)`` of every live row, from engine tasks (one per data file) or here;
     every data file's tokens are staged on the way."""
     read = StageTokens(source, tokenizer, staging)
     if engine is None:
-        for file in files:
+        for done, file in enumerate(files, 1):
             yield from read(file)
+            report("count", done, len(files))
         return
     if files:
         for batch in engine.read_files(files, read).iter_batches():
