@@ -115,6 +115,10 @@ def test_token_files_equal_the_tokenizer_output_plus_eod_for_every_document(tmp_
             assert (len(body), hashlib.sha256(body).hexdigest()) == (record.part(suffix).size, record.part(suffix).sha256)
     on_tier = json.loads(Path(tmp_path / "cfs/r" / f"tokens-{manifest.tokenizer.sha256[:12]}/tokens-manifest.json").read_text())
     assert on_tier == manifest.to_dict() and read_lake_token_manifest(lake, "r") == manifest
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas/tokens-manifest.v1.json").read_text())
+    jsonschema.validate(on_tier, schema)
     assert not (tmp_path / "cfs/r" / f"tokens-{manifest.tokenizer.sha256[:12]}/_partial").exists()
 
     lineage = [r for r in lake.read("lineage").to_pylist() if r["action"] == "exported"]
