@@ -281,3 +281,14 @@ def test_truncation_and_padding_in_the_tokenizer_file_are_ignored(tmp_path) -> N
     flat, lengths = load_tokenizer(tmp_path / "truncating.json").encode(pa.array([TEXTS[4], "a"]))
     assert len(whole) > 8 and flat[: len(whole)].tolist() == whole and lengths[0] == len(whole) + 1
     assert lengths[1] == 2
+
+
+def test_missing_tokenizers_package_says_what_to_install(tmp_path, monkeypatch) -> None:
+    import sys
+
+    from datahub.errors import MissingDependencyError
+
+    path = train_tokenizer(tmp_path / "tok.json")
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
+    with pytest.raises(MissingDependencyError, match=r"pip install 'datahub\[tokens\]'"):
+        load_tokenizer(path)
