@@ -68,16 +68,15 @@ def image_text_sample_ids(table: pa.Table) -> pa.Array:
 
 
 def image_members(table: pa.Table) -> dict[str, pa.Array]:
-    """Export members: per extension, the image bytes of the rows whose format has that extension (null elsewhere)."""
+    """Export members: per extension (always the same ones, in ``MEMBER_EXTENSIONS`` order), the image bytes of
+    the rows whose format has that extension, null elsewhere (a null writes no member)."""
     if IMAGE not in table.column_names:
         return {}
     images = table.column(IMAGE)
-    formats = pc.fill_null(table.column(IMAGE_FORMAT), "")
+    formats = pc.fill_null(table.column(IMAGE_FORMAT), "") if IMAGE_FORMAT in table.column_names \
+        else pa.array([""] * table.num_rows, pa.string())
     out: dict[str, pa.Array] = {}
-    for fmt in pc.unique(formats).to_pylist():
-        extension = MEMBER_EXTENSIONS.get(fmt)
-        if extension is None:
-            continue
+    for fmt, extension in MEMBER_EXTENSIONS.items():
         chosen = pc.if_else(pc.equal(formats, fmt), images, pa.scalar(None, images.type))
         out[extension] = chosen.combine_chunks() if isinstance(chosen, pa.ChunkedArray) else chosen
     return out

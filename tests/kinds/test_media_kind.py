@@ -38,3 +38,5 @@ def test_members_are_named_by_format():
     members = image_members(table)
     assert members["jpg"].to_pylist() == [b"J", None, None]
     assert members["png"].to_pylist() == [None, b"P", None]
+    assert list(members) == ["jpg", "png", "webp", "gif", "bmp", "tiff"]  # the same members for every batch
+    assert members["webp"].null_count == 3
