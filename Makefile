@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml operators/dedup/_minhash_c.c  # the C kernel is built a
 
 install: $(STAMP)
 
-## demo: fresh lake; the main job on the bundled corpus (embedded local Ray); release, export, read it back
+## demo: fresh lake; the main job on the bundled corpus (embedded local Ray); release, export, read it back; the image-text demo job
 demo: install
 	rm -rf lake/demo lake/demo-cfs
 	$(BIN)/datahub run jobs/demo.yaml
@@ -27,6 +27,8 @@ demo: install
 	$(BIN)/datahub export demo-v1 --lake lake/demo --tier cfs --storage jobs/storage.demo.yaml --shard-samples 50
 	$(BIN)/python -c "from datahub.loader import ReleaseDataset; ds = ReleaseDataset('demo-v1', lake='lake/demo'); \
 	  print('ReleaseDataset read', sum(1 for _ in ds), 'samples of release demo-v1')"
+	rm -rf lake/image-demo
+	$(BIN)/datahub run jobs/image-demo.yaml  # image-text pairs: media checks, image filters, exact + pHash near-dup dedup
 
 ## system-deps: Debian packages the test-suite needs (Ceph, Chromium); needs root, skipped otherwise
 system-deps:
