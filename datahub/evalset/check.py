@@ -17,7 +17,7 @@ from datahub.lake.lake import Lake
 from operators.decontam.evalsets import load_index
 from operators.decontam.ngrams import DEFAULT_NGRAM
 
-BATCH_ROWS = 4096
+BATCH_ROWS = 1024  # ~5 MB of text per batch at 5 KB/doc; the n-gram arrays are ~10x the text
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,23 @@
 """Eval-set n-grams: normalize text, hash its word n-grams to 64 bits, look them up in a sorted index.
 
-Normalization (``operators.dedup.normalize``, all steps on): Unicode NFKC, lowercase, punctuation and
-symbols to spaces, whitespace runs to one space. So case, spacing and punctuation edits of a planted
-benchmark item still match. The n-gram hash is the dedup word-shingle hash (``operators.dedup.shingles``:
-one vectorized pass over the batch's UTF-8 buffer, no Python per row or per n-gram).
+Normalization: Unicode NFKC, lowercase, punctuation and symbols to spaces (the steps of
+``operators.dedup.normalize``, datatrove's ``simplify_text``); words are runs of non-whitespace. So case,
+spacing and punctuation edits of a planted benchmark item still match. A pure-ASCII text (most of a
+corpus) takes a fast path: one 256-entry byte table over the batch's UTF-8 buffer (A-Z to a-z, ASCII
+punctuation and symbols to a space), which is what the Unicode steps do to ASCII; other texts go through
+pyarrow's NFKC, lowercase and an RE2 ``[\p{P}\p{S}]`` replacement. The n-gram hash is the dedup
+word hash (``operators.dedup.shingles``) of each distinct word, combined per window by a prefix sum
+(``NgramHasher``): Arrow kernels and numpy passes over the whole batch, no Python per row or per n-gram.
 
 Default n = 13 words: GPT-3 (Brown et al. 2020, appendix C) and Dolma's decontamination use 13-grams;
 datatrove's ``NGramsDecontConfig`` uses 12. A text with fewer than n words has one n-gram of all its words,
 so a short eval item matches only a sample whose whole normalized text equals it.
 
 The index holds every eval n-gram once: a sorted ``uint64`` array (8 bytes per n-gram: a 14k-item benchmark
-of ~60 words per item is ~0.7M n-grams, ~6 MB; more compact than a Python set and exact, unlike a Bloom filter)
-and, aligned with it, the position of the first eval item holding it, so a match names its item.
+of ~60 words per item is ~0.7M n-grams, ~6 MB; exact, unlike a Bloom filter alone) and, aligned with it, the
+position of the first eval item holding it, so a match names its item. In front of it sits a one-hash Bloom
+filter of 32 bits per n-gram (4 bytes; ~3% of absent n-grams pass): almost every sample n-gram is rejected by
+one cache-friendly bit test, and only the rest are binary-searched.
 """
 
 from __future__ import annotations
@@ -21,15 +27,133 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from operators.dedup.normalize import DEFAULT_NORMALIZATION, normalize_texts
-from operators.dedup.shingles import ShingleHasher
+import pyarrow.compute as pc
+
+from operators.dedup.shingles import ShingleHasher, fmix64, reference_shingle_hash, string_buffers
 
 DEFAULT_NGRAM = 13
+_PUNCTUATION = r"[\p{P}\p{S}]"  # RE2: Unicode punctuation and symbols (as operators.dedup.normalize)
+BLOOM_BITS_PER_NGRAM = 32
 
 
-def ngram_hashes(texts: pa.Array | pa.ChunkedArray, hasher: ShingleHasher) -> tuple[np.ndarray, np.ndarray]:
+def _ascii_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint8)
+    table[ord("A"):ord("Z") + 1] += 32
+    for byte in range(33, 127):
+        if not chr(byte).isalnum():  # ASCII punctuation and symbols: what \p{P} and \p{S} match below 0x80
+            table[byte] = 32
+    return table
+
+
+_ASCII = _ascii_table().tobytes()  # for bytes.translate (C, several GB/s; a numpy gather is ~3x slower)
+
+
+def normalize_for_ngrams(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """NFKC, lowercase, punctuation and symbols to spaces; nulls become empty (see the module docstring)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.string())
+    texts = pc.fill_null(texts, "")
+    ascii_rows = np.asarray(pc.string_is_ascii(texts).to_numpy(zero_copy_only=False), dtype=bool)
+    if not ascii_rows.all():  # the Unicode steps on the other rows only, put back in place
+        rows = np.flatnonzero(~ascii_rows)
+        other = pc.utf8_lower(pc.utf8_normalize(texts.take(pa.array(rows)), form="NFKC"))
+        other = pc.replace_substring_regex(other, pattern=_PUNCTUATION, replacement=" ")
+        order = np.arange(len(texts), dtype=np.int64)
+        order[rows] = len(texts) + np.arange(len(rows))
+        texts = pa.concat_arrays([texts.cast(pa.large_string()), other.cast(pa.large_string())]).take(pa.array(order))
+    data, offsets = string_buffers(texts)
+    mapped = data.tobytes().translate(_ASCII)  # bytes >= 0x80 map to themselves: the Unicode path handled them
+    return pa.LargeStringArray.from_buffers(len(offsets) - 1, pa.py_buffer(offsets), pa.py_buffer(mapped))
+
+
+class NgramHasher:
+    """Word n-gram hashes of many texts at once, from Arrow's C++ kernels and a few numpy passes.
+
+    Words are split by ``ascii_split_whitespace`` and dictionary-encoded, so each distinct word of a batch is
+    hashed once (the dedup word hash: ``operators.dedup.shingles`` with n = 1). An n-gram of words
+    ``w_0..w_{k-1}`` (k = n, or all the words of a shorter text) hashes to
+    ``fmix64(sum_j h(w_j) * B**j mod 2**64)`` with the odd base ``B = 0x9E3779B97F4A7C15``; over a batch that is
+    one prefix sum of ``h(w_i) * B**i``, each window ``(S[end] - S[start]) * B**-start``. Picklable.
+    """
+
+    BASE = 0x9E3779B97F4A7C15  # odd: invertible mod 2**64
+
+    def __init__(self, ngram: int = DEFAULT_NGRAM) -> None:
+        if ngram < 1:
+            raise ValueError(f"ngram must be >= 1, got {ngram}")
+        self.ngram = ngram
+        self._words = ShingleHasher(kind="word", ngram=1)
+        self._powers = np.ones(1, np.uint64)
+        self._inverse_powers = np.ones(1, np.uint64)
+
+    def _ensure_powers(self, length: int) -> None:
+        if len(self._powers) >= length:
+            return
+        size = max(length, 2 * len(self._powers))
+        base = np.full(size, self.BASE, dtype=np.uint64)
+        base[0] = 1
+        self._powers = np.cumprod(base, dtype=np.uint64)  # wraps mod 2**64 by design
+        base[1:] = pow(self.BASE, -1, 1 << 64)
+        self._inverse_powers = np.cumprod(base, dtype=np.uint64)
+
+    def __call__(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+        """Hashes (uint64) of the normalized word n-grams of every text and per-text offsets (``len(texts) + 1``)."""
+        words = pc.ascii_split_whitespace(pc.ascii_trim_whitespace(normalize_for_ngrams(texts)))
+        list_offsets = np.frombuffer(words.buffers()[1], dtype=np.int64 if pa.types.is_large_list(words.type)
+                                     else np.int32)[words.offset:words.offset + len(words) + 1].astype(np.int64)
+        tokens = words.values[list_offsets[0]:list_offsets[-1]] if len(words) else pa.array([], pa.large_string())
+        list_offsets -= list_offsets[0]
+        encoded = pc.dictionary_encode(tokens)
+        vocabulary_hashes, vocabulary_offsets = self._words(encoded.dictionary)
+        indices = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+        present = vocabulary_offsets[1:] > vocabulary_offsets[:-1]  # the empty word of an empty text has no hash
+        word_hashes = np.zeros(len(present), np.uint64)
+        word_hashes[present] = vocabulary_hashes
+        keep = present[indices]
+        if not keep.all():  # drop empty words; recount each text's words
+            kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
+            list_offsets = kept_before[list_offsets]
+            indices = indices[keep]
+        hashes = word_hashes[indices]
+        return self._windows(hashes, list_offsets)
+
+    def _windows(self, word_hashes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total = len(word_hashes)
+        counts = np.diff(offsets)
+        windows = np.where(counts >= self.ngram, counts - self.ngram + 1, (counts > 0).astype(np.int64))
+        out_offsets = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64)
+        if total == 0:
+            return np.empty(0, np.uint64), out_offsets
+        self._ensure_powers(total + 1)
+        prefix = np.empty(total + 1, np.uint64)
+        prefix[0] = 0
+        np.cumsum(word_hashes * self._powers[:total], out=prefix[1:])
+        n_windows = int(out_offsets[-1])
+        local = np.arange(n_windows, dtype=np.int64) - np.repeat(out_offsets[:-1], windows)
+        starts = np.repeat(offsets[:-1], windows) + local
+        ends = np.minimum(starts + self.ngram, np.repeat(offsets[1:], windows))
+        values = prefix[ends] - prefix[starts]
+        values *= self._inverse_powers[starts]
+        return fmix64(values), out_offsets
+
+
+def reference_ngram_hashes(text: str, ngram: int = DEFAULT_NGRAM) -> list[int]:
+    """Plain-Python ``NgramHasher`` of one text that ``normalize_for_ngrams`` already normalized (the spec)."""
+    mask = (1 << 64) - 1
+    words = [reference_shingle_hash(w.encode("utf-8")) for w in text.split()]
+    if not words:
+        return []
+    spans = [words] if len(words) < ngram else [words[i:i + ngram] for i in range(len(words) - ngram + 1)]
+    out = []
+    for span in spans:
+        value = sum(h * pow(NgramHasher.BASE, j, 1 << 64) for j, h in enumerate(span)) & mask
+        out.append(int(fmix64(np.array([value], np.uint64))[0]))
+    return out
+
+
+def ngram_hashes(texts: pa.Array | pa.ChunkedArray, hasher: NgramHasher) -> tuple[np.ndarray, np.ndarray]:
     """Hashes of the normalized word n-grams of every text and per-text offsets (``len(texts) + 1``)."""
-    return hasher(normalize_texts(texts, DEFAULT_NORMALIZATION))
+    return hasher(texts)
 
 
 @dataclass(frozen=True)
@@ -51,29 +175,34 @@ class NgramIndex:
     hashes: np.ndarray  # uint64, sorted, unique
     items: np.ndarray  # int32, aligned with hashes
     refs: list[str]
-    _hasher: ShingleHasher | None = field(default=None, repr=False, compare=False)
+    bloom: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8), repr=False)  # packed bits
+    _hasher: NgramHasher | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.bloom) * 8 < len(self.hashes) * BLOOM_BITS_PER_NGRAM // 2:
+            self.bloom = _bloom(self.hashes)
 
     @classmethod
     def build(cls, texts: pa.Array | pa.ChunkedArray, refs: list[str], *, ngram: int = DEFAULT_NGRAM) -> NgramIndex:
         """Index the n-grams of ``texts`` (one per eval item, ``refs`` aligned with them)."""
         if len(texts) != len(refs):
             raise ValueError(f"{len(texts)} texts for {len(refs)} refs")
-        hasher = ShingleHasher(kind="word", ngram=ngram)
+        hasher = NgramHasher(ngram)
         hashes, offsets = ngram_hashes(texts, hasher)
         owners = np.repeat(np.arange(len(refs), dtype=np.int32), np.diff(offsets))
         unique, first = np.unique(hashes, return_index=True)  # first occurrence: the earliest item wins
-        return cls(ngram, unique, owners[first], list(refs), hasher)
+        return cls(ngram, unique, owners[first], list(refs), _hasher=hasher)
 
     def __len__(self) -> int:
         return len(self.hashes)
 
     @property
     def nbytes(self) -> int:
-        return int(self.hashes.nbytes + self.items.nbytes)
+        return int(self.hashes.nbytes + self.items.nbytes + self.bloom.nbytes)
 
-    def hasher(self) -> ShingleHasher:
+    def hasher(self) -> NgramHasher:
         if self._hasher is None:
-            self._hasher = ShingleHasher(kind="word", ngram=self.ngram)
+            self._hasher = NgramHasher(self.ngram)
         return self._hasher
 
     def match(self, texts: pa.Array | pa.ChunkedArray) -> Matches:
@@ -82,9 +211,15 @@ class NgramIndex:
         if n == 0 or len(self.hashes) == 0:
             return Matches(np.zeros(n, np.int64), np.full(n, -1, np.int64))
         hashes, offsets = ngram_hashes(texts, self.hasher())
-        position = np.searchsorted(self.hashes, hashes)
+        maybe = np.flatnonzero(_bloom_test(self.bloom, hashes))
+        candidates = hashes[maybe]
+        position = np.searchsorted(self.hashes, candidates)
         np.minimum(position, len(self.hashes) - 1, out=position)
-        hit = self.hashes[position] == hashes
+        found = self.hashes[position] == candidates
+        hit = np.zeros(len(hashes), dtype=bool)
+        hit[maybe[found]] = True
+        item_at = np.zeros(len(hashes), dtype=np.int64)
+        item_at[maybe[found]] = self.items[position[found]]
         cumulative = np.concatenate([[0], np.cumsum(hit, dtype=np.int64)])
         counts = cumulative[offsets[1:]] - cumulative[offsets[:-1]]
         first_item = np.full(n, -1, np.int64)
@@ -92,10 +227,28 @@ class NgramIndex:
         if len(hit_at):
             doc_of_hit = np.searchsorted(offsets, hit_at, side="right") - 1
             docs, first = np.unique(doc_of_hit, return_index=True)
-            first_item[docs] = self.items[position[hit_at[first]]]
+            first_item[docs] = item_at[hit_at[first]]
         return Matches(counts, first_item)
 
     def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_hasher"] = None  # its power tables are rebuilt lazily on the worker
         return state
+
+
+def _bloom_bits(count: int) -> int:
+    """log2 of the filter's size in bits: a power of two with at least BLOOM_BITS_PER_NGRAM bits per n-gram."""
+    return max(10, int(np.ceil(np.log2(max(count, 1) * BLOOM_BITS_PER_NGRAM))))
+
+
+def _bloom(hashes: np.ndarray) -> np.ndarray:
+    bits = _bloom_bits(len(hashes))
+    slots = np.zeros(1 << bits, dtype=bool)
+    slots[hashes >> np.uint64(64 - bits)] = True  # top bits: the hashes are fmix64 outputs, uniform
+    return np.packbits(slots, bitorder="little")
+
+
+def _bloom_test(bloom: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    bits = int(np.log2(len(bloom) * 8))
+    slot = hashes >> np.uint64(64 - bits)
+    return ((bloom[slot >> np.uint64(3)] >> (slot & np.uint64(7)).astype(np.uint8)) & 1).astype(bool)

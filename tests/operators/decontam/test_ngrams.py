@@ -8,9 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from operators.decontam.ngrams import NgramIndex
+from operators.decontam.ngrams import NgramHasher, NgramIndex, reference_ngram_hashes
 from operators.dedup.normalize import normalize_text
-from operators.dedup.shingles import reference_shingle_hash, reference_shingles
 
 ITEM = ("Which planet of the solar system has the longest day, measured as one full rotation relative to the "
         "distant stars, and why does it rotate backwards?\nVenus, probably because of a giant early impact")
@@ -53,11 +52,15 @@ def test_short_item_matches_only_a_whole_equal_text(index):
     assert index.refs[matches.first_item[0]] == "bench@1:c"
 
 
-def test_hashes_are_the_reference_word_shingles():
+def test_hashes_are_the_plain_python_spec():
     index = NgramIndex.build(pa.array([ITEM]), ["x@1:0"], ngram=13)
-    expected = {reference_shingle_hash(s) for s in reference_shingles(normalize_text(ITEM), ngram=13)}
-    assert set(index.hashes.tolist()) == expected
+    assert set(index.hashes.tolist()) == set(reference_ngram_hashes(normalize_text(ITEM), 13))
     assert index.hashes.dtype == np.uint64 and (np.diff(index.hashes.astype(np.float64)) > 0).all()
+    texts = ["  one two three  ", "", None, "a b c d e", "x\ty\n\nz w v u"]
+    hashes, offsets = NgramHasher(3)(pa.array(texts, pa.string()))
+    for i, text in enumerate(texts):
+        expected = reference_ngram_hashes(normalize_text(text), 3) if text else []
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == expected, text
 
 
 def test_first_registered_item_owns_a_shared_ngram_and_index_pickles(index):
@@ -66,3 +69,26 @@ def test_first_registered_item_owns_a_shared_ngram_and_index_pickles(index):
     matches = copy.match(pa.array([ITEM]))
     assert copy.refs[matches.first_item[0]] == "s@1:first"
     assert matches.counts[0] == len(normalize_text(ITEM).split()) - 12
+
+
+def test_ascii_fast_path_tokenizes_like_the_unicode_normalization():
+    from operators.decontam.ngrams import normalize_for_ngrams
+
+    texts = ["Hello, World! (x+y)^2 = z_1 ~ 50% of `code` [a]{b}|c\\d", "TABS\tand\nNEW-lines; 'quoted' \"q\"",
+             "Café «Ünïcode» — “curly” quotes… and NBSP\u00a0here", "ＦＵＬＬＷＩＤＴＨ text", None, ""]
+    ours = [t.split() for t in normalize_for_ngrams(pa.array(texts, pa.string())).to_pylist()]
+    reference = [normalize_text(t).split() if t else [] for t in texts]
+    assert ours == reference
+
+
+def test_unicode_edits_match_and_bloom_prefilter_is_exact():
+    item = "Ünïcode «quotes» and the Café menu: what does the chef recommend on rainy Tuesday evenings in Montréal?"
+    index = NgramIndex.build(pa.array([item]), ["u@1:0"])
+    assert index.bloom.nbytes * 8 >= 32 * len(index)
+    plant = "intro " + item.upper().replace("«", '"').replace("»", '"') + " outro"
+    matches = index.match(pa.array([plant, "ünïcode quotes and the café menu"]))
+    assert matches.counts[0] == len(index) and matches.counts[1] == 0
+    # many random n-grams: those passing the Bloom filter but absent from the index are not counted
+    rng = np.random.default_rng(0)
+    words = [" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "chef", "menu"], 40)) for _ in range(200)]
+    assert index.match(pa.array(words)).counts.sum() == 0
