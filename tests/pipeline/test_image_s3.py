@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 
 import pyarrow.compute as pc
+import pytest
 
 from datahub.engines.arrow import ArrowEngine
 from datahub.lake import Lake
 from datahub.pipeline.run import run_job
 from tests.ceph import ceph_s3  # noqa: F401  (session fixture)
 from tests.operators.media.conftest import IMAGES, image_of, shard_members
+
+pytestmark = pytest.mark.ceph
 
 
 def test_image_references_and_shards_on_s3(job_spec, ceph_s3, tmp_path):  # noqa: F811
