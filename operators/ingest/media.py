@@ -85,10 +85,19 @@ def fetch(uri: str, file: InputFile) -> tuple[bytes | None, str | None]:
         return None, f"{type(exc).__name__}: {exc}"
 
 
+IMAGE_BATCH_ROWS = 64  # records per batch: images are up to max_record_bytes each, so batches stay bounded
+
+
 class _ImageRecords:
-    """Turns one record's fields into the checked sample or quarantine row."""
+    """Turns one record's fields into the checked sample or quarantine row; batches of at most
+    ``IMAGE_BATCH_ROWS`` records (64 web images are a few MB, not the 2,048 rows of a text batch)."""
 
     max_record_bytes: int
+    batch_rows: int
+
+    def __init__(self, *, max_record_bytes: int, batch_rows: int = 2048) -> None:
+        self.max_record_bytes = max_record_bytes
+        self.batch_rows = max(1, min(batch_rows, IMAGE_BATCH_ROWS))
 
     def add(self, file: InputFile, buffer: _Buffer, offset: int, record: dict[str, Any]) -> None:
         caption = record.pop(file.text_field, None)
@@ -132,8 +141,7 @@ class ImageParquetReader(_ImageRecords, Reader):
         with self.open(file) as stream:
             parquet = pq.ParquetFile(stream)
             row = 0
-            # small batches: a batch of images is megabytes
-            for batch in parquet.iter_batches(batch_size=max(1, min(self.batch_rows, 256))):
+            for batch in parquet.iter_batches(batch_size=self.batch_rows):
                 for record in batch.to_pylist():
                     self.add(file, buffer, row, record)
                     row += 1

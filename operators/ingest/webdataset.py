@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
-from operators.ingest.media import add_image_record
+from operators.ingest.media import IMAGE_BATCH_ROWS, add_image_record
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
 _KEY = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")  # webdataset.tariterators.base_plus_ext
@@ -34,6 +34,9 @@ class WebDatasetReader(Reader):
     format = "webdataset"
     kinds = ("image_text",)
     suffixes = (".tar", ".tar.gz", ".tgz")
+
+    def __init__(self, *, max_record_bytes: int, batch_rows: int = 2048) -> None:
+        super().__init__(max_record_bytes=max_record_bytes, batch_rows=max(1, min(batch_rows, IMAGE_BATCH_ROWS)))
 
     def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:
         with self.open(file) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:

@@ -97,3 +97,12 @@ def test_text_format_without_image_reader_is_refused():
 
     with pytest.raises(OperatorError, match="image_text"):
         reader_for("warc", "image_text")
+
+
+def test_image_batches_are_bounded(tmp_path, demo_members):
+    picture = image_of(demo_members["img00000"])
+    path = _shard(tmp_path / "many.tar", {f"k{i:03d}": {"jpg": picture, "txt": b"cap"} for i in range(150)})
+    file = InputFile(uri=str(path), size=path.stat().st_size, etag="", mtime="", format="webdataset", kind="image_text")
+    batches = list(reader_for("webdataset", "image_text")(max_record_bytes=20_000_000).read(file))
+    sizes = [b.samples.num_rows for b in batches]
+    assert sum(sizes) == 150 and max(sizes) <= 64
