@@ -1,0 +1,107 @@
+"""chat, preference and trajectory kinds: readers of the public layouts, canonical text, sample ids, quarantine."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.compute as pc
+import pytest
+
+from datahub.config.spec import validate_job_spec
+from datahub.engines.arrow import ArrowEngine
+from datahub.kinds import kind_spec, row_fields
+from datahub.kinds.posttraining import MAX_STEPS_PER_ROW, render_messages
+from datahub.lake import Lake
+from datahub.pipeline.run import run_job
+from datahub.sample_id import identity_normalize
+
+import xxhash
+
+
+def _run(tmp_path, kind, records, **limits):
+    path = tmp_path / f"{kind}.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    spec = validate_job_spec({"name": kind, "lake": {"root": str(tmp_path / "lake")},
+                              "inputs": [{"uri": str(path), "kind": kind}], "limits": {"max_record_bytes": 2_000_000},
+                              "graph": {"samples": {"sink": "samples"}}}, source=str(tmp_path / "job.yaml"))
+    result = run_job(spec, engine=ArrowEngine())
+    assert result.status == "succeeded", result.error
+    lake = Lake(tmp_path / "lake")
+    quarantine = lake.read("quarantine") if lake.exists("quarantine") else None
+    bad = {} if quarantine is None else dict(zip(quarantine.column("source_offset").to_pylist(),
+                                                 zip(quarantine.column("reason").to_pylist(), quarantine.column("detail").to_pylist())))
+    return lake.read("samples").sort_by([("source_offset", "ascending"), ("step_offset", "ascending")] if kind == "trajectory"
+                                        else [("source_offset", "ascending")]), bad
+
+
+def test_chat_openai_and_sharegpt_layouts(tmp_path):
+    openai = {"id": 1, "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+                                    {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]},
+                                    {"role": "tool", "tool_call_id": "c", "content": "42"}],
+              "tools": [{"name": "f"}]}
+    sharegpt = {"conversations": [{"from": "human", "value": "Hi\nthere"}, {"from": "gpt", "value": "Hello"}]}
+    samples, bad = _run(tmp_path, "chat", [openai, sharegpt, {"messages": [{"role": "robot", "content": "x"}]},
+                                           {"conversations": [{"from": "gpt", "value": 3}]}, {"text": "plain"}])
+    assert samples.column("kind").to_pylist() == ["chat", "chat"]
+    first = samples.column("messages")[0].as_py()
+    assert [m["role"] for m in first] == ["user", "assistant", "tool"] and first[0]["content"] == "Hi\nthere"
+    assert json.loads(first[1]["tool_calls"]) == [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]
+    assert json.loads(samples.column("tools")[0].as_py()) == [{"name": "f"}]
+    assert json.loads(samples.column("meta")[0].as_py()) == {"id": 1}
+    text = samples.column("text")[0].as_py()
+    assert text == render_messages(first) and text.startswith("<|user|>\nHi\nthere\n<|assistant|>\n\n<|tool_calls|>\n")
+    expected = xxhash.xxh3_128_hexdigest(("chat\x00" + identity_normalize(text)).encode())
+    assert samples.column("sample_id")[0].as_py() == expected
+    assert bad == {3: ("invalid_message", "messages[0].role: 'robot' is not one of system, user, assistant, tool"),
+                   4: ("invalid_field", "conversations[0].value: a int, expected a string"),
+                   5: ("missing_field", "no field 'messages' (OpenAI) or 'conversations' (ShareGPT); the record has: 'text'")}
+
+
+def test_same_prompt_different_answers_are_two_samples_and_kinds_differ_from_text(tmp_path):
+    a = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A1"}]}
+    b = {"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A2"}]}
+    samples, _ = _run(tmp_path, "chat", [a, b, a])
+    ids = samples.column("sample_id").to_pylist()
+    assert ids[0] != ids[1] and ids[0] == ids[2]
+    assert len(ids[0]) == 32
+
+
+def test_preference_layouts_and_scores(tmp_path):
+    pair = {"prompt": "P", "chosen": "good", "rejected": "bad", "score_chosen": 8, "score_rejected": 2.5, "source": "x"}
+    hh = {"chosen": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "yes"}],
+          "rejected": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "no"}]}
+    samples, bad = _run(tmp_path, "preference", [pair, hh, {"prompt": "P", "chosen": "c"}, {"prompt": "P", "chosen": "a", "rejected": "b",
+                                                                                        "chosen_score": "high"}])
+    rows = samples.to_pylist()
+    assert [m["content"] for m in rows[0]["prompt"]] == ["P"] and rows[0]["chosen"][0]["role"] == "assistant"
+    assert (rows[0]["chosen_score"], rows[0]["rejected_score"]) == (8.0, 2.5)
+    assert json.loads(rows[0]["meta"]) == {"source": "x"}
+    assert [m["content"] for m in rows[1]["prompt"]] == ["Q"]  # the shared leading turn
+    assert [m["content"] for m in rows[1]["chosen"]] == ["yes"] and [m["content"] for m in rows[1]["rejected"]] == ["no"]
+    assert rows[1]["text"] == "<|user|>\nQ\n<|chosen|>\n<|assistant|>\nyes\n<|rejected|>\n<|assistant|>\nno"
+    assert bad == {3: ("missing_field", "no field 'rejected' (a string or a list of messages)"),
+                   4: ("invalid_field", "chosen_score: 'high' is not a finite number")}
+
+
+def test_long_trajectory_is_split_in_bounded_segments(tmp_path):
+    steps = [{"observation": f"o{i}", "action": f"a{i}", "reward": float(i == 2599), "done": i == 2599} for i in range(2600)]
+    samples, bad = _run(tmp_path, "trajectory", [{"episode_id": "e", "steps": steps, "task": "t"},
+                                                 {"steps": [{"observation": "x", "tool_call": {"name": "f"}}]},
+                                                 {"steps": [{"reward": 1}]}])
+    long = samples.filter(pc.equal(samples.column("episode_id"), "e"))
+    assert long.column("step_offset").to_pylist() == [0, MAX_STEPS_PER_ROW, 2 * MAX_STEPS_PER_ROW]
+    assert [len(s) for s in long.column("steps").to_pylist()] == [1024, 1024, 552]
+    assert set(long.column("episode_steps").to_pylist()) == {2600}
+    assert long.column("text")[1].as_py().startswith("<|step 1024|>\n<|observation|>\no1024\n<|action|>\na1024\n<|reward|> 0.0")
+    short = samples.filter(pc.is_null(samples.column("episode_id"))).to_pylist()[0]
+    assert short["steps"][0]["tool_call"] == '{"name":"f"}'
+    assert bad == {3: ("invalid_step", "steps[0]: no observation, action, tool_call or tool_result")}
+
+
+def test_kinds_register_typed_columns():
+    names = [f.name for f in row_fields(["chat", "preference", "trajectory"])]
+    assert names[:3] == ["kind", "messages", "tools"] and "steps" in names and "chosen" in names
+    message = kind_spec("chat").fields[0].type.value_type
+    assert [f.name for f in message] == ["role", "content", "name", "tool_calls", "tool_call_id"]
+    with pytest.raises(Exception):
+        kind_spec("nope")
