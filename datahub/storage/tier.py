@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.storage.tier_spec import CephTier, CfsTier, HdfsTier
+from datahub.storage.webhdfs import bound_requests
 
 if TYPE_CHECKING:
     from datahub.storage.config import StorageConfig
@@ -93,8 +94,10 @@ class Tier:
                 from fsspec.utils import infer_storage_options
 
                 where = infer_storage_options(self.spec.url)
-                self._fs = fsspec.filesystem("webhdfs", host=where["host"], port=where["port"],
-                                             skip_instance_cache=True, **self.reader_options())
+                self._fs = bound_requests(
+                    fsspec.filesystem("webhdfs", host=where["host"], port=where["port"], skip_instance_cache=True,
+                                      **self.reader_options()),
+                    connect_timeout_s=self.spec.connect_timeout_s, read_timeout_s=self.spec.read_timeout_s)
         return self._fs
 
     def _path(self, uri: str) -> str:

@@ -68,6 +68,9 @@ class HdfsTier(_Model):
     url: str = Field(..., description="webhdfs://HOST:PORT/absolute/path")
     user: str | None = None
     region: str | None = Field(None, description=_REGION_HELP)
+    # fsspec's WebHDFS client has no timeout of its own: a NameNode or DataNode that stops answering would block
+    connect_timeout_s: float = Field(10.0, gt=0, description="seconds to connect to the NameNode or a DataNode")
+    read_timeout_s: float = Field(120.0, gt=0, description="seconds to wait for any answer (between bytes read)")
 
     @field_validator("url")
     @classmethod

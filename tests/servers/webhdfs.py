@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -31,6 +32,7 @@ class WebHdfsServer:
         self.ops: Counter[str] = Counter()
         self.lock = threading.Lock()
         self.fail_ops: set[str] = set()  # ops answered with 500, to simulate an outage
+        self.stall_ops: dict[str, float] = {}  # op -> seconds to hold the request before answering (a hung node)
         handler = type("Handler", (_Handler,), {"server_state": self})
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
@@ -116,6 +118,9 @@ class _Handler(BaseHTTPRequestHandler):
             state.ops[op if prefix == PREFIX else f"datanode:{op}"] += 1
         if op in state.fail_ops:
             return self._error(500, "IOException", f"injected failure on {op}")
+        stall = state.stall_ops.get(op if prefix == PREFIX else f"datanode:{op}")
+        if stall:
+            time.sleep(stall)
         if not prefix:
             return self._error(404, "FileNotFoundException", f"not a WebHDFS URL: {path}")
         try:

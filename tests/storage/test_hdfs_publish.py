@@ -59,3 +59,31 @@ def test_a_refused_rename_is_a_storage_error_not_silence(hdfs_tier) -> None:
     with pytest.raises(StorageError, match=r"tier hdfs: cannot write .*manifest\.json"):
         tier.publish(tier.uri("r2", "manifest.json"), b"{}")
     assert [p.name for p in server.local("/releases/r2").iterdir()] == ["manifest.json"]  # the temp file is removed
+
+
+def test_a_hung_datanode_times_out_instead_of_blocking(tmp_path) -> None:
+    """fsspec's WebHDFS client sends requests without a timeout; the tier's read_timeout_s bounds them."""
+    import time
+
+    with WebHdfsServer(tmp_path / "hdfs-data") as server:
+        config = validate_storage_config({"tiers": {"hdfs": {"kind": "hdfs", "url": server.url("/releases"),
+                                                             "user": "datahub", "read_timeout_s": 0.5}}})
+        tier = config.tier("hdfs")
+        uri = tier.uri("r1", "shard-000000.tar")
+        tier.publish(uri, b"x" * 1000)
+        assert tier.read(uri) == b"x" * 1000
+        server.stall_ops["datanode:OPEN"] = 5.0  # the DataNode accepts the read and does not answer
+        started = time.monotonic()
+        with pytest.raises(StorageError, match=r"tier hdfs: cannot read .*shard-000000\.tar"):
+            tier.read(uri)
+        assert time.monotonic() - started < 4.0
+        server.stall_ops.clear()
+        assert tier.read(uri) == b"x" * 1000
+
+
+def test_hdfs_timeouts_are_validated() -> None:
+    from datahub.errors import SpecError
+
+    with pytest.raises((SpecError, ValueError), match="read_timeout_s"):
+        validate_storage_config({"tiers": {"hdfs": {"kind": "hdfs", "url": "webhdfs://nn:9870/r",
+                                                    "read_timeout_s": 0}}})
