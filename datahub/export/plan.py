@@ -93,7 +93,7 @@ def member_bytes(batch: pa.RecordBatch, *, json_columns: list[str], binary: list
         text = np.asarray(pc.fill_null(batch.column(TEXT_COLUMN), 0), dtype=np.int64)
     else:
         text = np.zeros(n, dtype=np.int64)
-    records = np.fromiter((len(r) for r in json_records(batch, json_columns)), dtype=np.int64, count=n)
+    records = np.asarray(pc.binary_length(json_records(batch, json_columns)), dtype=np.int64)
     total = span(text) + span(records)
     for column in binary:
         lengths = batch.column(column)

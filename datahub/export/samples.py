@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from types import ModuleType
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +17,12 @@ import pyarrow.compute as pc
 
 from datahub.errors import IntegrityError
 from datahub.shards.tar import check_extension, check_key
+
+_orjson: ModuleType | None
+try:  # the fast .json encoder (a dependency); without it the standard library writes the same bytes, slower
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - exercised by the fallback test through monkeypatch
+    _orjson = None
 
 TEXT_COLUMN = "text"
 KEY_COLUMN = "sample_id"
@@ -62,13 +69,110 @@ def export_columns(schema: pa.Schema, *, where: str) -> list[str]:
     return [name for name in schema.names if not name.startswith("_")]
 
 
-def json_records(batch: pa.RecordBatch | pa.Table, json_columns: list[str]) -> list[bytes]:
-    """The ``.json`` member of every row: the row's other columns, keys sorted (one Python encode per row)."""
+def json_records(batch: pa.RecordBatch | pa.Table, json_columns: list[str]) -> pa.LargeBinaryArray:
+    """The ``.json`` member of every row (large_binary): the row's other columns, keys sorted, as the standard
+    library's ``json`` writes them (``_JSON``); through orjson where it gives the very same bytes (see
+    ``_orjson_records``)."""
+    if _orjson is not None and _orjson_exact(batch, json_columns):
+        return _orjson_records(batch, json_columns)
+    return pa.array(_python_records(batch, json_columns), pa.large_binary())
+
+
+def _python_records(batch: pa.RecordBatch | pa.Table, json_columns: list[str]) -> list[bytes]:
+    """The reference encoding: one ``json`` encode per row (meta, a JSON string, parsed into an object)."""
     cols = {c: batch.column(c).to_pylist() for c in json_columns}
     meta = cols.get("meta")
     if meta is not None:
         cols["meta"] = [_json_value("meta", v) for v in meta]
     return [_JSON.encode({c: cols[c][i] for c in json_columns}).encode("utf-8") for i in range(batch.num_rows)]
+
+
+def _orjson_exact(batch: pa.RecordBatch | pa.Table, json_columns: list[str]) -> bool:
+    """Whether orjson can stand in for ``json`` on these columns: only types whose Python values both encode
+    alike (strings, integers, booleans, finite floats, structs and lists of them); no NaN or infinity
+    (``json`` writes NaN, orjson null)."""
+    return all(_plain_type(batch.schema.field(c).type) and not _has_nonfinite(batch.column(c)) for c in json_columns)
+
+
+def _plain_type(kind: pa.DataType) -> bool:
+    if (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)
+            or pa.types.is_boolean(kind) or pa.types.is_null(kind) or pa.types.is_floating(kind)):
+        return not pa.types.is_float16(kind)  # half floats come back as numpy scalars
+    if pa.types.is_struct(kind):
+        return all(_plain_type(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+        return _plain_type(kind.value_type)
+    return False
+
+
+def _has_nonfinite(values: pa.Array | pa.ChunkedArray) -> bool:
+    """Any NaN or infinity among the float values under ``values`` (child arrays whole: a false alarm only
+    costs the slower encoder)."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    for chunk in chunks:
+        kind = chunk.type
+        if pa.types.is_floating(kind):
+            if len(chunk) and pc.any(pc.invert(pc.is_finite(chunk))).as_py():
+                return True
+        elif pa.types.is_struct(kind):
+            if any(_has_nonfinite(chunk.field(i)) for i in range(kind.num_fields)):
+                return True
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            if _has_nonfinite(chunk.values):
+                return True
+    return False
+
+
+def _orjson_records(batch: pa.RecordBatch | pa.Table, json_columns: list[str]) -> list[bytes]:
+    """``_python_records`` through orjson, checked: rows orjson cannot take (meta that is not strict JSON,
+    integers past 64 bits) and rows where it may format a float otherwise than ``json`` go the reference way.
+
+    orjson and ``json`` agree on strings (checked over every code point), integers, key order and floats in
+    [1e-4, 1e16), where both write the shortest repr in plain decimals; outside it ``json`` writes 1e-05 and
+    1e+16, orjson 0.00001 and 1e16, so a number token with an exponent or ``0.0000`` sends its row back."""
+    assert _orjson is not None
+    loads, dumps, decode_error = _orjson.loads, _orjson.dumps, _orjson.JSONDecodeError
+    options = _orjson.OPT_SORT_KEYS
+    values = [batch.column(c).to_pylist() for c in json_columns]  # per column: far cheaper than row dicts
+    refused: set[int] = set()  # rows orjson cannot take
+    if "meta" in json_columns and (pa.types.is_string(batch.schema.field("meta").type)
+                                   or pa.types.is_large_string(batch.schema.field("meta").type)):
+        meta = json_columns.index("meta")
+        try:  # one comprehension for the common case, row by row only when a meta is refused
+            values[meta] = [None if text is None else loads(text) for text in values[meta]]
+        except decode_error:
+            parsed: list[object] = []
+            for i, text in enumerate(values[meta]):
+                try:
+                    parsed.append(None if text is None else loads(text))
+                except decode_error:  # NaN, 1e400, not JSON: ``json`` decides
+                    parsed.append(None)
+                    refused.add(i)
+            values[meta] = parsed
+    rows = list(zip(*values)) if values else [()] * batch.num_rows
+    try:
+        out: list[bytes | None] = [dumps(dict(zip(json_columns, row)), option=options) for row in rows]
+    except TypeError:  # an integer past 64 bits somewhere: find the rows
+        out = []
+        for row in rows:
+            try:
+                out.append(dumps(dict(zip(json_columns, row)), option=options))
+            except TypeError:
+                out.append(None)
+    for i in refused:
+        out[i] = None
+    redo = [i for i, record in enumerate(out) if record is None]
+    for i in redo:
+        out[i] = b""
+    records = pa.array(out, pa.large_binary())
+    risky = pc.match_substring_regex(records, _RISKY_NUMBER)
+    if pc.any(risky).as_py():
+        redo = sorted(set(redo) | set(np.flatnonzero(np.asarray(risky)).tolist()))
+    if not redo:
+        return records
+    for i, record in zip(redo, _python_records(batch.take(pa.array(redo, pa.int64())), json_columns)):
+        out[i] = record
+    return pa.array(out, pa.large_binary())
 
 
 def encode(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
@@ -98,6 +202,12 @@ def _json_value(column: str, value: object) -> object:
     return value
 
 
+# A number token written with an exponent or as 0.0000...: where orjson and ``json`` may format a float differently
+# (``json`` writes 1e-05 and 1e+16, orjson 0.00001 and 1e16; an integer of meta past 64 bits comes out of
+# orjson.loads as a float, >= 1e16). Only tokens after ``:``, ``,`` or ``[`` count, so the hex digits of a
+# sample id ("3e9f...") inside a string do not send rows back.
+_RISKY_NUMBER = r"[:,\[]-?[0-9][0-9.]*[eE]|[:,\[]-?0\.0000"
+
 # json.dumps with these options builds a new JSONEncoder per call; one shared encoder gives the same bytes.
 _JSON = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
@@ -120,8 +230,7 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
             txt = pc.cast(pc.fill_null(batch.column(TEXT_COLUMN), ""), pa.large_binary())
         else:
             txt = pa.array([b""] * n, pa.large_binary())
-        records = json_records(batch, json_columns)
-        members: list[tuple[str, pa.Array]] = [("txt", txt), ("json", pa.array(records, pa.large_binary()))]
+        members: list[tuple[str, pa.Array]] = [("txt", txt), ("json", json_records(batch, json_columns))]
         members.extend((c, pc.cast(batch.column(c), pa.large_binary())) for c in binary)
         parts: list[pa.Array] = []
         for ext, data in members:
