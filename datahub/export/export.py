@@ -25,10 +25,12 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,12 +39,13 @@ from datahub.engines.base import Engine
 from datahub.engines.registry import make_engine
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
-from datahub.export.plan import ORDER, ExportPlan, index_reserve, plan_export
-from datahub.export.samples import TEXT_COLUMN, binary_columns, export_columns
+from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, export_ordering, index_reserve,
+                                 plan_export)
+from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_rows, export_columns
 from datahub.export.source import TableSource
-from datahub.export.spill import ShardSpill
+from datahub.export.spill import RankSpill
 from datahub.shards.tar import RECORD
-from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
+from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_body, shard_name
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
@@ -143,21 +146,22 @@ def export_table_version(
         return existing  # already exported to this tier: applying twice is a no-op (after repairs)
 
     journal = _Journal(target, release_name, export_key)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-journal") as early:
-        # reading the journal (and opening the tier's connection) overlaps the planning pass
-        verifying = early.submit(journal.verified)
-        plan = _plan(source, settings)
-        done = verifying.result()
-    done = [d for d in done if d.index < len(plan.spans) and (d.samples, d.start) == (plan.spans[d.index].samples,
-                                                                                         plan.spans[d.index].start)]
-    report("shards", len(done), len(plan.spans))
-    writer = _writer(plan, target, release_name, shuffle_seed, journal_dir=journal.dir)
-    todo = [span.index for span in plan.spans[len(done):]]
-    for shard in _write(source, writer, todo, engine=engine, workers=workers, upload_workers=upload_workers,
-                        spill_dir=spill_dir):
-        done.append(shard)
+    with ExitStack() as scope:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-journal") as early:
+            # reading the journal (and opening the tier's connection) overlaps the planning pass
+            verifying = early.submit(journal.verified)
+            plan, spill = _plan_pass(source, settings, engine=engine, spill_dir=spill_dir, scope=scope)
+            done = verifying.result()
+        done = [d for d in done if d.index < len(plan.spans)
+                and (d.samples, d.start) == (plan.spans[d.index].samples, plan.spans[d.index].start)]
         report("shards", len(done), len(plan.spans))
-        checkpoint(f"export:after_shard:{shard.index}")  # crash tests: published and journalled, more to come
+        writer = _writer(plan, target, release_name, shuffle_seed, journal_dir=journal.dir)
+        todo = [span.index for span in plan.spans[len(done):]]
+        for shard in _write(source, writer, todo, plan=plan, spill=spill, engine=engine, workers=workers,
+                            upload_workers=upload_workers):
+            done.append(shard)
+            report("shards", len(done), len(plan.spans))
+            checkpoint(f"export:after_shard:{shard.index}")  # crash tests: published and journalled, more to come
     done.sort(key=lambda d: d.index)
 
     if existing is not None:  # a second tier: the shards must be the very same bytes
@@ -201,6 +205,61 @@ def _plan(source: TableSource, settings: dict[str, Any]) -> ExportPlan:
                        where=source.where)
 
 
+def _plan_pass(source: TableSource, settings: dict[str, Any], *, engine: EngineChoice, spill_dir: str | None,
+               scope: ExitStack) -> tuple[ExportPlan, RankSpill | None]:
+    """The plan; in this process also every row's encoded members, spilled by export rank (the large columns
+    read once; the spill's folder removed when ``scope`` closes). Engine tasks read and encode their own rows."""
+    if engine != "local":
+        return _plan(source, settings), None
+    where = source.where
+    # the export order from sample_id alone (a small column), so rows can be spilled near their shard
+    id_chunks = [checked_ids(batch.column(KEY_COLUMN), where=where)
+                 for batch in source.scan([KEY_COLUMN], batch_rows=65_536) if batch.num_rows]
+    ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
+    del id_chunks
+    ordered, hashes, positions = export_ordering(ids, shuffle_seed=settings["shuffle_seed"], where=where)
+    ranks = np.empty(len(ids), dtype=np.int64)
+    ranks[positions] = np.arange(len(ids), dtype=np.int64)
+    del positions
+    directory = scope.enter_context(tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir))
+    spill = RankSpill(directory, bucket_rows=_bucket_rows(source, settings))
+    sizes = np.zeros(len(ids), dtype=np.int64)  # in export order
+    read = 0
+    for batch in source.scan(export_columns(source.schema(), where=where)):
+        count = batch.num_rows
+        if not count:
+            continue
+        if read + count > len(ids) or not pc.all(pc.equal(batch.column(KEY_COLUMN), ids.slice(read, count))).as_py():
+            raise IntegrityError(f"{where}: rows came back in another order or number on a second read; the table "
+                                 "version changed underneath? re-run the export")
+        members = encoded_rows(batch)
+        batch_ranks = ranks[read:read + count]
+        sizes[batch_ranks] = np.asarray(pc.binary_length(members), dtype=np.int64)
+        spill.add(batch_ranks, members)
+        read += count
+    if read != len(ids):
+        raise IntegrityError(f"{where}: {read} rows on the second read, {len(ids)} on the first; re-run the export")
+    spill.finish()
+    spans = cut_shards(sizes, shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
+    return ExportPlan(ordered, hashes, sizes, spans), spill
+
+
+def _bucket_rows(source: TableSource, settings: dict[str, Any]) -> int:
+    """Rows per spill bucket: about a quarter of a shard, from the row groups' uncompressed bytes per row (an
+    estimate: it sets only how many spill files there are)."""
+    rows = size = 0
+    for fragment in source.dataset().get_fragments():
+        metadata = fragment.metadata
+        for group in range(metadata.num_row_groups):
+            rows += metadata.row_group(group).num_rows
+            size += metadata.row_group(group).total_byte_size
+    per_row = max(size // rows, 1) + 2 * 512 if rows else 4096
+    shard_rows = settings["shard_samples"] or max(1, (settings["shard_size"] or 0) // per_row)
+    if settings["shard_size"]:
+        shard_rows = min(shard_rows, max(1, settings["shard_size"] // per_row))
+    return max(64, shard_rows // 4)
+
+
 def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | None, *,
             journal_dir: str | None) -> ShardWriter:
     return ShardWriter(release=release, router=plan.router(), shuffle_seed=shuffle_seed,
@@ -208,17 +267,16 @@ def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | No
                        tier_source=target.source, journal_dir=journal_dir)
 
 
-def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, engine: EngineChoice, workers: int | None,
-           upload_workers: int, spill_dir: str | None) -> Iterator[ShardDone]:
-    """Write the shards ``todo``, in this process or on an engine; yields them as they are published."""
+def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan, spill: RankSpill | None,
+           engine: EngineChoice, workers: int | None, upload_workers: int) -> Iterator[ShardDone]:
+    """Write the shards ``todo``, in this process (from ``spill``) or on an engine; yields them as they are published."""
     if not todo:
+        return
+    if spill is not None:
+        yield from _write_shards(_build_shards(spill, plan, writer, todo), writer, upload_workers=upload_workers)
         return
     columns = export_columns(source.schema(), where=source.where)
     only = frozenset(todo) if len(todo) < len(writer.starts) else None
-    if engine == "local":
-        yield from _write_local(source, writer, todo, columns=columns, only=only, upload_workers=upload_workers,
-                                spill_dir=spill_dir)
-        return
     read = RoutedReader(source, tuple(columns), writer, only)
     owned = isinstance(engine, str)
     running = make_engine(EngineSpec(kind=engine)) if isinstance(engine, str) else engine
@@ -261,25 +319,19 @@ class _Built:
     body: bytes
 
 
-def _write_local(source: TableSource, writer: ShardWriter, todo: list[int], *, columns: list[str],
-                 only: frozenset[int] | None, upload_workers: int, spill_dir: str | None) -> Iterator[ShardDone]:
-    """Route every row to its shard's spill file (one pass), then build shards in order while uploading."""
-    first = todo[0]
-    with tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir) as directory:
-        spill = ShardSpill(directory, ROUTED)
-        for batch in source.scan(columns):
-            routed = writer.encode(batch, only=only if only is not None else None)
-            if first and only is None:  # a resumed export: shards before the first unjournalled one are done
-                routed = routed.filter(pc.greater_equal(routed["shard"], first))
-            spill.add(routed)
-        spill.flush()
-        yield from _write_shards(_build_shards(spill, writer, todo), writer, upload_workers=upload_workers)
-
-
-def _build_shards(spill: ShardSpill, writer: ShardWriter, todo: list[int]) -> Iterator[_Built]:
+def _build_shards(spill: RankSpill, plan: ExportPlan, writer: ShardWriter, todo: list[int]) -> Iterator[_Built]:
+    """Shards in order, each read back from the spill in export order and framed (while the previous uploads)."""
     for index in todo:
-        built, body = writer.build(spill.read(index))
-        yield _Built(built, body)
+        span = plan.spans[index]
+        members = spill.take(span.start, span.samples)
+        offsets = np.frombuffer(members.buffers()[1], dtype=np.int64)[members.offset:members.offset + len(members) + 1]
+        data = members.buffers()[2]
+        begin, end = int(offsets[0]), int(offsets[-1])
+        body = shard_body(data.slice(begin, end - begin) if data is not None else b"",
+                          where=shard_name(writer.release, index))
+        del members  # not held while the generator waits for the upload
+        yield _Built(index, body)
+        del body
 
 
 def _write_shards(built: Iterator[_Built], writer: ShardWriter, *, upload_workers: int = 1) -> Iterator[ShardDone]:
@@ -318,18 +370,19 @@ def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dic
     log.warning("tier %s: %d damaged or missing shard(s) of %s, rewriting: %s", target.name, len(damaged),
                 existing.release, ", ".join(names))
     report("repair", 0, len(damaged))
-    plan = _plan(source, settings)
-    if [s.samples for s in plan.spans] != [s.samples for s in existing.shards]:
-        raise IntegrityError(f"release {existing.release!r}: {source.where} no longer plans the published shards; "
-                             "copy an intact replica with `datahub tier apply` instead")
-    writer = _writer(plan, target, existing.release, settings["shuffle_seed"], journal_dir=None)
-    for count, shard in enumerate(_write(source, writer, damaged, engine=engine, workers=workers,
-                                         upload_workers=upload_workers, spill_dir=spill_dir), 1):
-        if shard.sha256 != existing.shards[shard.index].sha256:
-            raise IntegrityError(f"{shard.name}: the rewritten shard differs from the manifest (sha256 {shard.sha256[:12]} "
-                                 f"vs {str(existing.shards[shard.index].sha256)[:12]}); copy an intact replica with "
-                                 "`datahub tier apply` instead")
-        report("repair", count, len(damaged))
+    with ExitStack() as scope:
+        plan, spill = _plan_pass(source, settings, engine=engine, spill_dir=spill_dir, scope=scope)
+        if [s.samples for s in plan.spans] != [s.samples for s in existing.shards]:
+            raise IntegrityError(f"release {existing.release!r}: {source.where} no longer plans the published shards; "
+                                 "copy an intact replica with `datahub tier apply` instead")
+        writer = _writer(plan, target, existing.release, settings["shuffle_seed"], journal_dir=None)
+        for count, shard in enumerate(_write(source, writer, damaged, plan=plan, spill=spill, engine=engine,
+                                             workers=workers, upload_workers=upload_workers), 1):
+            if shard.sha256 != existing.shards[shard.index].sha256:
+                raise IntegrityError(f"{shard.name}: the rewritten shard differs from the manifest (sha256 "
+                                     f"{shard.sha256[:12]} vs {str(existing.shards[shard.index].sha256)[:12]}); copy an "
+                                     "intact replica with `datahub tier apply` instead")
+            report("repair", count, len(damaged))
     return names
 
 

@@ -166,28 +166,45 @@ def plan_export(batches: Iterable[pa.RecordBatch], *, shuffle_seed: int | None, 
     for batch in batches:
         if not batch.num_rows:
             continue
-        ids = batch.column(KEY_COLUMN)
-        if ids.null_count:
-            raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
-        bad = pc.invert(pc.match_substring_regex(ids, r"^[A-Za-z0-9_-]{1,90}$"))
-        if pc.any(bad).as_py():
-            check_key(pc.filter(ids, bad)[0].as_py(), where=where)
-        id_chunks.append(ids.cast(pa.string()))
+        id_chunks.append(checked_ids(batch.column(KEY_COLUMN), where=where))
         size_chunks.append(member_bytes(batch, json_columns=json_columns, binary=binary))
+    return plan_sizes(id_chunks, size_chunks, shuffle_seed=shuffle_seed, shard_size=shard_size,
+                      shard_samples=shard_samples, where=where)
+
+
+def checked_ids(ids: pa.Array | pa.ChunkedArray, *, where: str) -> pa.Array | pa.ChunkedArray:
+    """A batch's sample ids as strings, refused when one is null or not a valid shard key."""
+    if ids.null_count:
+        raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
+    bad = pc.invert(pc.match_substring_regex(ids, r"^[A-Za-z0-9_-]{1,90}$"))
+    if pc.any(bad).as_py():
+        check_key(pc.filter(ids, bad)[0].as_py(), where=where)
+    return ids.cast(pa.string())
+
+
+def plan_sizes(id_chunks: list[pa.Array], size_chunks: list[np.ndarray], *, shuffle_seed: int | None,
+               shard_size: int | None, shard_samples: int | None, where: str) -> ExportPlan:
+    """Order the samples (ids and shard bytes each, in read order) and cut shards."""
     ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
     sizes = np.concatenate(size_chunks) if size_chunks else np.zeros(0, dtype=np.int64)
+    ordered, hashes, positions = export_ordering(ids, shuffle_seed=shuffle_seed, where=where)
+    sizes = sizes[positions]
+    spans = cut_shards(sizes, shard_size=shard_size, shard_samples=shard_samples)
+    return ExportPlan(ordered, hashes, sizes, spans)
+
+
+def export_ordering(ids: pa.Array, *, shuffle_seed: int | None, where: str) -> tuple[pa.Array, np.ndarray | None, np.ndarray]:
+    """Ids (in read order) put in export order: the ordered ids, their order hashes (seeded) and each one's read
+    position (int64); refused when an id repeats."""
     hashes = order_hash(ids, shuffle_seed) if shuffle_seed is not None else None
     if hashes is None:
         order = pc.sort_indices(ids)
     else:
         order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
-    ids = ids.take(order)
-    _check_unique(ids, where)
-    positions = np.asarray(order)
-    sizes = sizes[positions]
-    hashes = hashes[positions] if hashes is not None else None
-    spans = cut_shards(sizes, shard_size=shard_size, shard_samples=shard_samples)
-    return ExportPlan(ids, hashes, sizes, spans)
+    ordered = ids.take(order)
+    _check_unique(ordered, where)
+    positions = np.asarray(order).astype(np.int64, copy=False)
+    return ordered, hashes[positions] if hashes is not None else None, positions
 
 
 def _check_unique(ordered: pa.Array, where: str) -> None:

@@ -243,3 +243,12 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
                 pad = pc.if_else(present, pad, empty)
             parts.extend((head, pc.fill_null(data, empty), pad))
         yield pc.binary_join_element_wise(*parts, empty)
+
+
+def encoded_rows(batch: pa.RecordBatch | pa.Table) -> pa.LargeBinaryArray:
+    """Every row's tar members back to back (``encode_tar`` of one batch, whatever its length)."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    parts = list(encode_tar(table, batch_rows=max(table.num_rows, 1)))
+    if not parts:
+        return pa.array([], pa.large_binary())
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
