@@ -287,8 +287,9 @@ def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: E
             raise SpecError(f"--engine {running.name!r}: export runs on local, ray or spark")
         write_groups = importlib.import_module(f"datahub.engines.{running.name}.export").write_groups
         writer.start()
+        options = {"groups": len(writer.starts)} if running.name == "ray" else {}
         written = writer.commit(write_groups(running, source.files(), read=read, key="shard", sink=writer,
-                                             routed_schema=ROUTED, workers=workers))
+                                             routed_schema=ROUTED, workers=workers, **options))
     finally:
         if owned:
             running.stop()
