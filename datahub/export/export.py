@@ -1,10 +1,13 @@
 """Export a frozen table version as deterministic WebDataset shards on one tier, plus its manifest.
 
 Flow (memory bounded by the plan, ~100 bytes per sample, plus a few shards; never the release):
-- plan on the driver (``datahub.export.plan``): one pass over ids and sizes orders the samples and cuts shards;
-- write: every row is encoded and routed to its shard by the shards' first keys, a shard's rows are ordered and
-  framed (``datahub.export.write``), in this process through spill files (``datahub.export.spill``) or in engine
-  tasks (``datahub.engines.ray.export`` / ``spark.export``) that each publish whole shards and return small results.
+- in this process: the export order from ``sample_id`` alone, then one read of every column, each row encoded
+  once (its tar members) and spilled by export rank (``datahub.export.spill.RankSpill``); shard sizes come from
+  the encoded rows, and shards are read back in order, framed and uploaded while the next one is built;
+- on an engine: the plan on the driver (``datahub.export.plan``: one pass over ids and sizes orders the samples and
+  cuts shards), then engine tasks (``datahub.engines.ray.export`` / ``spark.export``) encode and route rows to
+  their shards by the shards' first keys and each publish whole shards (``datahub.export.write``), returning
+  small results.
 
 Order of effects (each step idempotent, so a crashed export is simply re-run):
 1. each shard is published atomically and journalled under ``{release}/_partial/{export_key}/``;

@@ -104,7 +104,8 @@ class RankSpill:
         ordered = inside[np.argsort(ranks[inside], kind="stable")]
         if len(ordered) != count or not np.array_equal(ranks[ordered], np.arange(start, end)):
             raise ValueError(f"spill: ranks {start}..{end - 1} incomplete ({len(ordered)} of {count} rows)")
-        members = rows["members"].take(pa.array(ordered)).combine_chunks()
+        # one combined copy of the held rows' members, then the take (Arrow's take over many chunks is slower)
+        members = rows["members"].combine_chunks().take(pa.array(ordered))
         # keep (mapped, uncopied) only the buckets that still hold rows of later shards
         self._held = [table for table in self._held
                       if table.num_rows and pc.max(table["rank"]).as_py() >= end]
