@@ -26,7 +26,7 @@ import logging
 import re
 import tempfile
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -43,7 +43,7 @@ from datahub.engines.registry import make_engine
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, export_ordering, index_reserve,
-                                 plan_export)
+                                 member_bytes, plan_sizes)
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_rows, export_columns
 from datahub.export.source import TableSource
 from datahub.export.spill import RankSpill
@@ -153,14 +153,16 @@ def export_table_version(
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-journal") as early:
             # reading the journal (and opening the tier's connection) overlaps the planning pass
             verifying = early.submit(journal.verified)
-            plan, spill = _plan_pass(source, settings, engine=engine, spill_dir=spill_dir, scope=scope)
+            running = _engine(engine, scope)
+            plan, spill = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
+                                     workers=workers)
             done = verifying.result()
         done = [d for d in done if d.index < len(plan.spans)
                 and (d.samples, d.start) == (plan.spans[d.index].samples, plan.spans[d.index].start)]
         report("shards", len(done), len(plan.spans))
         writer = _writer(plan, target, release_name, shuffle_seed, journal_dir=journal.dir)
         todo = [span.index for span in plan.spans[len(done):]]
-        for shard in _write(source, writer, todo, plan=plan, spill=spill, engine=engine, workers=workers,
+        for shard in _write(source, writer, todo, plan=plan, spill=spill, running=running, workers=workers,
                             upload_workers=upload_workers):
             done.append(shard)
             report("shards", len(done), len(plan.spans))
@@ -194,26 +196,67 @@ def export_table_version(
     return manifest
 
 
-def _plan(source: TableSource, settings: dict[str, Any]) -> ExportPlan:
-    """The planning pass: ids, the small columns and the byte lengths of large ones, in batches."""
-    schema = source.schema()
-    columns = export_columns(schema, where=source.where)
-    binary = binary_columns(pa.schema([schema.field(c) for c in columns]))
-    json_columns = [c for c in columns if c != TEXT_COLUMN and c not in binary]
-    projection: dict[str, Any] = {c: pc.field(c) for c in json_columns}
-    for column in [TEXT_COLUMN, *binary] if TEXT_COLUMN in columns else binary:
-        projection[column] = pc.binary_length(pc.field(column))
-    return plan_export(source.scan(projection), shuffle_seed=settings["shuffle_seed"], shard_size=settings["shard_size"],
-                       shard_samples=settings["shard_samples"], json_columns=json_columns, binary=binary,
-                       where=source.where)
+def _plan(source: TableSource, settings: dict[str, Any], running: Engine | None = None,
+          workers: int | None = None) -> ExportPlan:
+    """The planning pass: ids, the small columns and the byte lengths of large ones, in batches; on an engine its
+    tasks read the files and send back only ids and sizes."""
+    sizes = SizesReader.of(source)
+    batches: Iterable[pa.RecordBatch | pa.Table]
+    if running is None:
+        batches = (sizes.sizes(batch) for batch in source.scan(sizes.projection()))
+    elif running.name == "ray":
+        batches = importlib.import_module("datahub.engines.ray.export").read_tasks(running, source.files(), read=sizes,
+                                                                                   workers=workers)
+    else:
+        batches = running.read_files(source.files(), sizes).iter_batches()
+    id_chunks: list[pa.Array] = []
+    size_chunks: list[np.ndarray] = []
+    for batch in batches:
+        if batch.num_rows:
+            id_chunks.append(checked_ids(batch.column(KEY_COLUMN), where=source.where))
+            size_chunks.append(np.asarray(batch.column("size"), dtype=np.int64))
+    return plan_sizes(id_chunks, size_chunks, shuffle_seed=settings["shuffle_seed"], shard_size=settings["shard_size"],
+                      shard_samples=settings["shard_samples"], where=source.where)
 
 
-def _plan_pass(source: TableSource, settings: dict[str, Any], *, engine: EngineChoice, spill_dir: str | None,
-               scope: ExitStack) -> tuple[ExportPlan, RankSpill | None]:
+@dataclass(frozen=True)
+class SizesReader:
+    """A planning task's read: one data file's ``sample_id`` and the bytes each row takes in a shard (picklable)."""
+
+    source: TableSource
+    columns: tuple[str, ...]  # the export columns
+    binary: tuple[str, ...]  # those written as members of their own
+
+    @classmethod
+    def of(cls, source: TableSource) -> SizesReader:
+        schema = source.schema()
+        columns = export_columns(schema, where=source.where)
+        return cls(source, tuple(columns), tuple(binary_columns(pa.schema([schema.field(c) for c in columns]))))
+
+    def projection(self) -> dict[str, Any]:
+        """The small columns as they are, the large ones as byte lengths (computed in the scan)."""
+        projection: dict[str, Any] = {c: pc.field(c) for c in self.columns if c != TEXT_COLUMN and c not in self.binary}
+        for column in [TEXT_COLUMN, *self.binary] if TEXT_COLUMN in self.columns else self.binary:
+            projection[column] = pc.binary_length(pc.field(column))
+        return projection
+
+    def sizes(self, batch: pa.RecordBatch) -> pa.Table:
+        json_columns = [c for c in self.columns if c != TEXT_COLUMN and c not in self.binary]
+        size = member_bytes(batch, json_columns=json_columns, binary=list(self.binary))
+        return pa.table({KEY_COLUMN: batch.column(KEY_COLUMN), "size": pa.array(size, pa.int64())})
+
+    def __call__(self, file: str) -> Iterator[pa.Table]:
+        for batch in self.source.scan(self.projection(), files=[file]):
+            if batch.num_rows:
+                yield self.sizes(batch)
+
+
+def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine | None, spill_dir: str | None,
+               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, RankSpill | None]:
     """The plan; in this process also every row's encoded members, spilled by export rank (the large columns
     read once; the spill's folder removed when ``scope`` closes). Engine tasks read and encode their own rows."""
-    if engine != "local":
-        return _plan(source, settings), None
+    if running is not None:
+        return _plan(source, settings, running, workers), None
     where = source.where
     # the export order from sample_id alone (a small column), so rows can be spilled near their shard
     id_chunks = [checked_ids(batch.column(KEY_COLUMN), where=where)
@@ -271,32 +314,37 @@ def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | No
 
 
 def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan, spill: RankSpill | None,
-           engine: EngineChoice, workers: int | None, upload_workers: int) -> Iterator[ShardDone]:
+           running: Engine | None, workers: int | None, upload_workers: int) -> Iterator[ShardDone]:
     """Write the shards ``todo``, in this process (from ``spill``) or on an engine; yields them as they are published."""
     if not todo:
         return
     if spill is not None:
         yield from _write_shards(_build_shards(spill, plan, writer, todo), writer, upload_workers=upload_workers)
         return
+    assert running is not None, "an engine export writes on its engine"
     columns = export_columns(source.schema(), where=source.where)
     only = frozenset(todo) if len(todo) < len(writer.starts) else None
     read = RoutedReader(source, tuple(columns), writer, only)
-    owned = isinstance(engine, str)
-    running = make_engine(EngineSpec(kind=engine)) if isinstance(engine, str) else engine
-    if owned:
+    write_groups = importlib.import_module(f"datahub.engines.{running.name}.export").write_groups
+    writer.start()
+    options = {"groups": len(writer.starts)} if running.name == "ray" else {}
+    yield from writer.commit(write_groups(running, source.files(), read=read, key="shard", sink=writer,
+                                          routed_schema=ROUTED, workers=workers, **options))
+
+
+def _engine(engine: EngineChoice, scope: ExitStack) -> Engine | None:
+    """The engine an export runs on (None: this process), started here when named, stopped when ``scope`` closes."""
+    if engine == "local":
+        return None
+    if isinstance(engine, str):
+        running = make_engine(EngineSpec(kind=engine))
         running.start()
-    try:
-        if running.name not in ("ray", "spark"):
-            raise SpecError(f"--engine {running.name!r}: export runs on local, ray or spark")
-        write_groups = importlib.import_module(f"datahub.engines.{running.name}.export").write_groups
-        writer.start()
-        options = {"groups": len(writer.starts)} if running.name == "ray" else {}
-        written = writer.commit(write_groups(running, source.files(), read=read, key="shard", sink=writer,
-                                             routed_schema=ROUTED, workers=workers, **options))
-    finally:
-        if owned:
-            running.stop()
-    yield from written
+        scope.callback(running.stop)
+    else:
+        running = engine
+    if running.name not in ("ray", "spark"):
+        raise SpecError(f"--engine {running.name!r}: export runs on local, ray or spark")
+    return running
 
 
 @dataclass(frozen=True)
@@ -375,12 +423,14 @@ def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dic
                 existing.release, ", ".join(names))
     report("repair", 0, len(damaged))
     with ExitStack() as scope:
-        plan, spill = _plan_pass(source, settings, engine=engine, spill_dir=spill_dir, scope=scope)
+        running = _engine(engine, scope)
+        plan, spill = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
+                                     workers=workers)
         if [s.samples for s in plan.spans] != [s.samples for s in existing.shards]:
             raise IntegrityError(f"release {existing.release!r}: {source.where} no longer plans the published shards; "
                                  "copy an intact replica with `datahub tier apply` instead")
         writer = _writer(plan, target, existing.release, settings["shuffle_seed"], journal_dir=None)
-        for count, shard in enumerate(_write(source, writer, damaged, plan=plan, spill=spill, engine=engine,
+        for count, shard in enumerate(_write(source, writer, damaged, plan=plan, spill=spill, running=running,
                                              workers=workers, upload_workers=upload_workers), 1):
             if shard.sha256 != existing.shards[shard.index].sha256:
                 raise IntegrityError(f"{shard.name}: the rewritten shard differs from the manifest (sha256 "

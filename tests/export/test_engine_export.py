@@ -13,6 +13,7 @@ import pytest
 from datahub.export import export_table_version, read_lake_manifest
 from datahub.export.plan import cut_shards, order_hash
 from datahub.export.tiering import apply_tiers, plan_tiers
+from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
 from tests.export.helpers import cfs_storage, make_lake
 
 
@@ -125,3 +126,16 @@ def test_tier_apply_copies_damaged_replicas_again_from_an_intact_tier(tmp_path, 
     for shard in manifest.shards:
         assert hashlib.sha256(Path(shard.replicas["b"]).read_bytes()).hexdigest() == shard.sha256
     assert plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}, verify=True).moves == ()
+
+
+def test_spark_export_writes_the_bytes_of_a_local_export(tmp_path, spark_engine) -> None:
+    """Spark plans through its own read tasks (ids and sizes only) and writes the same shards as one process."""
+    lake, version = make_lake(tmp_path / "lake", 120, with_binary=True)
+    storage = cfs_storage(("local", tmp_path / "local"), ("spark", tmp_path / "spark"))
+    settings = {"shard_size": 20000, "shuffle_seed": 5}
+    local = export_table_version(lake, table="samples", version=version, release_name="rel", tier="local",
+                                 storage=storage, **settings)
+    spark = export_table_version(lake, table="samples", version=version, release_name="rel-spark", tier="spark",
+                                 storage=storage, engine=spark_engine, workers=2, **settings)
+    assert len(local.shards) > 3 and local.num_samples == spark.num_samples == 120
+    assert _shards(local, "local") == _shards(spark, "spark")
