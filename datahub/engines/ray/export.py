@@ -84,6 +84,8 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
             done, writing = ray.wait(writing, num_returns=1)
             finished.extend(done)
         writing.append(write.remote(write_task, key, *[refs[partition] for refs in outputs]))
+        for refs in outputs:  # the write task holds its inputs now: the store frees them when it is done
+            refs[partition] = None
     results: list[R] = []
     for rows in ray.get(finished + writing):
         for table in rows:
