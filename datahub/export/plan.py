@@ -1,8 +1,9 @@
 """Plan an export on the driver: the order of samples and where shards begin, from sample ids and sizes only.
 
-One pass over the table reads ``sample_id``, the small columns that make the ``.json`` member, and the byte
-lengths of ``text`` and binary columns (``pc.binary_length`` in the scan), in batches. Held per sample: the
-id, its order key and its size in the shard, about 100 bytes for a 64-character id, never the text.
+The sizes come from the rows' encoded members (an export in one process) or from a pass of the engine's tasks over
+``sample_id``, the small columns that make the ``.json`` member and the byte lengths of ``text`` and binary columns
+(``pc.binary_length`` in the scan; ``member_bytes``). Held per sample: the id, its order key and its size in the
+shard, about 100 bytes for a 64-character id, never the text.
 
 Export order:
 - no seed: by ``sample_id`` (byte order), as every export has been;
@@ -19,7 +20,6 @@ its shard with a binary search over the shards' first keys (``ExportPlan.route``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,20 +156,6 @@ class ShardRouter:
             within = int(np.searchsorted(self.first_ids[low:high], keys[row], side="right"))
             shard[row] = low + within - 1
         return shard
-
-
-def plan_export(batches: Iterable[pa.RecordBatch], *, shuffle_seed: int | None, shard_size: int | None,
-                shard_samples: int | None, json_columns: list[str], binary: list[str], where: str) -> ExportPlan:
-    """Read ids and sizes batch by batch, order them, and cut shards (see ``cut_shards``)."""
-    id_chunks: list[pa.Array] = []
-    size_chunks: list[np.ndarray] = []
-    for batch in batches:
-        if not batch.num_rows:
-            continue
-        id_chunks.append(checked_ids(batch.column(KEY_COLUMN), where=where))
-        size_chunks.append(member_bytes(batch, json_columns=json_columns, binary=binary))
-    return plan_sizes(id_chunks, size_chunks, shuffle_seed=shuffle_seed, shard_size=shard_size,
-                      shard_samples=shard_samples, where=where)
 
 
 def checked_ids(ids: pa.Array | pa.ChunkedArray, *, where: str) -> pa.Array | pa.ChunkedArray:
