@@ -139,3 +139,24 @@ def test_spark_export_writes_the_bytes_of_a_local_export(tmp_path, spark_engine)
                                  storage=storage, engine=spark_engine, workers=2, **settings)
     assert len(local.shards) > 3 and local.num_samples == spark.num_samples == 120
     assert _shards(local, "local") == _shards(spark, "spark")
+
+
+def test_ray_export_again_rewrites_only_missing_shards_with_the_same_bytes(tmp_path, ray_engine) -> None:
+    """The engine's shuffle with some shards only (``only``): rows of intact shards are not written again."""
+    lake, version = make_lake(tmp_path / "lake", 90, with_binary=True)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+
+    def run():
+        return export_table_version(lake, table="samples", version=version, release_name="r", tier="cfs",
+                                    storage=storage, shard_samples=10, shuffle_seed=2, engine=ray_engine, workers=2)
+
+    manifest = run()
+    missing = [Path(manifest.shards[i].replicas["cfs"]) for i in (0, 5, 8)]
+    intact = Path(manifest.shards[3].replicas["cfs"])
+    before = intact.stat().st_mtime_ns
+    for path in missing:
+        path.unlink()
+    assert run() == manifest
+    for path, shard in zip(missing, [manifest.shards[i] for i in (0, 5, 8)]):
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == shard.sha256
+    assert intact.stat().st_mtime_ns == before
