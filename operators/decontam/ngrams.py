@@ -1,4 +1,4 @@
-"""Eval-set n-grams: normalize text, hash its word n-grams to 64 bits, look them up in a sorted index.
+r"""Eval-set n-grams: normalize text, hash its word n-grams to 64 bits, look them up in a sorted index.
 
 Normalization: Unicode NFKC, lowercase, punctuation and symbols to spaces (the steps of
 ``operators.dedup.normalize``, datatrove's ``simplify_text``); words are runs of non-whitespace. So case,
@@ -29,7 +29,7 @@ import pyarrow as pa
 
 import pyarrow.compute as pc
 
-from operators.dedup.shingles import ShingleHasher, fmix64, reference_shingle_hash, string_buffers
+from operators.dedup.shingles import ShingleHasher, reference_shingle_hash, string_buffers
 
 DEFAULT_NGRAM = 13
 _PUNCTUATION = r"[\p{P}\p{S}]"  # RE2: Unicode punctuation and symbols (as operators.dedup.normalize)
@@ -72,8 +72,10 @@ class NgramHasher:
     Words are split by ``ascii_split_whitespace`` and dictionary-encoded, so each distinct word of a batch is
     hashed once (the dedup word hash: ``operators.dedup.shingles`` with n = 1). An n-gram of words
     ``w_0..w_{k-1}`` (k = n, or all the words of a shorter text) hashes to
-    ``fmix64(sum_j h(w_j) * B**j mod 2**64)`` with the odd base ``B = 0x9E3779B97F4A7C15``; over a batch that is
-    one prefix sum of ``h(w_i) * B**i``, each window ``(S[end] - S[start]) * B**-start``. Picklable.
+    ``sum_j h(w_j) * B**j mod 2**64`` with the odd base ``B = 0x9E3779B97F4A7C15`` (the word hashes are fmix64
+    outputs, so the sums are uniform without a final mix); over a batch that is one prefix sum of
+    ``h(w_i) * B**i``, and the windows of all positions are two contiguous slices of it,
+    ``(S[i + n] - S[i]) * B**-i``, of which those inside one text are kept. Picklable.
     """
 
     BASE = 0x9E3779B97F4A7C15  # odd: invertible mod 2**64
@@ -98,7 +100,7 @@ class NgramHasher:
 
     def __call__(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         """Hashes (uint64) of the normalized word n-grams of every text and per-text offsets (``len(texts) + 1``)."""
-        words = pc.ascii_split_whitespace(pc.ascii_trim_whitespace(normalize_for_ngrams(texts)))
+        words = pc.ascii_split_whitespace(normalize_for_ngrams(texts))  # edge whitespace: empty words, dropped below
         list_offsets = np.frombuffer(words.buffers()[1], dtype=np.int64 if pa.types.is_large_list(words.type)
                                      else np.int32)[words.offset:words.offset + len(words) + 1].astype(np.int64)
         tokens = words.values[list_offsets[0]:list_offsets[-1]] if len(words) else pa.array([], pa.large_string())
@@ -118,9 +120,10 @@ class NgramHasher:
         return self._windows(hashes, list_offsets)
 
     def _windows(self, word_hashes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        n = self.ngram
         total = len(word_hashes)
         counts = np.diff(offsets)
-        windows = np.where(counts >= self.ngram, counts - self.ngram + 1, (counts > 0).astype(np.int64))
+        windows = np.where(counts >= n, counts - n + 1, (counts > 0).astype(np.int64))
         out_offsets = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64)
         if total == 0:
             return np.empty(0, np.uint64), out_offsets
@@ -128,13 +131,36 @@ class NgramHasher:
         prefix = np.empty(total + 1, np.uint64)
         prefix[0] = 0
         np.cumsum(word_hashes * self._powers[:total], out=prefix[1:])
-        n_windows = int(out_offsets[-1])
-        local = np.arange(n_windows, dtype=np.int64) - np.repeat(out_offsets[:-1], windows)
-        starts = np.repeat(offsets[:-1], windows) + local
-        ends = np.minimum(starts + self.ngram, np.repeat(offsets[1:], windows))
-        values = prefix[ends] - prefix[starts]
-        values *= self._inverse_powers[starts]
-        return fmix64(values), out_offsets
+        full = np.empty(0, np.uint64)
+        if total >= n:  # every n-word window of the buffer by contiguous slices; keep those inside one text
+            full = prefix[n:] - prefix[: total + 1 - n]
+            full *= self._inverse_powers[: total + 1 - n]
+            valid = np.ones(total + 1 - n, dtype=bool)
+            long = counts >= n
+            # a window starting in the last n - 1 words of a text crosses into the next one
+            marks = np.zeros(total + 2, np.int64)
+            np.add.at(marks, offsets[1:][long] - n + 1, 1)
+            np.add.at(marks, offsets[1:][long], -1)
+            valid &= np.cumsum(marks[: total + 1 - n]) == 0
+            short_texts = (counts > 0) & (counts < n)  # their words start no valid full window either
+            if short_texts.any():
+                marks[:] = 0
+                np.add.at(marks, offsets[:-1][short_texts], 1)
+                np.add.at(marks, offsets[1:][short_texts], -1)
+                valid &= np.cumsum(marks[: total + 1 - n]) == 0
+            full = full[valid]
+        short = np.flatnonzero((counts > 0) & (counts < n))
+        if not len(short):
+            return full, out_offsets
+        # texts of fewer than n words: one window of all their words, inserted in text order
+        starts, ends = offsets[:-1][short], offsets[1:][short]
+        values = (prefix[ends] - prefix[starts]) * self._inverse_powers[starts]
+        out = np.empty(int(out_offsets[-1]), np.uint64)
+        is_short = np.zeros(len(out), dtype=bool)
+        is_short[out_offsets[short]] = True
+        out[is_short] = values
+        out[~is_short] = full
+        return out, out_offsets
 
 
 def reference_ngram_hashes(text: str, ngram: int = DEFAULT_NGRAM) -> list[int]:
@@ -146,8 +172,7 @@ def reference_ngram_hashes(text: str, ngram: int = DEFAULT_NGRAM) -> list[int]:
     spans = [words] if len(words) < ngram else [words[i:i + ngram] for i in range(len(words) - ngram + 1)]
     out = []
     for span in spans:
-        value = sum(h * pow(NgramHasher.BASE, j, 1 << 64) for j, h in enumerate(span)) & mask
-        out.append(int(fmix64(np.array([value], np.uint64))[0]))
+        out.append(sum(h * pow(NgramHasher.BASE, j, 1 << 64) for j, h in enumerate(span)) & mask)
     return out
 
 

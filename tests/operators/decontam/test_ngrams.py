@@ -92,3 +92,12 @@ def test_unicode_edits_match_and_bloom_prefilter_is_exact():
     rng = np.random.default_rng(0)
     words = [" ".join(rng.choice(["alpha", "beta", "gamma", "delta", "chef", "menu"], 40)) for _ in range(200)]
     assert index.match(pa.array(words)).counts.sum() == 0
+
+
+def test_random_batches_agree_with_the_spec():
+    rng = np.random.default_rng(5)
+    vocabulary = ["a", "bb", "c", "dd", "e", "ff", "Gg", "h.", "  "]
+    texts = [" ".join(rng.choice(vocabulary, int(rng.integers(0, 12)))) for _ in range(300)]
+    hashes, offsets = NgramHasher(4)(pa.array(texts))
+    for i, text in enumerate(texts):
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == reference_ngram_hashes(normalize_text(text), 4), text
