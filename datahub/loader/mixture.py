@@ -109,7 +109,8 @@ class _TextSource:
                            seed=ds.seed, epoch=epoch, shuffle=ds.shuffle, shuffle_buffer=ds.shuffle_buffer)
         names = [shard.name for shard in ds.manifest.shards]
         open_shards: OrderedDict[int, Any] = OrderedDict()  # the shards in use: a block's, in G order
-        limit = 8
+        slots = np.searchsorted(order.shard_starts, order.boundaries)
+        limit = int(np.diff(slots).max(initial=1)) + 2  # a block's shards, and the next block's first
 
         def read(indexes: np.ndarray, padding: np.ndarray) -> list[Any]:
             shards, positions = order.lookup(cursor + indexes)

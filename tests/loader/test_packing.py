@@ -169,3 +169,40 @@ def test_batches_cross_workers_as_arrays_and_wrap_as_tensors(corpus: tuple[list[
     assert tensors["tokens"].dtype == torch.int32 and tensors["loss_mask"].dtype == torch.bool
     tensors["tokens"][0, 0] = -5  # a view, not a copy
     assert batch["tokens"][0, 0] == -5
+
+
+def test_reads_a_token_manifest(corpus: tuple[list[str], int], tmp_path: Path) -> None:
+    import hashlib
+
+    from datahub.shards.token_manifest import FilePart, TokenFileRecord, TokenizerInfo, TokenManifest
+
+    prefixes, total = corpus
+
+    def part(path: str) -> FilePart:
+        data = Path(path).read_bytes()
+        return FilePart(len(data), hashlib.sha256(data).hexdigest())
+
+    records, first = [], 0
+    for prefix in prefixes:
+        documents = len(Path(prefix + ".ids").read_text().splitlines())
+        tokens = Path(prefix + ".bin").stat().st_size // 4
+        records.append(TokenFileRecord(prefix=Path(prefix).name, documents=documents, tokens=tokens,
+                                       first_document=first, bin=part(prefix + ".bin"), idx=part(prefix + ".idx"),
+                                       ids=part(prefix + ".ids"),
+                                       replicas={"ceph": f"s3://bucket/{Path(prefix).name}", "cfs": prefix}))
+        first += documents
+    manifest = TokenManifest(release="tok-v1", created="2026-12-04T00:00:00Z", table="samples", table_version=1,
+                             release_digest="ab" * 32, shuffle_seed=0, dtype="int32", files=tuple(records),
+                             tokenizer=TokenizerInfo(sha256="cd" * 32, vocab_size=10**6, eod_id=0, eod_token="</s>"))
+    path = tmp_path / "tokens-manifest.json"
+    path.write_bytes(manifest.to_json())
+    seen: Counter[int] = Counter()
+    for rank in range(2):
+        dataset = PackedDataset(str(path), rank=rank, world_size=2, **SETTINGS)  # the cfs replica: ceph is remote
+        seen.update(read_all(dataset)[0])
+        assert dataset.state_dict()["release"] == "tok-v1"
+    assert sorted(seen) == list(range(1, total + 1)) and set(seen.values()) == {1}
+    from datahub.errors import SpecError
+
+    with pytest.raises(SpecError, match="no local replica"):
+        PackedDataset(manifest, seq_len=8, tier_preference=["ceph"])
