@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import IntegrityError
+from datahub.kinds import KindSpec, kind_spec, registered_kinds
 from datahub.shards.tar import check_extension, check_key
 
 _orjson: ModuleType | None
@@ -55,8 +56,33 @@ def prepare(table: pa.Table, *, shuffle_seed: int | None, where: str) -> pa.Tabl
 
 
 def binary_columns(schema: pa.Schema) -> list[str]:
-    """Columns written as members of their own (named after the column)."""
-    return [f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)]
+    """Columns written as members of their own (named after the column); a sample kind's media columns are
+    written by the kind instead (``kind_members``)."""
+    taken = {c for spec in _member_kinds(schema) for c in spec.member_columns}
+    return [f.name for f in schema
+            if (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)) and f.name not in taken]
+
+
+def _member_kinds(schema: pa.Schema) -> list[KindSpec]:
+    """The registered kinds that write members of their own and whose member columns this schema has (image_text:
+    the ``image`` column as ``.jpg``/``.png``/``.webp`` by format)."""
+    return [spec for spec in map(kind_spec, registered_kinds())
+            if spec.members is not None and spec.member_columns
+            and all(c in schema.names for c in spec.member_columns)]
+
+
+def kind_members(batch: pa.RecordBatch | pa.Table) -> list[tuple[str, pa.Array]]:
+    """(extension, bytes per row; null: no member) of the kinds' media members, the same extensions for every
+    batch of one schema."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    out: list[tuple[str, pa.Array]] = []
+    for spec in _member_kinds(table.schema):
+        assert spec.members is not None
+        for extension, values in spec.members(table).items():
+            check_extension(extension, where=f"sample kind {spec.name}")
+            values = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+            out.append((extension, pc.cast(values, pa.large_binary())))
+    return out
 
 
 def export_columns(schema: pa.Schema, *, where: str) -> list[str]:
@@ -177,18 +203,20 @@ def _orjson_records(batch: pa.RecordBatch | pa.Table, json_columns: list[str]) -
 
 def encode(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
     """(key, [(extension, bytes), ...]) per row, in table order."""
-    binary = [c for c in table.column_names
-              if pa.types.is_binary(table.schema.field(c).type) or pa.types.is_large_binary(table.schema.field(c).type)]
-    json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary]
+    binary = binary_columns(table.schema)
+    media = {c for spec in _member_kinds(table.schema) for c in spec.member_columns}
+    json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary and c not in media]
     has_text = TEXT_COLUMN in table.column_names
     for batch in table.to_batches(max_chunksize=batch_rows):
         cols = {c: batch.column(c).to_pylist() for c in batch.column_names}
+        kind_cols = [(ext, values.to_pylist()) for ext, values in kind_members(batch)]
         for i in range(batch.num_rows):
             key = cols[KEY_COLUMN][i]
             record = {c: _json_value(c, cols[c][i]) for c in json_columns}
             members = [("txt", (cols[TEXT_COLUMN][i] or "").encode("utf-8") if has_text else b""),
                        ("json", json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
                                            default=str).encode("utf-8"))]
+            members.extend((ext, values[i]) for ext, values in kind_cols if values[i] is not None)
             members.extend((c, cols[c][i]) for c in binary if cols[c][i] is not None)
             yield key, members
 
@@ -221,7 +249,8 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
     from datahub.shards.tar import member_blocks, zero_padding
 
     binary = binary_columns(table.schema)
-    json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary]
+    media = {c for spec in _member_kinds(table.schema) for c in spec.member_columns}
+    json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary and c not in media]
     empty = pa.scalar(b"", pa.large_binary())
     for batch in table.to_batches(max_chunksize=batch_rows):
         n = batch.num_rows
@@ -231,6 +260,7 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
         else:
             txt = pa.array([b""] * n, pa.large_binary())
         members: list[tuple[str, pa.Array]] = [("txt", txt), ("json", json_records(batch, json_columns))]
+        members.extend(kind_members(batch))
         members.extend((c, pc.cast(batch.column(c), pa.large_binary())) for c in binary)
         parts: list[pa.Array] = []
         for ext, data in members:
