@@ -63,12 +63,12 @@ def create_release(
             "drop them with the decontaminate operator in the job (graph node `op: decontaminate`) and re-run, or "
             'release anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
         )
-    ids = lake.read(table, version=version, columns=["sample_id"]).column("sample_id")
     details: dict[str, Any] = {"qa_suites": verdict.suites}
-    reasons = None
+    ids = reasons = None  # freeze scans the version's ids in bounded batches
     if found.evalsets:
         details["contamination"] = {**found.as_dict(), "allowed": allow_contamination if found.count else None}
-    if found.count:
+    if found.count:  # rare: the ids are read whole to attach each contaminated sample's reason
+        ids = lake.read(table, version=version, columns=["sample_id"]).column("sample_id")
         reasons = _allowed_reasons(ids, found, allow_contamination or "")
     return freeze(lake, name, table=table, version=version, sample_ids=ids, kind="create",
                   qa_status=verdict.status, creator=creator, details=details, released_reason=reasons)

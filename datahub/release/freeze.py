@@ -9,6 +9,8 @@ from __future__ import annotations
 import getpass
 import json
 from datetime import datetime, timezone
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -18,7 +20,9 @@ from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
-from datahub.release.digest import release_digest
+from datahub.lake.scan import scan_batches
+from datahub.release.digest import DIGEST_SCHEME, digest_sum
+from datahub.release.materialize import commit_rows
 from datahub.release.records import RELEASES, RELEASES_TABLE, Release, get_release, release_exists
 
 RELEASE_OP = "release@1"
@@ -53,15 +57,95 @@ def history_runs(lake: Lake, table: str, version: int) -> tuple[list[str], list[
     return sorted(run_ids), sorted(jobs)
 
 
-def _released_rows(name: str, sample_ids: pa.ChunkedArray | pa.Array, ts: datetime,
-                   reason: str | pa.Array | pa.ChunkedArray | None) -> pa.Table:
-    n = len(sample_ids)
-    reasons = reason if isinstance(reason, (pa.Array, pa.ChunkedArray)) else pa.array([reason] * n, pa.string())
-    pairs = pa.table({"sample_id": sample_ids, "reason": reasons}).filter(pc.is_valid(sample_ids))
-    pairs = pairs.group_by("sample_id", use_threads=False).aggregate([("reason", "first")])
-    pairs = pairs.sort_by([("sample_id", "ascending")])  # file min/max stats narrow id lookups
-    return lineage_rows(pairs.column("sample_id"), run_id=release_txn(name), op=RELEASE_OP, action="released",
-                        reason=pairs.column("reason_first"), ref=name, ts=ts, sort=False)
+LINEAGE_CHUNK_ROWS = 32_768  # released rows built and written at a time (the lineage table's row groups)
+
+
+def _id_batches(lake: Lake, table: str, version: int, sample_ids: pa.ChunkedArray | pa.Array | None,
+                reason: str | pa.Array | pa.ChunkedArray | None, reason_column: str | None,
+                reason_prefix: str) -> Iterator[tuple[pa.Array, pa.Array]]:
+    """(ids, reasons) batches: slices of the given arrays, or the frozen version scanned in bounded batches."""
+    if sample_ids is not None:
+        ids = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
+        reasons = reason.combine_chunks() if isinstance(reason, pa.ChunkedArray) else reason
+        for start in range(0, len(ids), LINEAGE_CHUNK_ROWS):
+            part = ids.slice(start, LINEAGE_CHUNK_ROWS)
+            yield part, (reasons.slice(start, LINEAGE_CHUNK_ROWS) if isinstance(reasons, pa.Array)
+                         else pa.repeat(pa.scalar(reasons, pa.string()), len(part)))
+        return
+    columns = ["sample_id"] + ([reason_column] if reason_column else [])
+    for batch in scan_batches(lake.dataset(table, version), columns=columns, batch_rows=LINEAGE_CHUNK_ROWS):
+        ids = batch.column("sample_id")
+        if reason_column:
+            prefix = pa.repeat(pa.scalar(reason_prefix, pa.string()), len(ids))
+            reasons = pc.binary_join_element_wise(prefix, batch.column(reason_column).cast(pa.string()), "")
+        else:
+            reasons = pa.repeat(pa.scalar(reason if isinstance(reason, str) else None, pa.string()), len(ids))
+        yield ids, reasons
+
+
+@dataclass
+class _Released:
+    """The released ids of a release: distinct, sorted, each with the reason of its first row; plus the digest and
+    the row count. Held narrow: the ids (about 40 bytes a row), an int32 reason code each and the sort order."""
+
+    rows: int
+    digest: int
+    ids: pa.ChunkedArray
+    reason_codes: pa.ChunkedArray
+    reasons: pa.Array  # the distinct reasons, indexed by reason_codes
+
+
+def _collect(batches: Iterator[tuple[pa.Array, pa.Array]]) -> _Released:
+    id_parts: list[pa.Array] = []
+    code_parts: list[pa.Array] = []
+    dictionary: dict[str | None, int] = {}
+    rows = digest = 0
+    for ids, reasons in batches:
+        rows += len(ids)
+        digest += digest_sum(ids)
+        valid = pc.is_valid(ids)
+        encoded = pc.dictionary_encode(reasons.filter(valid))
+        values = encoded.dictionary.to_pylist()
+        remap = pa.array([dictionary.setdefault(v, len(dictionary)) for v in values], pa.int32())
+        codes = remap.take(encoded.indices) if len(values) else pa.nulls(len(encoded), pa.int32())
+        id_parts.append(ids.filter(valid).cast(pa.string()))
+        code_parts.append(pc.fill_null(codes, dictionary.setdefault(None, len(dictionary))))
+    ids = pa.chunked_array(id_parts, pa.string())  # chunked: more than 2 GB of ids would overflow one array
+    codes = pa.chunked_array(code_parts, pa.int32())
+    order = pc.sort_indices(ids)  # stable: the first row of each id comes first
+    ids, codes = ids.take(order), codes.take(order)
+    del order
+    if len(ids) > 1:  # keep the first of each run of equal ids
+        first = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))
+        keep = pa.chunked_array([pa.array([True]), *first.chunks], pa.bool_())
+        ids, codes = ids.filter(keep), codes.filter(keep)
+    reasons = pa.array(sorted(dictionary, key=dictionary.__getitem__), pa.string())
+    return _Released(rows, digest & ((1 << 128) - 1), ids, codes, reasons)
+
+
+def _lineage_chunks(name: str, released: _Released, ts: datetime, extra: pa.Table | None) -> Iterator[pa.Table]:
+    """``released`` lineage rows for ``released``'s ids, merged with the ``extra`` rows, in sample_id order,
+    ``LINEAGE_CHUNK_ROWS`` released rows at a time."""
+    extra = extra.cast(LINEAGE).sort_by([("sample_id", "ascending")]) if extra is not None and extra.num_rows else None
+    n = len(released.ids)
+    for start in range(0, max(n, 1), LINEAGE_CHUNK_ROWS):
+        ids = released.ids.slice(start, LINEAGE_CHUNK_ROWS)
+        chunk = lineage_rows(ids, run_id=release_txn(name), op=RELEASE_OP, action="released",
+                             reason=released.reasons.take(released.reason_codes.slice(start, LINEAGE_CHUNK_ROWS)),
+                             ref=name, ts=ts, sort=False)
+        if extra is not None:
+            column = extra.column("sample_id")
+            mine = None
+            if start > 0:
+                mine = pc.greater_equal(column, ids[0])
+            if start + LINEAGE_CHUNK_ROWS < n:
+                below = pc.less(column, released.ids[start + LINEAGE_CHUNK_ROWS])
+                mine = below if mine is None else pc.and_(mine, below)
+            rows = extra if mine is None else extra.filter(mine)
+            if rows.num_rows:
+                chunk = pa.concat_tables([chunk, rows]).sort_by([("sample_id", "ascending")])
+        if chunk.num_rows:
+            yield chunk
 
 
 def freeze(
@@ -70,9 +154,9 @@ def freeze(
     *,
     table: str,
     version: int,
-    sample_ids: pa.ChunkedArray | pa.Array,
     kind: str,
     qa_status: str,
+    sample_ids: pa.ChunkedArray | pa.Array | None = None,
     parents: list[str] | None = None,
     run_ids: list[str] | None = None,
     jobs: list[str] | None = None,
@@ -80,19 +164,28 @@ def freeze(
     creator: str | None = None,
     extra_lineage: pa.Table | None = None,
     released_reason: pa.Array | pa.ChunkedArray | None = None,
+    reason_column: str | None = None,
+    reason_prefix: str = "",
 ) -> Release:
-    """Record ``name`` -> (``table``, ``version``) with its digest and one lineage row per sample."""
+    """Record ``name`` -> (``table``, ``version``) with its digest and one lineage row per sample.
+
+    The samples are ``sample_ids`` (with ``released_reason`` per row), or when None, the ``sample_id`` column of
+    ``table`` at ``version``, scanned in bounded batches (the reason then is ``reason_prefix`` + the row's
+    ``reason_column``, or the release kind). Lineage is written in sorted chunks of ``LINEAGE_CHUNK_ROWS``; what
+    is held is the distinct ids, narrow (``_Released``).
+    """
     # The release is read by time travel: the frozen table must keep its log even when another
     # writer (Spark add-actions, an older datahub) created it without the property.
     lake.keep_log(table)
     ts = datetime.now(timezone.utc)
     txn = release_txn(name)
-    lineage = _released_rows(name, sample_ids, ts, released_reason if released_reason is not None
-                             else (None if kind == "create" else kind))
-    if extra_lineage is not None and extra_lineage.num_rows:
-        lineage = pa.concat_tables([lineage, extra_lineage.cast(LINEAGE)]).sort_by([("sample_id", "ascending")])
-    if lineage.num_rows:
-        lake.commit("lineage", lineage, txn=txn, metadata={"datahub.release": name})
+    default_reason = None if kind == "create" else kind
+    released = _collect(_id_batches(lake, table, version, sample_ids,
+                                    released_reason if released_reason is not None else default_reason,
+                                    reason_column, reason_prefix))
+    if len(released.ids) or (extra_lineage is not None and extra_lineage.num_rows):
+        commit_rows(lake, "lineage", _lineage_chunks(name, released, ts, extra_lineage), schema=LINEAGE, txn=txn,
+                    row_group_rows=LINEAGE_CHUNK_ROWS, metadata={"datahub.release": name})
     if run_ids is None or jobs is None:
         found_runs, found_jobs = history_runs(lake, table, version)
         run_ids = found_runs if run_ids is None else run_ids
@@ -101,8 +194,8 @@ def freeze(
         "name": name,
         "table": table,
         "table_version": version,
-        "row_count": len(sample_ids),
-        "digest": release_digest(sample_ids),
+        "row_count": released.rows,
+        "digest": f"{DIGEST_SCHEME}:{released.digest:032x}",
         "creator": creator or _default_creator(),
         "created": ts,
         "kind": kind,
