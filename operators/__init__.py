@@ -1,3 +1,3 @@
 """The operator library. Importing it registers every operator and reader by name."""
 
-from operators import clean, decontam, dedup, ingest, media, quality  # noqa: F401  (registration side effect)
+from operators import clean, decontam, dedup, ingest, media, posttraining, quality  # noqa: F401  (registration side effect)

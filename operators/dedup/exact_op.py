@@ -84,6 +84,8 @@ class ExactDedup(GlobalOperator[ExactDedupParams]):
     Params = ExactDedupParams
     params: ExactDedupParams
     index_table: ClassVar[str] = EXACT_INDEX
+    # chat, preference and trajectory samples carry their canonical rendering in ``text`` (datahub.kinds.posttraining)
+    kinds: ClassVar[frozenset[str]] = frozenset({"text", "chat", "preference", "trajectory"})
 
     @property
     def index_params_hash(self) -> str:

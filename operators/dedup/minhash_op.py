@@ -20,6 +20,8 @@ Pipeline (every step a Frame operation, so it runs distributed on Ray or Spark):
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import hashlib
 import json
 from collections.abc import Mapping
@@ -76,6 +78,8 @@ class MinhashDedup(GlobalOperator[MinhashDedupParams]):
     name = "minhash_dedup"
     version = "1"
     Params = MinhashDedupParams
+    # chat, preference and trajectory samples carry their canonical rendering in ``text`` (datahub.kinds.posttraining)
+    kinds: ClassVar[frozenset[str]] = frozenset({"text", "chat", "preference", "trajectory"})
 
     def __init__(self, params: MinhashDedupParams | Mapping[str, Any] | None = None) -> None:
         super().__init__(params)
