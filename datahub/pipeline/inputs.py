@@ -57,6 +57,7 @@ def _list(spec: InputSpec, options: dict[str, Any]) -> tuple[str, list[tuple[str
         elif fs.isdir(spec.uri):
             paths = [p for p in fs.find(spec.uri) if fs.isfile(p)]
         else:
-            paths = [spec.uri] if fs.exists(spec.uri) else []
+            # the filesystem's own name for it: absolute on a local disk, without the protocol on object stores
+            paths = [fs._strip_protocol(spec.uri)] if fs.exists(spec.uri) else []
         protocol = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
         return str(protocol), [(path, fs.info(path)) for path in paths]

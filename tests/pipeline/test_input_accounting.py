@@ -31,3 +31,16 @@ def test_empty_stream_and_parquet_without_text_column_are_counted_exactly(tmp_pa
     by_file = {(q["source_uri"].rsplit("/", 1)[-1], q["source_offset"]): q["reason"] for q in quarantine}
     assert by_file == {("empty.jsonl.zst", 0): "invalid_stream", ("no_text.parquet", 0): "missing_text_field",
                        ("no_text.parquet", 1): "missing_text_field"}
+
+
+def test_a_relative_file_path_lists_as_its_absolute_path(tmp_path, monkeypatch):
+    """A plain relative path (no glob) names the file in the current directory, like a glob does."""
+    from datahub.config.spec import InputSpec
+    from datahub.pipeline.inputs import list_input_files
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.jsonl").write_text('{"text": "x"}\n')
+    monkeypatch.chdir(tmp_path)
+    files = list_input_files([InputSpec(uri="in/a.jsonl")])
+    assert [f.uri for f in files] == [str(tmp_path / "in" / "a.jsonl")]
+    assert [f.uri for f in list_input_files([InputSpec(uri="in/*.jsonl")])] == [f.uri for f in files]
