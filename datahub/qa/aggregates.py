@@ -114,6 +114,16 @@ class Check:
         elif kind in ("expect_column_values_to_be_unique", "expect_column_proportion_of_unique_values_to_be_between"):
             self.hashes.append(value_hashes(valid))
 
+    def merge(self, later: Check) -> None:
+        """Add the aggregates of a later part of the table (an engine task's file): counts and sums add, examples
+        keep scan order, hash lists join; the result is the one a single pass over both parts gives."""
+        self.rows += later.rows
+        self.nonnull += later.nonnull
+        self.unexpected += later.unexpected
+        self.total += later.total
+        self.examples.extend(later.examples[:max(0, EXAMPLES - len(self.examples))])
+        self.hashes.extend(later.hashes)
+
     def _count(self, valid: pa.Array, unexpected: pa.Array) -> None:
         count = int(pc.sum(unexpected).as_py() or 0)
         self.unexpected += count

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.config.spec import EngineSpec
+from datahub.engines.base import Engine
+from datahub.engines.registry import make_engine
+from datahub.errors import SpecError
 from datahub.lake.lake import Lake
 from datahub.lake.tables import QA_RESULTS
+from datahub.qa.engine import run_suites_on_ray, run_suites_on_spark
 
 QA_TABLE = "qa_results"
 
@@ -63,17 +69,27 @@ def run_suites(
     run_id: str | None = None,
     commit: bool = True,
     suites_dir: str | Path | None = None,
+    engine: Literal["local", "ray", "spark"] | Engine = "local",
 ) -> list[QAResult]:
     """Run several suites on one table version: one streaming pass over the columns they name, in bounded
-    memory (``datahub.qa.validate.run_suites_streaming``)."""
+    memory (``datahub.qa.validate.run_suites_streaming``), or on an engine (``datahub.qa.engine``: Ray tasks
+    computing the same aggregates per file, or Great Expectations' Spark engine on a Spark DataFrame). A named
+    engine is started here (embedded, local) and stopped after; pass a started ``Engine`` to use a cluster."""
     from datahub.config.suites import load_suite
     from datahub.qa.validate import run_suites_streaming
 
     loaded = [load_suite(name, suites_dir=suites_dir) for name in suites]  # bad names fail before reading
     if version is None:
         version = int(lake.table(table).version())
-    dataset = lake.dataset(table, version)
-    outcomes = run_suites_streaming(dataset, loaded, total_rows=dataset.count_rows())  # rows from Parquet footers
+    with ExitStack() as scope:
+        running = _engine(engine, scope)
+        if running is None:
+            dataset = lake.dataset(table, version)
+            outcomes = run_suites_streaming(dataset, loaded, total_rows=dataset.count_rows())  # rows from footers
+        elif running.name == "ray":
+            outcomes = run_suites_on_ray(running, lake, loaded, table=table, version=version)
+        else:
+            outcomes = run_suites_on_spark(running, lake, loaded, table=table, version=version)
     run_id = run_id or f"qa-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}"
     out = []
     for s, (success, results) in zip(loaded, outcomes):
@@ -82,6 +98,21 @@ def run_suites(
             record(lake, result)
         out.append(result)
     return out
+
+
+def _engine(engine: Literal["local", "ray", "spark"] | Engine, scope: ExitStack) -> Engine | None:
+    """The engine QA runs on (None: this process), started here when named, stopped when ``scope`` closes."""
+    if engine == "local":
+        return None
+    if isinstance(engine, str):
+        running = make_engine(EngineSpec(kind=engine))
+        running.start()
+        scope.callback(running.stop)
+    else:
+        running = engine
+    if running.name not in ("ray", "spark"):
+        raise SpecError(f"--engine {running.name!r}: QA runs on local, ray or spark")
+    return running
 
 
 def record(lake: Lake, result: QAResult) -> int | None:

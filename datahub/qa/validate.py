@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,55 +101,116 @@ def plan_suite(suite: Suite, available: set[str]) -> SuiteRun:
     return SuiteRun(suite, skipped, checks, sampled, order)
 
 
-def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int,
-                         batch_rows: int = BATCH_ROWS) -> list[tuple[bool, list[dict[str, Any]]]]:
-    """Run ``suites`` over a ``pyarrow.dataset`` in one pass of ``batch_rows`` batches, reading only the columns
-    they name; returns (success, entries) per suite, entries in the shape ``run_expectations`` gives."""
-    schema = pa.schema(dataset.schema)
+@dataclass(frozen=True)
+class PassPlan:
+    """What one pass over a table version reads and computes (picklable: engine tasks get it)."""
+
+    runs: tuple[SuiteRun, ...]
+    sources: dict[str, str]  # validation column -> table column
+    wanted: frozenset[str]  # validation columns computed per batch
+    read: tuple[str, ...]  # table columns read
+    stride: int  # every stride-th row of the table goes to the sample
+    batch_rows: int
+
+    @property
+    def sampling(self) -> bool:
+        return any(run.sampled for run in self.runs)
+
+    def fresh_checks(self) -> list[Check]:
+        """Empty aggregates of every exact expectation, suites in order (one list per pass or engine task)."""
+        return [Check(check.expectation) for run in self.runs for check in run.checks]
+
+
+@dataclass
+class Partial:
+    """The aggregates of one part of the table (all of it locally, one data file in an engine task)."""
+
+    checks: list[Check]
+    sample: list[pa.Table]
+    rows: int
+
+
+def plan_pass(schema: pa.Schema, suites: list[Suite], *, total_rows: int, batch_rows: int = BATCH_ROWS) -> PassPlan:
     sources = validation_columns(schema)
-    runs = [plan_suite(s, set(sources)) for s in suites]
+    runs = tuple(plan_suite(s, set(sources)) for s in suites)
     wanted = {c for run in runs for c in [*(ch.column for ch in run.checks),
                                            *((e.get("kwargs") or {}).get("column") for e in run.sampled)] if c}
     if any(run.sampled for run in runs):  # a sampled expectation may read any column
         wanted |= set(sources)
-    read = sorted({sources[c] for c in wanted if c in sources}) or [schema.names[0]]
+    read = tuple(sorted({sources[c] for c in wanted if c in sources}) or [schema.names[0]])
     stride = max(1, math.ceil(total_rows / SAMPLE_ROWS))
-    sample: list[pa.Table] = []
-    position = 0
+    return PassPlan(runs, sources, frozenset(wanted), read, stride, batch_rows)
 
-    def batches() -> Iterator[pa.Table]:
+
+def aggregate_batches(plan: PassPlan, batches: Iterable[pa.RecordBatch], *, start: int = 0) -> Partial:
+    """Stream ``batches`` (the plan's ``read`` columns) through fresh aggregates; ``start``: the table row the
+    first batch begins at, so the every-k-th-row sample is the same however the table is split."""
+    sample: list[pa.Table] = []
+    position = start
+
+    def validation_batches() -> Iterator[pa.Table]:
         nonlocal position
-        for batch in dataset.to_batches(columns=read, batch_size=batch_rows, batch_readahead=1, fragment_readahead=1):
+        for batch in batches:
             if not batch.num_rows:
                 continue
-            table = validation_batch(batch, wanted)
-            if any(run.sampled for run in runs):
-                first = (-position) % stride
-                sample.append(table.take(pa.array(np.arange(first, table.num_rows, stride))))
+            table = validation_batch(batch, set(plan.wanted))
+            if plan.sampling:
+                first = (-position) % plan.stride
+                sample.append(table.take(pa.array(np.arange(first, table.num_rows, plan.stride))))
             position += table.num_rows
             yield table
 
-    evaluate([check for run in runs for check in run.checks], batches())
+    checks = plan.fresh_checks()
+    evaluate(checks, validation_batches())
+    return Partial(checks, sample, position - start)
+
+
+def merge_partials(plan: PassPlan, partials: Iterable[Partial]) -> Partial:
+    """The partials of consecutive parts of the table, in table order, as one."""
+    merged = Partial(plan.fresh_checks(), [], 0)
+    for part in partials:
+        for mine, theirs in zip(merged.checks, part.checks):
+            mine.merge(theirs)
+        merged.sample.extend(part.sample)
+        merged.rows += part.rows
+    return merged
+
+
+def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int,
+                         batch_rows: int = BATCH_ROWS) -> list[tuple[bool, list[dict[str, Any]]]]:
+    """Run ``suites`` over a ``pyarrow.dataset`` in one pass of ``batch_rows`` batches, reading only the columns
+    they name; returns (success, entries) per suite, entries in the shape ``run_expectations`` gives."""
+    plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=total_rows, batch_rows=batch_rows)
+    batches = dataset.to_batches(columns=list(plan.read), batch_size=batch_rows, batch_readahead=1,
+                                 fragment_readahead=1)
+    return finish_pass(plan, aggregate_batches(plan, batches))
+
+
+def finish_pass(plan: PassPlan, done: Partial) -> list[tuple[bool, list[dict[str, Any]]]]:
+    """Verdicts from the whole table's aggregates (exact types) and Great Expectations on its sample (others)."""
     out = []
-    for run in runs:
+    offset = 0
+    for run in plan.runs:
+        checks = done.checks[offset:offset + len(run.checks)]
+        offset += len(run.checks)
         sampled_entries: list[dict[str, Any]] = []
         if run.sampled:
-            frame = (pa.concat_tables(sample) if sample else pa.table({})).to_pandas()
+            frame = (pa.concat_tables(done.sample) if done.sample else pa.table({})).to_pandas()
             sampled_suite = Suite(run.suite.name, run.suite.version, run.sampled, run.suite.path)
             _, sampled_entries = run_expectations(frame, sampled_suite)
-            if stride > 1:
+            if plan.stride > 1:
                 for entry in sampled_entries:
-                    entry["sample"] = f"every {stride}th row: {len(frame)} of {position} rows"
+                    entry["sample"] = f"every {plan.stride}th row: {len(frame)} of {done.rows} rows"
         entries = list(run.skipped)
         for kind, index in run.order:
             if kind == "sampled":
                 entries.append(sampled_entries[index])
                 continue
-            check = run.checks[index]
-            if check.column is not None and check.column not in sources:
+            check = checks[index]
+            if check.column is not None and check.column not in plan.sources:
                 entries.append(_entry(check.expectation, success=False, observed=None,
                                       error=f"column {check.column!r} is not in the table (columns: "
-                                            f"{', '.join(sorted(sources))}); fix the suite or mark it optional"))
+                                            f"{', '.join(sorted(plan.sources))}); fix the suite or mark it optional"))
                 continue
             success, result = check.result()
             entries.append(_entry(check.expectation, success=success, observed=_observed(result)))
@@ -171,8 +232,9 @@ def validation_frame(table: pa.Table) -> Any:
     return pa.table(columns).to_pandas()
 
 
-def run_expectations(frame: Any, suite: Suite) -> tuple[bool, list[dict[str, Any]]]:
-    """Validate ``frame`` against ``suite``; returns (success, one JSON-able dict per expectation)."""
+def run_expectations(frame: Any, suite: Suite, *, spark: bool = False) -> tuple[bool, list[dict[str, Any]]]:
+    """Validate ``frame`` (pandas, or with ``spark`` a ``pyspark.sql.DataFrame`` that Great Expectations' Spark
+    execution engine reads) against ``suite``; returns (success, one JSON-able dict per expectation)."""
     import warnings
 
     with warnings.catch_warnings():  # GX imports pyspark, which warns about pandas 3 on import; we run GX on pandas
@@ -194,7 +256,7 @@ def run_expectations(frame: Any, suite: Suite) -> tuple[bool, list[dict[str, Any
         context = gx.get_context(mode="ephemeral")
         context.variables.progress_bars = ProgressBarsConfig(globally=False)
         batch = (
-            context.data_sources.add_pandas("lake")
+            (context.data_sources.add_spark("lake") if spark else context.data_sources.add_pandas("lake"))
             .add_dataframe_asset(name="table")
             .add_batch_definition_whole_dataframe("whole")
             .get_batch(batch_parameters={"dataframe": frame})

@@ -20,12 +20,32 @@ def register(app: typer.Typer) -> None:
         table: str = typer.Option("samples", "--table", help="Lake table to validate."),
         no_record: bool = typer.Option(False, "--no-record", help="Do not write the result to qa_results."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        engine: str = typer.Option("local", "--engine", help="local (one streaming pass in this process), ray (the "
+                                   "same aggregates in Ray tasks, one per data file) or spark (Great Expectations' "
+                                   "Spark engine on a Spark DataFrame)."),
+        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address or Spark master URL "
+                                              "(default: an embedded local engine)."),
     ) -> None:
         """Validate a table version against QA suites and record the outcome in qa_results."""
         from datahub.cli.lake_option import open_lake
         from datahub.qa import run_suites
 
-        results = run_suites(open_lake(lake_ref(lake_arg, lake, command="qa")), suites=suite, table=table, version=version, commit=not no_record)
+        if engine not in ("local", "ray", "spark"):
+            raise typer.BadParameter(f"use local, ray or spark, got {engine!r}", param_hint="--engine")
+        running = None
+        if engine != "local":
+            from datahub.config.spec import EngineSpec
+            from datahub.engines.registry import make_engine
+
+            spec = EngineSpec(kind="ray", address=address) if engine == "ray" else EngineSpec(kind="spark", master=address)
+            running = make_engine(spec)
+            running.start()
+        try:
+            results = run_suites(open_lake(lake_ref(lake_arg, lake, command="qa")), suites=suite, table=table,
+                                 version=version, commit=not no_record, engine=running or "local")
+        finally:
+            if running is not None:
+                running.stop()
         ok = all(r.success for r in results)
         if as_json:
             print_json({"success": ok, "results": [r.as_dict() for r in results]})

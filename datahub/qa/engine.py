@@ -1,0 +1,105 @@
+"""QA run by an engine: the same verdicts as the local pass, computed where the data is.
+
+- Ray: one plain Ray task per data file of the version computes that file's partial aggregates
+  (``datahub.qa.validate.aggregate_batches``: counts, sums, examples, value hashes, its rows of the every-k-th-row
+  sample, placed by the file's first row); the driver merges them in file order and judges as the local pass does.
+- Spark: one Spark task per file turns its rows into the validation columns (``validation_batch``: the same
+  ``text_length``, ``text_id`` and ``quality_<signal>``), and Great Expectations validates that Spark DataFrame with
+  its Spark execution engine (every expectation type: GX computes its metrics as Spark jobs, nothing is collected).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from datahub.config.suites import Suite
+from datahub.engines.base import Engine
+from datahub.lake.lake import Lake
+from datahub.qa.validate import (
+    PassPlan,
+    Partial,
+    aggregate_batches,
+    finish_pass,
+    merge_partials,
+    plan_pass,
+    run_expectations,
+    validation_batch,
+    validation_columns,
+)
+
+Outcome = list[tuple[bool, list[dict[str, Any]]]]
+
+
+@dataclass(frozen=True)
+class _FileAggregates:
+    """A Ray task: one data file's partial aggregates (picklable)."""
+
+    lake: Lake
+    table: str
+    version: int
+    plan: PassPlan
+
+    def __call__(self, task: tuple[str, int]) -> Partial:
+        path, start = task
+        dataset = self.lake.dataset(self.table, self.version)
+        fragment = next(f for f in dataset.get_fragments() if f.path == path)
+        batches = fragment.to_batches(schema=dataset.schema, columns=list(self.plan.read),
+                                      batch_size=self.plan.batch_rows, batch_readahead=1)
+        return aggregate_batches(self.plan, batches, start=start)
+
+
+@dataclass(frozen=True)
+class _FileValidationColumns:
+    """A Spark task's read: one data file's validation columns, batch by batch (picklable)."""
+
+    lake: Lake
+    table: str
+    version: int
+    read: tuple[str, ...]
+    wanted: frozenset[str]
+    batch_rows: int
+
+    def __call__(self, path: str) -> Iterator[pa.Table]:
+        dataset = self.lake.dataset(self.table, self.version)
+        fragment = next(f for f in dataset.get_fragments() if f.path == path)
+        for batch in fragment.to_batches(schema=dataset.schema, columns=list(self.read), batch_size=self.batch_rows,
+                                         batch_readahead=1):
+            if batch.num_rows:
+                yield validation_batch(batch, set(self.wanted))
+
+
+def run_suites_on_ray(engine: Engine, lake: Lake, suites: list[Suite], *, table: str, version: int,
+                      batch_rows: int | None = None, workers: int | None = None) -> Outcome:
+    """The aggregate pass as Ray tasks, one per data file; partials merged on the driver in file order."""
+    dataset = lake.dataset(table, version)
+    fragments = list(dataset.get_fragments())
+    counts = [fragment.count_rows() for fragment in fragments]  # Parquet footers: where each file's rows begin
+    options = {"batch_rows": batch_rows} if batch_rows else {}
+    plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=sum(counts), **options)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    map_tasks = importlib.import_module("datahub.engines.ray.tasks").map_tasks
+    partials = map_tasks(engine, [(f.path, s) for f, s in zip(fragments, starts)],
+                         _FileAggregates(lake, table, version, plan), workers=workers)
+    return finish_pass(plan, merge_partials(plan, partials))
+
+
+def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, table: str, version: int,
+                        batch_rows: int = 4096) -> Outcome:
+    """Great Expectations' Spark execution engine on a DataFrame of the version's validation columns."""
+    dataset = lake.dataset(table, version)
+    schema = pa.schema(dataset.schema)
+    sources = validation_columns(schema)
+    named = {(e.get("kwargs") or {}).get("column") for suite in suites for e in suite.expectations}
+    wanted = frozenset(c for c in sources if c in named) or frozenset(sorted(sources)[:1])
+    read = tuple(sorted({sources[c] for c in wanted})) or (schema.names[0],)
+    columns = validation_batch(schema.empty_table().select(list(read)), set(wanted)).schema
+    files = [fragment.path for fragment in dataset.get_fragments()]
+    read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe
+    frame = read_dataframe(engine, files, _FileValidationColumns(lake, table, version, read, wanted, batch_rows),
+                           columns)
+    return [run_expectations(frame, suite, spark=True) for suite in suites]
