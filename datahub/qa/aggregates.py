@@ -14,6 +14,9 @@ The table is read once, in batches, and only the columns the suite names (``text
 | expect_column_proportion_of_unique_values_to_be_between | the same hashes | 8 bytes a row |
 | any other type | Great Expectations on a bounded sample (every k-th row, at most ``SAMPLE_ROWS``); exact when the table has no more rows | the sample |
 
+On Ray (``datahub.qa.engine``) each task computes these aggregates for one data file and the driver merges them
+(``Check.merge``: counts and sums add, examples in file order, hash lists join), so the verdicts are the local ones.
+
 The verdicts and observed values follow Great Expectations 1.x's own definitions (``unexpected_percent`` of the
 non-null values, ``mostly`` against it; ``unique``: every row of a repeated value is unexpected); a test runs both
 on the same frames. Hashes: ids and short strings by FNV-1a 64 (vectorized, ``datahub.qa.aggregates``), ``text``

@@ -54,3 +54,12 @@ def test_ray_and_spark_give_the_local_verdicts(lake, ray_engine, spark_engine, m
     # Ray merges the very aggregates the local pass computes: observed values match, examples in scan order
     for mine, theirs in zip(on_ray, local):
         assert sorted(map(json.dumps, mine.results)) == sorted(map(json.dumps, theirs.results))
+
+
+def test_cli_refuses_an_unknown_engine(lake):
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+
+    out = CliRunner().invoke(app, ["qa", "--lake", lake.root, "--engine", "dask"])
+    assert out.exit_code == 2 and "local, ray or spark" in out.output
