@@ -225,8 +225,23 @@ def token_release(root: Path, tokens: int, *, seq_len: int, files: int = 8, mds:
 
 
 def import_streaming() -> None:
-    """mosaicml-streaming's package imports torchvision (for its vision datasets); when torchvision is not installed
-    (no build matches this torch here), a stub package stands in: MDS reading never touches it."""
+    """mosaicml-streaming's package imports torchvision (for its vision datasets) and transformers (BatchFeature);
+    when they are not installed (no torchvision build matches this torch here; transformers pins an older
+    huggingface-hub than datatrove's), stub packages stand in: MDS reading never touches them. Install it with
+    ``pip install --no-deps mosaicml-streaming`` (its dependencies would replace the pinned torch and botocore)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:  # streaming's dataloader imports BatchFeature only to pass it through; MDS reading never does
+        tstub = Path(tempfile.mkdtemp(prefix="transformers-stub-")) / "transformers"
+        tstub.mkdir()
+        (tstub / "__init__.py").write_text("")
+        (tstub / "feature_extraction_utils.py").write_text("class BatchFeature(dict):\n    pass\n")
+        (tstub / "tokenization_utils_base.py").write_text("class BatchEncoding(dict):\n    pass\n")
+        (tstub / "models" / "auto").mkdir(parents=True)
+        (tstub / "models" / "__init__.py").write_text("")
+        (tstub / "models" / "auto" / "__init__.py").write_text("")
+        (tstub / "models" / "auto" / "tokenization_auto.py").write_text("class AutoTokenizer:\n    pass\n")
+        sys.path.append(str(tstub.parent))
     try:
         import torchvision  # noqa: F401
     except ImportError:
