@@ -84,6 +84,7 @@ class Check:
     total: float = 0.0
     examples: list[Any] = field(default_factory=list)
     hashes: list[np.ndarray] = field(default_factory=list)
+    hash_counts: tuple[int, int, int] | None = None  # (distinct, hashed rows, rows of repeated values), engine-counted
 
     @property
     def kind(self) -> str:
@@ -126,6 +127,13 @@ class Check:
         self.total += later.total
         self.examples.extend(later.examples[:max(0, EXAMPLES - len(self.examples))])
         self.hashes.extend(later.hashes)
+        if later.hash_counts is not None:
+            self.add_hash_counts(later.hash_counts)
+
+    def add_hash_counts(self, counts: tuple[int, int, int]) -> None:
+        """Counts of one hash partition (each hash lives in exactly one, so they add)."""
+        mine = self.hash_counts or (0, 0, 0)
+        self.hash_counts = (mine[0] + counts[0], mine[1] + counts[1], mine[2] + counts[2])
 
     def _count(self, valid: pa.Array, unexpected: pa.Array) -> None:
         count = int(pc.sum(unexpected).as_py() or 0)
@@ -144,13 +152,11 @@ class Check:
             mean = self.total / self.nonnull
             return _within(mean, kwargs), {"observed_value": mean}
         if kind == "expect_column_proportion_of_unique_values_to_be_between":
-            hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, np.uint64)
-            proportion = len(np.unique(hashes)) / len(hashes) if len(hashes) else 0.0
+            distinct, hashed, _ = self._hash_counts()
+            proportion = distinct / hashed if hashed else 0.0
             return _within(proportion, kwargs), {"observed_value": proportion}
         if kind == "expect_column_values_to_be_unique":
-            hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, np.uint64)
-            _, counts = np.unique(hashes, return_counts=True)
-            self.unexpected = int(counts[counts > 1].sum())
+            self.unexpected = self._hash_counts()[2]
         base = self.rows if kind == "expect_column_values_to_not_be_null" else self.nonnull
         percent = 100.0 * self.unexpected / base if base else 0.0
         mostly = kwargs.get("mostly")
@@ -160,6 +166,22 @@ class Check:
         if kind != "expect_column_values_to_not_be_null":
             result["partial_unexpected_list"] = self.examples[:EXAMPLES]
         return success, result
+
+
+    def _hash_counts(self) -> tuple[int, int, int]:
+        distinct, hashed, repeated = hash_counts(self.hashes)
+        if self.hash_counts is not None:
+            distinct, hashed, repeated = (distinct + self.hash_counts[0], hashed + self.hash_counts[1],
+                                          repeated + self.hash_counts[2])
+        return distinct, hashed, repeated
+
+
+def hash_counts(hashes: list[np.ndarray]) -> tuple[int, int, int]:
+    """(distinct hashes, hashes, hashes whose value repeats) of a hash list."""
+    if not hashes:
+        return 0, 0, 0
+    _, counts = np.unique(np.concatenate(hashes), return_counts=True)
+    return len(counts), int(counts.sum()), int(counts[counts > 1].sum())
 
 
 def _within(value: float, kwargs: dict[str, Any]) -> bool:

@@ -1,8 +1,10 @@
 """QA run by an engine: the same verdicts as the local pass, computed where the data is.
 
 - Ray: one plain Ray task per data file of the version computes that file's partial aggregates
-  (``datahub.qa.validate.aggregate_batches``: counts, sums, examples, value hashes, its rows of the every-k-th-row
-  sample, placed by the file's first row); the driver merges them in file order and judges as the local pass does.
+  (``datahub.qa.validate.aggregate_batches``: counts, sums, examples, its rows of the every-k-th-row sample, placed
+  by the file's first row); the driver merges them in file order and judges as the local pass does. The value hashes
+  of the uniqueness checks are split by value into P parts that stay in Ray's object store; P reduce tasks count
+  distinct and repeated values per part, and only those counts reach the driver.
 - Spark: one Spark task per file turns its rows into the validation columns (``validation_batch``: the same
   ``text_length``, ``text_id`` and ``quality_<signal>``), and Great Expectations validates that Spark DataFrame with
   its Spark execution engine (every expectation type: GX computes its metrics as Spark jobs, nothing is collected).
@@ -15,11 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from datahub.config.suites import Suite
 from datahub.engines.base import Engine
 from datahub.lake.lake import Lake
+from datahub.qa.aggregates import hash_counts
 from datahub.qa.validate import (
     PassPlan,
     Partial,
@@ -73,6 +77,36 @@ class _FileValidationColumns:
                 yield validation_batch(batch, set(self.wanted))
 
 
+@dataclass(frozen=True)
+class _FileAggregatesSplit:
+    """A Ray map task: one file's partial aggregates, its value hashes split into ``partitions`` parts by value
+    (the parts go to the reduce tasks, not to the driver)."""
+
+    aggregates: _FileAggregates
+    partitions: int
+
+    def __call__(self, task: tuple[str, int]) -> tuple[Partial, list[dict[int, np.ndarray]]]:
+        partial = self.aggregates(task)
+        parts: list[dict[int, np.ndarray]] = [{} for _ in range(self.partitions)]
+        for index, check in enumerate(partial.checks):
+            if check.hashes:
+                hashes = np.concatenate(check.hashes)
+                check.hashes = []
+                bucket = hashes % np.uint64(self.partitions)
+                for p in range(self.partitions):
+                    parts[p][index] = hashes[bucket == p]
+        return partial, parts
+
+
+def _count_partition(parts: list[dict[int, np.ndarray]]) -> dict[int, tuple[int, int, int]]:
+    """A Ray reduce task: (distinct, hashed, repeated) per check over one hash partition of every file."""
+    by_check: dict[int, list[np.ndarray]] = {}
+    for part in parts:
+        for index, hashes in part.items():
+            by_check.setdefault(index, []).append(hashes)
+    return {index: hash_counts(hashes) for index, hashes in by_check.items()}
+
+
 def run_suites_on_ray(engine: Engine, lake: Lake, suites: list[Suite], *, table: str, version: int,
                       batch_rows: int | None = None, workers: int | None = None) -> Outcome:
     """The aggregate pass as Ray tasks, one per data file; partials merged on the driver in file order."""
@@ -82,10 +116,16 @@ def run_suites_on_ray(engine: Engine, lake: Lake, suites: list[Suite], *, table:
     options = {"batch_rows": batch_rows} if batch_rows else {}
     plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=sum(counts), **options)
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    map_tasks = importlib.import_module("datahub.engines.ray.tasks").map_tasks
-    partials = map_tasks(engine, [(f.path, s) for f, s in zip(fragments, starts)],
-                         _FileAggregates(lake, table, version, plan), workers=workers)
-    return finish_pass(plan, merge_partials(plan, partials))
+    map_reduce = importlib.import_module("datahub.engines.ray.tasks").map_reduce
+    partitions = max(1, workers or engine.parallelism)  # type: ignore[attr-defined]
+    partials, counted = map_reduce(engine, [(f.path, s) for f, s in zip(fragments, starts)],
+                                   _FileAggregatesSplit(_FileAggregates(lake, table, version, plan), partitions),
+                                   _count_partition, partitions=partitions, workers=workers)
+    merged = merge_partials(plan, partials)
+    for partition in counted:
+        for index, counts in partition.items():
+            merged.checks[index].add_hash_counts(counts)
+    return finish_pass(plan, merged)
 
 
 def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, table: str, version: int,
