@@ -9,7 +9,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.lake.lake import Lake
-from datahub.release.records import get_release, read_release
+from datahub.lake.scan import scan_batches
+from datahub.release.records import Release, get_release
+
+
+ID_BATCH_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,19 @@ class ReleaseDiff:
         return out
 
 
+def _narrow(lake: Lake, release: Release) -> pa.Table:
+    """The release's sample_id and source_uri (null when it has none), scanned in bounded batches."""
+    dataset = lake.dataset(release.table, release.version)
+    has_source = "source_uri" in dataset.schema.names
+    schema = pa.schema([("sample_id", pa.string()), ("source_uri", pa.string())])
+    parts = []
+    for batch in scan_batches(dataset, columns=["sample_id", "source_uri"] if has_source else ["sample_id"],
+                              batch_rows=ID_BATCH_ROWS):
+        source = batch.column("source_uri") if has_source else pa.nulls(batch.num_rows, pa.string())
+        parts.append(pa.table([batch.column("sample_id").cast(pa.string()), source.cast(pa.string())], schema=schema))
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
 def _distinct(rows: pa.Table) -> pa.Table:
     """One row per sample_id (the first source it was seen in)."""
     grouped = rows.group_by("sample_id", use_threads=False).aggregate([("source_uri", "first")])
@@ -48,9 +65,8 @@ def _per_source(rows: pa.Table) -> dict[str, int]:
 
 def diff_releases(lake: Lake, old: str, new: str, *, with_ids: bool = False) -> ReleaseDiff:
     """Compare release ``old`` to release ``new`` (sample ids overall and per source_uri)."""
-    columns = ["sample_id", "source_uri"]
-    a = _distinct(read_release(lake, get_release(lake, old), columns=columns))
-    b = _distinct(read_release(lake, get_release(lake, new), columns=columns))
+    a = _distinct(_narrow(lake, get_release(lake, old)))
+    b = _distinct(_narrow(lake, get_release(lake, new)))
     in_a = pc.is_in(b.column("sample_id"), value_set=a.column("sample_id").combine_chunks())
     in_b = pc.is_in(a.column("sample_id"), value_set=b.column("sample_id").combine_chunks())
     added = b.filter(pc.invert(in_a))

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
+from datahub.lake.scan import scan_batches
 from datahub.lake.tables import LINEAGE
 from datahub.release.digest import id_keys
 from datahub.release.freeze import freeze, refuse_taken, release_txn
@@ -105,8 +106,7 @@ def _narrow_dedup(lake: Lake, parents: list[Release], dedup: DedupMode) -> tuple
         dataset = lake.dataset(parent.table, parent.version)
         columns = ["sample_id"] + (["text"] if dedup == "exact" and "text" in dataset.schema.names else [])
         seen = 0
-        for batch in dataset.to_batches(columns=columns, batch_size=ID_BATCH_ROWS, batch_readahead=1,
-                                        fragment_readahead=1):
+        for batch in scan_batches(dataset, columns=columns, batch_rows=ID_BATCH_ROWS):
             n = batch.num_rows
             parts.append(pa.table({"sample_id": batch.column("sample_id"), SOURCE_COLUMN: pa.repeat(parent.name, n),
                                    ROW_COLUMN: pa.array(np.arange(seen, seen + n, dtype=np.int64))}))
@@ -140,7 +140,7 @@ def _kept_rows(parents: list[Release], datasets: list[Any], kept: pa.Table) -> I
         mine = pc.equal(kept.column(SOURCE_COLUMN), parent.name)
         positions = np.sort(np.asarray(kept.column(ROW_COLUMN).filter(mine), dtype=np.int64))
         seen = 0
-        for batch in dataset.to_batches(batch_size=ROW_BATCH_ROWS, batch_readahead=1, fragment_readahead=1):
+        for batch in scan_batches(dataset, batch_rows=ROW_BATCH_ROWS):
             n = batch.num_rows
             low, high = np.searchsorted(positions, [seen, seen + n])
             seen += n
