@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import codecs
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -22,7 +22,7 @@ import pyarrow as pa
 from datahub.errors import IntegrityError
 from datahub.shards.index import ShardIndex
 
-DecodeMode = Literal["text", "json", "bytes", "pil", "numpy"]
+DecodeMode = Literal["text", "json", "bytes", "pil", "numpy", "structured"]
 BatchFormat = Literal["list", "arrow"]
 SampleReader = Callable[[int, bool], Any]
 Decoder = Callable[[ShardIndex, memoryview, str], SampleReader]
@@ -139,10 +139,85 @@ def _image(as_array: bool) -> Decoder:
     return bind
 
 
+# The structure of the post-training kinds (datahub.kinds.posttraining) lifted from the .json member by "structured".
+KIND_FIELDS = {
+    "chat": ("messages", "tools"),
+    "preference": ("prompt", "chosen", "rejected", "chosen_score", "rejected_score"),
+    "trajectory": ("episode_id", "step_offset", "episode_steps", "steps"),
+}
+_JSON_TEXT_FIELDS = ("tool_calls", "tool_call")  # JSON text columns in MESSAGE / STEP structs
+
+
+def _parsed(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _structure(items: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Messages or steps with their JSON-text fields (tool_calls, tool_call) parsed into objects."""
+    if items is None:
+        return None
+    return [{k: _parsed(v) if k in _JSON_TEXT_FIELDS else v for k, v in item.items()} for item in items]
+
+
+def _structured(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
+    """Like "json", plus the sample's kind and its structure at top level: chat ``messages`` (+ ``tools``),
+    preference ``prompt``/``chosen``/``rejected`` (+ scores), trajectory ``episode_id``, ``step_offset``,
+    ``episode_steps`` and ``steps``; message ``tool_calls``, step ``tool_call`` and ``tools`` parsed from
+    their JSON text. Samples of other kinds come as "json" gives them, with ``kind``."""
+    parsed = _json(index, view, shard)
+
+    def sample(i: int, padding: bool) -> dict[str, Any]:
+        out = parsed(i, padding)
+        meta = out.get("meta")
+        if not isinstance(meta, dict):
+            raise IntegrityError(f"shard {shard}: sample {index.keys[i]} has no .json member with its structure")
+        kind = meta.get("kind")
+        out["kind"] = kind
+        for field in KIND_FIELDS.get(str(kind), ()):
+            value = meta.get(field)
+            if field in ("messages", "prompt", "chosen", "rejected", "steps"):
+                value = _structure(value)
+            elif field == "tools":
+                value = _parsed(value)
+            out[field] = value
+        return out
+
+    return sample
+
+
+def replay_steps(samples: Iterable[Mapping[str, Any]], episode_id: str, start: int = 0,
+                 stop: int | None = None) -> list[dict[str, Any]]:
+    """Steps ``[start, stop)`` of one episode reassembled from its trajectory segments (rows of at most
+    ``MAX_STEPS_PER_ROW`` steps, each with ``step_offset``) among ``samples`` ("structured" samples, in any
+    order, other episodes and kinds skipped); ``stop=None``: to the episode's end. A step of the range that no
+    segment holds (a segment not among the samples, e.g. dropped or on another rank) is an error."""
+    if start < 0 or (stop is not None and stop < start):
+        raise ValueError(f"step range [{start}, {stop}) is not a range")
+    held: dict[int, dict[str, Any]] = {}
+    length: int | None = None
+    for s in samples:
+        if s.get("kind") != "trajectory" or s.get("episode_id") != episode_id:
+            continue
+        length = s.get("episode_steps") if length is None else length
+        offset = int(s["step_offset"])
+        for j, step in enumerate(s["steps"]):
+            if start <= offset + j and (stop is None or offset + j < stop):
+                held[offset + j] = step
+    if length is None:
+        raise KeyError(f"no segment of episode {episode_id!r} among the samples")
+    end = length if stop is None else min(stop, length)
+    missing = [i for i in range(start, end) if i not in held]
+    if missing:
+        raise IntegrityError(f"episode {episode_id!r}: steps {missing[0]}..{missing[-1]} of [{start}, {end}) are "
+                             f"in no segment among the samples ({len(missing)} missing)")
+    return [held[i] for i in range(start, end)]
+
+
 def make_decoder(decode: DecodeMode | Callable[[dict[str, Any]], Any]) -> Decoder:
     """"text": {sample_id, text, is_padding}; "json": adds meta (the parsed .json) and other members as bytes;
     "bytes": every member as bytes keyed by extension; "pil" / "numpy": "json" with the image member decoded
-    to an RGB PIL image / uint8 array as ``image``; a callable receives the "bytes" dict."""
+    to an RGB PIL image / uint8 array as ``image``; "structured": "json" with the post-training structure at
+    top level (``_structured``); a callable receives the "bytes" dict."""
     if decode == "text":
         return _text
     if decode == "json":
@@ -151,6 +226,8 @@ def make_decoder(decode: DecodeMode | Callable[[dict[str, Any]], Any]) -> Decode
         return _raw
     if decode in ("pil", "numpy"):
         return _image(as_array=decode == "numpy")
+    if decode == "structured":
+        return _structured
     if callable(decode):
         user = decode
 
@@ -159,4 +236,5 @@ def make_decoder(decode: DecodeMode | Callable[[dict[str, Any]], Any]) -> Decode
             return lambda i, padding: user(raw(i, padding))
 
         return _custom
-    raise ValueError(f"decode must be 'text', 'json', 'bytes', 'pil', 'numpy' or a callable; got {decode!r}")
+    raise ValueError(f"decode must be 'text', 'json', 'bytes', 'pil', 'numpy', 'structured' or a callable; "
+                     f"got {decode!r}")
