@@ -10,9 +10,10 @@ import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
-from datahub.release.freeze import freeze, refuse_taken
+from datahub.release.freeze import freeze, history_runs, refuse_taken
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import Release, check_name
+from datahub.release.redact import exclude_redacted
 
 if TYPE_CHECKING:  # the eval-set check (operators, pandas) is imported when a release is created, not with the package
     from datahub.evalset.check import Contamination
@@ -34,6 +35,10 @@ def create_release(
     failed, (with ``require_qa``) when no QA ran on it, or when samples share 13-grams with a
     registered eval set, unless ``allow_contamination`` gives the reason (recorded in the
     release's details and in the contaminated samples' ``released`` lineage rows).
+
+    Samples taken down by an earlier ``release redact`` (its ids, or every row of its ``source_uri``) stay out:
+    when the version holds any, the release is materialized in ``release_<name>`` without them
+    (``details["redacted_excluded"]``, and a ``dropped`` lineage row each).
     """
     if allow_contamination is not None and not allow_contamination.strip():
         raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
@@ -71,11 +76,15 @@ def create_release(
     ids = reasons = None  # freeze scans the version's ids in bounded batches
     if found.evalsets:
         details["contamination"] = {**found.as_dict(), "allowed": allow_contamination if found.count else None}
+    frozen, frozen_version, excluded, dropped = exclude_redacted(lake, name, table=table, version=version)
+    details.update(excluded)
+    run_ids, jobs = history_runs(lake, table, version)
     if found.count:  # rare: the ids are read whole to attach each contaminated sample's reason
-        ids = lake.read(table, version=version, columns=["sample_id"]).column("sample_id")
+        ids = lake.read(frozen, version=frozen_version, columns=["sample_id"]).column("sample_id")
         reasons = _allowed_reasons(ids, found, allow_contamination or "")
-    return freeze(lake, name, table=table, version=version, sample_ids=ids, kind="create",
-                  qa_status=verdict.status, creator=creator, details=details, released_reason=reasons)
+    return freeze(lake, name, table=frozen, version=frozen_version, sample_ids=ids, kind="create",
+                  qa_status=verdict.status, creator=creator, details=details, released_reason=reasons,
+                  extra_lineage=dropped, run_ids=run_ids, jobs=jobs)
 
 
 def _allowed_reasons(ids: pa.ChunkedArray | pa.Array, found: Contamination, reason: str) -> pa.Array:

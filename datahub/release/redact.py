@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -130,3 +131,93 @@ def redact(
     return freeze(lake, new, table=table, version=version, kind="redact", qa_status="inherited", parents=[source],
                   creator=creator, details=details, extra_lineage=dropped, run_ids=list(parent.run_ids),
                   jobs=list(parent.jobs))
+
+
+def redactions(lake: Lake) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """Every take-down recorded so far: (sample id -> redact release, source_uri -> redact release, redact release
+    -> its lineage reason); the first redaction of a sample wins."""
+    by_id: dict[str, str] = {}
+    by_source: dict[str, str] = {}
+    why: dict[str, str] = {}
+    for release in list_releases(lake):
+        if release.kind != "redact":
+            continue
+        why[release.name] = f"redacted: {release.details.get('reason', '')} (release redact {release.name})"
+        for sample in release.details.get("removed_ids") or ():
+            by_id.setdefault(str(sample), release.name)
+        if release.details.get("source_uri"):
+            by_source.setdefault(str(release.details["source_uri"]), release.name)
+    return by_id, by_source, why
+
+
+def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tuple[str, int, dict[str, Any],
+                                                                                     pa.Table | None]:
+    """What release ``name`` of ``table`` at ``version`` freezes, once the samples of earlier take-downs
+    (``release redact``: their ids and source files) are left out.
+
+    Returns (table, version, details, dropped lineage rows): the input itself when it holds none of them; else
+    ``release_<name>``, the version minus those rows, streamed into its own table (two narrow passes: ids and
+    ``source_uri`` first, then whole rows only when something goes), the count and the redactions applied, and one
+    ``dropped`` lineage row per excluded sample. A re-run after a crash finds the materialized commit by its txn.
+    """
+    by_id, by_source, why = redactions(lake)
+    if not by_id and not by_source:
+        return table, version, {}, None
+    dataset = lake.dataset(table, version)
+    has_source = "source_uri" in dataset.schema.names
+    if not has_source:
+        by_source = {}
+    ids = pa.array(sorted(by_id), pa.string())
+    sources = pa.array(sorted(by_source), pa.string())
+
+    def target_of(batch: pa.RecordBatch) -> pa.Array:
+        target = pc.is_in(batch.column("sample_id"), value_set=ids)
+        if len(sources):
+            target = pc.or_(target, pc.fill_null(pc.is_in(batch.column("source_uri"), value_set=sources), False))
+        return pc.fill_null(target, False)
+
+    columns = ["sample_id", "source_uri"] if has_source else ["sample_id"]
+    hit_ids: list[pa.Array] = []
+    hit_by: list[str] = []  # the redact release of each excluded row
+    for batch in scan_batches(dataset, columns=columns, batch_rows=BATCH_ROWS):
+        target = target_of(batch)
+        if not pc.any(target).as_py():
+            continue
+        hits = pa.Table.from_batches([batch]).filter(target)
+        hit_ids.append(hits.column("sample_id").combine_chunks())
+        uris = hits.column("source_uri").to_pylist() if has_source else [None] * hits.num_rows
+        for sample, uri in zip(hits.column("sample_id").to_pylist(), uris):
+            hit_by.append(by_id.get(sample) or by_source[uri])
+    rows = sum(len(a) for a in hit_ids)
+    if not rows:
+        return table, version, {}, None
+    from datahub.release.materialize import commit_rows
+
+    def kept() -> Iterator[pa.Table]:
+        for batch in scan_batches(dataset, batch_rows=ROW_BATCH_ROWS):
+            yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
+
+    out = MATERIALIZED_PREFIX + name
+    commit_rows(lake, out, kept(), schema=pa.schema(dataset.schema), txn=release_txn(name),
+                row_group_rows=ROW_BATCH_ROWS,
+                metadata={"datahub.release": name, "datahub.redactions_excluded_from": f"{table}@v{version}"})
+    applied = sorted(set(hit_by))
+    details = {"from_table": table, "from_version": version,
+               "redacted_excluded": {"rows": rows, "by": applied}}
+    dropped_ids = pa.chunked_array(hit_ids, pa.string()).combine_chunks()
+    first = _first_of_each(dropped_ids)
+    dropped = lineage_rows(dropped_ids.filter(first), run_id=release_txn(name), op=REDACT_OP, action="dropped",
+                           reason=pa.array([why[r] for r in hit_by], pa.string()).filter(first),
+                           ref=json.dumps({"release": name, "from_table": table, "redactions": applied}),
+                           ts=datetime.now(timezone.utc))
+    return out, int(lake.table(out).version()), details, dropped
+
+
+def _first_of_each(ids: pa.Array) -> pa.Array:
+    """True at the first occurrence of each id (a sample may be in the table more than once)."""
+    seen: set[str] = set()
+    keep = []
+    for sample in ids.to_pylist():
+        keep.append(sample not in seen)
+        seen.add(sample)
+    return pa.array(keep, pa.bool_())

@@ -135,3 +135,38 @@ def test_cli_redact_ids_file_and_rollback_stable(tmp_path):
     shown = json.loads(runner.invoke(app, ["release", "show", "v1", "--lake", lake.root, "--json"]).output)
     assert shown["channels"] == ["stable"]
     assert [e.action for e in channel_history(lake, "stable")] == ["promote"] * 3 + ["rollback"] * 2
+
+
+def test_create_after_redact_leaves_taken_down_samples_out(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, ["keep me", "private phone number 555", "another one"], "a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "r1")
+    secret = sample_id_of("private phone number 555")
+    redact(lake, "r1-r", source="r1", sample_ids=[secret], reason="PII: phone number")
+    add_samples(lake, ["book text", "book text two"], "book.txt", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "r2")
+    redact(lake, "r2-r", source="r2", source_uri="book.txt", reason="copyright take-down")
+    # a later run adds more of the taken-down file and a new doc; the samples table still holds the secret
+    add_samples(lake, ["book text three", "fresh doc"], "book.txt", run_id="job-cccccccccccc")
+    add_samples(lake, ["fresh doc two"], "b.jsonl", run_id="job-dddddddddddd")
+    assert secret in lake.read("samples").column("sample_id").to_pylist()
+
+    r3 = create_release(lake, "r3")
+    rows = lake.read(r3.table, version=r3.version)
+    assert r3.table == "release_r3" and r3.row_count == rows.num_rows == 3
+    assert sorted(rows.column("text").to_pylist()) == ["another one", "fresh doc two", "keep me"]
+    assert r3.details["redacted_excluded"] == {"rows": 5, "by": ["r1-r", "r2-r"]}
+    assert r3.details["from_table"] == "samples" and r3.run_ids  # the source table's runs, not the copy's
+    lineage = lake.read("lineage")
+    events = lineage.filter(pc.equal(lineage.column("sample_id"), secret)).to_pylist()
+    mine = [e for e in events if e["run_id"] == "release/r3"]
+    assert [(e["action"], e["reason"]) for e in mine] == [
+        ("dropped", "redacted: PII: phone number (release redact r1-r)")]
+    released = lineage.filter(pc.equal(lineage.column("ref"), "r3")).column("sample_id").to_pylist()
+    assert sorted(released) == sorted(rows.column("sample_id").to_pylist())
+
+    # nothing taken down in the version: the release freezes the table itself, as before
+    other = Lake(tmp_path / "other")
+    add_samples(other, ["x doc", "y doc"], "a.jsonl", run_id="job-eeeeeeeeeeee")
+    r = create_release(other, "o1")
+    assert r.table == "samples" and "redacted_excluded" not in r.details
