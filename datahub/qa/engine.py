@@ -8,6 +8,8 @@
 - Spark: one Spark task per file turns its rows into the validation columns (``validation_batch``: the same
   ``text_length``, ``text_id`` and ``quality_<signal>``), and Great Expectations validates that Spark DataFrame with
   its Spark execution engine (every expectation type: GX computes its metrics as Spark jobs, nothing is collected).
+  An expectation GX raises on with Spark (no Spark implementation) falls back to the local streaming pass
+  (aggregate or bounded sample); its entry's ``spark_fallback`` says why.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from datahub.qa.validate import (
     merge_partials,
     plan_pass,
     run_expectations,
+    run_suites_streaming,
     validation_batch,
     validation_columns,
 )
@@ -142,4 +145,38 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe
     frame = read_dataframe(engine, files, _FileValidationColumns(lake, table, version, read, wanted, batch_rows),
                            columns)
-    return [run_expectations(frame, suite, spark=True) for suite in suites]
+    outcomes = [run_expectations(frame, suite, spark=True) for suite in suites]
+    return [_fallback(lake, suite, outcome, table=table, version=version) for suite, outcome in zip(suites, outcomes)]
+
+
+def _fallback(lake: Lake, suite: Suite, outcome: tuple[bool, list[dict[str, Any]]], *, table: str,
+              version: int) -> tuple[bool, list[dict[str, Any]]]:
+    """Expectations GX could not run on Spark (it raised: a type without a Spark implementation) are computed by
+    the local streaming pass (aggregate or bounded sample) instead; each such entry says so in ``spark_fallback``."""
+    _, entries = outcome
+    errored = [i for i, e in enumerate(entries) if e.get("error")]
+    if not errored:
+        return outcome
+    unused = list(suite.expectations)
+    picked: dict[int, dict[str, Any]] = {}
+    for i in errored:
+        entry = entries[i]
+        for expectation in unused:
+            if (expectation.get("type") == entry["expectation"]
+                    and (expectation.get("kwargs") or {}).get("column") == entry["kwargs"].get("column")):
+                picked[i] = expectation
+                unused.remove(expectation)
+                break
+    if not picked:
+        return outcome
+    dataset = lake.dataset(table, version)
+    sub = Suite(suite.name, suite.version, list(picked.values()), suite.path)
+    _, redone = run_suites_streaming(dataset, [sub], total_rows=dataset.count_rows())[0]
+    merged = list(entries)
+    for i in picked:
+        entry = next(e for e in redone if e["expectation"] == entries[i]["expectation"]
+                     and e["kwargs"].get("column") == entries[i]["kwargs"].get("column"))
+        redone.remove(entry)
+        merged[i] = {**entry, "spark_fallback": f"GX could not run it on Spark ({entries[i]['error']}); "
+                                                f"computed by the local streaming pass"}
+    return all(e["success"] is not False for e in merged), merged

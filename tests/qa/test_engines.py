@@ -63,3 +63,26 @@ def test_cli_refuses_an_unknown_engine(lake):
 
     out = CliRunner().invoke(app, ["qa", "--lake", lake.root, "--engine", "dask"])
     assert out.exit_code == 2 and "local, ray or spark" in out.output
+
+
+def test_spark_falls_back_to_the_local_pass_where_gx_raises(lake):
+    """An expectation GX could not run on Spark (an error entry) is computed by the local streaming pass and says
+    so; the others keep the Spark entries."""
+    from datahub.config.suites import load_suite
+    from datahub.qa.engine import _fallback
+    from datahub.qa.validate import run_suites_streaming
+
+    suite = load_suite(lake.suite)
+    version = int(lake.table("samples").version())
+    dataset = lake.dataset("samples", version)
+    success, local = run_suites_streaming(dataset, [suite], total_rows=dataset.count_rows())[0]
+    broken = [dict(e) for e in local]
+    raised = next(i for i, e in enumerate(broken) if e["success"] is False)
+    broken[raised] = {**broken[raised], "success": False, "observed": None, "error": "no Spark implementation"}
+    kept = next(i for i, e in enumerate(broken) if e["success"])
+    broken[kept] = {**broken[kept], "observed": {"from": "spark"}}
+    ok, merged = _fallback(lake, suite, (False, broken), table="samples", version=version)
+    assert ok == success
+    assert "no Spark implementation" in merged[raised]["spark_fallback"] and "error" not in merged[raised]
+    assert {k: v for k, v in merged[raised].items() if k != "spark_fallback"} == local[raised]
+    assert merged[kept]["observed"] == {"from": "spark"}  # entries GX ran on Spark are kept as they are
