@@ -78,6 +78,10 @@ def register(app: typer.Typer) -> None:
         if release.qa_status == "no_qa_results":
             console().print(f"  [yellow]note: no QA results for {release.table} v{release.version}[/] "
                             "(use --require-qa to refuse releases without QA)")
+        excluded = (release.details or {}).get("redacted_excluded")
+        if excluded and excluded.get("rows"):
+            console().print(f"  note: left out {excluded['rows']:,} samples taken down by earlier redacts "
+                            f"({', '.join(map(str, excluded.get('by') or []))})")
 
     @group.command("list")
     def list_(lake: str = LAKE, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
