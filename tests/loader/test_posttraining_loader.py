@@ -8,6 +8,7 @@ import json
 import os
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from datahub.config.spec import load_job_spec
@@ -71,10 +72,14 @@ def test_export_is_byte_reproducible_and_json_holds_the_structure(released, job)
     rows = {r["sample_id"]: r for r in lake.read("samples").to_pylist()}
     raw = list(ReleaseDataset(manifest, storage=storage, decode="bytes", shuffle=False, rank=0, world_size=1))
     assert {s["sample_id"] for s in raw} == set(rows) and len(raw) == len(rows) > 0
+    schema = json.loads((REPO / "schemas/posttraining-sample.v1.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema)
     for sample in raw:
         row = rows[sample["sample_id"]]
         meta = json.loads(sample["json"])
         assert meta["kind"] == job
+        validator.validate(meta)  # the documented structure (schemas/posttraining-sample.v1.json)
         for field in fields:  # the lake's typed structure, whole, in the .json member
             assert meta[field] == row[field], field
         assert sample["txt"].decode() == row["text"]
@@ -146,3 +151,18 @@ def test_replay_a_step_range_across_segments(released):
         replay_steps(samples, "no-such-episode")
     with pytest.raises(ValueError):
         replay_steps(samples, long_id, 5, 2)
+
+
+def test_schema_refuses_broken_structures(released):
+    _, (manifest, storage), _, _ = released["trajectory"]
+    schema = json.loads((REPO / "schemas/posttraining-sample.v1.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    raw = list(ReleaseDataset(manifest, storage=storage, decode="bytes", shuffle=False, rank=0, world_size=1))
+    good = json.loads(raw[0]["json"])
+    validator.validate(good)
+    too_long = dict(good, steps=good["steps"][:1] * (MAX_STEPS_PER_ROW + 1))
+    no_done = dict(good, steps=[{k: v for k, v in good["steps"][0].items() if k != "done"}])
+    chat = {"kind": "chat", "sample_id": good["sample_id"],
+            "messages": [{"role": "robot", "content": "hi", "name": None, "tool_calls": None, "tool_call_id": None}]}
+    for broken in (too_long, no_done, chat, dict(good, kind="audio")):
+        assert not validator.is_valid(broken)
