@@ -58,6 +58,8 @@ def register(app: typer.Typer) -> None:
                     state = "skip" if e["success"] is None else ("ok  " if e["success"] else "FAIL")
                     column = e["kwargs"].get("column", "")
                     extra = e.get("skipped") or e.get("error") or _observed(e["observed"])
+                    if e.get("spark_fallback"):
+                        extra = f"{extra} [{e['spark_fallback']}]".strip()
                     out.print(f"  {state} {e['expectation']} {column} {extra}")
         if not ok:
             raise typer.Exit(1)
