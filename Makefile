@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml operators/dedup/_minhash_c.c  # the C kernel is built a
 
 install: $(STAMP)
 
-## demo: fresh lake; the main job on the bundled corpus (embedded local Ray); release, export, read it back; the image-text demo job
+## demo: fresh lake; the main job on the bundled corpus (embedded local Ray); release, export, read it back; the image-text and post-training demo jobs
 demo: install
 	rm -rf lake/demo lake/demo-cfs
 	$(BIN)/datahub run jobs/demo.yaml
@@ -29,6 +29,10 @@ demo: install
 	  print('ReleaseDataset read', sum(1 for _ in ds), 'samples of release demo-v1')"
 	rm -rf lake/image-demo
 	$(BIN)/datahub run jobs/image-demo.yaml  # image-text pairs: media checks, image filters, exact + pHash near-dup dedup
+	rm -rf lake/chat-demo lake/preference-demo lake/trajectory-demo
+	$(BIN)/datahub run jobs/chat-demo.yaml        # SFT conversations: per-turn checks, PII in messages, prompt dedup
+	$(BIN)/datahub run jobs/preference-demo.yaml  # preference pairs
+	$(BIN)/datahub run jobs/trajectory-demo.yaml  # agent trajectories (long episodes in 1,024-step segments)
 
 ## system-deps: Debian packages the test-suite needs (Ceph, Chromium); needs root, skipped otherwise
 system-deps:
