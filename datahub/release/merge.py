@@ -29,6 +29,7 @@ from datahub.lake.scan import scan_batches
 from datahub.lake.tables import LINEAGE
 from datahub.release.digest import id_keys
 from datahub.release.freeze import freeze, refuse_taken, release_txn
+from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import SOURCE_COLUMN, DedupMode, Duplicates, dedup_keyed, dedup_rows, exact_keys
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, read_release
 
@@ -133,8 +134,7 @@ def _merged_schema(datasets: list[Any]) -> pa.Schema:
 
 def _kept_rows(parents: list[Release], datasets: list[Any], kept: pa.Table) -> Iterator[pa.Table]:
     """Pass 2: every column of the kept rows, input release by input release, in batches, in input order.
-    Only pyarrow scans here: delta-rs pulls this generator on its own runtime, where opening a table would
-    block it (``datasets`` are opened before the commit)."""
+    Only pyarrow scans here (``datasets`` are opened before the commit), each file read without read-ahead."""
     schema = _merged_schema(datasets)
     for parent, dataset in zip(parents, datasets):
         mine = pc.equal(kept.column(SOURCE_COLUMN), parent.name)
@@ -206,8 +206,9 @@ def merge_releases(
         kept = rows.select(["sample_id", SOURCE_COLUMN, ROW_COLUMN])
         rows = rows.select(["sample_id", SOURCE_COLUMN])
         datasets = [lake.dataset(p.table, p.version) for p in parents]
-        lake.commit(table, _kept_rows(parents, datasets, kept), txn=release_txn(new), schema=_merged_schema(datasets),
-                    row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new})
+        # written here and committed as add actions: delta-rs's writer buffers up to a target-size file of rows
+        commit_rows(lake, table, _kept_rows(parents, datasets, kept), txn=release_txn(new),
+                    schema=_merged_schema(datasets), row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new})
     version = int(lake.table(table).version())
     details = {"sources": sources, "rows_read": read_counts, "dedup": dedup, "dedup_method": method,
                "duplicates_removed": removed, "duplicates_dropped": dropped.num_rows,

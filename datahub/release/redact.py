@@ -21,6 +21,7 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.release.freeze import freeze, refuse_taken, release_txn
+from datahub.release.materialize import commit_rows
 from datahub.release.records import (
     MATERIALIZED_PREFIX,
     Release,
@@ -123,8 +124,9 @@ def redact(
             yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
 
     table = MATERIALIZED_PREFIX + new
-    lake.commit(table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema), row_group_rows=ROW_BATCH_ROWS,
-                metadata={"datahub.release": new, "datahub.redact_reason": reason})
+    # written here and committed as add actions: delta-rs's writer buffers up to a target-size file of rows
+    commit_rows(lake, table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema),
+                row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new, "datahub.redact_reason": reason})
     version = int(lake.table(table).version())
     details = {"reason": reason, "removed": removed_rows, "removed_ids": sorted(removed_ids.to_pylist()),
                "requested_ids": len(ids), "source_uri": source_uri, "contained_in": contained_in}
