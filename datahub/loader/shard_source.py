@@ -41,6 +41,7 @@ from datahub.loader.errors import (NoReadableReplicaError, ReplicaUnavailableErr
 from datahub.shards.manifest import Manifest
 from datahub.shards.manifest import ShardRecord as ShardEntry
 from datahub.loader.read_policy import DEFAULT_READ_POLICY, ReadPolicy, limit_transport_retries
+from datahub.storage.webhdfs import bound_requests
 from datahub.loader.verified import VerifiedFiles
 
 Verify = bool | Literal["always"]
@@ -243,6 +244,8 @@ class ShardSource:
 
             fs, _ = fsspec.core.url_to_fs(uri, **self.read_policy.fsspec_options(uri, self.storage.get(tier, {})))
             limit_transport_retries(fs)
+            bound_requests(fs, connect_timeout_s=self.read_policy.connect_timeout_s,  # WebHDFS has no timeout
+                           read_timeout_s=self.read_policy.read_timeout_s)
             self._filesystems[tier] = fs
         return fs.cat_file(uri), None  # remote bytes are hashed on every read
 

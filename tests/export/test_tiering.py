@@ -160,3 +160,28 @@ def test_copy_reads_each_source_shard_once_and_indexes_lineage_from_the_lake(tmp
         data.unlink()
     apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r4": ["hdfs", "cfs", "cfs2"]}), storage=storage)
     assert index("cfs2") == truth("cfs2") and len(index("cfs2")) == 40
+
+
+def test_loader_reads_from_a_hung_datanode_time_out(tmp_path, webhdfs) -> None:
+    """fsspec's WebHDFS client has no timeout: the loader bounds it by its ReadPolicy, then reports the replica."""
+    import time
+
+    from datahub.errors import StorageError
+    from datahub.loader.manifest import load_manifest
+    from datahub.loader.read_policy import ReadPolicy
+    from datahub.loader.shard_source import ShardSource
+
+    lake, version = make_lake(tmp_path / "lake", 30)
+    storage = _storage(tmp_path, webhdfs)
+    export_table_version(lake, table="samples", version=version, release_name="r1", tier="hdfs", storage=storage,
+                         shard_samples=15)
+    policy = ReadPolicy(connect_timeout_s=1.0, read_timeout_s=0.5, attempts=1, backoff_s=0)
+    source = ShardSource(load_manifest("r1", lake=str(tmp_path / "lake")), read_policy=policy,
+                         storage={"hdfs": storage.tier("hdfs").reader_options()})
+    webhdfs.stall_ops["datanode:OPEN"] = 5.0  # accepts the read, never answers in time
+    started = time.monotonic()
+    with pytest.raises(StorageError, match="r1-000000"):
+        source.read(0)
+    assert time.monotonic() - started < 4.0
+    webhdfs.stall_ops.clear()
+    assert source.read(0) == (webhdfs.root / "datahub/releases/r1/r1-000000.tar").read_bytes()
