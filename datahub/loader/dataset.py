@@ -70,6 +70,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
     ``batch_size=N, batch_format="arrow"`` yields ``pyarrow.RecordBatch``es (sample_id, text, is_padding) that cross
     the worker boundary as buffers: the fast way to feed a tokenizer (``DataLoader(dataset, batch_size=None)``
     passes them through untouched).
+    ``transform``: a callable applied to every decoded sample (after ``decode``, before batching), in the
+    worker that reads it, e.g. ``decode="pil", transform=lambda s: augment(s["image"])``.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         shuffle: bool = True,
         shuffle_buffer: int = 8192,
         decode: DecodeMode | Callable[[dict[str, Any]], Any] = "text",
+        transform: Callable[[Any], Any] | None = None,
         batch_size: int | None = None,
         batch_format: BatchFormat = "list",
         uneven: Uneven = "pad",
@@ -102,7 +105,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
             raise ValueError(f"batch_size must be >= 1 or None; got {batch_size}")
         if batch_format not in ("list", "arrow"):
             raise ValueError(f"batch_format must be 'list' or 'arrow'; got {batch_format!r}")
-        if batch_format == "arrow" and (batch_size is None or decode != "text"):
+        if batch_format == "arrow" and (batch_size is None or decode != "text" or transform is not None):
             raise ValueError("batch_format='arrow' makes pyarrow RecordBatches of text: it needs batch_size=N and "
                              f"decode='text' (got batch_size={batch_size}, decode={decode!r})")
         storage_config = as_storage(storage)
@@ -118,6 +121,8 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self.prefetch_shards = prefetch_shards
         self.batch_format = batch_format
         self._decode = text_parts if batch_format == "arrow" else make_decoder(decode)
+        if transform is not None:  # applied to every decoded sample, before batching (e.g. image augmentation)
+            self._decode = _Transformed(self._decode, transform)
         if batch_format == "arrow":  # pyarrow imports its pandas shim on first use: here, not once per forked worker
             arrow_text_batch([("", memoryview(b""), False)])
         if tier_preference is None:  # the reader's region's replicas first, the others as failover
@@ -357,3 +362,15 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         finally:
             readers.clear()
             prefetcher.close()
+
+
+class _Transformed:
+    """A decoder whose samples go through ``transform`` (a class, not a closure: picklable for spawned workers)."""
+
+    def __init__(self, decoder: Callable[[Any, memoryview, str], Callable[[int, bool], Any]],
+                 transform: Callable[[Any], Any]) -> None:
+        self.decoder, self.transform = decoder, transform
+
+    def __call__(self, index: Any, data: memoryview, name: str) -> Callable[[int, bool], Any]:
+        read, transform = self.decoder(index, data, name), self.transform
+        return lambda i, pad: transform(read(i, pad))
