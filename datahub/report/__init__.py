@@ -1,7 +1,9 @@
 """The lake report: an HTML page with matplotlib PNGs for one samples table version.
 
 ``build_report(lake, out_dir=...)`` is what ``datahub report`` calls; matplotlib is
-imported only when plots are drawn.
+imported only when plots are drawn. Tables holding ``image_text`` samples get an Images section
+(``datahub.report.media``: resolution/aspect histograms, contact sheets of kept images and of the
+largest duplicate clusters); other tables have none.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ SECTIONS = (
     ("sources", "Samples per source file", "no source_uri column"),
 )
 
+# The Images section (tables with image_text samples only): plot key -> caption.
+MEDIA_SECTIONS = (
+    ("image_sizes", "Resolution and aspect ratio"),
+    ("contact_sheet", "Contact sheet: kept images"),
+    ("duplicate_clusters", "Contact sheet: keepers of the largest duplicate clusters (xN = cluster size)"),
+)
+
 # Marks the page once every image decoded, so a headless browser check can read the DOM.
 _IMAGE_CHECK = """<script>
 window.addEventListener('load', function () {
@@ -49,6 +58,7 @@ window.addEventListener('load', function () {
 def build_report(lake: Lake, *, out_dir: str | Path, table: str = "samples", version: int | None = None) -> Report:
     """Write ``out_dir/index.html`` plus one PNG per section that has data."""
     from datahub.report import plots
+    from datahub.report.media import media_plots
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,6 +77,7 @@ def build_report(lake: Lake, *, out_dir: str | Path, table: str = "samples", ver
             report.plots[key] = path
         else:
             report.notes[key] = missing
+    report.plots.update(media_plots(lake, out_dir=out, table=table, version=data.version))
     report.index.write_text(_render(lake, data, report))
     return report
 
@@ -88,6 +99,11 @@ def _render(lake: Lake, data: ReportData, report: Report) -> str:
             parts.append(f"<img id='plot-{key}' src='{report.plots[key].name}' alt='{esc(title)}'>")
         else:
             parts.append(f"<p class='note' id='note-{key}'>{esc(report.notes[key])}</p>")
+    media = [(key, caption) for key, caption in MEDIA_SECTIONS if key in report.plots]
+    if media:
+        parts.append("<h2 id='images'>Images</h2>")
+        for key, caption in media:
+            parts.append(f"<h3>{esc(caption)}</h3><img id='plot-{key}' src='{report.plots[key].name}' alt='{esc(caption)}'>")
     parts.append("<h2 id='quarantine'>Quarantine</h2>")
     if data.quarantine:
         parts.append(f"<p>{sum(data.quarantine.values())} records quarantined by the runs that wrote this table; "

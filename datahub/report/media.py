@@ -78,20 +78,32 @@ def _histograms(widths: np.ndarray, heights: np.ndarray, path: Path) -> Path:
 
 
 def _largest_clusters(lake: Lake, run_ids: list[str], top: int) -> list[tuple[str, int]]:
-    """(keeper sample_id, cluster size) of the ``top`` largest duplicate clusters dropped by these runs."""
+    """(keeper sample_id, cluster size) of the ``top`` largest duplicate clusters dropped by these runs.
+
+    A keeper dropped by a later operator (an exact-dedup keeper that image_dedup then drops as a near copy) is
+    followed to the sample that kept it, so each cluster is counted once, under a sample still in the table."""
     if not lake.exists("lineage") or not run_ids:
         return []
-    sizes: Counter[str] = Counter()
-    batches = lake.dataset("lineage").to_batches(columns=["ref"], batch_size=BATCH_ROWS,
+    dup_of: dict[str, str] = {}
+    batches = lake.dataset("lineage").to_batches(columns=["sample_id", "ref"], batch_size=BATCH_ROWS,
                                                  filter=(pc.field("action") == "dropped") & pc.field("run_id").isin(run_ids))
     for batch in batches:
-        for ref in batch.column("ref").to_pylist():
+        for sample_id, ref in zip(batch.column("sample_id").to_pylist(), batch.column("ref").to_pylist()):
             try:
                 keeper = json.loads(ref).get("dup_of") if ref else None
             except ValueError:
                 keeper = None
-            if keeper:
-                sizes[keeper] += 1
+            if keeper and sample_id:
+                dup_of[sample_id] = keeper
+
+    def root(sample_id: str) -> str:
+        seen = {sample_id}
+        while sample_id in dup_of and dup_of[sample_id] not in seen:
+            sample_id = dup_of[sample_id]
+            seen.add(sample_id)
+        return sample_id
+
+    sizes = Counter(root(dropped) for dropped in dup_of)  # each dropped sample once, under its cluster's keeper
     return [(keeper, n + 1) for keeper, n in sizes.most_common(top)]
 
 
@@ -122,8 +134,10 @@ def media_plots(lake: Lake, *, out_dir: str | Path, table: str = "samples", vers
     plots["contact_sheet"] = sheet
     clusters = _largest_clusters(lake, sorted(run_ids), SHEET_CLUSTERS)
     if clusters:
-        keepers = dataset.to_table(columns=["sample_id", IMAGE], filter=ds.field("sample_id").isin([k for k, _ in clusters]))
-        by_id: dict[str, Any] = dict(zip(keepers.column("sample_id").to_pylist(), keepers.column(IMAGE).to_pylist()))
+        by_id: dict[str, Any] = {}
+        for batch in dataset.to_batches(columns=["sample_id", IMAGE], batch_size=SHEET_IMAGES,
+                                        filter=ds.field("sample_id").isin([k for k, _ in clusters])):
+            by_id.update(zip(batch.column("sample_id").to_pylist(), batch.column(IMAGE).to_pylist()))
         shown = [(k, n) for k, n in clusters if k in by_id]
         if shown:
             path = out / "duplicate_clusters.png"

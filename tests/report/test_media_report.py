@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import io
+import json
 import os
+import re
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from datahub.config.spec import load_job_spec
@@ -17,20 +20,75 @@ from datahub.report.media import contact_sheet, media_plots
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_media_plots_of_the_image_demo(tmp_path):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The image demo job run once into a lake: (lake root, job result)."""
+    root = tmp_path_factory.mktemp("image-report") / "lake"
     here = os.getcwd()
     os.chdir(REPO)
     try:
-        result = run_job(load_job_spec(REPO / "jobs/image-demo.yaml", [f"lake.root={tmp_path / 'lake'}"]),
-                         engine=ArrowEngine())
+        result = run_job(load_job_spec(REPO / "jobs/image-demo.yaml", [f"lake.root={root}"]), engine=ArrowEngine())
     finally:
         os.chdir(here)
     assert result.status == "succeeded", result.error
-    plots = media_plots(Lake(tmp_path / "lake"), out_dir=tmp_path / "report")
+    return root, result
+
+
+def test_media_plots_of_the_image_demo(demo, tmp_path):
+    root, result = demo
+    plots = media_plots(Lake(root), out_dir=tmp_path / "report")
     assert set(plots) == {"image_sizes", "contact_sheet", "duplicate_clusters"}
     kept = result.counts["samples_written"]
     with Image.open(plots["contact_sheet"]) as sheet:
         assert sheet.format == "PNG" and sheet.width == 8 * 128 and sheet.height == -(-kept // 8) * (128 + 14)
+
+
+def test_datahub_report_has_the_images_section(demo, tmp_path):
+    """``datahub report`` on an image_text table: an Images section whose three PNGs decode with Pillow."""
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+
+    root, result = demo
+    out_dir = tmp_path / "html"
+    cli = CliRunner().invoke(app, ["report", str(root), "--out", str(out_dir)])
+    assert cli.exit_code == 0, cli.output
+    page = (out_dir / "index.html").read_text()
+    assert "<h2 id='images'>Images</h2>" in page
+    for key in ("image_sizes", "contact_sheet", "duplicate_clusters"):
+        match = re.search(rf"<img id='plot-{key}' src='([^']+)'", page)
+        assert match, key
+        with Image.open(out_dir / match.group(1)) as png:
+            png.load()
+            assert png.format == "PNG" and png.width > 100 and png.height > 100
+    # one thumbnail per duplicate cluster (chains of drops followed to the keeper still in the table), each a kept sample
+    lake = Lake(root)
+    drops = [r for r in lake.read("lineage", columns=["sample_id", "ref", "action"]).to_pylist()
+             if r["action"] == "dropped" and r["ref"] and json.loads(r["ref"]).get("dup_of")]
+    dup_of = {r["sample_id"]: json.loads(r["ref"])["dup_of"] for r in drops}
+    kept = set(lake.read("samples", columns=["sample_id"]).column("sample_id").to_pylist())
+    roots = set()
+    for sample_id in dup_of:
+        seen = {sample_id}  # an exact copy has its keeper's sample_id: dup_of itself
+        while sample_id in dup_of and dup_of[sample_id] not in seen:
+            sample_id = dup_of[sample_id]
+            seen.add(sample_id)
+        roots.add(sample_id)
+    shown = roots & kept  # a keeper a later filter dropped has no picture to show
+    assert shown
+    with Image.open(out_dir / "duplicate_clusters.png") as sheet:
+        assert sheet.height == -(-min(len(shown), 24) // 8) * (128 + 14)
+
+
+def test_text_tables_have_no_images_section(tmp_path):
+    import pyarrow as pa
+
+    from datahub.report import build_report
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("samples", pa.table({"sample_id": ["a"], "text": ["t"]}), txn="seed/1")
+    report = build_report(lake, out_dir=tmp_path / "html")
+    assert "id='images'" not in report.index.read_text() and not {"image_sizes", "contact_sheet"} & set(report.plots)
 
 
 def test_contact_sheet_marks_undecodable_images_grey():
