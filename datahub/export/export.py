@@ -37,9 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datahub.config.spec import EngineSpec
 from datahub.engines.base import Engine
-from datahub.engines.registry import make_engine
+from datahub.engines.registry import engine_in_scope
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, export_ordering, index_reserve,
@@ -153,7 +152,7 @@ def export_table_version(
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-journal") as early:
             # reading the journal (and opening the tier's connection) overlaps the planning pass
             verifying = early.submit(journal.verified)
-            running = _engine(engine, scope)
+            running = engine_in_scope(engine, scope, purpose="export")
             plan, spill = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
                                      workers=workers)
             done = verifying.result()
@@ -332,21 +331,6 @@ def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: E
                                           routed_schema=ROUTED, workers=workers, **options))
 
 
-def _engine(engine: EngineChoice, scope: ExitStack) -> Engine | None:
-    """The engine an export runs on (None: this process), started here when named, stopped when ``scope`` closes."""
-    if engine == "local":
-        return None
-    if isinstance(engine, str):
-        running = make_engine(EngineSpec(kind=engine))
-        running.start()
-        scope.callback(running.stop)
-    else:
-        running = engine
-    if running.name not in ("ray", "spark"):
-        raise SpecError(f"--engine {running.name!r}: export runs on local, ray or spark")
-    return running
-
-
 @dataclass(frozen=True)
 class RoutedReader:
     """An engine task's read: one data file of the version, encoded and routed (picklable)."""
@@ -423,7 +407,7 @@ def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dic
                 existing.release, ", ".join(names))
     report("repair", 0, len(damaged))
     with ExitStack() as scope:
-        running = _engine(engine, scope)
+        running = engine_in_scope(engine, scope, purpose="export")
         plan, spill = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
                                      workers=workers)
         if [s.samples for s in plan.spans] != [s.samples for s in existing.shards]:

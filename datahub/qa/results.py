@@ -13,9 +13,8 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datahub.config.spec import EngineSpec
 from datahub.engines.base import Engine
-from datahub.engines.registry import make_engine
+from datahub.engines.registry import engine_in_scope
 from datahub.errors import SpecError
 from datahub.lake.lake import Lake
 from datahub.lake.tables import QA_RESULTS
@@ -82,7 +81,7 @@ def run_suites(
     if version is None:
         version = int(lake.table(table).version())
     with ExitStack() as scope:
-        running = _engine(engine, scope)
+        running = engine_in_scope(engine, scope, purpose="QA")
         if running is None:
             dataset = lake.dataset(table, version)
             outcomes = run_suites_streaming(dataset, loaded, total_rows=dataset.count_rows())  # rows from footers
@@ -98,21 +97,6 @@ def run_suites(
             record(lake, result)
         out.append(result)
     return out
-
-
-def _engine(engine: Literal["local", "ray", "spark"] | Engine, scope: ExitStack) -> Engine | None:
-    """The engine QA runs on (None: this process), started here when named, stopped when ``scope`` closes."""
-    if engine == "local":
-        return None
-    if isinstance(engine, str):
-        running = make_engine(EngineSpec(kind=engine))
-        running.start()
-        scope.callback(running.stop)
-    else:
-        running = engine
-    if running.name not in ("ray", "spark"):
-        raise SpecError(f"--engine {running.name!r}: QA runs on local, ray or spark")
-    return running
 
 
 def record(lake: Lake, result: QAResult) -> int | None:
