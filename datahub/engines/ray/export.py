@@ -11,6 +11,7 @@ sort, merge, map_groups: three all-to-all stages) cost about 7 s for 77 MB of sh
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import numpy as np
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.engines.base import Engine
+from datahub.engines.ray.tasks import map_tasks
 from datahub.engines.sink import Sink, WriteTask, task_results
 
 R = TypeVar("R")
@@ -101,14 +103,5 @@ def read_tasks(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], It
                workers: int | None = None) -> Iterator[pa.Table]:
     """``read(task)`` for every task in Ray tasks, ``workers`` at once; their (small) tables stream back in task
     order. Plain Ray tasks: Ray Data's first execution in a process costs seconds this pass does not need."""
-    import ray
-
-    parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    remote = ray.remote(_read_all)
-    pending: list[Any] = []
-    for item in tasks:
-        pending.append(remote.remote(item, read))
-        if len(pending) > parallel:
-            yield from ray.get(pending.pop(0))
-    for ref in pending:
-        yield from ray.get(ref)
+    for tables in map_tasks(engine, tasks, partial(_read_all, read=read), workers=workers):
+        yield from tables
