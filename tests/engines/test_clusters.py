@@ -56,7 +56,7 @@ def _wait(check, what: str, log: Path, proc: subprocess.Popen, timeout_s: float 
         try:
             if check():
                 return
-        except OSError:
+        except (OSError, ValueError):  # not up: refused, or (loaded machine) the UI's HTML before its JSON answers
             pass
         time.sleep(0.5)
     raise AssertionError(f"{what} did not come up in {timeout_s:.0f}s; log:\n{log.read_text()[-3000:]}")
