@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--small-mb", type=float, default=100, help="text of the small lake (MB); the large is 4x")
     parser.add_argument("--shard-size", default="32MB")
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--only", help="comma-separated commands to measure (e.g. 'export,qa'); the ones they need "
+                                       "(release create, export before tier apply) still run")
     parser.add_argument("--code", help="run the commands with datahub from this source tree (an older commit, "
                                        "e.g. `git archive REV | tar -x -C DIR`): the 'before' figures")
     allocator = parser.add_mutually_exclusive_group()
@@ -147,6 +149,11 @@ def main() -> None:
                                     "--source", "file:///corpus/part-03.jsonl", "--reason", "benchmark take-down"]),
                 ("release merge", ["release", "merge", "merged", "--from", "half", "--from", "full", "--lake", lake]),
             ]
+            if args.only:
+                wanted = {n.strip() for n in args.only.split(",")} | {"release create"}
+                if "tier apply" in wanted:
+                    wanted.add("export")
+                commands = [(n, c) for n, c in commands if n in wanted]
             for name, command in commands:
                 measured = run_measured([datahub, *command], env=command_env, cwd=str(REPO))
                 if measured.returncode != 0:
