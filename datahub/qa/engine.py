@@ -25,6 +25,7 @@ import pyarrow as pa
 from datahub.config.suites import Suite
 from datahub.engines.base import Engine
 from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
 from datahub.qa.aggregates import hash_counts
 from datahub.qa.validate import (
     PassPlan,
@@ -53,10 +54,8 @@ class _FileAggregates:
 
     def __call__(self, task: tuple[str, int]) -> Partial:
         path, start = task
-        dataset = self.lake.dataset(self.table, self.version)
-        fragment = next(f for f in dataset.get_fragments() if f.path == path)
-        batches = fragment.to_batches(schema=dataset.schema, columns=list(self.plan.read),
-                                      batch_size=self.plan.batch_rows, batch_readahead=1)
+        batches = scan_batches(self.lake.dataset(self.table, self.version), columns=list(self.plan.read),
+                               batch_rows=self.plan.batch_rows, files=[path])
         return aggregate_batches(self.plan, batches, start=start)
 
 
@@ -72,10 +71,8 @@ class _FileValidationColumns:
     batch_rows: int
 
     def __call__(self, path: str) -> Iterator[pa.Table]:
-        dataset = self.lake.dataset(self.table, self.version)
-        fragment = next(f for f in dataset.get_fragments() if f.path == path)
-        for batch in fragment.to_batches(schema=dataset.schema, columns=list(self.read), batch_size=self.batch_rows,
-                                         batch_readahead=1):
+        for batch in scan_batches(self.lake.dataset(self.table, self.version), columns=list(self.read),
+                                  batch_rows=self.batch_rows, files=[path]):
             if batch.num_rows:
                 yield validation_batch(batch, set(self.wanted))
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.config.suites import Suite
+from datahub.lake.scan import scan_batches
 from datahub.qa.aggregates import EXACT_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
 
 BATCH_ROWS = 4096
@@ -178,11 +179,11 @@ def merge_partials(plan: PassPlan, partials: Iterable[Partial]) -> Partial:
 
 def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int,
                          batch_rows: int = BATCH_ROWS) -> list[tuple[bool, list[dict[str, Any]]]]:
-    """Run ``suites`` over a ``pyarrow.dataset`` in one pass of ``batch_rows`` batches, reading only the columns
+    """Run ``suites`` over a ``pyarrow.dataset`` of Parquet files (``Lake.dataset``) in one pass of ``batch_rows``
+    batches (``scan_batches``: no read-ahead, so a slow pass holds one batch), reading only the columns
     they name; returns (success, entries) per suite, entries in the shape ``run_expectations`` gives."""
     plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=total_rows, batch_rows=batch_rows)
-    batches = dataset.to_batches(columns=list(plan.read), batch_size=batch_rows, batch_readahead=1,
-                                 fragment_readahead=1)
+    batches = scan_batches(dataset, columns=list(plan.read), batch_rows=batch_rows)
     return finish_pass(plan, aggregate_batches(plan, batches))
 
 
