@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
+from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
@@ -83,23 +84,24 @@ def _id_batches(lake: Lake, table: str, version: int, sample_ids: pa.ChunkedArra
         yield ids, reasons
 
 
+_ID_ROWS = pa.schema([("sample_id", pa.string()), ("reason_code", pa.int32())])
+
+
 @dataclass
 class _Released:
-    """The released ids of a release: distinct, sorted, each with the reason of its first row; plus the digest and
-    the row count. Held narrow: the ids (about 40 bytes a row), an int32 reason code each and the sort order."""
+    """What a pass over the released ids gives: the row count, the digest, the distinct reasons (indexed by the
+    ``reason_code`` of the rows) and how many non-null ids went to the sort (``SortedRuns``: the distinct ids in
+    order, spilled to local disk in sorted runs past ``RUN_ROWS``, so what is held stays bounded)."""
 
     rows: int
     digest: int
-    ids: pa.ChunkedArray
-    reason_codes: pa.ChunkedArray
-    reasons: pa.Array  # the distinct reasons, indexed by reason_codes
+    ids: int
+    reasons: pa.Array
 
 
-def _collect(batches: Iterator[tuple[pa.Array, pa.Array]]) -> _Released:
-    id_parts: list[pa.Array] = []
-    code_parts: list[pa.Array] = []
+def _collect(batches: Iterator[tuple[pa.Array, pa.Array]], runs: SortedRuns) -> _Released:
     dictionary: dict[str | None, int] = {}
-    rows = digest = 0
+    rows = digest = ids_added = 0
     for ids, reasons in batches:
         rows += len(ids)
         digest += digest_sum(ids)
@@ -108,44 +110,59 @@ def _collect(batches: Iterator[tuple[pa.Array, pa.Array]]) -> _Released:
         values = encoded.dictionary.to_pylist()
         remap = pa.array([dictionary.setdefault(v, len(dictionary)) for v in values], pa.int32())
         codes = remap.take(encoded.indices) if len(values) else pa.nulls(len(encoded), pa.int32())
-        id_parts.append(ids.filter(valid).cast(pa.string()))
-        code_parts.append(pc.fill_null(codes, dictionary.setdefault(None, len(dictionary))))
-    ids = pa.chunked_array(id_parts, pa.string())  # chunked: more than 2 GB of ids would overflow one array
-    codes = pa.chunked_array(code_parts, pa.int32())
-    order = pc.sort_indices(ids)  # stable: the first row of each id comes first
-    ids, codes = ids.take(order), codes.take(order)
-    del order
-    if len(ids) > 1:  # keep the first of each run of equal ids
-        first = pc.not_equal(ids.slice(1), ids.slice(0, len(ids) - 1))
-        keep = pa.chunked_array([pa.array([True]), *first.chunks], pa.bool_())
-        ids, codes = ids.filter(keep), codes.filter(keep)
+        kept = ids.filter(valid).cast(pa.string())
+        ids_added += len(kept)
+        # the sort is stable and keeps the first row of each id: the reason of its first row
+        runs.add(pa.table([kept, pc.fill_null(codes, dictionary.setdefault(None, len(dictionary)))],
+                          schema=_ID_ROWS))
     reasons = pa.array(sorted(dictionary, key=dictionary.__getitem__), pa.string())
-    return _Released(rows, digest & ((1 << 128) - 1), ids, codes, reasons)
+    return _Released(rows, digest & ((1 << 128) - 1), ids_added, reasons)
 
 
-def _lineage_chunks(name: str, released: _Released, ts: datetime, extra: pa.Table | None) -> Iterator[pa.Table]:
-    """``released`` lineage rows for ``released``'s ids, merged with the ``extra`` rows, in sample_id order,
-    ``LINEAGE_CHUNK_ROWS`` released rows at a time."""
+def _chunks(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """``blocks`` regrouped into tables of exactly ``rows`` rows (the last one shorter)."""
+    held: list[pa.Table] = []
+    count = 0
+    for block in blocks:
+        held.append(block)
+        count += block.num_rows
+        while count >= rows:
+            whole = pa.concat_tables(held)
+            yield whole.slice(0, rows).combine_chunks()
+            rest = whole.slice(rows)
+            held, count = ([rest] if rest.num_rows else []), rest.num_rows
+    if count:
+        yield pa.concat_tables(held).combine_chunks()
+
+
+def _lineage_chunks(name: str, released: _Released, distinct: Iterator[pa.Table], ts: datetime,
+                    extra: pa.Table | None) -> Iterator[pa.Table]:
+    """``released`` lineage rows for the ``distinct`` ids (sorted blocks of sample_id, reason_code), merged with
+    the ``extra`` rows, in sample_id order, ``LINEAGE_CHUNK_ROWS`` released rows at a time."""
     extra = extra.cast(LINEAGE).sort_by([("sample_id", "ascending")]) if extra is not None and extra.num_rows else None
-    n = len(released.ids)
-    for start in range(0, max(n, 1), LINEAGE_CHUNK_ROWS):
-        ids = released.ids.slice(start, LINEAGE_CHUNK_ROWS)
+    chunks = _chunks(distinct, LINEAGE_CHUNK_ROWS)
+    current = next(chunks, _ID_ROWS.empty_table())
+    first = True
+    while current is not None:
+        following = next(chunks, None)  # its first id bounds this chunk's share of the extra rows
+        ids = current.column("sample_id")
         chunk = lineage_rows(ids, run_id=release_txn(name), op=RELEASE_OP, action="released",
-                             reason=released.reasons.take(released.reason_codes.slice(start, LINEAGE_CHUNK_ROWS)),
-                             ref=name, ts=ts, sort=False)
+                             reason=released.reasons.take(current.column("reason_code")), ref=name, ts=ts,
+                             sort=False)
         if extra is not None:
             column = extra.column("sample_id")
             mine = None
-            if start > 0:
+            if not first:
                 mine = pc.greater_equal(column, ids[0])
-            if start + LINEAGE_CHUNK_ROWS < n:
-                below = pc.less(column, released.ids[start + LINEAGE_CHUNK_ROWS])
+            if following is not None:
+                below = pc.less(column, following.column("sample_id")[0])
                 mine = below if mine is None else pc.and_(mine, below)
             rows = extra if mine is None else extra.filter(mine)
             if rows.num_rows:
                 chunk = pa.concat_tables([chunk, rows]).sort_by([("sample_id", "ascending")])
         if chunk.num_rows:
             yield chunk
+        current, first = following, False
 
 
 def freeze(
@@ -172,7 +189,7 @@ def freeze(
     The samples are ``sample_ids`` (with ``released_reason`` per row), or when None, the ``sample_id`` column of
     ``table`` at ``version``, scanned in bounded batches (the reason then is ``reason_prefix`` + the row's
     ``reason_column``, or the release kind). Lineage is written in sorted chunks of ``LINEAGE_CHUNK_ROWS``; what
-    is held is the distinct ids, narrow (``_Released``).
+    is held is bounded: the distinct ids are sorted in runs spilled to local disk (``datahub.lake.external_sort``).
     """
     # The release is read by time travel: the frozen table must keep its log even when another
     # writer (Spark add-actions, an older datahub) created it without the property.
@@ -180,12 +197,13 @@ def freeze(
     ts = datetime.now(timezone.utc)
     txn = release_txn(name)
     default_reason = None if kind == "create" else kind
-    released = _collect(_id_batches(lake, table, version, sample_ids,
-                                    released_reason if released_reason is not None else default_reason,
-                                    reason_column, reason_prefix))
-    if len(released.ids) or (extra_lineage is not None and extra_lineage.num_rows):
-        commit_rows(lake, "lineage", _lineage_chunks(name, released, ts, extra_lineage), schema=LINEAGE, txn=txn,
-                    row_group_rows=LINEAGE_CHUNK_ROWS, metadata={"datahub.release": name})
+    with SortedRuns(_ID_ROWS, "sample_id") as runs:
+        released = _collect(_id_batches(lake, table, version, sample_ids,
+                                        released_reason if released_reason is not None else default_reason,
+                                        reason_column, reason_prefix), runs)
+        if released.ids or (extra_lineage is not None and extra_lineage.num_rows):
+            commit_rows(lake, "lineage", _lineage_chunks(name, released, runs.merged(), ts, extra_lineage),
+                        schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS, metadata={"datahub.release": name})
     if run_ids is None or jobs is None:
         found_runs, found_jobs = history_runs(lake, table, version)
         run_ids = found_runs if run_ids is None else run_ids

@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 from datahub.errors import ReleaseError
-from datahub.lake import Lake
+from datahub.lake import Lake, external_sort
 from datahub.release import create_release, diff_releases, get_release, merge_releases, parse_weights
 from datahub.sample_id import sample_id_of
 from tests.release.helpers import add_samples
@@ -33,6 +33,40 @@ def test_diff_counts_overall_and_per_source(tmp_path):
     back = diff_releases(lake, "r2", "r1")
     assert (back.added, back.removed) == (1, 2) and back.added_ids is None
     assert "added_ids" not in back.as_dict()
+
+
+@pytest.mark.parametrize("run_rows", [65_536, 40])
+def test_diff_of_spilled_sorted_runs_matches_set_arithmetic(tmp_path, monkeypatch, run_rows):
+    monkeypatch.setattr(external_sort, "RUN_ROWS", run_rows)  # 40: each release's ids merged from many runs
+    monkeypatch.setattr(external_sort, "READ_ROWS", 16)
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, [f"doc {i}" for i in range(0, 300)], "a.jsonl", run_id="job-aaaaaaaaaaaa")
+    add_samples(lake, [f"doc {i}" for i in range(0, 300, 3)], "b.jsonl", run_id="job-bbbbbbbbbbbb")  # repeats: first source a
+    create_release(lake, "old")
+    lake.commit("samples", lake.read("samples").filter(pc.less(lake.read("samples").column("source_offset"), 200)),
+                txn="rewrite", mode="overwrite")
+    add_samples(lake, [f"doc {i}" for i in range(250, 420)], "c.jsonl", run_id="job-cccccccccccc")
+    create_release(lake, "new")
+
+    def first_source(name):
+        release = get_release(lake, name)
+        rows = lake.read(release.table, version=release.version, columns=["sample_id", "source_uri"]).to_pylist()
+        first = {}
+        for row in rows:
+            first.setdefault(row["sample_id"], row["source_uri"])
+        return first
+
+    old, new = first_source("old"), first_source("new")
+    added, removed = sorted(set(new) - set(old)), sorted(set(old) - set(new))
+    expected_sources = {}
+    for kind, ids, release in (("added", added, new), ("removed", removed, old)):
+        for sample_id in ids:
+            expected_sources.setdefault(release[sample_id], {"added": 0, "removed": 0})[kind] += 1
+    diff = diff_releases(lake, "old", "new", with_ids=True)
+    assert added and removed and diff.unchanged == len(set(old) & set(new)) > 0
+    assert (diff.added_ids, diff.removed_ids) == (added, removed)
+    assert (diff.added, diff.removed) == (len(added), len(removed))
+    assert diff.by_source == dict(sorted(expected_sources.items()))
 
 
 def _two_datasets(lake):

@@ -4,10 +4,12 @@ same digest and rows as from the ids held whole."""
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from datahub.lake import Lake
+from datahub.lake import Lake, external_sort
+from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.release import freeze as freeze_module
 from datahub.release.create import create_release
@@ -35,8 +37,11 @@ def test_scan_batches_gives_the_dataset_rows_in_order_and_bounded(tmp_path):
     assert sum(b.num_rows for b in scan_batches(dataset, columns=["sample_id"], files=only)) == 700  # one run's file
 
 
-def test_freeze_scanning_the_version_matches_freezing_given_ids(tmp_path, monkeypatch):
+@pytest.mark.parametrize("run_rows", [65_536, 300])
+def test_freeze_scanning_the_version_matches_freezing_given_ids(tmp_path, monkeypatch, run_rows):
     monkeypatch.setattr(freeze_module, "LINEAGE_CHUNK_ROWS", 500)  # several lineage chunks and scan batches
+    monkeypatch.setattr(external_sort, "RUN_ROWS", run_rows)  # 300: the ids sorted in spilled runs, then merged
+    monkeypatch.setattr(external_sort, "READ_ROWS", 128)
     lake = _lake(tmp_path)
     ids = lake.read("samples", version=2, columns=["sample_id"]).column("sample_id")
     scanned = freeze(lake, "scanned", table="samples", version=2, kind="create", qa_status="none")
@@ -49,6 +54,7 @@ def test_freeze_scanning_the_version_matches_freezing_given_ids(tmp_path, monkey
                                       pc.equal(lineage.column("action"), "released")))
         assert sorted(rows.column("sample_id").to_pylist()) == sorted(ids.to_pylist())
         assert rows.column("sample_id").to_pylist() == sorted(rows.column("sample_id").to_pylist())  # sorted chunks
+        assert set(rows.column("reason").to_pylist()) == {None}
 
 
 def test_create_release_freezes_by_scan(tmp_path):
@@ -56,3 +62,29 @@ def test_create_release_freezes_by_scan(tmp_path):
     release = create_release(lake, "r1")
     ids = lake.read("samples", columns=["sample_id"]).column("sample_id")
     assert release.row_count == 600 and release.digest == release_digest(ids)
+
+
+def test_spilled_freeze_keeps_each_ids_first_reason_and_merges_extra_rows_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(freeze_module, "LINEAGE_CHUNK_ROWS", 256)
+    monkeypatch.setattr(external_sort, "RUN_ROWS", 200)
+    monkeypatch.setattr(external_sort, "READ_ROWS", 64)
+    lake = _lake(tmp_path, runs=1, per_run=300)
+    distinct = lake.read("samples", columns=["sample_id"]).column("sample_id").to_pylist()
+    ids = [distinct[(i * 7) % 300] for i in range(1_200)]  # every id 4 times, the repeats in later runs
+    reasons = [f"reason {i}" for i in range(len(ids))]
+    first: dict[str, str] = {}
+    for sample_id, reason in zip(ids, reasons):
+        first.setdefault(sample_id, reason)
+    extra_ids = sorted(distinct)[::37]
+    extra = lineage_rows(pa.array(extra_ids), run_id="x", op="test@1", action="dropped", reason="extra", ref="r")
+    release = freeze(lake, "r", table="samples", version=0, kind="create", qa_status="none",
+                     sample_ids=pa.array(ids), released_reason=pa.array(reasons), extra_lineage=extra)
+    assert release.row_count == 1_200 and release.digest == release_digest(pa.array(ids))
+    lineage = lake.read("lineage", filters=pc.field("ref") == "r")
+    released = lineage.filter(pc.equal(lineage.column("action"), "released"))
+    assert dict(zip(released.column("sample_id").to_pylist(), released.column("reason").to_pylist())) == first
+    assert released.num_rows == 300
+    assert sorted(lineage.filter(pc.equal(lineage.column("action"), "dropped")).column("sample_id").to_pylist()) \
+        == extra_ids
+    order = lineage.column("sample_id").to_pylist()  # released and extra rows interleaved in one sorted stream
+    assert order == sorted(order)
