@@ -262,7 +262,7 @@ def packed_iter(prefixes: list[str], workers: int) -> int:
 
     dataset = PackedDataset(prefixes, seq_len=SEQ_LEN, batch_size=TOKEN_BATCH, rank=0, world_size=1)
     loader = dataset if workers == 0 else DataLoader(dataset, batch_size=None, num_workers=workers)
-    # what a trainer touches: every array as a tensor (made in this process from the batch's compact form)
+    # what a trainer touches: every array as a tensor (made by the worker that read the batch, or in-process)
     return sum(int(batch.to_torch()["loss_mask"].sum()) for batch in loader)
 
 

@@ -26,6 +26,7 @@ from datahub.loader.regions import region_preference
 from datahub.loader.storage_options import StorageArg, as_storage, readable_tiers, tier_options
 from datahub.loader.storage_options import manifest_options as manifest_options_for
 from datahub.shards.index import index_tar
+from datahub.loader import worker_transport
 from datahub.loader.worker_use import WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)
@@ -68,7 +69,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
     DataLoader workers: each reads its own contiguous piece of the rank's stream, cut between shuffle blocks of
     whole shards, so every shard is fetched once per epoch whatever ``num_workers`` (see ``datahub.loader.plan``).
     ``batch_size=N, batch_format="arrow"`` yields ``pyarrow.RecordBatch``es (sample_id, text, is_padding) that cross
-    the worker boundary as buffers: the fast way to feed a tokenizer (``DataLoader(dataset, batch_size=None)``
+    the worker boundary as one write to shared memory (``datahub.loader.worker_transport``): the fast way to feed a tokenizer (``DataLoader(dataset, batch_size=None)``
     passes them through untouched).
     ``transform``: a callable applied to every decoded sample (after ``decode``, before batching), in the
     worker that reads it, e.g. ``decode="pil", transform=lambda s: augment(s["image"])``.
@@ -281,6 +282,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
             self._worker_use.clear()  # iterated here: this process's count is the trainer's again
         else:
             self._worker_use.mark(num_workers)
+            worker_transport.install()  # arrow batches to the trainer through shared memory, not the result pipe
         stream, pieces, following, done, order = self._pieces(num_workers)
         piece = (following + worker_id) % len(pieces)
         first = done[piece]

@@ -6,7 +6,7 @@ the shard's member bounds are looked up as plain int lists once, not per sample.
 
 ``batch_format="arrow"`` batches are ``pyarrow.RecordBatch``es (sample_id, text, is_padding) built from the
 shard bytes without a Python str per sample: a DataLoader worker sends a batch to the trainer as a few
-buffers (pickled as bytes) instead of pickling and unpickling every text.
+buffers (through its shared-memory ring, ``datahub.loader.worker_transport``) instead of pickling every text.
 """
 
 from __future__ import annotations

@@ -56,3 +56,7 @@ def replica_error(error: Exception) -> ReplicaUnavailableError | ReplicaUnusable
     ):
         return ReplicaUnusableError(_cause(error))
     return None
+
+
+class WorkerBatchLostError(TerminalError):
+    """A batch a DataLoader worker wrote to its shared-memory ring could not be read back (the worker was killed)."""

@@ -163,6 +163,8 @@ class MixtureDataset(StridedDataset):
     ``names``). See the module docstring for the merge and the resume rules.
     """
 
+    _transfer_types = (TokenBatch,)  # made in the worker, sent through shared memory (worker_transport)
+
     def __init__(
         self,
         sources: Mapping[str, ReleaseDataset | PackedDataset],

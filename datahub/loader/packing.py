@@ -44,12 +44,12 @@ class TokenBatch:
     ``segment_ids`` (int32, when document boundaries are kept), ``source`` (mixtures); ``keys()``, ``items()``,
     ``to_torch()`` (tensors sharing the arrays' memory).
 
-    Deliberately not a ``Mapping``: DataLoader's ``default_convert`` then passes it through, so a worker sends
-    the compact form (tokens in the files' dtype, each row's real length, a bool per token marking document
-    starts: 3 bytes per uint16 token instead of 13) as a few pickled arrays through the result pipe; the full
-    arrays are made on first access in the trainer. Converted to tensors in the worker, every array would
-    travel as its own shared-memory segment with a file descriptor handed over per tensor, which measured ~6x
-    slower per batch here (``benchmarks/loader.py``).
+    Deliberately not a ``Mapping``: DataLoader's ``default_convert`` then passes it through untouched. Made in the
+    process that reads it from its compact form (tokens in the files' dtype, each row's real length, a bool per
+    token marking document starts); from a DataLoader worker, every array is made in the worker (work that runs in
+    parallel there) and the batch crosses to the trainer through the worker's shared-memory ring
+    (``datahub.loader.worker_transport``), not pickled through the result pipe nor as one shared-memory tensor
+    per array (a file descriptor handed over per tensor measured ~6x slower per batch, ``benchmarks/loader.py``).
     """
 
     __slots__ = ("raw", "single", "_made")
@@ -107,6 +107,19 @@ class TokenBatch:
         else:
             raise KeyError(f"{key!r}: a TokenBatch has {self.keys()}")
         return value[0] if self.single else value
+
+    def to_transfer(self) -> tuple[bool, dict[str, np.ndarray]]:
+        """Every array made (in the DataLoader worker, where that work runs in parallel) plus the compact form, for
+        ``datahub.loader.worker_transport``, which writes them into shared memory instead of the result pipe."""
+        arrays = {f"raw:{key}": value for key, value in self.raw.items()}
+        arrays.update((f"made:{key}", value) for key, value in self.items())
+        return self.single, arrays
+
+    @classmethod
+    def from_transfer(cls, single: bool, arrays: dict[str, np.ndarray]) -> TokenBatch:
+        batch = cls({key[4:]: value for key, value in arrays.items() if key.startswith("raw:")}, single=single)
+        batch._made = {key[5:]: value for key, value in arrays.items() if key.startswith("made:")}
+        return batch
 
     def to_torch(self) -> dict[str, Any]:
         """The arrays as torch tensors sharing their memory (tokens, position and segment ids are int32)."""
@@ -252,9 +265,11 @@ class PackedDataset(StridedDataset):
     Items are ``TokenBatch``es of numpy arrays: ``tokens`` (int32, ``[seq_len]``, or ``[B, seq_len]`` with
     ``batch_size=B``), ``loss_mask`` (bool: False on padding), and with ``document_boundaries=True`` (default)
     ``position_ids`` and ``segment_ids`` (int32); ``batch.to_torch()`` gives tensors without a copy. Use
-    ``DataLoader(dataset, batch_size=None, num_workers=N)``: the batches cross the worker boundary as pickled arrays.
+    ``DataLoader(dataset, batch_size=None, num_workers=N)``: batches cross the worker boundary in shared memory.
     ``source``: a ``TokenManifest``, the path of a ``tokens-manifest.json``, or indexed file prefixes.
     """
+
+    _transfer_types = (TokenBatch,)  # made in the worker, sent through shared memory (worker_transport)
 
     def __init__(
         self,

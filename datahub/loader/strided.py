@@ -22,6 +22,7 @@ import numpy as np
 
 from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.plan import resolve_topology
+from datahub.loader import worker_transport
 from datahub.loader.worker_use import WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers)
@@ -52,6 +53,8 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
 
     # --- subclass hooks ---------------------------------------------------------------------------------
 
+    _transfer_types: tuple[type[worker_transport.ArrayBundle], ...] = ()  # item types sent through shared memory
+
     def _global_items(self) -> int:
         raise NotImplementedError
 
@@ -80,6 +83,7 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
             self._worker_use.clear()
         else:
             self._worker_use.mark(num_workers)
+            worker_transport.install(self._transfer_types)  # batches to the trainer through shared memory
         self._yielded = 0
         return self._iterate(worker_id, num_workers)
 

@@ -1,0 +1,117 @@
+"""Batches from DataLoader workers through the shared-memory ring: equal to in-process reads, ring wrap and
+full-ring fallback, no ring file left behind, stale rings of dead workers removed, a lost batch named."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from datahub.loader import PackedDataset, ReleaseDataset, worker_transport  # noqa: E402
+from datahub.loader.errors import WorkerBatchLostError  # noqa: E402
+from tests.loader.shards import write_release  # noqa: E402
+from tests.loader.tokens import write_tokens  # noqa: E402
+
+
+def rings() -> set[str]:
+    directory = worker_transport._ring_directory()
+    return {name for name in os.listdir(directory) if name.startswith(worker_transport._PREFIX)}
+
+
+@pytest.fixture
+def text_release(tmp_path: Path) -> str:
+    write_release(tmp_path / "export", samples_per_shard=(30, 25, 41, 30, 33, 28), text_bytes=700)
+    return str(tmp_path / "export" / "manifest.json")
+
+
+def arrow_batches(path: str, workers: int, **kwargs: Any) -> list[pa.RecordBatch]:
+    dataset = ReleaseDataset(path, rank=0, world_size=1, seed=3, shuffle_buffer=40, batch_size=16,
+                             batch_format="arrow", **kwargs)
+    return list(DataLoader(dataset, batch_size=None, num_workers=workers)) if workers else list(dataset)
+
+
+def by_id(batches: list[pa.RecordBatch]) -> dict[str, tuple[str, bool]]:
+    table = pa.Table.from_batches(batches)
+    ids, texts, padding = (table.column(name).to_pylist() for name in ("sample_id", "text", "is_padding"))
+    assert len(set(ids)) == len(ids), "each sample once"
+    return {i: (t, p) for i, t, p in zip(ids, texts, padding)}
+
+
+@pytest.mark.parametrize("capacity", [worker_transport._CAPACITY, 64 << 10])
+def test_arrow_batches_from_workers_equal_in_process_batches(text_release: str, capacity: int,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # 64 KB: every batch (~11 KB of text) wraps the ring several times over the epoch
+    monkeypatch.setattr(worker_transport, "_CAPACITY", capacity)
+    monkeypatch.setattr(worker_transport, "_MAX_ITEM", capacity // 4)
+    before = rings()
+    local = arrow_batches(text_release, 0)
+    remote = arrow_batches(text_release, 3)
+    assert all(isinstance(batch, pa.RecordBatch) for batch in remote)
+    # each worker's piece of the stream ends with its own short batch, so compare samples, not batch bounds
+    assert by_id(remote) == by_id(local)
+    assert rings() <= before, "the workers' ring files are gone once the DataLoader is done"
+
+
+def test_full_ring_and_oversized_batches_go_through_the_pipe(text_release: str,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # a ring that holds one batch and a reader that never frees it in time: the second batch waits 0.05 s and
+    # falls back to the pipe; batches over _MAX_ITEM never try the ring
+    monkeypatch.setattr(worker_transport, "_CAPACITY", 16 << 10)
+    monkeypatch.setattr(worker_transport, "_MAX_ITEM", 16 << 10)
+    monkeypatch.setattr(worker_transport, "_WAIT_S", 0.05)
+    local = arrow_batches(text_release, 0)
+    assert by_id(arrow_batches(text_release, 2)) == by_id(local)
+    monkeypatch.setattr(worker_transport, "_MAX_ITEM", 1 << 10)
+    assert by_id(arrow_batches(text_release, 2)) == by_id(local)
+
+
+def test_token_batches_from_workers_equal_in_process_batches(tmp_path: Path) -> None:
+    prefixes, _ = write_tokens(tmp_path / "tok", files=4, documents=60, max_len=50)
+
+    def batches(workers: int) -> list[Any]:
+        dataset = PackedDataset(prefixes, seq_len=64, batch_size=4, rank=0, world_size=1, seed=2, shuffle_buffer=20)
+        return list(DataLoader(dataset, batch_size=None, num_workers=workers)) if workers else list(dataset)
+
+    local, remote = batches(0), batches(3)
+    assert len(local) == len(remote) > 6
+    for mine, theirs in zip(local, remote):  # DataLoader interleaves the workers' strides back into rank order
+        assert mine.keys() == theirs.keys() == ["tokens", "loss_mask", "position_ids", "segment_ids"]
+        for key in mine.keys():
+            assert theirs[key].dtype == mine[key].dtype and np.array_equal(theirs[key], mine[key]), key
+        tensors = theirs.to_torch()
+        assert tensors["tokens"].dtype == torch.int32 and tensors["loss_mask"].dtype == torch.bool
+
+
+def test_a_ring_removes_the_rings_of_dead_workers(tmp_path: Path) -> None:
+    directory = worker_transport._ring_directory()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    stale = os.path.join(directory, f"{worker_transport._PREFIX}{int(dead.stdout)}-{'0' * 32}")
+    Path(stale).write_bytes(b"left by a killed worker")
+    live = os.path.join(directory, f"{worker_transport._PREFIX}{os.getpid()}-{'1' * 32}")
+    Path(live).write_bytes(b"a live process's ring")
+    try:
+        code = "from datahub.loader import worker_transport as t; r = t._ring(); print(r.path)"
+        made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              cwd=str(Path(__file__).resolve().parents[2]))
+        assert not os.path.exists(stale), "the dead worker's ring is removed"
+        assert os.path.exists(live), "a live process's ring is kept"
+        assert not os.path.exists(made.stdout.strip()), "a ring is unlinked when its process exits"
+    finally:
+        for path in (stale, live):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
+def test_a_batch_whose_ring_is_gone_is_an_error_that_says_so(tmp_path: Path) -> None:
+    with pytest.raises(WorkerBatchLostError, match="shared-memory ring"):
+        worker_transport._record_batch_from_ring(str(tmp_path / "datahub-ring-1-gone"), 0, 128, 128)
