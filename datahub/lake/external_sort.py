@@ -1,14 +1,15 @@
 """Sorting more rows than memory should hold: sorted runs spilled to local Arrow IPC files, merged in bounded memory.
 
 ``SortedRuns`` takes batches of rows with a ``key`` column (no nulls), sorts every ``run_rows`` of them, keeps the
-first row added of each key (stable sort: e.g. a release's first source of a sample id) and writes each sorted run
-to a temporary file; ``merged()`` then streams the distinct rows in key order, reading each run ``read_rows`` at a
+first row added of each key (stable sort: e.g. a release's first source of a sample id), or with ``counts`` sums
+that column over the rows of a key (e.g. how often a value occurs), and writes each sorted run to a temporary file; ``merged()`` then streams the distinct rows in key order, reading each run ``read_rows`` at a
 time. A stream that fits in one run is never written to disk. Memory: one run while adding; ``FAN_IN`` x ``read_rows`` rows while merging
 (more runs than that are first merged in groups into longer runs); disk: the rows once (twice past ``FAN_IN`` runs).
 
 The merge is vectorized: each step takes, from every run's current block, the rows up to the smallest of the
 blocks' last keys (keys are distinct within a run, so every row of every run with that key or below is then in
-hand), sorts just those, keeps the first of equal keys (runs are in adding order) and emits them.
+hand), sorts just those, keeps the first of equal keys (runs are in adding order) or sums their counts, and emits
+them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -31,12 +34,14 @@ class SortedRuns:
     """Rows added in batches, given back sorted by ``key``, one per key (see the module docstring); a context manager
     that removes its spill directory on exit."""
 
-    def __init__(self, schema: pa.Schema, key: str, *, run_rows: int | None = None, read_rows: int | None = None,
-                 directory: str | None = None) -> None:
-        if key not in schema.names:
-            raise KeyError(f"sort key {key!r} is not among the columns ({', '.join(schema.names)})")
+    def __init__(self, schema: pa.Schema, key: str, *, counts: str | None = None, run_rows: int | None = None,
+                 read_rows: int | None = None, directory: str | None = None) -> None:
+        for name in (key, counts):
+            if name is not None and name not in schema.names:
+                raise KeyError(f"column {name!r} is not among the columns ({', '.join(schema.names)})")
         self.schema = schema
         self.key = key
+        self.counts = counts
         self.run_rows = run_rows or RUN_ROWS
         self.read_rows = read_rows or READ_ROWS
         self._parent = directory
@@ -77,7 +82,7 @@ class SortedRuns:
             self._spill(self._sorted_buffer())
 
     def merged(self) -> Iterator[pa.Table]:
-        """The first row added of each key, in key order, in blocks of at most
+        """The first row added of each key (``counts``: with the key's summed counts), in key order, in blocks of at most
         about ``FAN_IN`` x ``read_rows`` rows. Read once."""
         if not self._runs:
             table = self._sorted_buffer()
@@ -101,17 +106,24 @@ class SortedRuns:
         return self._first_of_each(table.take(pc.sort_indices(table.column(self.key))))  # stable sort
 
     def _first_of_each(self, table: pa.Table) -> pa.Table:
-        """``table`` (stably sorted) without the later rows of equal keys."""
+        """``table`` (stably sorted) with one row per key: the first, or with ``counts`` their sum in that column."""
         if table.num_rows < 2:
             return table
         keys = table.column(self.key)
         later = pc.equal(keys.slice(1), keys.slice(0, len(keys) - 1))
         keep = pa.chunked_array([pa.array([True]), *pc.invert(later).chunks], pa.bool_())
-        return table.filter(keep)
+        first = table.filter(keep)
+        if self.counts is None:
+            return first
+        starts = np.flatnonzero(keep.to_numpy(zero_copy_only=False))
+        summed = np.add.reduceat(table.column(self.counts).to_numpy(), starts)
+        index = first.schema.get_field_index(self.counts)
+        return first.set_column(index, first.schema.field(index), pa.array(summed, first.schema.field(index).type))
 
     def _path(self) -> str:
         if self._directory is None:
             self._directory = tempfile.mkdtemp(prefix="datahub-sort-", dir=self._parent)
+            weakref.finalize(self, shutil.rmtree, self._directory, True)  # removed even when never closed
         self._written += 1
         return os.path.join(self._directory, f"run-{self._written:06d}.arrow")
 

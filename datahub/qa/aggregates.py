@@ -10,9 +10,12 @@ The table is read once, in batches, and only the columns the suite names (``text
 | expect_column_values_to_be_between | non-null count, count outside the range, 20 examples | O(1) |
 | expect_column_values_to_be_in_set | non-null count, count outside the set, 20 examples | O(1) |
 | expect_column_mean_to_be_between | sum and count of non-null values | O(1) |
-| expect_column_values_to_be_unique | 64-bit hash per non-null value, then counts per hash | 8 bytes a row |
-| expect_column_proportion_of_unique_values_to_be_between | the same hashes | 8 bytes a row |
+| expect_column_values_to_be_unique | 64-bit hash per non-null value, then counts per hash | bounded (below) |
+| expect_column_proportion_of_unique_values_to_be_between | the same hashes | bounded (below) |
 | any other type | Great Expectations on a bounded sample (every k-th row, at most ``SAMPLE_ROWS``); exact when the table has no more rows | the sample |
+
+A uniqueness check holds up to ``HELD_HASHES`` hashes (8 MB); past that they are counted per hash and spilled to
+local disk in sorted runs (``datahub.lake.external_sort``), merged when the check is judged.
 
 On Ray (``datahub.qa.engine``) each task computes these aggregates for one data file and the driver merges them
 (``Check.merge``: counts and sums add, examples in file order, hash lists join), so the verdicts are the local ones.
@@ -35,7 +38,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.lake.external_sort import SortedRuns
+
 SAMPLE_ROWS = 100_000
+HELD_HASHES = 1 << 20  # hashes a uniqueness check holds before counting and spilling them (8 MB)
+_HASH_COUNTS = pa.schema([("hash", pa.uint64()), ("count", pa.int64())])
 EXAMPLES = 20
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -85,6 +92,7 @@ class Check:
     examples: list[Any] = field(default_factory=list)
     hashes: list[np.ndarray] = field(default_factory=list)
     hash_counts: tuple[int, int, int] | None = None  # (distinct, hashed rows, rows of repeated values), engine-counted
+    spilled: SortedRuns | None = field(default=None, repr=False, compare=False)  # (hash, count) past HELD_HASHES
 
     @property
     def kind(self) -> str:
@@ -117,6 +125,30 @@ class Check:
             self.total += float(pc.sum(pc.cast(valid, pa.float64())).as_py() or 0.0)
         elif kind in ("expect_column_values_to_be_unique", "expect_column_proportion_of_unique_values_to_be_between"):
             self.hashes.append(value_hashes(valid))
+            if sum(len(h) for h in self.hashes) > HELD_HASHES:
+                self._spill_hashes()
+
+    def _spill_hashes(self) -> None:
+        """The held hashes counted per hash and added to the spilled sorted runs (one run each time)."""
+        if not self.hashes:
+            return
+        values, counts = np.unique(np.concatenate(self.hashes), return_counts=True)
+        self.hashes = []
+        if self.spilled is None:
+            self.spilled = SortedRuns(_HASH_COUNTS, "hash", counts="count", run_rows=HELD_HASHES)
+        self.spilled.add(pa.table([pa.array(values, pa.uint64()), pa.array(counts, pa.int64())],
+                                  schema=_HASH_COUNTS))
+
+    def take_hashes(self) -> np.ndarray:
+        """Every hash of the check, one per row (held and spilled), removed from the check: an engine task's file."""
+        parts = list(self.hashes)
+        self.hashes = []
+        if self.spilled is not None:
+            for block in self.spilled.merged():
+                parts.append(np.repeat(block.column("hash").to_numpy(), block.column("count").to_numpy()))
+            self.spilled.close()
+            self.spilled = None
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
     def merge(self, later: Check) -> None:
         """Add the aggregates of a later part of the table (an engine task's file): counts and sums add, examples
@@ -127,6 +159,16 @@ class Check:
         self.total += later.total
         self.examples.extend(later.examples[:max(0, EXAMPLES - len(self.examples))])
         self.hashes.extend(later.hashes)
+        if later.spilled is not None:
+            self._spill_hashes()
+            if self.spilled is None:
+                self.spilled = SortedRuns(_HASH_COUNTS, "hash", counts="count", run_rows=HELD_HASHES)
+            for block in later.spilled.merged():
+                self.spilled.add(block)
+            later.spilled.close()
+            later.spilled = None
+        elif sum(len(h) for h in self.hashes) > HELD_HASHES:
+            self._spill_hashes()
         if later.hash_counts is not None:
             self.add_hash_counts(later.hash_counts)
 
@@ -169,6 +211,17 @@ class Check:
 
 
     def _hash_counts(self) -> tuple[int, int, int]:
+        """(distinct, hashed, repeated) over the held, spilled and engine-counted hashes."""
+        if self.spilled is not None:  # the spilled runs merged into counts, once (each hash is in one merged block)
+            self._spill_hashes()
+            spilled, self.spilled = self.spilled, None
+            distinct = hashed = repeated = 0
+            for block in spilled.merged():
+                counts = block.column("count").to_numpy()
+                distinct, hashed = distinct + len(counts), hashed + int(counts.sum())
+                repeated += int(counts[counts > 1].sum())
+            spilled.close()
+            self.add_hash_counts((distinct, hashed, repeated))
         distinct, hashed, repeated = hash_counts(self.hashes)
         if self.hash_counts is not None:
             distinct, hashed, repeated = (distinct + self.hash_counts[0], hashed + self.hash_counts[1],

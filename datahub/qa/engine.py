@@ -89,9 +89,8 @@ class _FileAggregatesSplit:
         partial = self.aggregates(task)
         parts: list[dict[int, np.ndarray]] = [{} for _ in range(self.partitions)]
         for index, check in enumerate(partial.checks):
-            if check.hashes:
-                hashes = np.concatenate(check.hashes)
-                check.hashes = []
+            if check.hashes or check.spilled is not None:
+                hashes = check.take_hashes()
                 bucket = hashes % np.uint64(self.partitions)
                 for p in range(self.partitions):
                     parts[p][index] = hashes[bucket == p]

@@ -8,6 +8,9 @@ import pyarrow.dataset as ds
 import pytest
 
 from datahub.config.suites import Suite
+from datahub.lake import external_sort
+from datahub.qa import aggregates
+from datahub.qa.aggregates import Check
 from datahub.qa.validate import run_expectations, run_suites_streaming, validation_frame
 
 EXPECTATIONS = [
@@ -40,8 +43,12 @@ def _table(n: int, seed: int) -> pa.Table:
     })
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_streamed_aggregates_give_the_verdicts_great_expectations_gives(tmp_path, seed) -> None:
+@pytest.mark.parametrize("seed, held", [(1, None), (2, None), (3, None), (1, 40)])
+def test_streamed_aggregates_give_the_verdicts_great_expectations_gives(tmp_path, monkeypatch, seed, held) -> None:
+    if held:  # uniqueness hashes counted and spilled every 40, merged from many runs (and in groups of 3)
+        monkeypatch.setattr(aggregates, "HELD_HASHES", held)
+        monkeypatch.setattr(external_sort, "FAN_IN", 3)
+        monkeypatch.setattr(external_sort, "READ_ROWS", 16)
     table = _table(300, seed)
     suite = Suite("parity.v1", "1", EXPECTATIONS, "test")
     _, expected = run_expectations(validation_frame(table), suite)
@@ -72,3 +79,27 @@ def test_unknown_types_run_on_a_bounded_sample_and_say_so(tmp_path, monkeypatch)
     [(success, [entry])] = run_suites_streaming(ds.dataset(tmp_path / "t", format="parquet"), [suite],
                                                 total_rows=table.num_rows, batch_rows=64)
     assert success and entry["success"] is True and entry["sample"] == "every 6th row: 50 of 300 rows"
+
+
+def test_spilled_hashes_are_given_back_whole_and_merged_with_counts(monkeypatch) -> None:
+    monkeypatch.setattr(aggregates, "HELD_HASHES", 100)
+    rng = np.random.default_rng(5)
+    parts = [pa.array(rng.integers(0, 400, 70)) for _ in range(6)]
+    values = np.concatenate([p.to_numpy() for p in parts])
+    _, counts = np.unique(values, return_counts=True)
+    expected = (len(counts), len(values), int(counts[counts > 1].sum()))
+
+    def check(batches):
+        unique = Check({"type": "expect_column_values_to_be_unique", "kwargs": {"column": "x"}})
+        for batch in batches:
+            unique.update(len(batch), batch)
+        return unique
+
+    whole = check(parts)
+    assert whole.spilled is not None and whole.spilled.spilled_runs >= 3
+    assert np.array_equal(np.sort(whole.take_hashes()), np.sort(values.view(np.uint64)))  # an engine task's file
+    assert whole.spilled is None and not whole.hashes
+    first, later = check(parts[:3]), check(parts[3:])
+    first.merge(later)  # two parts of the table, each spilled
+    assert first._hash_counts() == expected
+    assert check(parts).result()[1]["unexpected_count"] == expected[2]
