@@ -2,8 +2,9 @@
 
 Flow (memory bounded by the plan, ~100 bytes per sample, plus a few shards; never the release):
 - in this process: the export order from ``sample_id`` alone, then one read of every column, each row encoded
-  once (its tar members) and spilled by export rank (``datahub.export.spill.RankSpill``); shard sizes come from
-  the encoded rows, and shards are read back in order, framed and uploaded while the next one is built;
+  once (its tar members) and appended to a local spill file (``datahub.export.spill.RowSpill``); shard sizes come
+  from the encoded rows, and each shard is gathered from the spill in export order into a reused buffer, framed
+  and uploaded while the next one is gathered;
 - on an engine: the plan on the driver (``datahub.export.plan``: one pass over ids and sizes orders the samples and
   cuts shards), then engine tasks (``datahub.engines.ray.export`` / ``spark.export``) encode and route rows to
   their shards by the shards' first keys and each publish whole shards (``datahub.export.write``), returning
@@ -45,9 +46,10 @@ from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, exp
                                  member_bytes, plan_sizes)
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_rows, export_columns
 from datahub.export.source import TableSource
-from datahub.export.spill import RankSpill
-from datahub.shards.tar import RECORD
-from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_body, shard_name
+from datahub.export.spill import RowSpill
+from datahub.shards.index import index_member, index_rows
+from datahub.shards.tar import BLOCK, RECORD, end_of_archive
+from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
@@ -251,7 +253,7 @@ class SizesReader:
 
 
 def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine | None, spill_dir: str | None,
-               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, RankSpill | None]:
+               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, RowSpill | None]:
     """The plan; in this process also every row's encoded members, spilled by export rank (the large columns
     read once; the spill's folder removed when ``scope`` closes). Engine tasks read and encode their own rows."""
     if running is not None:
@@ -267,8 +269,8 @@ def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine
     ranks[positions] = np.arange(len(ids), dtype=np.int64)
     del positions
     directory = scope.enter_context(tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir))
-    spill = RankSpill(directory, bucket_rows=_bucket_rows(source, settings))
-    sizes = np.zeros(len(ids), dtype=np.int64)  # in export order
+    spill = RowSpill(directory, rows=len(ids))
+    scope.callback(spill.close)  # before the folder goes (LIFO)
     read = 0
     for batch in source.scan(export_columns(source.schema(), where=where)):
         count = batch.num_rows
@@ -277,32 +279,14 @@ def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine
         if read + count > len(ids) or not pc.all(pc.equal(batch.column(KEY_COLUMN), ids.slice(read, count))).as_py():
             raise IntegrityError(f"{where}: rows came back in another order or number on a second read; the table "
                                  "version changed underneath? re-run the export")
-        members = encoded_rows(batch)
-        batch_ranks = ranks[read:read + count]
-        sizes[batch_ranks] = np.asarray(pc.binary_length(members), dtype=np.int64)
-        spill.add(batch_ranks, members)
+        spill.add(ranks[read:read + count], encoded_rows(batch))
         read += count
     if read != len(ids):
         raise IntegrityError(f"{where}: {read} rows on the second read, {len(ids)} on the first; re-run the export")
     spill.finish()
+    sizes = spill.sizes  # in export order
     spans = cut_shards(sizes, shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
     return ExportPlan(ordered, hashes, sizes, spans), spill
-
-
-def _bucket_rows(source: TableSource, settings: dict[str, Any]) -> int:
-    """Rows per spill bucket: about a quarter of a shard, from the row groups' uncompressed bytes per row (an
-    estimate: it sets only how many spill files there are)."""
-    rows = size = 0
-    for fragment in source.dataset().get_fragments():
-        metadata = fragment.metadata
-        for group in range(metadata.num_row_groups):
-            rows += metadata.row_group(group).num_rows
-            size += metadata.row_group(group).total_byte_size
-    per_row = max(size // rows, 1) + 2 * 512 if rows else 4096
-    shard_rows = settings["shard_samples"] or max(1, (settings["shard_size"] or 0) // per_row)
-    if settings["shard_size"]:
-        shard_rows = min(shard_rows, max(1, settings["shard_size"] // per_row))
-    return max(64, shard_rows // 4)
 
 
 def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | None, *,
@@ -312,13 +296,14 @@ def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | No
                        tier_source=target.source, journal_dir=journal_dir)
 
 
-def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan, spill: RankSpill | None,
+def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan, spill: RowSpill | None,
            running: Engine | None, workers: int | None, upload_workers: int) -> Iterator[ShardDone]:
     """Write the shards ``todo``, in this process (from ``spill``) or on an engine; yields them as they are published."""
     if not todo:
         return
     if spill is not None:
-        yield from _write_shards(_build_shards(spill, plan, writer, todo), writer, upload_workers=upload_workers)
+        built = _build_shards(spill, plan, writer, todo, buffers=upload_workers + 1)
+        yield from _write_shards(built, writer, upload_workers=upload_workers)
         return
     assert running is not None, "an engine export writes on its engine"
     columns = export_columns(source.schema(), where=source.where)
@@ -349,25 +334,42 @@ class RoutedReader:
 
 @dataclass(frozen=True)
 class _Built:
-    """One shard's bytes, built and waiting for upload."""
+    """One shard's bytes (a view of a reused buffer), built and waiting for upload."""
 
     index: int
-    body: bytes
+    body: memoryview
 
 
-def _build_shards(spill: RankSpill, plan: ExportPlan, writer: ShardWriter, todo: list[int]) -> Iterator[_Built]:
-    """Shards in order, each read back from the spill in export order and framed (while the previous uploads)."""
-    for index in todo:
+def _build_shards(spill: RowSpill, plan: ExportPlan, writer: ShardWriter, todo: list[int], *,
+                  buffers: int) -> Iterator[_Built]:
+    """Shards in order, each gathered from the spill in export order and framed in place (while the previous one
+    uploads). ``buffers`` byte buffers are reused in turn: ``_write_shards`` asks for shard k only when shard
+    k - ``buffers`` is published, so its buffer is free (no fresh pages per shard)."""
+    ring: list[bytearray] = []
+    for turn, index in enumerate(todo):
         span = plan.spans[index]
-        members = spill.take(span.start, span.samples)
-        offsets = np.frombuffer(members.buffers()[1], dtype=np.int64)[members.offset:members.offset + len(members) + 1]
-        data = members.buffers()[2]
-        begin, end = int(offsets[0]), int(offsets[-1])
-        body = shard_body(data.slice(begin, end - begin) if data is not None else b"",
-                          where=shard_name(writer.release, index))
-        del members  # not held while the generator waits for the upload
-        yield _Built(index, body)
-        del body
+        name = shard_name(writer.release, index)
+        members = int(plan.sizes[span.start:span.start + span.samples].sum())
+        capacity = members + int(index_reserve(members, span.samples)) + 2 * BLOCK + RECORD
+        slot = turn % buffers
+        if slot == len(ring):
+            ring.append(bytearray(capacity + capacity // 16))
+        elif len(ring[slot]) < capacity:  # with room to spare: shards of one size differ by a few KB
+            ring[slot] = bytearray(capacity + capacity // 16)
+        view = memoryview(ring[slot])
+        if spill.gather(span.start, span.samples, view[:members]) != members:
+            raise IntegrityError(f"{name}: the spill gave back fewer bytes than the plan holds; re-run the export")
+        # the same bytes as ``write.shard_body``: members, the __index__ member, the end blocks
+        rows = np.zeros(span.samples + 1, dtype=np.int64)
+        np.cumsum(plan.sizes[span.start:span.start + span.samples], out=rows[1:])
+        listing = index_rows(view[:members], rows, plan.shard_ids(index).to_pylist(), where=name)
+        embedded = index_member(listing, members)
+        end = members + len(embedded)
+        view[members:end] = embedded
+        closing = end_of_archive(end)
+        view[end:end + len(closing)] = closing
+        yield _Built(index, view[:end + len(closing)])
+        del view
 
 
 def _write_shards(built: Iterator[_Built], writer: ShardWriter, *, upload_workers: int = 1) -> Iterator[ShardDone]:

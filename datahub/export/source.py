@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from queue import Empty, Full, Queue
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import LakeError
 from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
 
 BATCH_ROWS = 2048
+T = TypeVar("T")
 DROP_COLUMN = "_drop_reason"
 
 
@@ -51,6 +55,9 @@ class TableSource:
     def _scan(self, columns: list[str] | dict[str, Any], *, files: list[str] | None,
               batch_rows: int) -> Iterator[pa.RecordBatch]:
         dataset = self.dataset()
+        if isinstance(columns, list):
+            yield from read_ahead(self._bounded(dataset, columns, files=files, batch_rows=batch_rows))
+            return
         live = pc.field(DROP_COLUMN).is_null() if DROP_COLUMN in dataset.schema.names else None
         options = {"columns": columns, "filter": live, "batch_size": batch_rows, "batch_readahead": 1}
         if files is None:
@@ -60,3 +67,58 @@ class TableSource:
         for fragment in dataset.get_fragments():
             if fragment.path in wanted:
                 yield from fragment.to_batches(schema=dataset.schema, **options)
+
+    def _bounded(self, dataset: Any, columns: list[str], *, files: list[str] | None,
+                 batch_rows: int) -> Iterator[pa.RecordBatch]:
+        """Named columns through ``datahub.lake.scan`` (file by file, no read-ahead of its own: the dataset
+        scanner queues decoded batches ahead of a slow consumer, so an export's memory grew with the release)."""
+        live = DROP_COLUMN in dataset.schema.names and DROP_COLUMN not in columns
+        wanted = [*columns, DROP_COLUMN] if live else columns
+        for batch in scan_batches(dataset, columns=wanted, batch_rows=batch_rows, files=files):
+            if live:
+                dropped = batch.column(DROP_COLUMN)
+                if dropped.null_count != len(dropped):
+                    batch = batch.filter(pc.is_null(dropped))
+                batch = batch.select(columns)
+            yield batch
+
+
+def read_ahead(batches: Iterator[T], *, depth: int = 2) -> Iterator[T]:
+    """``batches`` produced by a thread at most ``depth`` ahead of the consumer: Parquet decoding releases the GIL,
+    so reading overlaps the consumer's work on a second core; memory stays ``depth`` batches."""
+    queue: Queue[tuple[bool, Any]] = Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in batches:
+                while not stop.is_set():
+                    try:
+                        queue.put((True, item), timeout=0.1)
+                        break
+                    except Full:
+                        continue
+                if stop.is_set():
+                    return
+            queue.put((False, None))
+        except BaseException as exc:  # handed to the consumer
+            queue.put((False, exc))
+
+    thread = threading.Thread(target=produce, name="datahub-export-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, item = queue.get()
+            if not more:
+                if item is not None:
+                    raise item
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                queue.get_nowait()
+            except Empty:
+                pass
+            thread.join(timeout=0.05)

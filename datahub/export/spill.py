@@ -1,20 +1,20 @@
 """Spill files on local disk for exports in one process (an engine groups rows in a shuffle instead).
 
-``RankSpill`` (shard export): encoded rows bucketed by export rank, read back shard by shard in order, so the
-table's large columns are read once. ``ShardSpill`` (also token export): routed rows grouped by shard. Rows are buffered up to ``budget``
-bytes, then every buffered shard gets one Arrow IPC stream appended to its file (``{dir}/{shard}.arrow``, a file
-of concatenated streams, opened only while appending). Memory: the budget plus one shard read back; disk: the
-encoded release, once.
+``RowSpill`` (shard export): encoded rows appended in read order, gathered shard by shard in export order, so the
+table's large columns are read once. ``ShardSpill`` (token export): routed rows grouped by shard; rows are buffered
+up to ``budget`` bytes, then every buffered shard gets one Arrow IPC stream appended to its file
+(``{dir}/{shard}.arrow``, a file of concatenated streams, opened only while appending). Memory: the budget plus
+one shard read back; disk: the encoded release, once.
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import defaultdict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 DEFAULT_BUDGET = 64 * 2**20
 
@@ -67,60 +67,67 @@ class ShardSpill:
         return pa.concat_tables(tables) if tables else self.schema.empty_table()
 
 
-class RankSpill:
-    """A shard export's encoded rows on local disk, grouped by export rank so shards are read back in order.
+class RowSpill:
+    """A shard export's encoded rows on local disk: appended to one file in read order, each row's place recorded
+    by its export rank, so a shard (a range of ranks) is gathered straight into the caller's buffer with one
+    positioned read per row.
 
-    Every row carries its rank (its position in export order, known from a pass over ``sample_id`` alone) and goes
-    to bucket ``rank // bucket_rows`` (a ``ShardSpill`` file, appended in batches); a shard, a range of ranks, is
-    read back from its few buckets, sequentially. Rows of a bucket that belong to the next shard are carried over.
-    Memory: the spill budget, then one shard plus one bucket."""
+    Appends go through a writer thread (``os.pwrite`` releases the GIL: the next batch is encoded meanwhile);
+    reads never map the file, so the process's memory is the batches in flight plus 16 bytes per row (offset and
+    size), whatever the release's size. Disk: the encoded release, once."""
 
-    SCHEMA = pa.schema([("shard", pa.int64()), ("rank", pa.int64()), ("members", pa.large_binary())])
-
-    def __init__(self, directory: str, *, bucket_rows: int, budget: int = 16 * 2**20) -> None:
-        self.bucket_rows = max(1, bucket_rows)
-        self._spill = ShardSpill(directory, self.SCHEMA, budget=budget)
-        self._held: list[pa.Table] = []  # buckets read back that hold rows of later shards
-        self._next_bucket = 0
+    def __init__(self, directory: str, *, rows: int) -> None:
+        self.path = os.path.join(directory, "rows.spill")
+        self._fd = os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self.offsets = np.zeros(rows, dtype=np.int64)  # by export rank: where the row's members begin in the file
+        self.sizes = np.zeros(rows, dtype=np.int64)  # by export rank: the row's members' bytes
+        self._end = 0
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-spill")
+        self._pending: deque[Future[None]] = deque()
 
     def add(self, ranks: np.ndarray, members: pa.Array) -> None:
-        """Rows of one batch: their ranks (int64) and encoded members."""
-        ranks = np.asarray(ranks, dtype=np.int64)
-        self._spill.add(pa.table([pa.array(ranks // self.bucket_rows), pa.array(ranks), members], schema=self.SCHEMA))
+        """Rows of one batch: their export ranks (int64) and encoded members (large_binary, no nulls)."""
+        count = len(members)
+        if not count:
+            return
+        offsets = np.frombuffer(members.buffers()[1], dtype=np.int64)[members.offset:members.offset + count + 1]
+        begin, end = int(offsets[0]), int(offsets[-1])
+        self.offsets[ranks] = offsets[:-1] + (self._end - begin)
+        self.sizes[ranks] = np.diff(offsets)
+        data = members.buffers()[2]
+        if end > begin and data is not None:
+            self._pending.append(self._writer.submit(_write_at, self._fd, data.slice(begin, end - begin), self._end))
+            self._end += end - begin
+        while len(self._pending) > 2:  # at most two batches wait for the disk
+            self._pending.popleft().result()
 
     def finish(self) -> None:
-        self._spill.flush()
+        """Wait for the appends (raises the first failed one)."""
+        while self._pending:
+            self._pending.popleft().result()
 
-    def take(self, start: int, count: int) -> pa.Array:
-        """The members of ranks ``[start, start + count)`` in rank order (large_binary, one copy out of the
-        memory-mapped bucket files); ranges asked in increasing order (skipped ranks are dropped)."""
-        end = start + count
-        while self._next_bucket <= (end - 1) // self.bucket_rows:
-            self._held.append(self._mapped(self._next_bucket))
-            self._next_bucket += 1
-        rows = pa.concat_tables(self._held) if self._held else self.SCHEMA.empty_table()
-        ranks = np.asarray(rows["rank"].combine_chunks()) if rows.num_rows else np.zeros(0, dtype=np.int64)
-        inside = np.flatnonzero((ranks >= start) & (ranks < end))
-        ordered = inside[np.argsort(ranks[inside], kind="stable")]
-        if len(ordered) != count or not np.array_equal(ranks[ordered], np.arange(start, end)):
-            raise ValueError(f"spill: ranks {start}..{end - 1} incomplete ({len(ordered)} of {count} rows)")
-        # one combined copy of the held rows' members, then the take (Arrow's take over many chunks is slower)
-        members = rows["members"].combine_chunks().take(pa.array(ordered))
-        # keep (mapped, uncopied) only the buckets that still hold rows of later shards
-        self._held = [table for table in self._held
-                      if table.num_rows and pc.max(table["rank"]).as_py() >= end]
-        return members
+    def gather(self, start: int, count: int, into: memoryview) -> int:
+        """The members of ranks ``[start, start + count)`` back to back in rank order, read into ``into``; returns
+        the bytes written there."""
+        fd, preadv, position = self._fd, os.preadv, 0
+        for offset, size in zip(self.offsets[start:start + count].tolist(), self.sizes[start:start + count].tolist()):
+            if size:
+                got = preadv(fd, [into[position:position + size]], offset)
+                if got != size:
+                    raise OSError(f"spill {self.path}: short read at {offset} ({got} of {size} bytes)")
+                position += size
+        return position
 
-    def _mapped(self, bucket: int) -> pa.Table:
-        """One bucket's rows, read zero-copy from its memory-mapped file (the file unlinked: its pages go when
-        the rows do)."""
-        path = self._spill._path(bucket)
-        if not os.path.exists(path):
-            return self.SCHEMA.empty_table()
-        tables = []
-        with pa.memory_map(path) as handle:
-            size = handle.size()
-            while handle.tell() < size:
-                tables.append(pa.ipc.open_stream(handle).read_all())
-        os.unlink(path)
-        return pa.concat_tables(tables) if tables else self.SCHEMA.empty_table()
+    def close(self) -> None:
+        """Stop the writer and close the file (the caller removes the folder)."""
+        self._writer.shutdown(wait=True, cancel_futures=True)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _write_at(fd: int, data: pa.Buffer, offset: int) -> None:
+    view = memoryview(data)
+    while len(view):
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

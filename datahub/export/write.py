@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +25,7 @@ from datahub.errors import IntegrityError
 from datahub.export.plan import ShardRouter, order_hash
 from datahub.export.samples import KEY_COLUMN, encode_tar
 from datahub.shards.tar import end_of_archive
-from datahub.shards.index import index_member, index_tar
+from datahub.shards.index import index_member, index_rows, index_tar
 from datahub.storage.tier import Tier
 
 ROUTED = pa.schema([("shard", pa.int64()), ("order_hash", pa.int64()), (KEY_COLUMN, pa.string()),
@@ -52,9 +52,13 @@ class ShardDone:
         return asdict(self)
 
 
-def shard_body(members: pa.Buffer | bytes, *, where: str) -> bytes:
-    """A whole shard file from its members back to back: the members, the ``__index__`` member, end blocks."""
-    embedded = index_member(index_tar(memoryview(members), where=where), len(members))
+def shard_body(members: pa.Buffer | bytes, *, where: str, row_offsets: np.ndarray | None = None,
+               keys: list[str] | None = None) -> bytes:
+    """A whole shard file from its members back to back: the members, the ``__index__`` member, end blocks
+    (``row_offsets``/``keys``: where each row's members begin and its key, so the index is built row-wise)."""
+    listing = (index_rows(memoryview(members), row_offsets, keys, where=where)
+               if row_offsets is not None and keys is not None else index_tar(memoryview(members), where=where))
+    embedded = index_member(listing, len(members))
     return b"".join([memoryview(members), embedded, end_of_archive(len(members) + len(embedded))])
 
 
@@ -111,16 +115,20 @@ class ShardWriter(Sink[ShardDone, list[ShardDone]]):
         offsets = np.frombuffer(members.buffers()[1], dtype=np.int64)[members.offset:members.offset + len(members) + 1]
         data = members.buffers()[2]
         begin, end = int(offsets[0]), int(offsets[-1])
-        body = shard_body(data.slice(begin, end - begin) if data is not None else b"", where=shard_name(self.release, index))
+        keys = rows[KEY_COLUMN].take(order).to_pylist()
+        body = shard_body(data.slice(begin, end - begin) if data is not None else b"", where=shard_name(self.release, index),
+                          row_offsets=offsets - begin, keys=keys)
         return index, body
 
-    def publish(self, index: int, body: bytes, *, tier: Tier | None = None) -> ShardDone:
-        """Hash the bytes, publish them, check the size the tier reports, journal the shard."""
+    def publish(self, index: int, body: bytes | memoryview, *, tier: Tier | None = None) -> ShardDone:
+        """Hash the bytes, publish them, check the size the tier reports, journal the shard (``body``: a view of a
+        reused buffer from a local export, written as it is to a cfs tier)."""
         target = tier or self.tier()
         name = shard_name(self.release, index)
         digest = hashlib.sha256(body).hexdigest()  # hashlib releases the GIL: overlaps the next build
         uri = target.uri(self.release, name)
-        target.publish(uri, body)
+        # a cfs tier writes any buffer (a file write): the view goes as it is, without a copy
+        target.publish(uri, cast(bytes, body) if target.kind == "cfs" else bytes(body))
         if target.size(uri) != len(body):
             raise IntegrityError(f"tier {target.name}: {uri} has the wrong size after writing; check the tier and re-run")
         start = self.starts[index]

@@ -1,4 +1,5 @@
-"""The local export's spill: rows bucketed by export rank, read back shard by shard; large columns read once."""
+"""The local export's spill: rows appended in read order, gathered shard by shard in export order; large columns
+read once."""
 
 from __future__ import annotations
 
@@ -7,22 +8,26 @@ import pyarrow as pa
 
 from datahub.export import export_table_version
 from datahub.export.source import TableSource
-from datahub.export.spill import RankSpill
+from datahub.export.spill import RowSpill
 from tests.export.helpers import cfs_storage, make_lake
 
 
-def test_rank_spill_gives_back_rank_ranges_in_order_across_buckets(tmp_path) -> None:
+def test_row_spill_gathers_rank_ranges_in_order(tmp_path) -> None:
     rng = np.random.default_rng(3)
     rows = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 3000, 500)]
     ranks = rng.permutation(500)  # row i (read order) has export rank ranks[i]
-    spill = RankSpill(str(tmp_path), bucket_rows=37, budget=50_000)  # small budget: several appends per bucket
+    spill = RowSpill(str(tmp_path), rows=500)
     values = pa.array(rows, pa.large_binary())
-    for start, end in ((0, 7), (7, 200), (200, 499), (499, 500)):  # uneven batches
+    for start, end in ((0, 7), (7, 200), (200, 499), (499, 500)):  # uneven batches, sliced arrays (offsets != 0)
         spill.add(ranks[start:end], values.slice(start, end - start))
     spill.finish()
     by_rank = {int(r): rows[i] for i, r in enumerate(ranks)}
-    for start, count in ((0, 1), (1, 80), (81, 37), (150, 200), (400, 100)):  # 118..149 skipped (a resumed export)
-        assert spill.take(start, count).to_pylist() == [by_rank[r] for r in range(start, start + count)]
+    assert spill.sizes.tolist() == [len(by_rank[r]) for r in range(500)]
+    buffer = bytearray(3000 * 500 + 7)
+    for start, count in ((0, 1), (1, 80), (150, 200), (81, 37), (400, 100)):  # any order (repairs, resumes)
+        written = spill.gather(start, count, memoryview(buffer))
+        assert bytes(buffer[:written]) == b"".join(by_rank[r] for r in range(start, start + count))
+    spill.close()
 
 
 def test_local_export_reads_the_large_columns_once(tmp_path, monkeypatch) -> None:

@@ -12,6 +12,10 @@ from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, print_json, progress
 
 
+# the embedded Ray's object store for an export (MB): an export's shuffle would otherwise hold every encoded row
+EMBEDDED_RAY_STORE_MB = 512
+
+
 def register(app: typer.Typer) -> None:
     @app.command("export")
     def export(
@@ -29,6 +33,10 @@ def register(app: typer.Typer) -> None:
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address or Spark master URL "
                                               "(default: an embedded local engine)."),
         workers: Optional[int] = typer.Option(None, "--workers", help="Engine tasks at once (default: the engine's)."),
+        object_store_mb: Optional[int] = typer.Option(None, "--object-store-mb", min=64, help="Embedded Ray: cap on its "
+                                                      "shared-memory object store, beyond which the shuffle spills to "
+                                                      f"local disk (default {EMBEDDED_RAY_STORE_MB}, so memory does not "
+                                                      "grow with the release)."),
         verify: bool = typer.Option(False, "--verify", help="On a tier that holds the release, check replicas by "
                                     "sha256 too (not only size) and rewrite damaged ones."),
         tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="Tokenize instead: a tokenizers JSON file or a "
@@ -69,7 +77,12 @@ def register(app: typer.Typer) -> None:
             from datahub.config.spec import EngineSpec
             from datahub.engines.registry import make_engine
 
-            spec = EngineSpec(kind=engine, address=address) if engine == "ray" else EngineSpec(kind="spark", master=address)
+            if engine == "ray":
+                # the shuffle holds the encoded release in the object store: capped, the rest spills to disk
+                store = None if address else object_store_mb or EMBEDDED_RAY_STORE_MB
+                spec = EngineSpec(kind="ray", address=address, object_store_mb=store)
+            else:
+                spec = EngineSpec(kind="spark", master=address)
             running = make_engine(spec)
             running.start()
             options["engine"] = running
