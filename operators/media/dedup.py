@@ -172,7 +172,7 @@ class ImageDedup(GlobalOperator[ImageDedupParams]):
     """Near-duplicate images: perceptual hash, Hamming-distance bands, verified pairs, connected components."""
 
     name = "image_dedup"
-    version = "1"
+    version = "2"  # 2: pHash thumbnails from a 1/8-scale JPEG decode and a 2x box-reduce gap (operators.media.hashing)
     Params = ImageDedupParams
     kinds = frozenset({"image_text"})
 

@@ -222,7 +222,7 @@ class ImageHash(BatchOperator[HashParams]):
     """Annotate ``quality.image_<hash>`` (int64 bits of the 64-bit perceptual hash; null if undecodable)."""
 
     name = "image_hash"
-    version = "1"
+    version = "2"  # 2: pHash thumbnails from a 1/8-scale JPEG decode and a 2x box-reduce gap (operators.media.hashing)
     Params = HashParams
     kinds = IMAGE_KINDS
     annotates = True
