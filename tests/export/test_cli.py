@@ -161,3 +161,28 @@ def test_tier_plan_apply_across_regions_with_two_storage_files(tmp_path) -> None
     assert not (tmp_path / "cfs/r1").exists() and (tmp_path / "eu/r1/r1-000002.tar").exists()
     clash = runner.invoke(app, ["tier", "plan", "--lake", lake, "--storage", home, "--storage", home])
     assert clash.exit_code != 0 and "also defined in" in str(clash.exception)
+
+
+def test_ray_export_caps_the_embedded_object_store_unless_given_an_address(tmp_path, monkeypatch) -> None:
+    import datahub.engines.registry as registry
+    from datahub.cli.commands.export import EMBEDDED_RAY_STORE_MB
+
+    make_lake(tmp_path / "lake", 10)
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n")
+    specs = []
+
+    class Stop(Exception):
+        pass
+
+    def make_engine(spec):
+        specs.append(spec)
+        raise Stop  # the spec is what this test checks; no Ray is started
+
+    monkeypatch.setattr(registry, "make_engine", make_engine)
+    base = ["export", "r1", "--lake", str(tmp_path / "lake"), "--tier", "cfs", "--storage", str(storage),
+            "--table", "samples", "--engine", "ray"]
+    for extra in ([], ["--object-store-mb", "1024"], ["--address", "ray://head:10001"]):
+        assert isinstance(CliRunner().invoke(app, [*base, *extra]).exception, Stop)
+    assert [s.object_store_mb for s in specs] == [EMBEDDED_RAY_STORE_MB, 1024, None]
+    assert specs[2].address == "ray://head:10001"
