@@ -7,13 +7,15 @@ shard. Torch is optional: without it the class is a plain iterable with the same
 
 from __future__ import annotations
 
+import operator
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from datahub.loader.decode import BatchFormat, DecodeMode, SampleReader, arrow_text_batch, make_decoder, text_parts
+from datahub.loader.decode import (BatchFormat, DecodeMode, SampleReader, TextColumns, arrow_batch_from_columns,
+                                   make_decoder)
 from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.manifest import load_manifest
 from datahub.shards.manifest import Manifest
@@ -121,11 +123,11 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self.batch_size, self.uneven = batch_size, uneven
         self.prefetch_shards = prefetch_shards
         self.batch_format = batch_format
-        self._decode = text_parts if batch_format == "arrow" else make_decoder(decode)
+        self._decode = make_decoder(decode)  # per-sample reads; arrow batches gather columns (_iterate_arrow)
         if transform is not None:  # applied to every decoded sample, before batching (e.g. image augmentation)
             self._decode = _Transformed(self._decode, transform)
         if batch_format == "arrow":  # pyarrow imports its pandas shim on first use: here, not once per forked worker
-            arrow_text_batch([("", memoryview(b""), False)])
+            arrow_batch_from_columns([], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
         if tier_preference is None:  # the reader's region's replicas first, the others as failover
             tier_preference = region_preference(readable_tiers(self.manifest, None), storage_config, region)
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,
@@ -311,8 +313,90 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
             yield shards.tolist(), indexes.tolist(), padding.tolist(), counts.tolist(), runs.tolist()
 
     def _iterate(self, stream: RankStream, order: EpochOrder, bounds: np.ndarray, first: int) -> Iterator[Any]:
+        if self.batch_format == "arrow":
+            return self._iterate_arrow(stream, order, bounds, first)
+        return self._iterate_samples(stream, order, bounds, first)
+
+    def _arrow_chunks(self, stream: RankStream, order: EpochOrder, bounds: np.ndarray, first: int
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]]:
+        """``_worker_chunks`` as arrays: (shard ids, sample indexes, padding flags, each item's end in the chunk)."""
+        for lo in range(first, len(bounds) - 1, _CHUNK_ITEMS):
+            chunk = bounds[lo : lo + _CHUNK_ITEMS + 1]
+            positions, padding = stream_positions(stream, np.arange(chunk[0], chunk[-1], dtype=np.int64))
+            shards, indexes = order.lookup(positions)
+            yield shards, indexes, padding, (chunk[1:] - chunk[0]).tolist()
+
+    def _iterate_arrow(self, stream: RankStream, order: EpochOrder, bounds: np.ndarray, first: int
+                       ) -> Iterator[Any]:
+        """Arrow batches with no Python call per sample: when a shard is opened, the text bounds of all its samples in
+        the chunk are gathered with numpy; a batch is then C-level maps over its samples' views and one join."""
         names = [shard.name for shard in self.manifest.shards]
-        decode, batch_size, arrow = self._decode, self.batch_size, self.batch_format == "arrow"
+        prefetcher = Prefetcher(self.source.read_buffer, depth=self.prefetch_shards, threads=2)
+        opened: dict[int, TextColumns] = {}  # shards in use
+        views: list[Any] = [None] * len(names)  # their bytes (memoryview) and sample keys (list), by shard id
+        keys: list[Any] = [None] * len(names)
+        getitem = operator.getitem
+        chunks = self._arrow_chunks(stream, order, bounds, first)
+        upcoming = next(chunks, None)
+        if upcoming is not None:
+            prefetcher.schedule(dict.fromkeys(upcoming[0].tolist()))
+        try:
+            while upcoming is not None:
+                shards, indexes, padding, ends = upcoming
+                upcoming = next(chunks, None)
+                later = set(upcoming[0].tolist()) if upcoming is not None else set()
+                if upcoming is not None:
+                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0].tolist()) if views[s] is None)
+                count = len(shards)
+                # a shard is released after its last use in this chunk, unless the next chunk needs it too
+                distinct, last_reversed = np.unique(shards[::-1], return_index=True)
+                release_at = dict(zip(distinct.tolist(), (count - last_reversed).tolist()))
+                starts = np.zeros(count, dtype=np.int64)
+                stops = np.zeros(count, dtype=np.int64)
+                filled: set[int] = set()
+                shard_list, index_list = shards.tolist(), indexes.tolist()
+                begin = 0
+                for end in ends:
+                    batch_shards = shard_list[begin:end]
+                    for shard in dict.fromkeys(batch_shards):
+                        if shard in filled:
+                            continue
+                        columns = opened.get(shard)
+                        if columns is None:
+                            data = prefetcher.take(shard)
+                            columns = TextColumns(index_tar(data, where=names[shard]), memoryview(data), names[shard])
+                            del data  # the columns hold the shard now; a release frees it
+                            opened[shard], views[shard], keys[shard] = columns, columns.view, columns.keys
+                        at = np.flatnonzero(shards == shard)
+                        mine = indexes[at]
+                        problem = columns.missing(mine)
+                        if problem is not None:
+                            raise problem
+                        starts[at], stops[at] = columns.starts[mine], columns.stops[mine]
+                        filled.add(shard)
+                    texts = cast(list[memoryview], list(map(getitem, map(views.__getitem__, batch_shards),
+                                                            map(slice, starts[begin:end].tolist(), stops[begin:end].tolist()))))
+                    ids = cast(list[str], list(map(getitem, map(keys.__getitem__, batch_shards), index_list[begin:end])))
+                    out = arrow_batch_from_columns(ids, texts, stops[begin:end] - starts[begin:end], padding[begin:end])
+                    del texts
+                    for shard in dict.fromkeys(batch_shards):
+                        if release_at[shard] <= end and shard not in later:
+                            del opened[shard]
+                            views[shard] = keys[shard] = None
+                    self._consumed += end - begin
+                    self._worker_items += 1
+                    self._items += 1
+                    begin = end
+                    yield out
+        finally:
+            opened.clear()
+            views.clear()
+            prefetcher.close()
+
+    def _iterate_samples(self, stream: RankStream, order: EpochOrder, bounds: np.ndarray, first: int
+                         ) -> Iterator[Any]:
+        names = [shard.name for shard in self.manifest.shards]
+        decode, batch_size = self._decode, self.batch_size
         prefetcher = Prefetcher(self.source.read_buffer, depth=self.prefetch_shards, threads=2)
         readers: dict[int, SampleReader] = {}  # shards in use: sample reader bound to the shard's index and bytes
         chunks = self._worker_chunks(stream, order, bounds, first)
@@ -358,7 +442,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
                             self._items += 1
                             item += 1
                             out, batch = batch, []
-                            yield arrow_text_batch(out) if arrow else out
+                            yield out
                 for shard in [s for s in readers if s not in later]:
                     del readers[shard]
         finally:

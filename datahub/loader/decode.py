@@ -47,25 +47,27 @@ def _text(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
     return sample
 
 
-def text_parts(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
-    """Like the "text" decoder, but a sample is (sample_id, the text's bytes as a view, is_padding): no str made."""
-    keys = index.keys
-    starts, stops = index.bounds("txt")
+class TextColumns:
+    """A shard bound for arrow batches: its sample keys, each sample's text member bounds as arrays, and the bytes."""
 
-    def part(i: int, padding: bool) -> tuple[str, memoryview, bool]:
-        start = starts[i]
-        if start < 0:
-            raise _missing(index, i, shard, "txt")
-        return keys[i], view[start : stops[i]], padding
+    __slots__ = ("keys", "starts", "stops", "view", "shard", "_index")
 
-    return part
+    def __init__(self, index: ShardIndex, view: memoryview, shard: str) -> None:
+        starts, stops = index.bounds("txt")
+        self.keys, self.view, self.shard, self._index = index.keys, view, shard, index
+        self.starts, self.stops = np.asarray(starts, dtype=np.int64), np.asarray(stops, dtype=np.int64)
+
+    def missing(self, indexes: np.ndarray) -> IntegrityError | None:
+        """The error for the first of ``indexes`` without a .txt member, or None."""
+        absent = indexes[self.starts[indexes] < 0]
+        return _missing(self._index, int(absent[0]), self.shard, "txt") if len(absent) else None
 
 
-def arrow_text_batch(parts: list[tuple[str, memoryview, bool]]) -> pa.RecordBatch:
-    """One RecordBatch (sample_id, text, is_padding) from ``text_parts`` samples: one copy of the text bytes."""
-    keys, texts, padding = zip(*parts) if parts else ((), (), ())
+def arrow_batch_from_columns(keys: list[str], texts: list[memoryview], lengths: np.ndarray,
+                             padding: np.ndarray) -> pa.RecordBatch:
+    """One RecordBatch (sample_id, text, is_padding) from gathered text views: one copy of the text bytes."""
     offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)), out=offsets[1:])
+    np.cumsum(lengths, out=offsets[1:])
     large = offsets[-1] >= 2**31
     text_type = pa.large_string() if large else pa.string()
     text = pa.Array.from_buffers(text_type, len(texts), [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)),

@@ -36,7 +36,7 @@ import pyarrow as pa
 from datahub.loader.errors import WorkerBatchLostError
 
 _HEADER = 64  # the ring's first cache line: the reader's release mark (uint64, bytes of the stream released)
-_CAPACITY = 32 << 20  # tmpfs pages are allocated as the ring is first written, so an idle ring costs nothing
+_CAPACITY = 16 << 20  # per worker; 25 text batches of 640 KB
 _MAX_ITEM = _CAPACITY // 4
 _WAIT_S = 2.0  # a ring full for this long: send through the pipe instead
 _ALIGN = 64
@@ -94,8 +94,13 @@ class _Ring:
         self.path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
         handle = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(handle, _HEADER + _CAPACITY)
+            # reserve the pages now: a full /dev/shm (Docker's default is 64 MB) is then an error here, and the
+            # worker uses the pipe, instead of a SIGBUS when the mapping is first written
+            os.posix_fallocate(handle, 0, _HEADER + _CAPACITY)
             self.map = mmap.mmap(handle, _HEADER + _CAPACITY)
+        except OSError:
+            _unlink(self.path)
+            raise
         finally:
             os.close(handle)
         self.view = memoryview(self.map)
