@@ -1,19 +1,27 @@
-"""Cross-release dedup for ``release.merge``, reusing the dedup operators' kernels.
+"""Cross-release dedup for ``release.merge`` in bounded memory, reusing the dedup operators' kernels.
 
-Rows arrive in ``--from`` order with a ``release_source`` column. Keep rule in every mode:
-the first copy in ``--from`` order (then row order) wins. A sample held by several inputs
-(the same ``sample_id``) is kept once and is not a drop.
+The input rows are numbered (``ROW``) across the inputs: ``--from`` order, then scan order. Keep rule in every
+mode: the first copy (smallest row number) wins. A sample held by several inputs (the same ``sample_id``) is kept
+once and is not a drop: only each id's first row takes part. Ids, keys and rows are sorted in runs spilled to local
+disk and merged (``datahub.lake.external_sort.SortedRuns``), so what a mode holds does not grow with the inputs,
+except as said below.
 
-- ``exact``: xxh3-128 of the normalized text (``operators.dedup.exact``), as ``exact_dedup``.
-- ``near``: MinHash signatures and LSH bands (``operators.dedup.minhash``/``lsh``), connected
-  components and the keep rule of ``operators.dedup.clustering`` run on the in-process
-  ``ArrowFrame``. Each duplicate's exact shingle Jaccard to its keeper is measured
-  (``operators.dedup.verify.JaccardCheck``); with ``verify`` (default) a candidate below the
-  threshold is kept, so chained LSH candidates never drop a document unlike its keeper.
+- ``exact``: xxh3-128 of the normalized text (``operators.dedup.exact``), as ``exact_dedup``, made batch by batch;
+  the distinct rows sorted by (key, row); the first row of a key is kept, the others are its duplicates.
+- ``near``: MinHash signatures and LSH band keys of the ``MinhashDedup`` operator (its hasher and banding, so
+  merge and pipeline dedup alike), a batch of texts at a time; (band key, row) pairs sorted by key, and each group
+  of equal keys links its rows in a union-find over one integer per input row (4 bytes; 8 past 2**31 rows), whose
+  roots are the components' smallest rows: the keepers. The texts of the components' members are read again and
+  sorted by component, so each candidate's exact shingle Jaccard to its keeper is measured
+  (``operators.dedup.verify.JaccardCheck``); with ``verify`` (default) a candidate below the threshold is kept.
+
+What stays in memory: the drops (``Duplicates``, for their lineage rows) and, for ``near``, the union-find array
+and one cluster id per component.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,10 +30,27 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
+from datahub.lake.external_sort import SortedRuns
+from datahub.lake.scan import scan_batches
 
 DedupMode = Literal["exact", "near", "none"]
 SOURCE_COLUMN = "release_source"
-_ROW = "_merge_row"
+ROW = "_merge_row"  # a row's number across the inputs
+ID_BATCH_ROWS = 8192  # ids (and texts, for the exact keys) read at a time
+TEXT_BATCH_ROWS = 2048  # texts signed or compared at a time
+EDGE_RUN_ROWS = 1 << 20  # (band key, row) pairs sorted in memory at a time: 16 MB
+MEMBER_RUN_ROWS = 2048  # whole texts sorted in memory at a time (~10 MB of 5 KB documents)
+MEMBER_READ_ROWS = 64  # whole texts read from each spilled run at a time
+
+_KEY = "_merge_key"
+_BAND_KEY = "_merge_band_key"
+_COMPONENT = "_merge_component"
+_IDS = pa.schema([("sample_id", pa.string()), (ROW, pa.int64())])
+_KEYED = pa.schema([("sample_id", pa.string()), (ROW, pa.int64()), (_KEY, pa.string())])
+_EDGES = pa.schema([(_BAND_KEY, pa.int64()), (ROW, pa.int64())])
+_MEMBERS = pa.schema([(_COMPONENT, pa.int64()), (ROW, pa.int64()), ("sample_id", pa.string()), ("text", pa.string())])
+
+Keep = Callable[[np.ndarray, np.ndarray, pa.Array], None]  # (rows, their input's index, their sample ids)
 
 
 @dataclass(frozen=True)
@@ -41,31 +66,40 @@ class Duplicates:
     reason: str
 
 
-def _first_per(rows: pa.Table, key: pa.Array | pa.ChunkedArray) -> pa.Table:
-    """The first row (smallest ``_ROW``) of each ``key``, in row order."""
-    first = pa.table({"key": key, _ROW: rows.column(_ROW)}).group_by("key", use_threads=False).aggregate([(_ROW, "min")])
-    keep = pc.is_in(rows.column(_ROW), value_set=first.column(f"{_ROW}_min"))
-    return rows.filter(keep)
+class Inputs:
+    """The input releases' datasets read as one numbered row stream; the row counts are known after a first pass."""
 
+    def __init__(self, names: list[str], datasets: list[Any]) -> None:
+        self.names = names
+        self.datasets = datasets
+        self.counts: list[int] | None = None
 
-def _lookup(rows: pa.Table, ids: pa.Array, column: str) -> pa.Array:
-    index = pc.index_in(ids, value_set=rows.column("sample_id").combine_chunks())
-    return rows.column(column).combine_chunks().take(index)
+    def batches(self, columns: list[str], batch_rows: int = ID_BATCH_ROWS
+                ) -> Iterator[tuple[int, int, pa.RecordBatch]]:
+        """(input index, number of the first row, batch) over every input, ``columns`` that each input has."""
+        counts, first = [], 0
+        for index, dataset in enumerate(self.datasets):
+            names = pa.schema(dataset.schema).names
+            seen = 0
+            for batch in scan_batches(dataset, columns=[c for c in columns if c in names], batch_rows=batch_rows):
+                yield index, first + seen, batch
+                seen += batch.num_rows
+            counts.append(seen)
+            first += seen
+        self.counts = counts
 
+    @property
+    def rows(self) -> int:
+        assert self.counts is not None, "read the inputs once first"
+        return sum(self.counts)
 
-def dedup_rows(rows: pa.Table, mode: DedupMode, *, threshold: float = 0.8, verify: bool = True) -> tuple[pa.Table, Duplicates | None]:
-    """``rows`` without cross-release duplicates (row order kept) and what was dropped."""
-    if mode == "none":
-        return rows, None
-    if mode not in ("exact", "near"):
-        raise ReleaseError(f"--dedup {mode!r}: expected exact, near or none")
-    rows = rows.append_column(_ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-    distinct = _first_per(rows, rows.column("sample_id"))  # the same sample twice: kept once, not a drop
-    if mode == "exact":
-        kept, dups = _exact(distinct)
-    else:
-        kept, dups = _near(distinct, threshold=threshold, verify=verify)
-    return kept.sort_by(_ROW).drop_columns([_ROW]), dups
+    def index_of(self, rows: np.ndarray) -> np.ndarray:
+        """The input of each row number."""
+        assert self.counts is not None, "read the inputs once first"
+        return np.searchsorted(np.cumsum(self.counts), rows, side="right")
+
+    def source_of(self, rows: np.ndarray) -> pa.Array:
+        return pa.array(self.names, pa.string()).take(pa.array(self.index_of(rows)))
 
 
 def exact_keys(sample_ids: pa.Array | pa.ChunkedArray, texts: pa.Array | pa.ChunkedArray | None) -> tuple[pa.Array, str]:
@@ -80,37 +114,134 @@ def exact_keys(sample_ids: pa.Array | pa.ChunkedArray, texts: pa.Array | pa.Chun
     return content_hash_hex(texts), "exact_content_hash"
 
 
-def dedup_keyed(rows: pa.Table, keys: pa.Array, method: str) -> tuple[pa.Table, Duplicates]:
-    """Exact dedup of narrow rows (``sample_id``, ``release_source``, row order) by precomputed ``keys``: the
-    streaming merge reads the text once, batch by batch, to make the keys, and never holds it."""
-    rows = rows.append_column(_ROW, pa.array(np.arange(rows.num_rows, dtype=np.int64))).append_column("_key", keys)
-    distinct = _first_per(rows, rows.column("sample_id"))
-    kept, dups = _exact(distinct.drop_columns(["_key"]), keys=distinct.column("_key").combine_chunks(), method=method)
-    return kept.sort_by(_ROW).drop_columns([_ROW]), dups
+def _ids(batch: pa.RecordBatch | pa.Table) -> pa.Array:
+    ids = batch.column("sample_id")
+    if ids.null_count:
+        raise ReleaseError("release merge: an input release has rows without a sample_id; every released row "
+                           "needs one (check the table the release froze)")
+    return ids.cast(pa.string())
 
 
-def _exact(rows: pa.Table, *, keys: pa.Array | None = None, method: str | None = None) -> tuple[pa.Table, Duplicates]:
-    if keys is None:
-        keys, method = exact_keys(rows.column("sample_id"), rows.column("text") if "text" in rows.column_names else None)
-    assert method is not None
-    kept = _first_per(rows, keys)
-    is_kept = pc.is_in(rows.column(_ROW), value_set=kept.column(_ROW))
-    dropped_keys = pc.filter(keys, pc.invert(is_kept))
-    dropped = rows.filter(pc.invert(is_kept))
-    kept_keys = pc.filter(keys, is_kept)
-    winner = pc.index_in(dropped_keys, value_set=kept_keys)
-    dup_of = kept.column("sample_id").combine_chunks().take(winner)
-    return kept, Duplicates(
-        sample_id=dropped.column("sample_id").combine_chunks(), dup_of=dup_of,
-        dup_release=kept.column(SOURCE_COLUMN).combine_chunks().take(winner),
-        source=dropped.column(SOURCE_COLUMN).combine_chunks(), extra=[{}] * dropped.num_rows,
-        method=method, reason="merge_duplicate")
+def _rows(first: int, count: int) -> pa.Array:
+    return pa.array(np.arange(first, first + count, dtype=np.int64))
 
 
-def _near(rows: pa.Table, *, threshold: float, verify: bool) -> tuple[pa.Table, Duplicates]:
+def _groups(blocks: Iterator[pa.Table], key: str) -> Iterator[tuple[pa.Table, np.ndarray, int]]:
+    """Blocks sorted by (``key``, ``ROW``) -> (table, leader, start): ``leader[i]`` is the index in ``table`` of the
+    first row of row i's group; rows from ``start`` on are new (a group that goes on past a block has its first
+    row carried into the next table, at index 0, with ``start`` 1)."""
+    carry: pa.Table | None = None
+    for block in blocks:
+        if not block.num_rows:
+            continue
+        table = pa.concat_tables([carry, block]) if carry is not None else block
+        keys = table.column(key)
+        new_group = np.ones(table.num_rows, dtype=bool)
+        if table.num_rows > 1:
+            new_group[1:] = pc.not_equal(keys.slice(1), keys.slice(0, table.num_rows - 1)).to_numpy(
+                zero_copy_only=False)
+        leader = np.maximum.accumulate(np.where(new_group, np.arange(table.num_rows), 0))
+        yield table, leader, 1 if carry is not None else 0
+        carry = table.slice(int(leader[-1]), 1)
+
+
+def exact_duplicates(inputs: Inputs, keep: Keep) -> Duplicates:
+    """Exact dedup of the inputs: ``keep`` is given the kept rows (in key order), the drops are returned."""
+    method = "sample_id"
+    dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
+    with SortedRuns(_KEYED, "sample_id") as by_id, SortedRuns(_KEYED, _KEY, order=ROW, distinct=False) as by_key:
+        for _, first, batch in inputs.batches(["sample_id", "text"]):
+            key, method = exact_keys(batch.column("sample_id"),
+                                     batch.column("text") if "text" in batch.schema.names else None)
+            by_id.add(pa.table([_ids(batch), _rows(first, batch.num_rows), key], schema=_KEYED))
+        for block in by_id.merged():  # each sample id's first row (rows added in row order)
+            by_key.add(block)
+        for table, leader, start in _groups(by_key.merged(), _KEY):
+            index = np.arange(start, table.num_rows)
+            first_of_key = leader[index] == index
+            rows = table.column(ROW).to_numpy()
+            ids = table.column("sample_id")
+            kept = index[first_of_key]
+            if len(kept):
+                keep(rows[kept], inputs.index_of(rows[kept]), ids.take(pa.array(kept)).combine_chunks())
+            drop = index[~first_of_key]
+            if len(drop):
+                dropped.append((ids.take(pa.array(drop)).combine_chunks(),
+                                ids.take(pa.array(leader[drop])).combine_chunks(), rows[leader[drop]], rows[drop]))
+    return _duplicates(inputs, dropped, [], method=method, reason="merge_duplicate")
+
+
+def _duplicates(inputs: Inputs, dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]],
+                extra: list[dict[str, Any]], *, method: str, reason: str) -> Duplicates:
+    ids = pa.concat_arrays([d[0] for d in dropped]) if dropped else pa.array([], pa.string())
+    dup_of = pa.concat_arrays([d[1] for d in dropped]) if dropped else pa.array([], pa.string())
+    keepers = np.concatenate([d[2] for d in dropped]) if dropped else np.zeros(0, np.int64)
+    rows = np.concatenate([d[3] for d in dropped]) if dropped else np.zeros(0, np.int64)
+    return Duplicates(sample_id=ids, dup_of=dup_of, dup_release=inputs.source_of(keepers),
+                      source=inputs.source_of(rows), extra=extra or [{}] * len(ids), method=method, reason=reason)
+
+
+class RowCursor:
+    """Tables sorted by ``ROW`` (a stream read once) handed out by ascending ranges of row numbers."""
+
+    def __init__(self, blocks: Iterator[pa.Table], schema: pa.Schema) -> None:
+        self._blocks = blocks
+        self._schema = schema
+        self._held: pa.Table | None = None
+
+    def take(self, low: int, high: int) -> pa.Table:
+        """The rows numbered in [low, high); rows below ``low`` not taken before are skipped."""
+        pieces = []
+        while True:
+            if self._held is None or not self._held.num_rows:
+                self._held = next(self._blocks, None)
+                if self._held is None:
+                    break
+            rows = self._held.column(ROW).to_numpy()
+            begin, end = np.searchsorted(rows, [low, high])
+            if end > begin:
+                pieces.append(self._held.slice(int(begin), int(end - begin)))
+            self._held = self._held.slice(int(end))
+            if self._held.num_rows:  # rows past ``high`` are left: this range is done
+                break
+        return pa.concat_tables(pieces) if pieces else self._schema.empty_table()
+
+
+def _union(parent: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """Link rows a[i] and b[i]; every tree's root is its smallest row (a parent is never above its child). Writes to
+    one parent from several pairs in a step: one wins, the others are linked again in the next step."""
+    while len(a):
+        root_a, root_b = _find(parent, a), _find(parent, b)
+        differ = root_a != root_b
+        low, high = np.minimum(root_a[differ], root_b[differ]), np.maximum(root_a[differ], root_b[differ])
+        parent[high] = low
+        a, b = low, high
+
+
+def _find(parent: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    root = parent[rows]
+    while True:
+        up = parent[root]
+        if np.array_equal(up, root):
+            break
+        root = up
+    parent[rows] = root  # path compression for the rows asked
+    return root
+
+
+def _roots(parent: np.ndarray) -> np.ndarray:
+    while True:
+        up = parent[parent]
+        if np.array_equal(up, parent):
+            return parent
+        parent = up
+
+
+def near_duplicates(inputs: Inputs, keep: Keep, *, threshold: float, verify: bool) -> Duplicates:
+    """MinHash-LSH dedup of the inputs (see the module docstring): ``keep`` is given the kept rows in row order,
+    the drops are returned."""
     try:
-        from datahub.engines.arrow import ArrowFrame
-        from operators.dedup.clustering import CLUSTER_ID, KEEPER, QUALITY_SCORE, near_duplicate_clusters
+        from operators.dedup.lsh import band_keys
         from operators.dedup.minhash_op import MinhashDedup
         from operators.dedup.params import MinhashDedupParams
         from operators.dedup.verify import ANCHOR, ANCHOR_TEXT, JACCARD, JaccardCheck
@@ -122,26 +253,102 @@ def _near(rows: pa.Table, *, threshold: float, verify: bool) -> tuple[pa.Table, 
     except ValueError as exc:
         raise ReleaseError(f"--threshold {threshold}: {exc}") from None
     operator = MinhashDedup(params)  # the operator's hasher and banding, so merge and pipeline dedup alike
-    normalization = params.normalization.build()
     minhasher, bands, band_rows = operator.minhasher, operator.bands, operator.rows
-    # The keep rule of clustering.choose_keepers takes the highest quality_score: the earliest row.
-    documents = pa.table({"sample_id": rows.column("sample_id"), "text": rows.column("text"),
-                          QUALITY_SCORE: pc.negate(pc.cast(rows.column(_ROW), pa.float64()))})
-    clusters = near_duplicate_clusters(ArrowFrame(documents), minhasher=minhasher, bands=bands, rows=band_rows,
-                                       use_quality_score=True, max_iterations=params.max_iterations)
-    assert isinstance(clusters, ArrowFrame)
-    candidates = clusters.table.filter(clusters.table.column("is_duplicate"))
-    ids = candidates.column("sample_id").combine_chunks()
-    keepers = candidates.column(KEEPER).combine_chunks()
-    pairs = pa.table({"sample_id": ids, "text": _lookup(rows, ids, "text"),
-                      ANCHOR: keepers, ANCHOR_TEXT: _lookup(rows, keepers, "text")})
-    measured = JaccardCheck(minhasher.shingler, normalization, 0.0)(pairs)  # threshold 0: every pair, measured
-    jaccard = measured.column(JACCARD).combine_chunks()
-    drop = pc.greater_equal(jaccard, threshold) if verify else pa.array(np.ones(len(ids), dtype=bool))
-    ids, keepers = ids.filter(drop), keepers.filter(drop)
-    cluster_ids, jaccard = candidates.column(CLUSTER_ID).combine_chunks().filter(drop), jaccard.filter(drop)
-    kept = rows.filter(pc.invert(pc.is_in(rows.column("sample_id"), value_set=ids)))
-    extra = [{"cluster_id": c, "jaccard": round(j, 6)} for c, j in zip(cluster_ids.to_pylist(), jaccard.to_pylist())]
-    return kept, Duplicates(
-        sample_id=ids, dup_of=keepers, dup_release=_lookup(rows, keepers, SOURCE_COLUMN),
-        source=_lookup(rows, ids, SOURCE_COLUMN), extra=extra, method="minhash", reason="merge_near_duplicate")
+    check = JaccardCheck(minhasher.shingler, params.normalization.build(), 0.0)  # threshold 0: every pair measured
+    with SortedRuns(_IDS, "sample_id") as by_id, SortedRuns(_IDS, ROW) as distinct, \
+            SortedRuns(_IDS, ROW) as distinct_again, \
+            SortedRuns(_EDGES, _BAND_KEY, order=ROW, distinct=False, run_rows=EDGE_RUN_ROWS) as edges:
+        for _, first, batch in inputs.batches(["sample_id"]):
+            by_id.add(pa.table([_ids(batch), _rows(first, batch.num_rows)], schema=_IDS))
+        for block in by_id.merged():  # each sample id's first row, sorted back into row order
+            distinct.add(block)
+        parent = np.arange(inputs.rows, dtype=np.int32 if inputs.rows < 2**31 else np.int64)
+        # signatures of the distinct rows, a batch at a time; the band keys' (key, row) pairs sorted by key
+        cursor = RowCursor(distinct.merged(), _IDS)
+        for _, first, batch in inputs.batches(["sample_id", "text"], TEXT_BATCH_ROWS):
+            mine = cursor.take(first, first + batch.num_rows)
+            if not mine.num_rows:
+                continue
+            distinct_again.add(mine)
+            rows = mine.column(ROW).to_numpy()
+            texts = batch.column("text") if "text" in batch.schema.names else pa.nulls(batch.num_rows, pa.string())
+            signatures = minhasher.signatures(texts.take(pa.array(rows - first)))
+            nonempty = np.flatnonzero((signatures != minhasher.empty_value).any(axis=1))  # empty texts: no keys
+            keys = band_keys(signatures[nonempty], bands, band_rows)
+            edges.add(pa.table([pa.array(np.ascontiguousarray(keys, dtype=np.int64).ravel()),
+                                pa.array(np.repeat(rows[nonempty], bands))], schema=_EDGES))
+        for table, leader, start in _groups(edges.merged(), _BAND_KEY):
+            index = np.arange(start, table.num_rows)
+            linked = index[leader[index] != index]
+            if len(linked):
+                rows = table.column(ROW).to_numpy()
+                _union(parent, rows[leader[linked]].astype(parent.dtype), rows[linked].astype(parent.dtype))
+        roots = _roots(parent)
+        del parent
+        candidates = np.flatnonzero(roots != np.arange(len(roots), dtype=roots.dtype))
+        dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
+        extra: list[dict[str, Any]] = []
+        if len(candidates):
+            members = np.union1d(candidates, roots[candidates]).astype(np.int64)
+            dropped, extra = _verified(inputs, members, roots, check, threshold=threshold, verify=verify,
+                                       columns=(ANCHOR, ANCHOR_TEXT, JACCARD))
+        del roots
+        drops = np.sort(np.concatenate([d[3] for d in dropped])) if dropped else np.zeros(0, np.int64)
+        for block in distinct_again.merged():
+            rows = block.column(ROW).to_numpy()
+            stays = ~np.isin(rows, drops) if len(drops) else np.ones(len(rows), dtype=bool)
+            if stays.any():
+                keep(rows[stays], inputs.index_of(rows[stays]), block.column("sample_id").filter(
+                    pa.array(stays)).combine_chunks())
+    return _duplicates(inputs, dropped, extra, method="minhash", reason="merge_near_duplicate")
+
+
+def _verified(inputs: Inputs, members: np.ndarray, roots: np.ndarray, check: Any, *, threshold: float,
+              verify: bool, columns: tuple[str, str, str]) -> tuple[list[tuple[pa.Array, pa.Array, np.ndarray,
+                                                                                  np.ndarray]], list[dict[str, Any]]]:
+    """The candidates (``members`` that are not their component's root) measured against their keepers: the texts
+    of ``members`` read again and sorted by component, so a keeper's text comes just before its candidates'."""
+    anchor, anchor_text, jaccard_column = columns
+    dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
+    extra: list[dict[str, Any]] = []
+    smallest: list[pa.Table] = []  # per batch, each component's smallest sample id: the cluster id
+    with SortedRuns(_MEMBERS, _COMPONENT, order=ROW, distinct=False, run_rows=MEMBER_RUN_ROWS,
+                    read_rows=MEMBER_READ_ROWS) as by_component:
+        for _, first, batch in inputs.batches(["sample_id", "text"], TEXT_BATCH_ROWS):
+            low, high = np.searchsorted(members, [first, first + batch.num_rows])
+            if low == high:
+                continue
+            rows = members[low:high]
+            local = pa.array(rows - first)
+            texts = batch.column("text") if "text" in batch.schema.names else pa.nulls(batch.num_rows, pa.string())
+            part = pa.table([pa.array(roots[rows].astype(np.int64)), pa.array(rows), _ids(batch).take(local),
+                             texts.take(local)], schema=_MEMBERS)
+            by_component.add(part)
+            smallest.append(part.group_by(_COMPONENT, use_threads=False).aggregate([("sample_id", "min")]))
+        clusters = pa.concat_tables(smallest).group_by(_COMPONENT, use_threads=False).aggregate(
+            [("sample_id_min", "min")])
+        cluster_of = clusters.column(_COMPONENT).combine_chunks()
+        cluster_ids = clusters.column("sample_id_min_min").combine_chunks()
+        for table, leader, start in _groups(by_component.merged(), _COMPONENT):
+            index = np.arange(start, table.num_rows)
+            candidate = index[leader[index] != index]
+            if not len(candidate):
+                continue
+            ids, texts = table.column("sample_id"), table.column("text")
+            keeper = pa.array(leader[candidate])
+            pairs = pa.table({"sample_id": ids.take(pa.array(candidate)), "text": texts.take(pa.array(candidate)),
+                              anchor: ids.take(keeper), anchor_text: texts.take(keeper)})
+            jaccard = check(pairs).column(jaccard_column).to_numpy()
+            drop = jaccard >= threshold if verify else np.ones(len(candidate), dtype=bool)
+            if not drop.any():
+                continue
+            candidate, jaccard = candidate[drop], jaccard[drop]
+            rows = table.column(ROW).to_numpy()
+            components = table.column(_COMPONENT).take(pa.array(candidate))
+            cluster = cluster_ids.take(pc.index_in(components, value_set=cluster_of))
+            dropped.append((ids.take(pa.array(candidate)).combine_chunks(),
+                            ids.take(pa.array(leader[candidate])).combine_chunks(), rows[leader[candidate]],
+                            rows[candidate]))
+            extra.extend({"cluster_id": c, "jaccard": round(j, 6)} for c, j in zip(cluster.to_pylist(),
+                                                                                    jaccard.tolist()))
+    return dropped, extra

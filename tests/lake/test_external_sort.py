@@ -52,3 +52,26 @@ def test_integer_keys_and_refused_nulls(tmp_path):
         assert np.array_equal(merged, np.unique(values))
         with pytest.raises(ValueError, match="nulls"):
             runs.add(pa.table({"hash": pa.array([1, None], pa.uint64())}))
+
+
+@pytest.mark.parametrize("run_rows, read_rows, fan_in", [(10_000, 500, 32), (300, 16, 3)])
+def test_order_column_keeps_smallest_and_every_row_sorts_by_key_then_order(tmp_path, monkeypatch, run_rows,
+                                                                             read_rows, fan_in):
+    monkeypatch.setattr(external_sort, "FAN_IN", fan_in)
+    rows = _rows(4_000, 300, seed=11)  # ~13 rows a key: a key's rows span blocks and runs
+    order = np.random.default_rng(5).permutation(rows.num_rows)  # added in an order unrelated to "position"
+    shuffled = rows.take(pa.array(order))
+    expected_all = sorted(zip(rows.column("key").to_pylist(), rows.column("position").to_pylist()))
+    smallest: dict[str, int] = {}
+    for key, position in expected_all:
+        smallest.setdefault(key, position)
+    for distinct, expected in ((True, sorted(smallest.items())), (False, expected_all)):
+        with SortedRuns(SCHEMA, "key", order="position", distinct=distinct, run_rows=run_rows, read_rows=read_rows,
+                        directory=str(tmp_path)) as runs:
+            for start in range(0, shuffled.num_rows, 250):
+                runs.add(shuffled.slice(start, 250))
+            assert (runs.spilled_runs > fan_in) == (run_rows == 300)
+            merged = pa.concat_tables(runs.merged())
+        assert list(zip(merged.column("key").to_pylist(), merged.column("position").to_pylist())) == expected
+    with pytest.raises(ValueError, match="distinct"):
+        SortedRuns(SCHEMA, "key", counts="position", distinct=False)
