@@ -346,6 +346,9 @@ def _build_shards(spill: RowSpill, plan: ExportPlan, writer: ShardWriter, todo: 
     uploads). ``buffers`` byte buffers are reused in turn: ``_write_shards`` asks for shard k only when shard
     k - ``buffers`` is published, so its buffer is free (no fresh pages per shard)."""
     ring: list[bytearray] = []
+    # per turn, the lowest rank a later shard of ``todo`` gathers: the spill's buckets below it are removed once the
+    # shard is gathered, so its upload writes into the pages they held (``RowSpill.release``)
+    needed = np.minimum.accumulate([plan.spans[i].start for i in todo][::-1])[::-1].tolist()[1:] + [plan.num_samples]
     for turn, index in enumerate(todo):
         span = plan.spans[index]
         name = shard_name(writer.release, index)
@@ -359,6 +362,7 @@ def _build_shards(spill: RowSpill, plan: ExportPlan, writer: ShardWriter, todo: 
         view = memoryview(ring[slot])
         if spill.gather(span.start, span.samples, view[:members]) != members:
             raise IntegrityError(f"{name}: the spill gave back fewer bytes than the plan holds; re-run the export")
+        spill.release(needed[turn])
         # the same bytes as ``write.shard_body``: members, the __index__ member, the end blocks
         rows = np.zeros(span.samples + 1, dtype=np.int64)
         np.cumsum(plan.sizes[span.start:span.start + span.samples], out=rows[1:])
