@@ -36,8 +36,10 @@ from datahub.lake.scan import scan_batches
 DedupMode = Literal["exact", "near", "none"]
 SOURCE_COLUMN = "release_source"
 ROW = "_merge_row"  # a row's number across the inputs
-ID_BATCH_ROWS = 8192  # ids (and texts, for the exact keys) read at a time
-TEXT_BATCH_ROWS = 2048  # texts signed or compared at a time
+ID_BATCH_ROWS = 8192  # ids read at a time
+# texts hashed, signed or compared at a time: normalization makes a few copies of a batch (8,192 texts of 5 KB
+# peaked at ~630 MB in the exact merge, 2,048 at ~340 MB)
+TEXT_BATCH_ROWS = 2048
 EDGE_RUN_ROWS = 1 << 20  # (band key, row) pairs sorted in memory at a time: 16 MB
 MEMBER_RUN_ROWS = 2048  # whole texts sorted in memory at a time (~10 MB of 5 KB documents)
 MEMBER_READ_ROWS = 64  # whole texts read from each spilled run at a time
@@ -74,14 +76,16 @@ class Inputs:
         self.datasets = datasets
         self.counts: list[int] | None = None
 
-    def batches(self, columns: list[str], batch_rows: int = ID_BATCH_ROWS
+    def batches(self, columns: list[str], batch_rows: int | None = None
                 ) -> Iterator[tuple[int, int, pa.RecordBatch]]:
-        """(input index, number of the first row, batch) over every input, ``columns`` that each input has."""
+        """(input index, number of the first row, batch) over every input, ``columns`` that each input has,
+        ``batch_rows`` (default ``ID_BATCH_ROWS``) at a time."""
         counts, first = [], 0
         for index, dataset in enumerate(self.datasets):
             names = pa.schema(dataset.schema).names
             seen = 0
-            for batch in scan_batches(dataset, columns=[c for c in columns if c in names], batch_rows=batch_rows):
+            for batch in scan_batches(dataset, columns=[c for c in columns if c in names],
+                                      batch_rows=batch_rows or ID_BATCH_ROWS):
                 yield index, first + seen, batch
                 seen += batch.num_rows
             counts.append(seen)
@@ -150,7 +154,7 @@ def exact_duplicates(inputs: Inputs, keep: Keep) -> Duplicates:
     method = "sample_id"
     dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
     with SortedRuns(_KEYED, "sample_id") as by_id, SortedRuns(_KEYED, _KEY, order=ROW, distinct=False) as by_key:
-        for _, first, batch in inputs.batches(["sample_id", "text"]):
+        for _, first, batch in inputs.batches(["sample_id", "text"], TEXT_BATCH_ROWS):
             key, method = exact_keys(batch.column("sample_id"),
                                      batch.column("text") if "text" in batch.schema.names else None)
             by_id.add(pa.table([_ids(batch), _rows(first, batch.num_rows), key], schema=_KEYED))
