@@ -157,7 +157,7 @@ def exact_duplicates(inputs: Inputs, keep: Keep) -> Duplicates:
         for _, first, batch in inputs.batches(["sample_id", "text"], TEXT_BATCH_ROWS):
             key, method = exact_keys(batch.column("sample_id"),
                                      batch.column("text") if "text" in batch.schema.names else None)
-            by_id.add(pa.table([_ids(batch), _rows(first, batch.num_rows), key], schema=_KEYED))
+            by_id.add(pa.table([_ids(batch), _rows(first, batch.num_rows), key.cast(pa.string())], schema=_KEYED))
         for block in by_id.merged():  # each sample id's first row (rows added in row order)
             by_key.add(block)
         for table, leader, start in _groups(by_key.merged(), _KEY):
