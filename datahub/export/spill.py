@@ -23,6 +23,7 @@ DEFAULT_BUDGET = 64 * 2**20
 # files open (a larger release gets larger buckets)
 BUCKET_BYTES = 8 * 2**20
 MAX_BUCKETS = 1024
+_IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
 class ShardSpill:
@@ -119,26 +120,28 @@ class RowSpill:
         if not self.bucket_rows:
             self._open(members)
         buckets = np.asarray(ranks, dtype=np.int64) // self.bucket_rows
-        order = np.argsort(buckets, kind="stable")
-        grouped = members.take(pa.array(order)) if (order[1:] < order[:-1]).any() else members
+        order = np.argsort(buckets, kind="stable")  # by bucket, read order within one
         ranks, buckets = np.asarray(ranks)[order], buckets[order]
-        offsets = np.frombuffer(grouped.buffers()[1], dtype=np.int64)[grouped.offset:grouped.offset + count + 1]
-        sizes = np.diff(offsets)
+        offsets = np.frombuffer(members.buffers()[1], dtype=np.int64)[members.offset:members.offset + count + 1]
+        starts, sizes = offsets[:-1][order], np.diff(offsets)[order]
+        data = members.buffers()[2]
+        view = memoryview(data) if data is not None else memoryview(b"")
         cuts = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
-        firsts = np.concatenate([[0], cuts])
-        lasts = np.concatenate([cuts, [count]])
-        data = grouped.buffers()[2]
+        firsts, lasts = np.concatenate([[0], cuts]), np.concatenate([cuts, [count]])
         for first, last in zip(firsts.tolist(), lasts.tolist()):
             bucket = int(buckets[first])
-            begin, end = int(offsets[first]), int(offsets[last])
-            end_before = self._ends[bucket]
-            self.offsets[ranks[first:last]] = offsets[first:last] - begin + end_before
-            self.sizes[ranks[first:last]] = sizes[first:last]
-            if end > begin and data is not None:
-                self._pending.append(self._writer.submit(_write_at, self._fds[bucket], data.slice(begin, end - begin),
-                                                         end_before))
-                self._ends[bucket] = end_before + end - begin
-        while len(self._pending) > 2 * max(len(firsts), 1):  # about two batches wait for the disk
+            run = sizes[first:last]
+            placed = np.cumsum(run) - run + self._ends[bucket]
+            self.offsets[ranks[first:last]] = placed
+            self.sizes[ranks[first:last]] = run
+            total = int(run.sum())
+            if total:
+                # the rows' slices of the batch's buffer, written with one pwritev (no gathered copy)
+                parts = [view[o:o + n] for o, n in zip(starts[first:last].tolist(), run.tolist()) if n]
+                self._pending.append(self._writer.submit(_write_parts_at, self._fds[bucket], parts,
+                                                         self._ends[bucket]))
+                self._ends[bucket] += total
+        while len(self._pending) > 2 * len(firsts):  # about two batches wait for the disk
             self._pending.popleft().result()
 
     def finish(self) -> None:
@@ -184,7 +187,25 @@ class RowSpill:
                 self._fds[bucket] = -1
 
 
-def _write_at(fd: int, data: pa.Buffer, offset: int) -> None:
+def _write_parts_at(fd: int, parts: list[memoryview], offset: int) -> None:
+    """``parts`` back to back at ``offset``: ``os.pwritev`` in runs of at most ``_IOV_MAX`` buffers."""
+    for begin in range(0, len(parts), _IOV_MAX):
+        run = parts[begin:begin + _IOV_MAX]
+        total = sum(len(part) for part in run)
+        written = os.pwritev(fd, run, offset)
+        if written < total:  # a short write (rare): the rest one buffer at a time
+            skip = written
+            for part in run:
+                if skip >= len(part):
+                    skip -= len(part)
+                    continue
+                _write_at(fd, part[skip:], offset + written)
+                written += len(part) - skip
+                skip = 0
+        offset += total
+
+
+def _write_at(fd: int, data: pa.Buffer | memoryview, offset: int) -> None:
     view = memoryview(data)
     while len(view):
         written = os.pwrite(fd, view, offset)

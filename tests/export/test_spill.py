@@ -30,6 +30,27 @@ def test_row_spill_gathers_rank_ranges_in_order(tmp_path) -> None:
     spill.close()
 
 
+def test_row_spill_buckets_by_rank_and_releases_built_ones(tmp_path) -> None:
+    rng = np.random.default_rng(5)
+    rows = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(0, 3000, 700)]
+    rows[10] = b""  # an empty row
+    ranks = rng.permutation(700)
+    spill = RowSpill(str(tmp_path), rows=700, bucket_bytes=20_000)  # ~13 rows a bucket: many buckets
+    values = pa.array(rows, pa.large_binary())
+    for start, end in ((0, 300), (300, 301), (301, 700)):
+        spill.add(ranks[start:end], values.slice(start, end - start))
+    spill.finish()
+    by_rank = {int(r): rows[i] for i, r in enumerate(ranks)}
+    assert spill.bucket_rows > 1 and len(list(tmp_path.iterdir())) == -(-700 // spill.bucket_rows)
+    buffer = bytearray(3000 * 700)
+    for start in range(0, 700, 50):  # shards in order, each releasing what it no longer needs
+        written = spill.gather(start, 50, memoryview(buffer))
+        assert bytes(buffer[:written]) == b"".join(by_rank[r] for r in range(start, start + 50))
+        spill.release(start + 50)
+        assert len(list(tmp_path.iterdir())) == -(-700 // spill.bucket_rows) - (start + 50) // spill.bucket_rows
+    spill.close()
+
+
 def test_local_export_reads_the_large_columns_once(tmp_path, monkeypatch) -> None:
     lake, version = make_lake(tmp_path / "lake", 80, with_binary=True)
     scans: list[object] = []
