@@ -4,7 +4,7 @@ Builds two lakes of generated ~5 KB documents (S and L = 4 x S bytes of text), e
 (``half``: the first half of the rows, ``full``: all of them), then runs the CLI a user runs, one command at a
 time, sampling the summed PSS of its process tree (``benchmarks/_procmem.py``):
 release create, qa, report, export (this process, then Ray with 2 workers, to another tier), tier apply (a copy
-to a third tier), release diff, release redact, release merge (half + full, exact dedup).
+to a third tier), release diff, release redact, release merge (half + full, exact dedup, and near dedup).
 
 Prints per command the peak on S and L and their ratio, then ``rss_growth_max: X`` (the largest L/S ratio),
 ``export_mb_s`` for the local and the Ray export on L, and ``export_vs_copy: Y`` = local export throughput /
@@ -149,6 +149,8 @@ def main() -> None:
                 ("release redact", ["release", "redact", "redacted", "--from", "full", "--lake", lake,
                                     "--source", "file:///corpus/part-03.jsonl", "--reason", "benchmark take-down"]),
                 ("release merge", ["release", "merge", "merged", "--from", "half", "--from", "full", "--lake", lake]),
+                ("merge near", ["release", "merge", "merged-near", "--from", "half", "--from", "full", "--lake", lake,
+                                "--dedup", "near"]),
             ]
             if args.only:
                 wanted = {n.strip() for n in args.only.split(",")} | {"release create"}
