@@ -19,10 +19,10 @@ import pyarrow as pa
 from datahub.errors import IntegrityError
 
 DEFAULT_BUDGET = 64 * 2**20
-# RowSpill's buckets: ~8 MB of encoded rows each (a shard frees its buckets soon after it is built), at most 1024
-# files open (a larger release gets larger buckets)
+# RowSpill's buckets: ~8 MB of encoded rows each (a shard frees its buckets soon after it is built), at most 256
+# files open at once (a common soft limit on open files is 1024; a release past ~2 GB gets larger buckets)
 BUCKET_BYTES = 8 * 2**20
-MAX_BUCKETS = 1024
+MAX_BUCKETS = 256
 _IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 

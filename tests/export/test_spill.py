@@ -51,6 +51,17 @@ def test_row_spill_buckets_by_rank_and_releases_built_ones(tmp_path) -> None:
     spill.close()
 
 
+def test_row_spill_caps_its_open_files(tmp_path) -> None:
+    rows = [bytes([i % 256]) * (i + 1) for i in range(300)]
+    spill = RowSpill(str(tmp_path), rows=300, bucket_bytes=1, max_buckets=7)  # 1-byte buckets wanted, 7 files at most
+    spill.add(np.arange(300)[::-1].copy(), pa.array(rows, pa.large_binary()))
+    spill.finish()
+    assert len(list(tmp_path.iterdir())) == 7
+    buffer = bytearray(sum(map(len, rows)))
+    assert bytes(buffer[:spill.gather(0, 300, memoryview(buffer))]) == b"".join(rows[::-1])
+    spill.close()
+
+
 def test_local_export_reads_the_large_columns_once(tmp_path, monkeypatch) -> None:
     lake, version = make_lake(tmp_path / "lake", 80, with_binary=True)
     scans: list[object] = []
