@@ -9,7 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 from datetime import datetime, timezone
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,34 +135,77 @@ def _chunks(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
         yield pa.concat_tables(held).combine_chunks()
 
 
+class _SortedRows:
+    """Lineage rows sorted by sample_id (a stream of tables, read once) handed out by ascending upper bounds."""
+
+    def __init__(self, blocks: Iterator[pa.Table]) -> None:
+        self._blocks = blocks
+        self._held: pa.Table | None = None
+
+    def below(self, bound: pa.Scalar | None) -> pa.Table | None:
+        """The rows not taken yet whose sample_id is below ``bound`` (every row left when None)."""
+        pieces = []
+        while True:
+            if self._held is None or not self._held.num_rows:
+                self._held = next(self._blocks, None)
+                if self._held is None:
+                    break
+            if bound is None:
+                pieces.append(self._held)
+                self._held = None
+                continue
+            # sorted: the rows below the bound are a prefix (nulls sort last)
+            count = pc.sum(pc.less(self._held.column("sample_id"), bound)).as_py() or 0
+            pieces.append(self._held.slice(0, count))
+            self._held = self._held.slice(count)
+            if self._held.num_rows:  # rows at or past ``bound`` are left
+                break
+        return pa.concat_tables(pieces) if pieces else None
+
+
+def _extra_blocks(extra: pa.Table | Iterable[pa.Table | pa.RecordBatch] | None) -> Iterator[pa.Table] | None:
+    """``extra_lineage`` as a stream of non-empty ``LINEAGE`` tables sorted by sample_id, or None when empty.
+
+    A table is sorted here (stable: rows of one id keep their order); a stream must come sorted that way."""
+    if extra is None:
+        return None
+    if isinstance(extra, pa.Table):
+        blocks: Iterator[pa.Table] = iter([extra.cast(LINEAGE).sort_by([("sample_id", "ascending")])])
+    else:
+        blocks = (pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in extra)
+    rows = (block.cast(LINEAGE) for block in blocks if block.num_rows)
+    first = next(rows, None)
+    if first is None:
+        return None
+
+    def stream() -> Iterator[pa.Table]:
+        yield first
+        yield from rows
+
+    return stream()
+
+
 def _lineage_chunks(name: str, released: _Released, distinct: Iterator[pa.Table], ts: datetime,
-                    extra: pa.Table | None) -> Iterator[pa.Table]:
+                    extra: Iterator[pa.Table] | None) -> Iterator[pa.Table]:
     """``released`` lineage rows for the ``distinct`` ids (sorted blocks of sample_id, reason_code), merged with
-    the ``extra`` rows, in sample_id order, ``LINEAGE_CHUNK_ROWS`` released rows at a time."""
-    extra = extra.cast(LINEAGE).sort_by([("sample_id", "ascending")]) if extra is not None and extra.num_rows else None
+    the ``extra`` rows (a sorted stream), in sample_id order, ``LINEAGE_CHUNK_ROWS`` released rows at a time with
+    the extra rows that fall between their first id and the next chunk's."""
+    cursor = _SortedRows(extra) if extra is not None else None
     chunks = _chunks(distinct, LINEAGE_CHUNK_ROWS)
     current = next(chunks, _ID_ROWS.empty_table())
-    first = True
     while current is not None:
         following = next(chunks, None)  # its first id bounds this chunk's share of the extra rows
         ids = current.column("sample_id")
         chunk = lineage_rows(ids, run_id=release_txn(name), op=RELEASE_OP, action="released",
                              reason=released.reasons.take(current.column("reason_code")), ref=name, ts=ts,
                              sort=False)
-        if extra is not None:
-            column = extra.column("sample_id")
-            mine = None
-            if not first:
-                mine = pc.greater_equal(column, ids[0])
-            if following is not None:
-                below = pc.less(column, following.column("sample_id")[0])
-                mine = below if mine is None else pc.and_(mine, below)
-            rows = extra if mine is None else extra.filter(mine)
-            if rows.num_rows:
+        if cursor is not None:
+            rows = cursor.below(following.column("sample_id")[0] if following is not None else None)
+            if rows is not None and rows.num_rows:
                 chunk = pa.concat_tables([chunk, rows]).sort_by([("sample_id", "ascending")])
         if chunk.num_rows:
             yield chunk
-        current, first = following, False
+        current = following
 
 
 def freeze(
@@ -179,7 +222,7 @@ def freeze(
     jobs: list[str] | None = None,
     details: dict[str, Any] | None = None,
     creator: str | None = None,
-    extra_lineage: pa.Table | None = None,
+    extra_lineage: pa.Table | Iterable[pa.Table | pa.RecordBatch] | None = None,
     released_reason: pa.Array | pa.ChunkedArray | None = None,
     reason_column: str | None = None,
     reason_prefix: str = "",
@@ -190,6 +233,9 @@ def freeze(
     ``table`` at ``version``, scanned in bounded batches (the reason then is ``reason_prefix`` + the row's
     ``reason_column``, or the release kind). Lineage is written in sorted chunks of ``LINEAGE_CHUNK_ROWS``; what
     is held is bounded: the distinct ids are sorted in runs spilled to local disk (``datahub.lake.external_sort``).
+    ``extra_lineage`` (e.g. ``dropped`` rows) is merged in by sample_id: a table (sorted here), or a stream of
+    tables or record batches already sorted by sample_id (e.g. ``SortedRuns.merged()`` over spilled rows), read
+    once, a chunk's share at a time.
     """
     # The release is read by time travel: the frozen table must keep its log even when another
     # writer (Spark add-actions, an older datahub) created it without the property.
@@ -201,8 +247,9 @@ def freeze(
         released = _collect(_id_batches(lake, table, version, sample_ids,
                                         released_reason if released_reason is not None else default_reason,
                                         reason_column, reason_prefix), runs)
-        if released.ids or (extra_lineage is not None and extra_lineage.num_rows):
-            commit_rows(lake, "lineage", _lineage_chunks(name, released, runs.merged(), ts, extra_lineage),
+        extra = _extra_blocks(extra_lineage)
+        if released.ids or extra is not None:
+            commit_rows(lake, "lineage", _lineage_chunks(name, released, runs.merged(), ts, extra),
                         schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS, metadata={"datahub.release": name})
     if run_ids is None or jobs is None:
         found_runs, found_jobs = history_runs(lake, table, version)

@@ -55,10 +55,8 @@ def parse_weights(text: str | None) -> dict[str, float] | None:
     return weights
 
 
-def _dropped_lineage(dups: Duplicates | None, new: str, ts: datetime) -> pa.Table:
+def _dropped_lineage(dups: Duplicates, new: str, ts: datetime) -> pa.Table:
     """One ``dropped`` lineage row per duplicate: dup_of, the keeper's release, the method's fields."""
-    if dups is None or not len(dups.sample_id):
-        return LINEAGE.empty_table()
     refs = [
         json.dumps({"dup_of": d, "dup_release": dr, "release": new, "from": s, "method": dups.method, **extra})
         for d, dr, s, extra in zip(dups.dup_of.to_pylist(), dups.dup_release.to_pylist(), dups.source.to_pylist(),
@@ -66,6 +64,44 @@ def _dropped_lineage(dups: Duplicates | None, new: str, ts: datetime) -> pa.Tabl
     ]
     return lineage_rows(dups.sample_id, run_id=release_txn(new), op=MERGE_OP, action="dropped", reason=dups.reason,
                         ref=pa.array(refs, pa.string()), ts=ts)
+
+
+_DROP_ORDER = "_merge_drop"  # the order drops were found in: rows of one sample_id keep it, as a stable sort would
+_DROPPED = LINEAGE.append(pa.field(_DROP_ORDER, pa.int64()))
+DROP_RUN_ROWS = 16_384  # dropped lineage rows (~250 B each) sorted in memory at a time
+DROP_READ_ROWS = 1_024  # read from each spilled run at a time
+
+
+class _Drops:
+    """The ``dropped`` lineage rows of the dedup, spilled as found to sorted runs on local disk (by sample_id, then
+    finding order) and streamed back to ``freeze`` in that order: nothing per drop stays in memory."""
+
+    def __init__(self, new: str, ts: datetime) -> None:
+        self.new = new
+        self.ts = ts
+        self.count = 0
+        self.method: str | None = None  # of the dedup
+        self.kept = 0  # rows the dedup kept, before --weights
+        self.quotas: dict[str, int] | None = None  # of --weights
+        self.runs = SortedRuns(_DROPPED, "sample_id", order=_DROP_ORDER, distinct=False, run_rows=DROP_RUN_ROWS,
+                               read_rows=DROP_READ_ROWS)
+
+    def __enter__(self) -> _Drops:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runs.close()
+
+    def add(self, dups: Duplicates) -> None:
+        rows = _dropped_lineage(dups, self.new, self.ts)
+        order = pa.array(np.arange(self.count, self.count + rows.num_rows, dtype=np.int64))
+        self.runs.add(rows.append_column(_DROP_ORDER, order))
+        self.count += rows.num_rows
+
+    def lineage(self) -> Iterator[pa.Table]:
+        """The rows sorted by sample_id (read once)."""
+        for block in self.runs.merged():
+            yield block.drop_columns([_DROP_ORDER])
 
 
 def _check_weights(weights: dict[str, float], sources: list[str]) -> dict[str, float]:
@@ -206,34 +242,41 @@ def merge_releases(
     table = MATERIALIZED_PREFIX + new
     datasets = [lake.dataset(p.table, p.version) for p in parents]
     inputs = Inputs(sources, datasets)
-    with _Kept(sources, share, seed) as kept:
-        dups: Duplicates | None = None
+    with _Drops(new, ts) as drops:
+        _merge_rows(lake, new, parents, datasets, inputs, drops, share=share, seed=seed, dedup=dedup,
+                    threshold=threshold, verify=verify)
+        version = int(lake.table(table).version())
+        details: dict[str, Any] = {
+            "sources": sources, "rows_read": dict(zip(sources, inputs.counts or [])), "dedup": dedup,
+            "dedup_method": drops.method, "duplicates_removed": inputs.rows - drops.kept,
+            "duplicates_dropped": drops.count, "weights": weights, "seed": seed, "quotas": drops.quotas}
+        if dedup == "near":
+            details.update(threshold=threshold, verify=verify)
+        # the released ids and reasons are scanned back from the written table, in its (input) order; the dropped
+        # rows' lineage streams back from the spilled runs
+        return freeze(
+            lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
+            creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
+            reason_prefix="merged_from:", run_ids=sorted({r for p in parents for r in p.run_ids}),
+            jobs=sorted({j for p in parents for j in p.jobs}),
+        )
+
+
+def _merge_rows(lake: Lake, new: str, parents: list[Release], datasets: list[Any], inputs: Inputs, drops: _Drops,
+                *, share: dict[str, float] | None, seed: int, dedup: DedupMode, threshold: float,
+                verify: bool) -> None:
+    """The dedup (drops to ``drops``) and the sampling, then the kept rows written to ``release_<new>``."""
+    with _Kept(inputs.names, share, seed) as kept:
         if dedup == "exact":
-            dups = exact_duplicates(inputs, kept.add)
+            drops.method = exact_duplicates(inputs, kept.add, drops.add)
         elif dedup == "near":
-            dups = near_duplicates(inputs, kept.add, threshold=threshold, verify=verify)
+            drops.method = near_duplicates(inputs, kept.add, drops.add, threshold=threshold, verify=verify)
         else:
             for index, first, batch in inputs.batches(["sample_id"]):
                 kept.add(np.arange(first, first + batch.num_rows, dtype=np.int64),
                          np.full(batch.num_rows, index), batch.column("sample_id"))
-        read_counts = dict(zip(sources, inputs.counts or []))
-        dropped = _dropped_lineage(dups, new, ts)
-        removed = inputs.rows - kept.total
-        chosen, quotas = kept.chosen()
+        drops.kept = kept.total
+        chosen, drops.quotas = kept.chosen()
         # written here and committed as add actions: delta-rs's writer buffers up to a target-size file of rows
-        commit_rows(lake, table, _kept_rows(parents, datasets, chosen), txn=release_txn(new),
+        commit_rows(lake, MATERIALIZED_PREFIX + new, _kept_rows(parents, datasets, chosen), txn=release_txn(new),
                     schema=_merged_schema(datasets), row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new})
-    version = int(lake.table(table).version())
-    details = {"sources": sources, "rows_read": read_counts, "dedup": dedup,
-               "dedup_method": dups.method if dups is not None else None,
-               "duplicates_removed": removed, "duplicates_dropped": dropped.num_rows,
-               "weights": weights, "seed": seed, "quotas": quotas}
-    if dedup == "near":
-        details.update(threshold=threshold, verify=verify)
-    # the released ids and reasons are scanned back from the written table, in its (input) order
-    return freeze(
-        lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
-        creator=creator, details=details, extra_lineage=dropped, reason_column=SOURCE_COLUMN,
-        reason_prefix="merged_from:", run_ids=sorted({r for p in parents for r in p.run_ids}),
-        jobs=sorted({j for p in parents for j in p.jobs}),
-    )

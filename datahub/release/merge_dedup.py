@@ -15,8 +15,9 @@ except as said below.
   sorted by component, so each candidate's exact shingle Jaccard to its keeper is measured
   (``operators.dedup.verify.JaccardCheck``); with ``verify`` (default) a candidate below the threshold is kept.
 
-What stays in memory: the drops (``Duplicates``, for their lineage rows) and, for ``near``, the union-find array
-and one cluster id per component.
+The drops are handed to a ``drop`` callback as they are found (a ``Duplicates`` per group of drops: merge spills
+their lineage rows to local disk); what stays in memory for ``near``: the union-find array and one cluster id per
+component (the drops' row numbers, for the keep pass, are sorted in spilled runs too).
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ _EDGES = pa.schema([(_BAND_KEY, pa.int64()), (ROW, pa.int64())])
 _MEMBERS = pa.schema([(_COMPONENT, pa.int64()), (ROW, pa.int64()), ("sample_id", pa.string()), ("text", pa.string())])
 
 Keep = Callable[[np.ndarray, np.ndarray, pa.Array], None]  # (rows, their input's index, their sample ids)
+_DROP_ROWS = pa.schema([(ROW, pa.int64())])
 
 
 @dataclass(frozen=True)
 class Duplicates:
-    """Rows dropped by a merge dedup: one per dropped sample."""
+    """Rows dropped by a merge dedup (a group of them, as found): one per dropped sample."""
 
     sample_id: pa.Array
     dup_of: pa.Array
@@ -66,6 +68,9 @@ class Duplicates:
     extra: list[dict[str, Any]]  # per-row ref fields of the method (cluster_id, jaccard)
     method: str
     reason: str
+
+
+Drop = Callable[[Duplicates], None]  # a group of drops, as found
 
 
 class Inputs:
@@ -149,10 +154,10 @@ def _groups(blocks: Iterator[pa.Table], key: str) -> Iterator[tuple[pa.Table, np
         carry = table.slice(int(leader[-1]), 1)
 
 
-def exact_duplicates(inputs: Inputs, keep: Keep) -> Duplicates:
-    """Exact dedup of the inputs: ``keep`` is given the kept rows (in key order), the drops are returned."""
+def exact_duplicates(inputs: Inputs, keep: Keep, drop: Drop) -> str:
+    """Exact dedup of the inputs: ``keep`` is given the kept rows (in key order), ``drop`` the drops (in key order);
+    returns the method's name."""
     method = "sample_id"
-    dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
     with SortedRuns(_KEYED, "sample_id") as by_id, SortedRuns(_KEYED, _KEY, order=ROW, distinct=False) as by_key:
         for _, first, batch in inputs.batches(["sample_id", "text"], TEXT_BATCH_ROWS):
             key, method = exact_keys(batch.column("sample_id"),
@@ -168,19 +173,16 @@ def exact_duplicates(inputs: Inputs, keep: Keep) -> Duplicates:
             kept = index[first_of_key]
             if len(kept):
                 keep(rows[kept], inputs.index_of(rows[kept]), ids.take(pa.array(kept)).combine_chunks())
-            drop = index[~first_of_key]
-            if len(drop):
-                dropped.append((ids.take(pa.array(drop)).combine_chunks(),
-                                ids.take(pa.array(leader[drop])).combine_chunks(), rows[leader[drop]], rows[drop]))
-    return _duplicates(inputs, dropped, [], method=method, reason="merge_duplicate")
+            dropped = index[~first_of_key]
+            if len(dropped):
+                drop(_duplicates(inputs, ids.take(pa.array(dropped)).combine_chunks(),
+                                 ids.take(pa.array(leader[dropped])).combine_chunks(), rows[leader[dropped]],
+                                 rows[dropped], [], method=method, reason="merge_duplicate"))
+    return method
 
 
-def _duplicates(inputs: Inputs, dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]],
+def _duplicates(inputs: Inputs, ids: pa.Array, dup_of: pa.Array, keepers: np.ndarray, rows: np.ndarray,
                 extra: list[dict[str, Any]], *, method: str, reason: str) -> Duplicates:
-    ids = pa.concat_arrays([d[0] for d in dropped]) if dropped else pa.array([], pa.string())
-    dup_of = pa.concat_arrays([d[1] for d in dropped]) if dropped else pa.array([], pa.string())
-    keepers = np.concatenate([d[2] for d in dropped]) if dropped else np.zeros(0, np.int64)
-    rows = np.concatenate([d[3] for d in dropped]) if dropped else np.zeros(0, np.int64)
     return Duplicates(sample_id=ids, dup_of=dup_of, dup_release=inputs.source_of(keepers),
                       source=inputs.source_of(rows), extra=extra or [{}] * len(ids), method=method, reason=reason)
 
@@ -241,9 +243,12 @@ def _roots(parent: np.ndarray) -> np.ndarray:
         parent = up
 
 
-def near_duplicates(inputs: Inputs, keep: Keep, *, threshold: float, verify: bool) -> Duplicates:
+NEAR_METHOD = "minhash"
+
+
+def near_duplicates(inputs: Inputs, keep: Keep, drop: Drop, *, threshold: float, verify: bool) -> str:
     """MinHash-LSH dedup of the inputs (see the module docstring): ``keep`` is given the kept rows in row order,
-    the drops are returned."""
+    ``drop`` the drops (by component); returns the method's name."""
     try:
         from operators.dedup.lsh import band_keys
         from operators.dedup.minhash_op import MinhashDedup
@@ -260,7 +265,7 @@ def near_duplicates(inputs: Inputs, keep: Keep, *, threshold: float, verify: boo
     minhasher, bands, band_rows = operator.minhasher, operator.bands, operator.rows
     check = JaccardCheck(minhasher.shingler, params.normalization.build(), 0.0)  # threshold 0: every pair measured
     with SortedRuns(_IDS, "sample_id") as by_id, SortedRuns(_IDS, ROW) as distinct, \
-            SortedRuns(_IDS, ROW) as distinct_again, \
+            SortedRuns(_IDS, ROW) as distinct_again, SortedRuns(_DROP_ROWS, ROW) as drop_rows, \
             SortedRuns(_EDGES, _BAND_KEY, order=ROW, distinct=False, run_rows=EDGE_RUN_ROWS) as edges:
         for _, first, batch in inputs.batches(["sample_id"]):
             by_id.add(pa.table([_ids(batch), _rows(first, batch.num_rows)], schema=_IDS))
@@ -290,31 +295,36 @@ def near_duplicates(inputs: Inputs, keep: Keep, *, threshold: float, verify: boo
         roots = _roots(parent)
         del parent
         candidates = np.flatnonzero(roots != np.arange(len(roots), dtype=roots.dtype))
-        dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
-        extra: list[dict[str, Any]] = []
         if len(candidates):
             members = np.union1d(candidates, roots[candidates]).astype(np.int64)
-            dropped, extra = _verified(inputs, members, roots, check, threshold=threshold, verify=verify,
-                                       columns=(ANCHOR, ANCHOR_TEXT, JACCARD))
+
+            def dropped(found: Duplicates, rows: np.ndarray) -> None:
+                drop(found)
+                drop_rows.add(pa.table([pa.array(rows, pa.int64())], schema=_DROP_ROWS))
+
+            _verified(inputs, members, roots, check, dropped, threshold=threshold, verify=verify,
+                      columns=(ANCHOR, ANCHOR_TEXT, JACCARD))
         del roots
-        drops = np.sort(np.concatenate([d[3] for d in dropped])) if dropped else np.zeros(0, np.int64)
+        drops = RowCursor(drop_rows.merged(), _DROP_ROWS)
         for block in distinct_again.merged():
             rows = block.column(ROW).to_numpy()
-            stays = ~np.isin(rows, drops) if len(drops) else np.ones(len(rows), dtype=bool)
+            if not len(rows):
+                continue
+            mine = drops.take(int(rows[0]), int(rows[-1]) + 1).column(ROW).to_numpy()
+            stays = ~np.isin(rows, mine) if len(mine) else np.ones(len(rows), dtype=bool)
             if stays.any():
                 keep(rows[stays], inputs.index_of(rows[stays]), block.column("sample_id").filter(
                     pa.array(stays)).combine_chunks())
-    return _duplicates(inputs, dropped, extra, method="minhash", reason="merge_near_duplicate")
+    return NEAR_METHOD
 
 
-def _verified(inputs: Inputs, members: np.ndarray, roots: np.ndarray, check: Any, *, threshold: float,
-              verify: bool, columns: tuple[str, str, str]) -> tuple[list[tuple[pa.Array, pa.Array, np.ndarray,
-                                                                                  np.ndarray]], list[dict[str, Any]]]:
+def _verified(inputs: Inputs, members: np.ndarray, roots: np.ndarray, check: Any,
+              dropped: Callable[[Duplicates, np.ndarray], None], *, threshold: float, verify: bool,
+              columns: tuple[str, str, str]) -> None:
     """The candidates (``members`` that are not their component's root) measured against their keepers: the texts
-    of ``members`` read again and sorted by component, so a keeper's text comes just before its candidates'."""
+    of ``members`` read again and sorted by component, so a keeper's text comes just before its candidates'.
+    ``dropped`` is given each component's drops and their row numbers."""
     anchor, anchor_text, jaccard_column = columns
-    dropped: list[tuple[pa.Array, pa.Array, np.ndarray, np.ndarray]] = []
-    extra: list[dict[str, Any]] = []
     smallest: list[pa.Table] = []  # per batch, each component's smallest sample id: the cluster id
     with SortedRuns(_MEMBERS, _COMPONENT, order=ROW, distinct=False, run_rows=MEMBER_RUN_ROWS,
                     read_rows=MEMBER_READ_ROWS) as by_component:
@@ -350,9 +360,8 @@ def _verified(inputs: Inputs, members: np.ndarray, roots: np.ndarray, check: Any
             rows = table.column(ROW).to_numpy()
             components = table.column(_COMPONENT).take(pa.array(candidate))
             cluster = cluster_ids.take(pc.index_in(components, value_set=cluster_of))
-            dropped.append((ids.take(pa.array(candidate)).combine_chunks(),
-                            ids.take(pa.array(leader[candidate])).combine_chunks(), rows[leader[candidate]],
-                            rows[candidate]))
-            extra.extend({"cluster_id": c, "jaccard": round(j, 6)} for c, j in zip(cluster.to_pylist(),
-                                                                                    jaccard.tolist()))
-    return dropped, extra
+            extra = [{"cluster_id": c, "jaccard": round(j, 6)} for c, j in zip(cluster.to_pylist(), jaccard.tolist())]
+            dropped(_duplicates(inputs, ids.take(pa.array(candidate)).combine_chunks(),
+                                ids.take(pa.array(leader[candidate])).combine_chunks(), rows[leader[candidate]],
+                                rows[candidate], extra, method=NEAR_METHOD, reason="merge_near_duplicate"),
+                    rows[candidate])
