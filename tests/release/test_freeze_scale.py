@@ -88,3 +88,40 @@ def test_spilled_freeze_keeps_each_ids_first_reason_and_merges_extra_rows_in_ord
         == extra_ids
     order = lineage.column("sample_id").to_pylist()  # released and extra rows interleaved in one sorted stream
     assert order == sorted(order)
+
+
+def test_extra_lineage_as_a_sorted_stream_gives_the_rows_of_the_table_in_the_same_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(freeze_module, "LINEAGE_CHUNK_ROWS", 64)  # the extra rows fall into many chunks
+    lake = _lake(tmp_path, runs=1, per_run=500)
+    distinct = sorted(lake.read("samples", columns=["sample_id"]).column("sample_id").to_pylist())
+    # ids below, between, equal to and above the released ones, some twice (their order must be kept)
+    extra_ids = ["0" * 8, *distinct[::11], *[i + "x" for i in distinct[5::13]], "z" * 8, *distinct[::29]]
+    extra = lineage_rows(pa.array(extra_ids), run_id="x", op="test@1", action="dropped",
+                         reason=pa.array([f"drop {i}" for i in range(len(extra_ids))]), ref="r", sort=False)
+    as_table = freeze(lake, "table", table="samples", version=0, kind="create", qa_status="none",
+                      extra_lineage=extra.set_column(extra.schema.get_field_index("ref"), "ref",
+                                                     pa.repeat(pa.scalar("table"), extra.num_rows)))
+    ordered = extra.sort_by([("sample_id", "ascending")])  # stable: equal ids keep their order
+    ordered = ordered.set_column(ordered.schema.get_field_index("ref"), "ref",
+                                 pa.repeat(pa.scalar("stream"), ordered.num_rows))
+    taken: list[int] = []
+
+    def stream():
+        for batch in ordered.to_batches(max_chunksize=9):  # record batches, read lazily
+            taken.append(batch.num_rows)
+            yield batch
+
+    as_stream = freeze(lake, "stream", table="samples", version=0, kind="create", qa_status="none",
+                       extra_lineage=stream())
+    assert sum(taken) == len(extra_ids) and as_table.digest == as_stream.digest
+    lineage = lake.read("lineage")
+
+    def rows(name: str) -> list[tuple]:
+        mine = lineage.filter(pc.equal(lineage.column("ref"), name))  # released rows and extra rows alike
+        return [(r["sample_id"], r["action"], r["reason"]) for r in mine.to_pylist()]
+
+    by_table, by_stream = rows("table"), rows("stream")
+    assert by_table == by_stream and len(by_table) == 500 + len(extra_ids)
+    assert [r[0] for r in by_table] == sorted(r[0] for r in by_table)
+    dropped = [r for r in by_table if r[1] == "dropped"]
+    assert [r[2] for r in dropped if r[0] == distinct[0]] == ["drop 1", f"drop {len(extra_ids) - 18}"]
