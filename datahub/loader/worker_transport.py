@@ -8,11 +8,20 @@ tensors; ``pickle.dumps`` and ``copy`` are unaffected) for ``pyarrow.RecordBatch
 types: the batch's bytes are written once into the worker's own ring file (``/dev/shm``) and a small descriptor
 goes through the pipe; the receiving process reads them with one ``preadv`` into a fresh buffer (so the trainer
 owns its batch) and advances the ring's release mark. A batch too large for the ring, or a ring still full after
-``_WAIT_S`` (a trainer that stopped reading), goes through the pipe as before: a worker never blocks for good.
+``_STALL_S``, goes to a new ring or through the pipe as before (below): a worker never blocks for good.
+
+Zero copy on the trainer's side: the trainer maps each ring once and a batch it receives is a view of the ring
+(arrow buffers, numpy arrays, tensors from ``to_torch``), not a copy: copying ~250 MB of text per epoch out of
+the ring was most of the trainer's CPU per batch. A batch's region is released when the batch and every batch the
+worker sent before it are garbage (a weakref on the region's memoryview, kept alive by every view of it), so the
+worker writes there again only when nothing can read it. A trainer that keeps batches (``list(loader)``, a batch
+kept for logging) fills the ring: after ``_STALL_S`` the worker leaves that ring to the views that pin it and
+starts a new one, at most ``_MAX_RINGS`` times, then sends through the pipe.
 
 Items of one worker are unpickled in the order it sent them (one FIFO result queue), so one release mark per ring
-suffices. A ring file is unlinked when its worker exits; files of workers that died without exiting (SIGKILL) are
-removed by the next ring made on the machine (their pid is in the name).
+suffices. A ring file is unlinked when its worker exits (the trainer's mapping outlives it while views remain);
+files of workers that died without exiting (SIGKILL) are removed by the next ring made on the machine (their pid
+is in the name).
 """
 
 from __future__ import annotations
@@ -20,11 +29,12 @@ from __future__ import annotations
 import math
 import mmap
 import os
-import struct
 import tempfile
 import threading
 import time
 import uuid
+import weakref
+from collections import deque
 from collections.abc import Callable
 from multiprocessing import util as mp_util
 from multiprocessing.reduction import ForkingPickler
@@ -38,10 +48,10 @@ from datahub.loader.errors import WorkerBatchLostError
 _HEADER = 64  # the ring's first cache line: the reader's release mark (uint64, bytes of the stream released)
 _CAPACITY = 16 << 20  # per worker; 25 text batches of 640 KB
 _MAX_ITEM = _CAPACITY // 4
-_WAIT_S = 2.0  # a ring full for this long: send through the pipe instead
+_STALL_S = 0.05  # a ring full for this long is held by batches the trainer keeps: start a new ring
+_MAX_RINGS = 4  # rings one worker may make (each left one pins 16 MB while the trainer keeps its batches)
 _ALIGN = 64
 _PREFIX = "datahub-ring-"
-_MARK = struct.Struct("<Q")
 
 
 class ArrayBundle(Protocol):
@@ -121,7 +131,7 @@ class _Ring:
         while end - int(self.released[0]) > _CAPACITY:
             now = time.monotonic()
             if not deadline:
-                deadline = now + _WAIT_S
+                deadline = now + _STALL_S
             elif now > deadline:
                 return None
             time.sleep(0.0002)
@@ -130,6 +140,7 @@ class _Ring:
 
 
 _rings: dict[int, _Ring] = {}  # this process's ring (by pid: a forked child makes its own)
+_made: dict[int, int] = {}  # rings each pid made
 _failed: set[int] = set()  # pids that could not make a ring: they send through the pipe
 
 
@@ -139,49 +150,107 @@ def _ring() -> _Ring | None:
     if ring is None and pid not in _failed:
         try:
             ring = _rings[pid] = _Ring()
+            _made[pid] = _made.get(pid, 0) + 1
         except OSError:
             _failed.add(pid)
     return ring
 
 
-def _read(path: str, offset: int, size: int, end: int) -> np.ndarray:
-    """The item's bytes from the ring at ``path`` into a new buffer; then release the ring up to ``end``."""
-    out = np.empty(size, dtype=np.uint8)
-    try:
-        handle = os.open(path, os.O_RDWR)
-    except OSError as error:
-        raise WorkerBatchLostError(f"a DataLoader worker's batch is gone from its shared-memory ring {path} ({error}); "
-                          "was the worker killed, or the batch unpickled twice?") from error
-    try:
-        got = os.preadv(handle, [out.data], _HEADER + offset)
-        os.pwrite(handle, _MARK.pack(end), 0)
-    finally:
-        os.close(handle)
-    if got != size:
-        raise WorkerBatchLostError(f"shared-memory ring {path}: read {got} of {size} bytes of a batch")
-    return out
+def _reserve(size: int) -> tuple[_Ring, tuple[int, int]] | None:
+    """A region for ``size`` bytes in this process's ring (a new ring when the trainer keeps the old one full), or
+    None: send through the pipe. Called by one thread at a time (the result queue's feeder thread)."""
+    ring = _ring()
+    while ring is not None:
+        with ring.lock:
+            slot = ring.reserve(size)
+        if slot is not None:
+            return ring, slot
+        if size > _MAX_ITEM:
+            return None
+        # full for _STALL_S: the trainer keeps batches that pin this ring (DataLoader has at most prefetch_factor
+        # items in flight per worker); leave the ring to them (its file goes, the trainer's mapping stays) and start
+        # a new one, or, past _MAX_RINGS, use the pipe for the rest of this worker's life
+        del _rings[ring.pid]
+        _unlink(ring.path)
+        if _made.get(ring.pid, 0) >= _MAX_RINGS:
+            _failed.add(ring.pid)
+        ring = _ring()
+    return None
+
+
+class _RingView:
+    """The trainer's mapping of one worker's ring. ``region`` gives an item's bytes as a pyarrow Buffer viewing the
+    ring; once that view and every earlier item's are garbage, the ring's release mark moves past them."""
+
+    def __init__(self, path: str) -> None:
+        try:
+            handle = os.open(path, os.O_RDWR)
+        except OSError as error:
+            raise WorkerBatchLostError(f"a DataLoader worker's batch is gone from its shared-memory ring {path} "
+                                       f"({error}); was the worker killed, or the batch unpickled twice?") from error
+        try:
+            self.map = mmap.mmap(handle, os.fstat(handle).st_size)
+        finally:
+            os.close(handle)
+        self.path = path
+        self.view = memoryview(self.map)
+        self.released = np.frombuffer(self.map, dtype=np.uint64, count=1)
+        self.pending: deque[list[Any]] = deque()  # [end, freed] per item in the worker's order
+        self.lock = threading.Lock()
+
+    def region(self, offset: int, size: int, end: int) -> pa.Buffer:
+        if _HEADER + offset + size > len(self.view):
+            raise WorkerBatchLostError(f"shared-memory ring {self.path}: a batch at {offset}+{size} lies past its end")
+        window = self.view[_HEADER + offset : _HEADER + offset + size]
+        entry = [end, False]
+        with self.lock:
+            self.pending.append(entry)
+        weakref.finalize(window, self._free, entry)  # fires when the last view of the item is gone
+        return pa.py_buffer(window)
+
+    def _free(self, entry: list[Any]) -> None:
+        with self.lock:
+            entry[1] = True
+            mark = None
+            while self.pending and self.pending[0][1]:
+                mark = self.pending.popleft()[0]
+            if mark is not None:
+                self.released[0] = mark
+
+    def idle(self) -> bool:
+        with self.lock:
+            return not self.pending
+
+
+_views: dict[str, _RingView] = {}  # the trainer's mappings, by ring path
+
+
+def _region(path: str, offset: int, size: int, end: int) -> pa.Buffer:
+    """The item's bytes in the ring at ``path``, viewed in place (see ``_RingView``)."""
+    view = _views.get(path)
+    if view is None:
+        for old in [v for v in _views.values() if v.idle() and not os.path.exists(v.path)]:
+            del _views[old.path]  # its worker is gone and no batch views it: unmapped when collected
+        view = _views[path] = _RingView(path)
+    return view.region(offset, size, end)
 
 
 # --- pyarrow RecordBatch: its IPC stream in the ring ----------------------------------------------------------
 
 
 def _record_batch_from_ring(path: str, offset: int, size: int, end: int) -> pa.RecordBatch:
-    data = _read(path, offset, size, end)
-    return pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()  # zero-copy views of ``data``
+    return pa.ipc.open_stream(_region(path, offset, size, end)).read_next_batch()  # views of the ring
 
 
 def _reduce_record_batch(batch: pa.RecordBatch) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    ring = _ring()
-    if ring is not None:
-        size = batch.schema.serialize().size + pa.ipc.get_record_batch_size(batch) + 64  # + stream framing
-        with ring.lock:
-            slot = ring.reserve(size)
-            if slot is not None:
-                offset, end = slot
-                sink = pa.FixedSizeBufferWriter(pa.py_buffer(ring.view[_HEADER + offset : _HEADER + offset + size]))
-                with pa.ipc.new_stream(sink, batch.schema) as writer:
-                    writer.write_batch(batch)
-                return _record_batch_from_ring, (ring.path, offset, sink.tell(), end)
+    size = batch.schema.serialize().size + pa.ipc.get_record_batch_size(batch) + 64  # + stream framing
+    reserved = _reserve(size)
+    if reserved is not None:
+        ring, (offset, end) = reserved
+        sink = pa.FixedSizeBufferWriter(pa.py_buffer(ring.view[_HEADER + offset : _HEADER + offset + size]))
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        return _record_batch_from_ring, (ring.path, offset, sink.tell(), end)
     return batch.__reduce__()  # type: ignore[no-any-return]
 
 
@@ -190,9 +259,9 @@ def _reduce_record_batch(batch: pa.RecordBatch) -> tuple[Callable[..., Any], tup
 
 def _bundle_from_ring(kind: type[ArrayBundle], meta: Any, layout: list[tuple[str, str, tuple[int, ...], int]],
                       path: str, offset: int, size: int, end: int) -> Any:
-    data = _read(path, offset, size, end)
+    data = _region(path, offset, size, end)
     arrays = {}
-    for name, dtype, shape, at in layout:
+    for name, dtype, shape, at in layout:  # views of the ring, writable (the worker leaves them until released)
         count = math.prod(shape)
         arrays[name] = np.frombuffer(data, dtype=np.dtype(dtype), count=count, offset=at).reshape(shape)
     return kind.from_transfer(meta, arrays)
@@ -204,23 +273,21 @@ def _bundle_inline(kind: type[ArrayBundle], meta: Any, arrays: dict[str, np.ndar
 
 def _reduce_bundle(item: ArrayBundle) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     meta, arrays = item.to_transfer()
-    ring = _ring()
-    if ring is not None:
+    if _ring() is not None:
         layout, size = [], 0
         for name, array in arrays.items():
             array = np.ascontiguousarray(array)
             arrays[name] = array
             layout.append((name, array.dtype.str, tuple(array.shape), size))
-            size += -(-array.nbytes // _ALIGN) * _ALIGN
-        with ring.lock:
-            slot = ring.reserve(size)
-            if slot is not None:
-                offset, end = slot
-                base = _HEADER + offset
-                for (name, _, _, at) in layout:
-                    flat = arrays[name].reshape(-1).view(np.uint8)
-                    ring.bytes[base + at : base + at + flat.nbytes] = flat
-                return _bundle_from_ring, (type(item), meta, layout, ring.path, offset, size, end)
+            size += max(_ALIGN, -(-array.nbytes // _ALIGN) * _ALIGN)
+        reserved = _reserve(size)
+        if reserved is not None:
+            ring, (offset, end) = reserved
+            base = _HEADER + offset
+            for (name, _, _, at) in layout:
+                flat = arrays[name].reshape(-1).view(np.uint8)
+                ring.bytes[base + at : base + at + flat.nbytes] = flat
+            return _bundle_from_ring, (type(item), meta, layout, ring.path, offset, size, end)
     return _bundle_inline, (type(item), meta, arrays)
 
 

@@ -72,11 +72,11 @@ def test_arrow_batches_from_workers_equal_in_process_batches(text_release: str, 
 
 def test_full_ring_and_oversized_batches_go_through_the_pipe(text_release: str,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    # a ring that holds one batch and a reader that never frees it in time: the second batch waits 0.05 s and
+    # a ring that holds one batch and a trainer that keeps every batch (list): each worker starts new rings, then
     # falls back to the pipe; batches over _MAX_ITEM never try the ring
     monkeypatch.setattr(worker_transport, "_CAPACITY", 16 << 10)
     monkeypatch.setattr(worker_transport, "_MAX_ITEM", 16 << 10)
-    monkeypatch.setattr(worker_transport, "_WAIT_S", 0.05)
+    monkeypatch.setattr(worker_transport, "_STALL_S", 0.02)
     local = arrow_batches(text_release, 0)
     assert by_id(arrow_batches(text_release, 2)) == by_id(local)
     monkeypatch.setattr(worker_transport, "_MAX_ITEM", 1 << 10)
@@ -124,3 +124,49 @@ def test_a_ring_removes_the_rings_of_dead_workers(tmp_path: Path) -> None:
 def test_a_batch_whose_ring_is_gone_is_an_error_that_says_so(tmp_path: Path) -> None:
     with pytest.raises(WorkerBatchLostError, match="shared-memory ring"):
         worker_transport._record_batch_from_ring(str(tmp_path / "datahub-ring-1-gone"), 0, 128, 128)
+
+
+def test_a_batch_views_the_ring_and_frees_it_in_order_when_garbage(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the worker's side (reducer) and the trainer's side (unpickle) in one process: batches are views of the ring,
+    # and the release mark moves past a batch only when it and every earlier batch are gone
+    monkeypatch.setattr(worker_transport, "_rings", {})
+    monkeypatch.setattr(worker_transport, "_made", {})
+    monkeypatch.setattr(worker_transport, "_views", {})
+    batches = [pa.record_batch({"text": [f"sample {i}-{j}" * 20 for j in range(50)]}) for i in range(3)]
+    sent = [worker_transport._reduce_record_batch(batch) for batch in batches]
+    ring = worker_transport._rings[os.getpid()]
+    try:
+        got = [rebuild(*args) for rebuild, args in sent]
+        assert [g.to_pylist() for g in got] == [b.to_pylist() for b in batches]
+        view = worker_transport._views[ring.path]
+        address, start = got[0].column(0).buffers()[2].address, view.released.ctypes.data
+        assert start < address < start + len(view.view), "the batch's text is a view of the trainer's ring mapping"
+        ends = [args[3] for _, args in sent]
+        column = got[1].column(0)  # a view of batch 1 that outlives the batch object
+        del got[1]
+        assert int(ring.released[0]) == 0, "batch 0 is alive: nothing is released"
+        del got[0]
+        assert int(ring.released[0]) == ends[0], "batch 0 gone; batch 1's column still views the ring"
+        del column
+        assert int(ring.released[0]) == ends[1]
+        got.clear()
+        assert int(ring.released[0]) == ends[2]
+        assert view.idle()
+    finally:
+        worker_transport._unlink(ring.path)
+
+
+def test_batches_the_trainer_drops_free_the_ring_for_the_next(text_release: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    # a 64 KB ring holds a few batches; a trainer that drops each batch after use keeps one ring per worker
+    monkeypatch.setattr(worker_transport, "_CAPACITY", 64 << 10)
+    monkeypatch.setattr(worker_transport, "_MAX_ITEM", 16 << 10)
+    monkeypatch.setattr(worker_transport, "_views", {})
+    dataset = ReleaseDataset(text_release, rank=0, world_size=1, seed=3, shuffle_buffer=40, batch_size=16,
+                             batch_format="arrow")
+    seen: list[str] = []
+    for batch in DataLoader(dataset, batch_size=None, num_workers=2):
+        seen.extend(batch.column("sample_id").to_pylist())
+    assert sorted(seen) == sorted(by_id(arrow_batches(text_release, 0)))
+    pids = [path.split(worker_transport._PREFIX)[1].split("-")[0] for path in worker_transport._views]
+    assert len(pids) == len(set(pids)) == 2, f"one ring per worker: {list(worker_transport._views)}"
