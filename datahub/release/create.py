@@ -73,17 +73,20 @@ def create_release(
             'release anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
         )
     details: dict[str, Any] = {"qa_suites": verdict.suites}
-    ids = reasons = None  # freeze scans the version's ids in bounded batches
     if found.evalsets:
         details["contamination"] = {**found.as_dict(), "allowed": allow_contamination if found.count else None}
     frozen, frozen_version, excluded, dropped = exclude_redacted(lake, name, table=table, version=version)
     details.update(excluded)
     run_ids, jobs = history_runs(lake, table, version)
-    if found.count:  # rare: the ids are read whole to attach each contaminated sample's reason
-        ids = lake.read(frozen, version=frozen_version, columns=["sample_id"]).column("sample_id")
-        reasons = _allowed_reasons(ids, found, allow_contamination or "")
-    return freeze(lake, name, table=frozen, version=frozen_version, sample_ids=ids, kind="create",
-                  qa_status=verdict.status, creator=creator, details=details, released_reason=reasons,
+    reason_of = None  # freeze scans the version's ids in bounded batches; an allowed contamination is their reason
+    if found.count:
+        allowed = allow_contamination or ""
+
+        def reason_of(ids: pa.Array) -> pa.Array:
+            return _allowed_reasons(ids, found, allowed)
+
+    return freeze(lake, name, table=frozen, version=frozen_version, kind="create",
+                  qa_status=verdict.status, creator=creator, details=details, released_reason_of=reason_of,
                   extra_lineage=dropped, run_ids=run_ids, jobs=jobs)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import getpass
 import json
 from datetime import datetime, timezone
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +63,8 @@ LINEAGE_CHUNK_ROWS = 32_768  # released rows built and written at a time (the li
 
 def _id_batches(lake: Lake, table: str, version: int, sample_ids: pa.ChunkedArray | pa.Array | None,
                 reason: str | pa.Array | pa.ChunkedArray | None, reason_column: str | None,
-                reason_prefix: str) -> Iterator[tuple[pa.Array, pa.Array]]:
+                reason_prefix: str, reason_of: Callable[[pa.Array], pa.Array] | None = None
+                ) -> Iterator[tuple[pa.Array, pa.Array]]:
     """(ids, reasons) batches: slices of the given arrays, or the frozen version scanned in bounded batches."""
     if sample_ids is not None:
         ids = sample_ids.combine_chunks() if isinstance(sample_ids, pa.ChunkedArray) else sample_ids
@@ -76,7 +77,9 @@ def _id_batches(lake: Lake, table: str, version: int, sample_ids: pa.ChunkedArra
     columns = ["sample_id"] + ([reason_column] if reason_column else [])
     for batch in scan_batches(lake.dataset(table, version), columns=columns, batch_rows=LINEAGE_CHUNK_ROWS):
         ids = batch.column("sample_id")
-        if reason_column:
+        if reason_of is not None:
+            reasons = reason_of(ids)
+        elif reason_column:
             prefix = pa.repeat(pa.scalar(reason_prefix, pa.string()), len(ids))
             reasons = pc.binary_join_element_wise(prefix, batch.column(reason_column).cast(pa.string()), "")
         else:
@@ -226,12 +229,13 @@ def freeze(
     released_reason: pa.Array | pa.ChunkedArray | None = None,
     reason_column: str | None = None,
     reason_prefix: str = "",
+    released_reason_of: Callable[[pa.Array], pa.Array] | None = None,
 ) -> Release:
     """Record ``name`` -> (``table``, ``version``) with its digest and one lineage row per sample.
 
     The samples are ``sample_ids`` (with ``released_reason`` per row), or when None, the ``sample_id`` column of
     ``table`` at ``version``, scanned in bounded batches (the reason then is ``reason_prefix`` + the row's
-    ``reason_column``, or the release kind). Lineage is written in sorted chunks of ``LINEAGE_CHUNK_ROWS``; what
+    ``reason_column``, or ``released_reason_of(ids)`` per scanned batch, or the release kind). Lineage is written in sorted chunks of ``LINEAGE_CHUNK_ROWS``; what
     is held is bounded: the distinct ids are sorted in runs spilled to local disk (``datahub.lake.external_sort``).
     ``extra_lineage`` (e.g. ``dropped`` rows) is merged in by sample_id: a table (sorted here), or a stream of
     tables or record batches already sorted by sample_id (e.g. ``SortedRuns.merged()`` over spilled rows), read
@@ -246,7 +250,7 @@ def freeze(
     with SortedRuns(_ID_ROWS, "sample_id") as runs:
         released = _collect(_id_batches(lake, table, version, sample_ids,
                                         released_reason if released_reason is not None else default_reason,
-                                        reason_column, reason_prefix), runs)
+                                        reason_column, reason_prefix, released_reason_of), runs)
         extra = _extra_blocks(extra_lineage)
         if released.ids or extra is not None:
             commit_rows(lake, "lineage", _lineage_chunks(name, released, runs.merged(), ts, extra),
