@@ -171,6 +171,8 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tupl
         by_source = {}
     ids = pa.array(sorted(by_id), pa.string())
     sources = pa.array(sorted(by_source), pa.string())
+    id_by = pa.array([by_id[i] for i in ids.to_pylist()], pa.string())  # the redact release of each id
+    source_by = pa.array([by_source[u] for u in sources.to_pylist()], pa.string())
 
     def target_of(batch: pa.RecordBatch) -> pa.Array:
         target = pc.is_in(batch.column("sample_id"), value_set=ids)
@@ -180,16 +182,17 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tupl
 
     columns = ["sample_id", "source_uri"] if has_source else ["sample_id"]
     hit_ids: list[pa.Array] = []
-    hit_by: list[str] = []  # the redact release of each excluded row
+    hit_by: list[pa.Array] = []  # the redact release of each excluded row: by its id, else by its source
     for batch in scan_batches(dataset, columns=columns, batch_rows=BATCH_ROWS):
         target = target_of(batch)
         if not pc.any(target).as_py():
             continue
-        hits = pa.Table.from_batches([batch]).filter(target)
-        hit_ids.append(hits.column("sample_id").combine_chunks())
-        uris = hits.column("source_uri").to_pylist() if has_source else [None] * hits.num_rows
-        for sample, uri in zip(hits.column("sample_id").to_pylist(), uris):
-            hit_by.append(by_id.get(sample) or by_source[uri])
+        hits = pa.Table.from_batches([batch]).filter(target).combine_chunks()
+        hit_ids.append(hits.column("sample_id").chunk(0))
+        by = pc.take(id_by, pc.index_in(hits.column("sample_id"), value_set=ids))
+        if len(sources):
+            by = pc.coalesce(by, pc.take(source_by, pc.index_in(hits.column("source_uri"), value_set=sources)))
+        hit_by.append(by.combine_chunks() if isinstance(by, pa.ChunkedArray) else by)
     rows = sum(len(a) for a in hit_ids)
     if not rows:
         return table, version, {}, None
@@ -203,13 +206,16 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tupl
     commit_rows(lake, out, kept(), schema=pa.schema(dataset.schema), txn=release_txn(name),
                 row_group_rows=ROW_BATCH_ROWS,
                 metadata={"datahub.release": name, "datahub.redactions_excluded_from": f"{table}@v{version}"})
-    applied = sorted(set(hit_by))
+    releases = pa.concat_arrays(hit_by)
+    applied = sorted(pc.unique(releases).to_pylist())
     details = {"from_table": table, "from_version": version,
                "redacted_excluded": {"rows": rows, "by": applied}}
     dropped_ids = pa.chunked_array(hit_ids, pa.string()).combine_chunks()
     first = _first_of_each(dropped_ids)
+    reasons = pc.take(pa.array([why[r] for r in applied], pa.string()),
+                      pc.index_in(releases, value_set=pa.array(applied, pa.string())))
     dropped = lineage_rows(dropped_ids.filter(first), run_id=release_txn(name), op=REDACT_OP, action="dropped",
-                           reason=pa.array([why[r] for r in hit_by], pa.string()).filter(first),
+                           reason=reasons.filter(first),
                            ref=json.dumps({"release": name, "from_table": table, "redactions": applied}),
                            ts=datetime.now(timezone.utc))
     return out, int(lake.table(out).version()), details, dropped
@@ -217,9 +223,5 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tupl
 
 def _first_of_each(ids: pa.Array) -> pa.Array:
     """True at the first occurrence of each id (a sample may be in the table more than once)."""
-    seen: set[str] = set()
-    keep = []
-    for sample in ids.to_pylist():
-        keep.append(sample not in seen)
-        seen.add(sample)
-    return pa.array(keep, pa.bool_())
+    # index_in over the array itself finds each value's first position
+    return pc.equal(pc.index_in(ids, value_set=ids), pa.array(range(len(ids)), pa.int32()))
