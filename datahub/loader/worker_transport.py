@@ -15,8 +15,9 @@ Zero copy on the trainer's side: the trainer maps each ring once and a batch it 
 the ring was most of the trainer's CPU per batch. A batch's region is released when the batch and every batch the
 worker sent before it are garbage (a weakref on the region's memoryview, kept alive by every view of it), so the
 worker writes there again only when nothing can read it. A trainer that keeps batches (``list(loader)``, a batch
-kept for logging) fills the ring: after ``_STALL_S`` the worker leaves that ring to the views that pin it and
-starts a new one, at most ``_MAX_RINGS`` times, then sends through the pipe.
+kept for logging) fills the ring: after ``_STALL_S`` the worker leaves that ring to the views that pin it (its file
+is unlinked at the worker's exit, like the others) and starts a new one, at most ``_MAX_RINGS`` times, then
+sends through the pipe.
 
 Items of one worker are unpickled in the order it sent them (one FIFO result queue), so one release mark per ring
 suffices. A ring file is unlinked when its worker exits (the trainer's mapping outlives it while views remain);
@@ -141,6 +142,7 @@ class _Ring:
 
 _rings: dict[int, _Ring] = {}  # this process's ring (by pid: a forked child makes its own)
 _made: dict[int, int] = {}  # rings each pid made
+_retired: list[_Ring] = []  # rings left to the batches that pin them (unlinked at exit)
 _failed: set[int] = set()  # pids that could not make a ring: they send through the pipe
 
 
@@ -168,10 +170,10 @@ def _reserve(size: int) -> tuple[_Ring, tuple[int, int]] | None:
         if size > _MAX_ITEM:
             return None
         # full for _STALL_S: the trainer keeps batches that pin this ring (DataLoader has at most prefetch_factor
-        # items in flight per worker); leave the ring to them (its file goes, the trainer's mapping stays) and start
-        # a new one, or, past _MAX_RINGS, use the pipe for the rest of this worker's life
-        del _rings[ring.pid]
-        _unlink(ring.path)
+        # items in flight per worker); leave the ring to them and start a new one, or, past _MAX_RINGS, use the pipe
+        # for the rest of this worker's life. The old file stays until the worker exits: descriptors still in the
+        # pipe may name it before the trainer has mapped it
+        _retired.append(_rings.pop(ring.pid))
         if _made.get(ring.pid, 0) >= _MAX_RINGS:
             _failed.add(ring.pid)
         ring = _ring()

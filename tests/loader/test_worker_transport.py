@@ -77,8 +77,11 @@ def test_full_ring_and_oversized_batches_go_through_the_pipe(text_release: str,
     monkeypatch.setattr(worker_transport, "_CAPACITY", 16 << 10)
     monkeypatch.setattr(worker_transport, "_MAX_ITEM", 16 << 10)
     monkeypatch.setattr(worker_transport, "_STALL_S", 0.02)
+    before = rings()
     local = arrow_batches(text_release, 0)
     assert by_id(arrow_batches(text_release, 2)) == by_id(local)
+    left = [name for name in rings() - before if not alive(int(name[len(worker_transport._PREFIX):].split("-")[0]))]
+    assert not left, f"the rings a worker left to kept batches are gone once it exits: {left}"
     monkeypatch.setattr(worker_transport, "_MAX_ITEM", 1 << 10)
     assert by_id(arrow_batches(text_release, 2)) == by_id(local)
 
