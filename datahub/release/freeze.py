@@ -145,25 +145,29 @@ class _SortedRows:
         self._blocks = blocks
         self._held: pa.Table | None = None
 
-    def below(self, bound: pa.Scalar | None) -> pa.Table | None:
-        """The rows not taken yet whose sample_id is below ``bound`` (every row left when None)."""
-        pieces = []
+    def below(self, bound: pa.Scalar | None, limit: int) -> tuple[pa.Table | None, bool]:
+        """Up to ``limit`` of the rows not taken yet whose sample_id is below ``bound`` (no bound when None), and
+        whether the limit stopped it (more such rows may be left)."""
+        pieces: list[pa.Table] = []
+        taken = 0
         while True:
             if self._held is None or not self._held.num_rows:
                 self._held = next(self._blocks, None)
                 if self._held is None:
-                    break
-            if bound is None:
-                pieces.append(self._held)
-                self._held = None
-                continue
+                    return (pa.concat_tables(pieces) if pieces else None), False
+            if taken == limit:
+                return pa.concat_tables(pieces), True
             # sorted: the rows below the bound are a prefix (nulls sort last)
-            count = pc.sum(pc.less(self._held.column("sample_id"), bound)).as_py() or 0
+            below = self._held.num_rows if bound is None else (
+                pc.sum(pc.less(self._held.column("sample_id"), bound)).as_py() or 0)
+            count = min(below, limit - taken)
             pieces.append(self._held.slice(0, count))
+            taken += count
             self._held = self._held.slice(count)
-            if self._held.num_rows:  # rows at or past ``bound`` are left
-                break
-        return pa.concat_tables(pieces) if pieces else None
+            if count < below:
+                return pa.concat_tables(pieces), True
+            if self._held.num_rows:  # the rows left are at or past ``bound``
+                return pa.concat_tables(pieces), False
 
 
 def _extra_blocks(extra: pa.Table | Iterable[pa.Table | pa.RecordBatch] | None) -> Iterator[pa.Table] | None:
@@ -202,10 +206,21 @@ def _lineage_chunks(name: str, released: _Released, distinct: Iterator[pa.Table]
         chunk = lineage_rows(ids, run_id=release_txn(name), op=RELEASE_OP, action="released",
                              reason=released.reasons.take(current.column("reason_code")), ref=name, ts=ts,
                              sort=False)
-        if cursor is not None:
-            rows = cursor.below(following.column("sample_id")[0] if following is not None else None)
-            if rows is not None and rows.num_rows:
+        bound = following.column("sample_id")[0] if following is not None else None
+        while cursor is not None:
+            rows, more = cursor.below(bound, LINEAGE_CHUNK_ROWS)
+            if rows is None or not rows.num_rows:
+                break
+            if not more:  # the chunk's whole share: one chunk, as when the share is small
                 chunk = pa.concat_tables([chunk, rows]).sort_by([("sample_id", "ascending")])
+                break
+            # a large share goes out in pieces: the released rows up to the piece's last id with it (rows of one
+            # id: the released row first, then the extra rows in their order, as in the whole sort)
+            last = rows.column("sample_id")[-1]
+            upto = chunk.num_rows if not last.is_valid else (
+                pc.sum(pc.less_equal(chunk.column("sample_id"), last)).as_py() or 0)
+            yield pa.concat_tables([chunk.slice(0, upto), rows]).sort_by([("sample_id", "ascending")])
+            chunk = chunk.slice(upto)
         if chunk.num_rows:
             yield chunk
         current = following

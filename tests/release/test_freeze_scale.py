@@ -96,6 +96,9 @@ def test_extra_lineage_as_a_sorted_stream_gives_the_rows_of_the_table_in_the_sam
     distinct = sorted(lake.read("samples", columns=["sample_id"]).column("sample_id").to_pylist())
     # ids below, between, equal to and above the released ones, some twice (their order must be kept)
     extra_ids = ["0" * 8, *distinct[::11], *[i + "x" for i in distinct[5::13]], "z" * 8, *distinct[::29]]
+    # shares larger than a chunk (written in pieces): 150 ids between two released ones, 200 above the last
+    extra_ids += [f"{distinct[100]}-{i:03d}" for i in range(150)] + [f"{distinct[-1]}-{i:03d}" for i in range(200)]
+    extra_ids += [distinct[100]] * 3 + ["z" * 8]
     extra = lineage_rows(pa.array(extra_ids), run_id="x", op="test@1", action="dropped",
                          reason=pa.array([f"drop {i}" for i in range(len(extra_ids))]), ref="r", sort=False)
     as_table = freeze(lake, "table", table="samples", version=0, kind="create", qa_status="none",
@@ -123,5 +126,6 @@ def test_extra_lineage_as_a_sorted_stream_gives_the_rows_of_the_table_in_the_sam
     by_table, by_stream = rows("table"), rows("stream")
     assert by_table == by_stream and len(by_table) == 500 + len(extra_ids)
     assert [r[0] for r in by_table] == sorted(r[0] for r in by_table)
-    dropped = [r for r in by_table if r[1] == "dropped"]
-    assert [r[2] for r in dropped if r[0] == distinct[0]] == ["drop 1", f"drop {len(extra_ids) - 18}"]
+    # as one stable sort of the released rows followed by the extra rows in their given order
+    expected = [(i, "released", None) for i in distinct] + [(i, "dropped", f"drop {n}") for n, i in enumerate(extra_ids)]
+    assert by_table == sorted(expected, key=lambda r: r[0])
