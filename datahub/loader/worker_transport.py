@@ -198,7 +198,7 @@ class _RingView:
         self.view = memoryview(self.map)
         self.released = np.frombuffer(self.map, dtype=np.uint64, count=1)
         self.pending: deque[list[Any]] = deque()  # [end, freed] per item in the worker's order
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # a finalizer may run in the thread that holds it (a collection mid-call)
 
     def region(self, offset: int, size: int, end: int) -> pa.Buffer:
         if _HEADER + offset + size > len(self.view):
