@@ -22,15 +22,13 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from datahub.engines.sink import Sink
-from datahub.errors import IntegrityError, LakeError, SpecError, StorageError
+from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import commit_export_lineage, publish_manifest
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
-from datahub.export.plan import ORDER, export_order
-from datahub.export.source import TableSource
 from datahub.export.write import ShardDone
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
-from datahub.shards.index import index_tar
+from datahub.shards.index import embedded_keys, index_tar
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
 from datahub.storage.tier import Tier
@@ -284,7 +282,7 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
                 for shard in manifest.shards}
     updated = manifest.with_replicas(replicas)
     if not lake.applied("lineage", f"export/{manifest.release}/{tier_name}"):
-        ids_of = _ids_of(lake, manifest, storage)
+        ids_of = _ids_of(manifest, dest, storage)
         starts = list(itertools.accumulate((s.samples for s in manifest.shards), initial=0))
         done = [ShardDone(i, s.name, s.size, s.checksum, s.samples, starts[i], starts[i] + s.samples)
                 for i, s in enumerate(manifest.shards)]
@@ -321,26 +319,20 @@ def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfi
                          f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release")
 
 
-def _ids_of(lake: Lake, manifest: Manifest, storage: StorageConfig) -> Callable[[ShardDone], pa.Array]:
-    """Sample keys of a shard in shard order (the lineage index of a new tier).
+def _ids_of(manifest: Manifest, dest: Tier, storage: StorageConfig) -> Callable[[ShardDone], pa.Array]:
+    """Sample keys of a shard in shard order (the lineage index of a new tier), from its copy on ``dest``.
 
-    Recomputed from the lake, not from shard bytes: the export order is a function of the frozen
-    table version's sample ids and the shuffle seed (``datahub.export.plan``), so one column is read
-    instead of every shard again. Falls back to each shard's index when that version is gone (vacuumed).
+    Read from the shard's ``__index__`` member (two ranged reads of the archive's tail, about 60 bytes per
+    sample): the copy was verified against the manifest's sha256, which covers the index. Memory stays one
+    shard's keys whatever the release's size (recomputing the export order from the lake held every id of
+    the release and sorted them). A shard without an index is read whole from a verified replica and indexed.
     """
-    source = TableSource(lake, manifest.table, manifest.table_version)
-    try:
-        ids = export_order(source, shuffle_seed=manifest.shuffle_seed,
-                           keyed=manifest.export.get("settings", {}).get("order") == ORDER)
-        if len(ids) == manifest.num_samples:
-            return lambda shard: ids.slice(shard.start, shard.samples)
-        log.warning("%s holds %d samples, the manifest of %s %d: indexing the shards instead", source.where, len(ids),
-                    manifest.release, manifest.num_samples)
-    except LakeError as exc:  # the version was vacuumed or the table is gone: the shards are the truth
-        log.warning("%s: %s; indexing the shards instead", source.where, exc)
+    def ids_of(shard: ShardDone) -> pa.Array:
+        uri = dest.uri(manifest.release, shard.name)
+        keys = embedded_keys(lambda start, end: dest.read_range(uri, start, end), shard.size)
+        if keys is None or len(keys) != shard.samples:
+            record = manifest.shards[shard.index]
+            keys = index_tar(_read_verified(manifest, record, storage), where=record.name).keys
+        return pa.array(keys, pa.string())
 
-    def from_shard(shard: ShardDone) -> pa.Array:
-        record = manifest.shards[shard.index]
-        return pa.array(index_tar(_read_verified(manifest, record, storage), where=record.name).keys, pa.string())
-
-    return from_shard
+    return ids_of

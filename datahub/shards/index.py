@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,9 @@ from datahub.shards.tar import BLOCK, RECORD, member_bytes  # the one ustar head
 INDEX_NAME = "__index__"
 _INDEX_MAGIC = b"DHTIDX01"
 _INDEX_TRAILER = struct.Struct("<QQQQ")  # members, key bytes, extension bytes, header block of the index member
+# the archive's tail that holds the index trailer: the index payload's padding, the end-of-archive blocks and
+# the padding to a full record
+INDEX_TAIL_BYTES = RECORD + 3 * BLOCK
 _REGULAR = (0x30, 0x00, 0x37)  # '0', NUL, '7'
 _GNU_LONGNAME, _PAX, _PAX_GLOBAL = 0x4C, 0x78, 0x67  # 'L', 'x', 'g'
 # bytes 120..135 of a header as two little-endian words; the size field is bytes 124..134 (11 octal digits)
@@ -254,34 +258,88 @@ def _members_end(headers: np.ndarray, sizes: np.ndarray) -> int:
     return int(headers[-1]) + BLOCK + ((int(sizes[-1]) + BLOCK - 1) // BLOCK) * BLOCK
 
 
+@dataclass(frozen=True, slots=True)
+class _Trailer:
+    """Where the ``__index__`` member lies: its header at ``start``, its payload ends at ``end``."""
+
+    count: int  # members it lists
+    key_bytes: int
+    ext_bytes: int
+    start: int
+    end: int
+
+
+def _find_trailer(tail: np.ndarray, *, at: int) -> _Trailer | None:
+    """The index trailer in ``tail``, the archive's bytes from offset ``at`` to its end (at least its last
+    ``INDEX_TAIL_BYTES``); None when the archive has no index."""
+    length = at + len(tail)
+    if length < 2 * BLOCK or length % BLOCK:
+        return None
+    skip = max(0, length - INDEX_TAIL_BYTES - at)
+    nonzero = np.flatnonzero(tail[skip:])
+    if not len(nonzero):
+        return None
+    end = skip + int(nonzero[-1]) + 1  # in ``tail``: the payload ends with the magic, followed only by zeros
+    trailer = end - len(_INDEX_MAGIC) - _INDEX_TRAILER.size
+    if trailer < 0 or at + trailer < BLOCK or tail[end - len(_INDEX_MAGIC) : end].tobytes() != _INDEX_MAGIC:
+        return None
+    count, key_bytes, ext_bytes, header_block = _INDEX_TRAILER.unpack(tail[trailer : end - len(_INDEX_MAGIC)].tobytes())
+    payload = 10 * count + key_bytes + ext_bytes + _INDEX_TRAILER.size + len(_INDEX_MAGIC)
+    start = header_block * BLOCK
+    if start + BLOCK + payload != at + end or count > start // BLOCK:
+        return None
+    return _Trailer(count, key_bytes, ext_bytes, start, at + end)
+
+
+def _index_header_matches(head: bytes, trailer: _Trailer) -> bool:
+    """``head`` (512 bytes) is the header of an ``__index__`` member of the trailer's payload size."""
+    if head[:100].rstrip(b"\0") != INDEX_NAME.encode() or head[156] not in _REGULAR:
+        return False
+    try:
+        return _octal(head[124:136], "index") == trailer.end - trailer.start - BLOCK
+    except IntegrityError:
+        return False  # a damaged size field: the header parse reports it
+
+
+def embedded_keys(read_range: Callable[[int, int], bytes], size: int) -> list[str] | None:
+    """The sample keys of a shard of ``size`` bytes from its ``__index__`` member alone, in shard order; None
+    when it has none. ``read_range(start, end)`` returns bytes ``[start, end)`` of the shard: one read of the
+    last ``INDEX_TAIL_BYTES``, one more of the index when it starts before them (about 60 bytes per sample).
+
+    The member headers are not read, so this trusts the index: use it on a shard whose sha256 was checked
+    against its manifest (the index is covered by it). For a shard held in memory, ``index_tar``."""
+    at = max(0, size - INDEX_TAIL_BYTES)
+    tail = read_range(at, size)
+    if len(tail) != size - at:
+        return None
+    trailer = _find_trailer(np.frombuffer(tail, dtype=np.uint8), at=at)
+    if trailer is None:
+        return None
+    member = tail[trailer.start - at:] if trailer.start >= at else read_range(trailer.start, at) + tail
+    if len(member) < trailer.end - trailer.start or not _index_header_matches(bytes(member[:BLOCK]), trailer):
+        return None
+    data = np.frombuffer(member, dtype=np.uint8, count=trailer.end - trailer.start - BLOCK, offset=BLOCK)
+    count = trailer.count
+    new_sample = data[9 * count : 10 * count]
+    text = data[10 * count : 10 * count + trailer.key_bytes].tobytes()
+    try:
+        keys = text.decode("ascii").split("\n") if trailer.key_bytes else []
+    except UnicodeDecodeError:
+        return None
+    if int(np.count_nonzero(new_sample)) != len(keys) or (count and not new_sample[0]):
+        return None
+    return keys
+
+
 def _index_embedded(array: np.ndarray) -> ShardIndex | None:
     """The index stored in the shard's ``__index__`` member, or None when it has none (or it does not match
     the member headers, which then get parsed)."""
-    length = len(array)
-    if length < 2 * BLOCK or length % BLOCK:
+    found = _find_trailer(array, at=0)
+    if found is None:
         return None
-    tail_start = max(0, length - RECORD - 3 * BLOCK)
-    nonzero = np.flatnonzero(array[tail_start:])
-    if not len(nonzero):
+    count, key_bytes, ext_bytes, start = found.count, found.key_bytes, found.ext_bytes, found.start
+    if not _index_header_matches(array[start : start + BLOCK].tobytes(), found):
         return None
-    end = tail_start + int(nonzero[-1]) + 1  # the payload ends with the magic, followed only by zeros
-    trailer = end - len(_INDEX_MAGIC) - _INDEX_TRAILER.size
-    if trailer < BLOCK or array[end - len(_INDEX_MAGIC) : end].tobytes() != _INDEX_MAGIC:
-        return None
-    fields = array[trailer : end - len(_INDEX_MAGIC)].tobytes()
-    count, key_bytes, ext_bytes, header_block = _INDEX_TRAILER.unpack(fields)
-    payload = 10 * count + key_bytes + ext_bytes + _INDEX_TRAILER.size + len(_INDEX_MAGIC)
-    start = header_block * BLOCK
-    if start + BLOCK + payload != end or count > start // BLOCK:
-        return None
-    head = array[start : start + BLOCK].tobytes()
-    if head[:100].rstrip(b"\0") != INDEX_NAME.encode() or head[156] not in _REGULAR:
-        return None
-    try:
-        if _octal(head[124:136], "index") != payload:
-            return None
-    except IntegrityError:
-        return None  # a damaged size field: the header parse reports it
     data = start + BLOCK
     sizes = np.frombuffer(array, dtype="<i8", count=count, offset=data).astype(np.int64)
     ext_codes = array[data + 8 * count : data + 9 * count].astype(np.int64)

@@ -150,6 +150,19 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
 
+    def read_range(self, uri: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of an object: one ranged read (a seek on cfs, an HTTP range on ceph and hdfs)."""
+        try:
+            if isinstance(self.spec, CfsTier):
+                with open(uri, "rb") as handle:
+                    handle.seek(start)
+                    return handle.read(max(0, end - start))
+            return bytes(self.filesystem().cat_file(self._path(uri), start=start, end=end))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot read {uri} [{start}, {end}): {exc}") from exc
+
     def sha256(self, uri: str) -> str:
         """Stream the object and hash it (reads at the destination: this is the verification)."""
         digest = hashlib.sha256()

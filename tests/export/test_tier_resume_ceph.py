@@ -25,6 +25,7 @@ import yaml
 from datahub.export import export_table_version, read_lake_manifest
 from datahub.loader.dataset import ReleaseDataset
 from datahub.pipeline.faults import KILL_AT_ENV
+from datahub.shards.index import index_tar
 from datahub.shards.manifest import Manifest
 from datahub.storage import validate_storage_config
 from tests.ceph import S3Endpoint, ceph_s3  # noqa: F401
@@ -110,6 +111,13 @@ def test_cross_region_tier_copy_resumes_after_sigkill(tmp_path: Path, ceph_s3: S
     ceph_tier = validate_storage_config({"tiers": {"ceph": ceph}}, source=str(west)).tier("ceph")
     for shard in published.shards:  # sha256 at the destination matches the manifest
         assert ceph_tier.verify(shard.replicas["ceph"], size=shard.size, sha256=shard.checksum)
+    # the lineage index of the copy (from ranged reads of each Ceph shard's __index__) names every sample once,
+    # in the shard that holds it
+    copied = [r for r in lake.read("lineage").to_pylist() if r["run_id"] == "export/r1/ceph"]
+    truth = {key: shard.replicas["ceph"] for shard in published.shards
+             for key in index_tar(ceph_tier.read(shard.replicas["ceph"]), where=shard.name).keys}
+    assert {r["sample_id"]: json.loads(r["ref"])["shard"] for r in copied} == truth
+    assert len(copied) == len(truth) == len(expected_ids)
 
     after = _read(lake_root, both)
     read_ids = Counter(s["sample_id"] for s in after)

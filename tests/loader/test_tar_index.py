@@ -219,3 +219,31 @@ def test_index_member_refuses_members_that_are_not_back_to_back() -> None:
     index = _index_general(members, "x.tar")
     assert index.keys == ["a", "b"]
     assert index_member(index, len(members)) == b""  # the member without an extension has no place in it
+
+
+@pytest.mark.parametrize("samples", [1, 12, 400])
+def test_embedded_keys_read_only_the_tail_and_equal_the_full_index(samples: int) -> None:
+    """``embedded_keys`` gives the keys of ``index_tar`` from ranged reads of the archive's end (the tier copy's
+    lineage index); a shard without an index, or with a damaged trailer, gives None (the caller reads it whole)."""
+    from datahub.shards.index import INDEX_TAIL_BYTES, embedded_keys
+    from datahub.shards.tar import end_of_archive, member_bytes
+
+    data, index_start = _indexed_shard(samples)
+    reads: list[tuple[int, int]] = []
+
+    def read_range(start: int, end: int) -> bytes:
+        reads.append((start, end))
+        return data[start:end]
+
+    keys = embedded_keys(read_range, len(data))
+    assert keys == index_tar(data).keys == [f"k{i:04d}" for i in range(samples)]
+    assert len(reads) <= 2 and reads[0] == (max(0, len(data) - INDEX_TAIL_BYTES), len(data))
+    assert sum(end - start for start, end in reads) <= len(data) - index_start + INDEX_TAIL_BYTES
+
+    plain = b"".join(member_bytes(f"k{i}.txt", b"x") for i in range(3))
+    plain += end_of_archive(len(plain))
+    assert embedded_keys(lambda s, e: plain[s:e], len(plain)) is None
+    broken = bytearray(data)
+    broken[len(data.rstrip(b"\0")) - 1] ^= 0xFF  # the magic
+    assert embedded_keys(lambda s, e: bytes(broken[s:e]), len(broken)) is None
+    assert embedded_keys(lambda s, e: data[s:e][:-1], len(data)) is None  # a short read
