@@ -12,7 +12,7 @@ from datahub.release.digest import release_digest
 from datahub.release.merge import merge_releases, parse_weights
 from datahub.release.qa_gate import QAVerdict, qa_verdict
 from datahub.release.records import Release, get_release, list_releases, read_release
-from datahub.release.redact import read_ids_file, redact, releases_containing
+from datahub.release.redact import read_ids_file, redact, redacted_ids, releases_containing
 from datahub.release.vacuum import VacuumReport, vacuum
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "read_ids_file",
     "read_release",
     "redact",
+    "redacted_ids",
     "release_digest",
     "releases_containing",
     "rollback",

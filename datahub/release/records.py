@@ -43,6 +43,12 @@ RELEASES = pa.schema(
     ]
 )
 
+# Samples taken down by ``release redact``, one commit per redact release (txn ``release/{name}``); its record keeps
+# the count (``details["removed"]``) and this table's name (``details["removed_ids_table"]``). Records written
+# before it hold the ids inline (``details["removed_ids"]``, a list).
+REDACTED_TABLE = "redacted_samples"
+REDACTED = pa.schema([("sample_id", pa.string()), ("release", pa.string())])
+
 CHANNELS = pa.schema(
     [
         ("channel", pa.string()),

@@ -3,7 +3,9 @@
 The old release is untouched and stays readable through Delta time travel (lake tables keep
 their log) until an explicit ``datahub release vacuum --drop-release OLD --apply`` deletes its
 files; the new one is materialized in ``release_<NEW>``. Every release that
-holds any of the samples is listed, and lineage records a ``dropped`` event with the reason.
+holds any of the samples is listed, and lineage records a ``dropped`` event with the reason. The ids taken
+down are rows of the lake table ``redacted_samples`` (sample_id, release), read back by ``redacted_ids``; the
+release record keeps their count (records written before that table hold them inline, and are still read).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -24,6 +27,8 @@ from datahub.release.freeze import freeze, refuse_taken, release_txn
 from datahub.release.materialize import commit_rows
 from datahub.release.records import (
     MATERIALIZED_PREFIX,
+    REDACTED,
+    REDACTED_TABLE,
     Release,
     check_name,
     get_release,
@@ -47,11 +52,12 @@ def read_ids_file(path: str) -> list[str]:
         raise ReleaseError(f"--ids-file {path}: cannot read it: {exc.strerror}") from None
 
 
-def releases_containing(lake: Lake, *, sample_ids: list[str], source_uri: str | None = None) -> dict[str, int]:
+def releases_containing(lake: Lake, *, sample_ids: list[str] | pa.Array,
+                        source_uri: str | None = None) -> dict[str, int]:
     """release name -> how many of the samples (ids, or rows from ``source_uri``) it holds."""
     import pyarrow.dataset as ds  # here, not at import: pyarrow.dataset loads pandas (~0.3-0.9 s of CLI start-up)
 
-    condition = ds.field("sample_id").isin(sample_ids) if sample_ids else None
+    condition = ds.field("sample_id").isin(sample_ids) if len(sample_ids) else None
     if source_uri is not None:
         by_source = ds.field("source_uri") == source_uri
         condition = by_source if condition is None else (condition | by_source)
@@ -111,9 +117,9 @@ def redact(
         what = f"source {source_uri!r}" if source_uri and not ids else f"{len(ids)} given sample id(s)"
         raise ReleaseError(f"release {source!r} holds none of the {what}; nothing to redact "
                            f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.ref})")
-    removed_ids = pc.unique(pa.chunked_array(removed_chunks, pa.string()))
-    contained_in = releases_containing(lake, sample_ids=sorted(set(ids) | set(removed_ids.to_pylist())),
-                                       source_uri=source_uri)
+    removed_ids = pc.unique(pa.chunked_array(removed_chunks, pa.string())).sort()
+    named = pc.unique(pa.concat_arrays([wanted, removed_ids])).sort()
+    contained_in = releases_containing(lake, sample_ids=named, source_uri=source_uri)
     ts = datetime.now(timezone.utc)
     ref = json.dumps({"release": new, "from": source, "reason": reason, "source_uri": source_uri})
     dropped = lineage_rows(removed_ids, run_id=release_txn(new), op=REDACT_OP, action="dropped",
@@ -128,28 +134,66 @@ def redact(
     commit_rows(lake, table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema),
                 row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new, "datahub.redact_reason": reason})
     version = int(lake.table(table).version())
-    details = {"reason": reason, "removed": removed_rows, "removed_ids": sorted(removed_ids.to_pylist()),
+    commit_rows(lake, REDACTED_TABLE, _redacted_rows(removed_ids, new), txn=release_txn(new), schema=REDACTED,
+                row_group_rows=BATCH_ROWS * 8, metadata={"datahub.release": new})
+    details = {"reason": reason, "removed": removed_rows, "removed_ids_table": REDACTED_TABLE,
                "requested_ids": len(ids), "source_uri": source_uri, "contained_in": contained_in}
     return freeze(lake, new, table=table, version=version, kind="redact", qa_status="inherited", parents=[source],
                   creator=creator, details=details, extra_lineage=dropped, run_ids=list(parent.run_ids),
                   jobs=list(parent.jobs))
 
 
-def redactions(lake: Lake) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """Every take-down recorded so far: (sample id -> redact release, source_uri -> redact release, redact release
-    -> its lineage reason); the first redaction of a sample wins."""
-    by_id: dict[str, str] = {}
+def _redacted_rows(ids: pa.Array, release: str) -> Iterator[pa.Table]:
+    for start in range(0, len(ids), BATCH_ROWS * 8):
+        chunk = ids.slice(start, BATCH_ROWS * 8)
+        yield pa.table({"sample_id": chunk, "release": pa.repeat(release, len(chunk))}, schema=REDACTED)
+
+
+def redacted_ids(lake: Lake, release: Release | str) -> pa.Array:
+    """The sample ids a ``release redact`` took down (sorted): from ``redacted_samples``, or inline in a record
+    written before that table (``details["removed_ids"]``)."""
+    record = get_release(lake, release) if isinstance(release, str) else release
+    if record.kind != "redact":
+        raise ReleaseError(f"release {record.name!r} is a {record.kind!r} release, not a redact; it took nothing down")
+    return _redacted(lake, [record])[1]
+
+
+def _redacted(lake: Lake, records: list[Release]) -> tuple[pa.Array, pa.Array]:
+    """(redact release, sample id) of every id the ``records`` (redact releases) took down, in their order."""
+    import pyarrow.dataset as ds  # here, not at import: pyarrow.dataset loads pandas
+
+    in_table = [r.name for r in records if "removed_ids" not in r.details]
+    stored = (lake.read(REDACTED_TABLE, columns=["sample_id", "release"],
+                        filters=ds.field("release").isin(in_table)) if in_table and lake.exists(REDACTED_TABLE)
+              else REDACTED.empty_table())
+    releases: list[pa.Array] = []
+    ids: list[pa.Array] = []
+    for record in records:
+        if "removed_ids" in record.details:  # a record written before redacted_samples
+            taken = pa.array(sorted(str(i) for i in record.details["removed_ids"] or ()), pa.string())
+        else:
+            rows = stored.filter(pc.equal(stored.column("release"), record.name))
+            taken = rows.column("sample_id").combine_chunks().sort() if rows.num_rows else pa.array([], pa.string())
+        ids.append(taken)
+        releases.append(pa.repeat(record.name, len(taken)))
+    if not ids:
+        return pa.array([], pa.string()), pa.array([], pa.string())
+    return pa.concat_arrays(releases), pa.concat_arrays(ids)
+
+
+def redactions(lake: Lake) -> tuple[pa.Array, pa.Array, dict[str, str], dict[str, str]]:
+    """Every take-down recorded so far: (sample ids, the redact release of each, source_uri -> redact release,
+    redact release -> its lineage reason); the first redaction of a sample wins."""
     by_source: dict[str, str] = {}
     why: dict[str, str] = {}
-    for release in list_releases(lake):
-        if release.kind != "redact":
-            continue
+    records = [r for r in list_releases(lake) if r.kind == "redact"]
+    for release in records:
         why[release.name] = f"redacted: {release.details.get('reason', '')} (release redact {release.name})"
-        for sample in release.details.get("removed_ids") or ():
-            by_id.setdefault(str(sample), release.name)
         if release.details.get("source_uri"):
             by_source.setdefault(str(release.details["source_uri"]), release.name)
-    return by_id, by_source, why
+    releases, ids = _redacted(lake, records)
+    first = _first_of_each(ids)
+    return ids.filter(first), releases.filter(first), by_source, why
 
 
 def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tuple[str, int, dict[str, Any],
@@ -162,16 +206,14 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tupl
     ``source_uri`` first, then whole rows only when something goes), the count and the redactions applied, and one
     ``dropped`` lineage row per excluded sample. A re-run after a crash finds the materialized commit by its txn.
     """
-    by_id, by_source, why = redactions(lake)
-    if not by_id and not by_source:
+    ids, id_by, by_source, why = redactions(lake)  # id_by: the redact release of each id
+    if not len(ids) and not by_source:
         return table, version, {}, None
     dataset = lake.dataset(table, version)
     has_source = "source_uri" in dataset.schema.names
     if not has_source:
         by_source = {}
-    ids = pa.array(sorted(by_id), pa.string())
     sources = pa.array(sorted(by_source), pa.string())
-    id_by = pa.array([by_id[i] for i in ids.to_pylist()], pa.string())  # the redact release of each id
     source_by = pa.array([by_source[u] for u in sources.to_pylist()], pa.string())
 
     def target_of(batch: pa.RecordBatch) -> pa.Array:
@@ -224,4 +266,4 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tupl
 def _first_of_each(ids: pa.Array) -> pa.Array:
     """True at the first occurrence of each id (a sample may be in the table more than once)."""
     # index_in over the array itself finds each value's first position
-    return pc.equal(pc.index_in(ids, value_set=ids), pa.array(range(len(ids)), pa.int32()))
+    return pc.equal(pc.index_in(ids, value_set=ids), pa.array(np.arange(len(ids), dtype=np.int32)))

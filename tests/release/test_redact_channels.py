@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from datahub.cli.main import app
 from datahub.errors import ReleaseError
 from datahub.lake import Lake
-from datahub.release import channel_history, channel_of, create_release, get_release, promote, redact, rollback
+from datahub.release import (channel_history, channel_of, create_release, get_release, promote, redact, redacted_ids,
+                             rollback)
 from datahub.sample_id import sample_id_of
 from tests.release.helpers import add_samples
 
@@ -25,7 +26,9 @@ def test_redact_across_two_releases(tmp_path):
     r3 = redact(lake, "r3", source="r2", sample_ids=[secret], reason="PII: phone number")
     assert r3.kind == "redact" and r3.parents == ("r2",) and r3.row_count == 4
     assert r3.details["contained_in"] == {"r1": 1, "r2": 1}
-    assert r3.details["reason"] == "PII: phone number" and r3.details["removed_ids"] == [secret]
+    assert r3.details["reason"] == "PII: phone number" and r3.details["removed"] == 1
+    assert r3.details["removed_ids_table"] == "redacted_samples" and "removed_ids" not in r3.details
+    assert redacted_ids(lake, "r3").to_pylist() == [secret]
     assert secret not in lake.read(r3.table, version=r3.version).column("sample_id").to_pylist()
     # old releases stay readable (Delta time travel) and unchanged
     for name in ("r1", "r2"):
@@ -114,7 +117,8 @@ def test_cli_redact_ids_file_and_rollback_stable(tmp_path):
     assert out.exit_code == 0, out.output
     v3 = json.loads(out.output)
     assert v3["row_count"] == 2 and v3["parents"] == ["v2"]
-    assert v3["details"]["removed_ids"] == sorted(leaked) and v3["details"]["requested_ids"] == 2
+    assert v3["details"]["removed"] == 2 and v3["details"]["requested_ids"] == 2
+    assert redacted_ids(lake, "v3").to_pylist() == sorted(leaked)
     assert v3["details"]["contained_in"] == {"v1": 1, "v2": 2}
     kept = lake.read(v3["table"], version=v3["version"]).column("sample_id").to_pylist()
     assert sorted(kept) == sorted([sample_id_of(texts[0]), sample_id_of(texts[2])])
@@ -170,3 +174,39 @@ def test_create_after_redact_leaves_taken_down_samples_out(tmp_path):
     add_samples(other, ["x doc", "y doc"], "a.jsonl", run_id="job-eeeeeeeeeeee")
     r = create_release(other, "o1")
     assert r.table == "samples" and "redacted_excluded" not in r.details
+
+
+def test_redact_records_written_before_redacted_samples_still_take_samples_down(tmp_path):
+    """A redact record of the older format holds its ids inline (``details["removed_ids"]``): it is still read,
+    by ``redacted_ids`` and by a later release create, next to records that point at ``redacted_samples``."""
+    import json
+    import shutil
+
+    import pyarrow as pa
+
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, ["keep me", "private phone number 555", "leaked mail a@b.c"], "a.jsonl",
+                run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "r1")
+    old_secret, new_secret = sample_id_of("private phone number 555"), sample_id_of("leaked mail a@b.c")
+    redact(lake, "old-r", source="r1", sample_ids=[old_secret], reason="PII: phone")
+    # rewrite old-r's record as an older datahub wrote it: the ids inline, nothing in redacted_samples
+    rows = lake.read("releases")
+    details = [json.loads(d) for d in rows.column("details").to_pylist()]
+    for name, entry in zip(rows.column("name").to_pylist(), details):
+        if name == "old-r":
+            entry.pop("removed_ids_table")
+            entry["removed_ids"] = [old_secret]
+    rows = rows.set_column(rows.schema.get_field_index("details"), "details",
+                           pa.array([json.dumps(d) for d in details], pa.string()))
+    lake.commit("releases", rows, txn="test/old-format", mode="overwrite")
+    shutil.rmtree(tmp_path / "lake" / "redacted_samples")
+    redact(lake, "new-r", source="old-r", sample_ids=[new_secret], reason="PII: mail")
+
+    assert redacted_ids(lake, "old-r").to_pylist() == [old_secret]
+    assert redacted_ids(lake, "new-r").to_pylist() == [new_secret]
+    with pytest.raises(ReleaseError, match="not a redact"):
+        redacted_ids(lake, "r1")
+    r2 = create_release(lake, "r2")
+    assert lake.read(r2.table, version=r2.version).column("text").to_pylist() == ["keep me"]
+    assert r2.details["redacted_excluded"] == {"rows": 2, "by": ["new-r", "old-r"]}
