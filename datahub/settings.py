@@ -11,6 +11,7 @@ callers and tests can pass their own environment.
 | ``DATAHUB_ALLOCATOR`` | ``allocator`` | ``system`` (default) or ``arrow``: memory allocator of the CLI |
 | ``DATAHUB_REGION`` | ``region`` | the loader's region: replicas there are read first |
 | ``DATAHUB_TEST_KILL_AT`` | ``kill_at`` | fault injection for crash-safety tests: checkpoints to SIGKILL at |
+| ``XDG_CACHE_HOME`` | ``cache_home`` | the user's cache directory (default ``~/.cache``): the loader's sha256 verdicts |
 
 Tier credentials are read from the variables a storage config names (``datahub.storage.tier``).
 """
@@ -25,6 +26,7 @@ PROGRESS_ENV = "DATAHUB_PROGRESS"
 ALLOCATOR_ENV = "DATAHUB_ALLOCATOR"
 REGION_ENV = "DATAHUB_REGION"
 KILL_AT_ENV = "DATAHUB_TEST_KILL_AT"
+CACHE_HOME_ENV = "XDG_CACHE_HOME"
 
 
 def _env(environ: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -54,3 +56,8 @@ def region(environ: Mapping[str, str] | None = None) -> str | None:
 def kill_at(environ: Mapping[str, str] | None = None) -> str | None:
     """The armed fault-injection checkpoints (``DATAHUB_TEST_KILL_AT``), or None."""
     return _env(environ).get(KILL_AT_ENV) or None
+
+
+def cache_home(environ: Mapping[str, str] | None = None) -> str:
+    """The user's cache directory: ``XDG_CACHE_HOME`` (the XDG base directory spec), else ``~/.cache``."""
+    return _env(environ).get(CACHE_HOME_ENV) or os.path.join(os.path.expanduser("~"), ".cache")

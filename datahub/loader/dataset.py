@@ -66,7 +66,9 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
     ``tier_preference`` wins; ``datahub.loader.regions``). ``read_policy``: connect/read timeouts, bounded retries
     and tier cooldown for remote reads
     (``datahub.loader.read_policy``). ``verify``: True checks size and sha256, hashing a local file once per
-    identity (device, inode, size, mtime, ctime); "always" hashes every read; False checks the size only.
+    identity (device, inode, size, mtime, ctime) per verdict store (``verdicts_dir``, default ``cache_dir/.verified``
+    or ``~/.cache/datahub/verified``: kept across epochs, DataLoader workers and runs; ``datahub.loader.verified``);
+    "always" hashes every read; False checks the size only.
 
     DataLoader workers: each reads its own contiguous piece of the rank's stream, cut between shuffle blocks of
     whole shards, so every shard is fetched once per epoch whatever ``num_workers`` (see ``datahub.loader.plan``).
@@ -101,6 +103,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         cache_limit_bytes: int | None = None,
         verify: Verify = True,
         read_policy: ReadPolicy | None = None,
+        verdicts_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if uneven not in ("pad", "drop"):
             raise ValueError(f"uneven must be 'pad' or 'drop'; got {uneven!r}")
@@ -133,7 +136,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,
                                   storage=tier_options(storage_config, tiers=readable_tiers(self.manifest, tier_preference)),
                                   cache_dir=cache_dir, cache_limit_bytes=cache_limit_bytes, verify=verify,
-                                  read_policy=read_policy)
+                                  read_policy=read_policy, verdicts_dir=verdicts_dir)
         self._segments: list[Segment] = []  # past (world_size, samples per rank, num_workers, trainer items)
         self._start = 0  # samples of this rank's stream already consumed before this iteration
         self._pending: tuple[int, int] | None = None  # (num_workers, trainer items) read by workers after _start

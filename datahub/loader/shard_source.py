@@ -10,8 +10,9 @@ yields nothing and exactly-once holds across failovers.
 
 The cache keeps verified shards under ``cache_dir`` (key = sha256 prefix + name) and evicts least recently
 used files (by access time) past ``cache_limit_bytes``. A cache hit is verified like a local replica: size,
-then sha256 once per file identity (device, inode, size, mtime, ctime) for the dataset's process and its
-DataLoader workers (``verified``; a file this process wrote itself counts as verified). Any change made
+then sha256 once per file identity (device, inode, size, mtime, ctime) per verdict store (``verified``: the
+cache's ``.verified`` directory or the user's; every process and DataLoader worker using it, in this run and later
+ones; a file this process wrote itself counts as verified). Any change made
 through the filesystem (a write in place, truncate, rename, or restoring the mtime with utime) sets the
 ctime, so the changed file is hashed again; ``verify="always"`` hashes every read (for bytes changed below
 the filesystem: disk rot, a server-side change). A corrupted cache file is logged, evicted and fetched again.
@@ -36,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from datahub import settings
 from datahub.loader.errors import (NoReadableReplicaError, ReplicaUnavailableError, ReplicaUnusableError,
                                    replica_error)
 from datahub.shards.manifest import Manifest
@@ -69,6 +71,14 @@ def _map_file(path: str | os.PathLike[str], *, mapped: bool = True) -> tuple[Sha
         return mmap.mmap(handle.fileno(), stat.st_size, flags=_MAP_FLAGS, prot=mmap.PROT_READ), identity
 
 
+def default_verdicts_dir(cache_dir: str | os.PathLike[str] | None) -> str:
+    """Where sha256 verdicts of local files are kept: ``CACHE_DIR/.verified`` with a shard cache, else the user's
+    cache directory (``datahub.settings.cache_home``)."""
+    if cache_dir is not None:
+        return os.path.join(os.fspath(cache_dir), ".verified")
+    return os.path.join(settings.cache_home(), "datahub", "verified")
+
+
 def _identity(stat: os.stat_result) -> tuple[int, ...]:
     """(device, inode, size, mtime, ctime): the ctime moves on every change made through the filesystem, also
     when the mtime is put back (utime), so an in-place rewrite that keeps size and mtime is still noticed."""
@@ -88,6 +98,7 @@ class ShardSource:
         cache_limit_bytes: int | None = None,
         verify: Verify = True,
         read_policy: ReadPolicy | None = None,
+        verdicts_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if verify not in (True, False, "always"):
             raise ValueError(f"verify must be True, False or 'always'; got {verify!r}")
@@ -103,9 +114,11 @@ class ShardSource:
         self.retries = 0  # rounds over a shard's tiers after the first (all tiers failed, some transiently)
         self._filesystems: dict[str, Any] = {}
         self._filesystems_pid = os.getpid()
-        # local files whose sha256 matched, by (sha256, device, inode, size, mtime, ctime), in this process and its
-        # DataLoader workers: a later epoch or another worker maps the same unchanged file without hashing it
-        self._verified = VerifiedFiles(shared=verify is True)
+        # local files whose sha256 matched, by (sha256, device, inode, size, mtime, ctime), kept in a verdict store
+        # (``verified``): a later epoch, another DataLoader worker or a later run maps the unchanged file unhashed
+        if verdicts_dir is None:
+            verdicts_dir = default_verdicts_dir(self.cache_dir)
+        self._verified = VerifiedFiles(verdicts_dir, shared=verify is True)
         self._lock = threading.Lock()  # prefetch threads share the tier health below
         self._cooling: dict[str, float] = {}  # tier -> monotonic time until which it is tried last
         self._outages: set[str] = set()  # tiers that failed transiently and have not answered since (logged once)
@@ -328,12 +341,13 @@ class ShardSource:
         for entry in os.scandir(self.cache_dir):
             if entry.is_file() and not entry.name.startswith(".partial-"):
                 stat = entry.stat()
-                entries.append((stat.st_atime_ns, stat.st_size, entry.path))
-        total = sum(size for _, size, _ in entries)
-        for _, size, path in sorted(entries):
+                entries.append((stat.st_atime_ns, stat.st_size, entry.path, _identity(stat)))
+        total = sum(size for _, size, _, _ in entries)
+        for _, size, path, identity in sorted(entries):
             if total <= self.cache_limit_bytes:
                 break
             Path(path).unlink(missing_ok=True)
+            self._verified.forget(Path(path).name.split("-", 1)[0], identity)  # the name starts with the sha256's
             total -= size
 
     def cache_bytes(self) -> int:

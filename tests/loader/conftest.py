@@ -12,6 +12,14 @@ from tests.loader.shards import write_release
 UNEVEN_SHARDS = (7, 6, 5, 7, 4)
 
 
+@pytest.fixture(autouse=True)
+def verdict_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own user cache directory, so the loader's default sha256 verdict store starts empty."""
+    cache_home = tmp_path_factory.mktemp("cache-home")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    return cache_home / "datahub" / "verified"
+
+
 @pytest.fixture
 def release(tmp_path: Path) -> dict[str, Any]:
     return write_release(tmp_path / "export", samples_per_shard=UNEVEN_SHARDS)

@@ -72,7 +72,9 @@ def test_cache_serves_second_epoch_and_respects_size_limit(tmp_path: Path, two_t
     cache = tmp_path / "cache"
     dataset, _ = read_all(tmp_path, cache_dir=cache, cache_limit_bytes=2 * shard_size + 10, prefetch_shards=0)
     assert dataset.source.cache_bytes() <= 2 * shard_size + 10
-    assert len(list(cache.iterdir())) == 2  # the least recently used shard was evicted
+    assert len([p for p in cache.iterdir() if p.is_file()]) == 2  # the least recently used shard was evicted
+    # ... and its verdict with it: the store holds one per cfs replica and per cached file, none for the evicted one
+    assert len(list((cache / ".verified").iterdir())) == 3 + 2
     last = two_tiers["shards"][2]["name"]
     dataset.source.read(2)
     assert dataset.source.reads[("cache", last)] == 1 and dataset.source.reads[("cfs", last)] == 1
@@ -216,15 +218,57 @@ def test_corrupt_cache_file_is_detected_evicted_and_fetched_again(
     assert all(dataset.source.reads[("cache", other)] == 1 for other in others)
 
 
-def test_cache_hit_is_hashed_once_per_process(tmp_path: Path, two_tiers: dict) -> None:
+def test_cache_hit_is_hashed_once_per_cache(tmp_path: Path, two_tiers: dict) -> None:
+    """The cache's verdict store (CACHE/.verified) outlives the dataset: a later run trusts the files it put there."""
     cache = tmp_path / "cache"
-    read_all(tmp_path, cache_dir=cache, prefetch_shards=0)
-    dataset, _ = read_all(tmp_path, cache_dir=cache, prefetch_shards=0)
+    first, _ = read_all(tmp_path, cache_dir=cache, prefetch_shards=0)
     names = [shard["name"] for shard in two_tiers["shards"]]
-    assert all(dataset.source.reads[("cache", name)] == 1 and dataset.source.hashed[name] == 1 for name in names)
+    assert all(first.source.hashed[name] == 1 for name in names)  # the cfs replicas, on their way into the cache
+    assert first.source._verified.directory == str(cache / ".verified")
+    dataset, _ = read_all(tmp_path, cache_dir=cache, prefetch_shards=0)
+    assert all(dataset.source.reads[("cache", name)] == 1 and dataset.source.hashed[name] == 0 for name in names)
     dataset.set_epoch(1)
     list(dataset)
-    assert all(dataset.source.reads[("cache", name)] == 2 and dataset.source.hashed[name] == 1 for name in names)
+    assert all(dataset.source.reads[("cache", name)] == 2 and dataset.source.hashed[name] == 0 for name in names)
+    assert sorted(cache.glob("*.tar")) and not [p for p in (cache / ".verified").iterdir() if p.name.endswith(".lock")]
+    assert first.source.cache_bytes() == sum(shard["size"] for shard in two_tiers["shards"])  # the store is no shard
+
+
+def test_verdicts_persist_across_runs_until_a_file_changes(tmp_path: Path, two_tiers: dict, verdict_store: Path) -> None:
+    """A later run (here: another process) skips hashing unchanged local replicas; a changed file is hashed again."""
+    import subprocess
+    import sys
+
+    first, _ = read_all(tmp_path, tier_preference=["cfs", "ceph"], prefetch_shards=0)
+    names = [shard["name"] for shard in two_tiers["shards"]]
+    assert all(first.source.hashed[name] == 1 for name in names)
+    assert first.source._verified.directory == str(verdict_store)
+    code = ("import sys; sys.path.insert(0, '.')\n"
+            "from datahub.loader import ReleaseDataset\n"
+            f"d = ReleaseDataset({str(tmp_path / 'manifest.json')!r}, rank=0, world_size=1, tier_preference=['cfs'])\n"
+            "assert len(list(d)) == 15\n"
+            "print(sum(d.source.hashed.values()))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2], capture_output=True,
+                         text=True).stdout
+    assert out.split() == ["0"], out
+    _flip_byte_keeping_size(tmp_path / "cfs" / names[1], keep_mtime=True)  # same inode, size, mtime; new ctime
+    again, ids = read_all(tmp_path, tier_preference=["cfs", "ceph"], prefetch_shards=0)
+    assert ids == all_ids(two_tiers)
+    # the changed cfs copy, then the ceph copy this store had not seen
+    assert again.source.hashed == Counter({names[1]: 2}) and again.source.failovers == Counter({"cfs": 1})
+    assert again.source.reads[("ceph", names[1])] == 1
+
+
+def test_verdict_store_writable_by_others_is_not_used(tmp_path: Path, two_tiers: dict) -> None:
+    store = tmp_path / "shared-verdicts"
+    store.mkdir()
+    store.chmod(0o777)  # anyone could forge a verdict here
+    dataset, ids = read_all(tmp_path, verdicts_dir=store, prefetch_shards=0)
+    assert ids == all_ids(two_tiers) and dataset.source._verified.directory != str(store)
+    assert not list(store.iterdir())
+    private, _ = read_all(tmp_path, verdicts_dir=tmp_path / "mine", prefetch_shards=0)
+    assert private.source._verified.directory == str(tmp_path / "mine")
+    assert (tmp_path / "mine").stat().st_mode & 0o777 == 0o700
 
 
 class HashLog(ShardSource):
