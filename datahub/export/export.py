@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.allocator import arrow_pool
 from datahub.engines.base import Engine
 from datahub.engines.registry import engine_in_scope
 from datahub.errors import IntegrityError, ReleaseError, SpecError
@@ -272,15 +273,16 @@ def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine
     spill = RowSpill(directory, rows=len(ids))
     scope.callback(spill.close)  # before the folder goes (LIFO)
     read = 0
-    for batch in source.scan(export_columns(source.schema(), where=where)):
-        count = batch.num_rows
-        if not count:
-            continue
-        if read + count > len(ids) or not pc.all(pc.equal(batch.column(KEY_COLUMN), ids.slice(read, count))).as_py():
-            raise IntegrityError(f"{where}: rows came back in another order or number on a second read; the table "
-                                 "version changed underneath? re-run the export")
-        spill.add(ranks[read:read + count], encoded_rows(batch))
-        read += count
+    with arrow_pool():  # the decoded and encoded batches reuse each other's pages (no fresh page per batch)
+        for batch in source.scan(export_columns(source.schema(), where=where)):
+            count = batch.num_rows
+            if not count:
+                continue
+            if read + count > len(ids) or not pc.all(pc.equal(batch.column(KEY_COLUMN), ids.slice(read, count))).as_py():
+                raise IntegrityError(f"{where}: rows came back in another order or number on a second read; the "
+                                     "table version changed underneath? re-run the export")
+            spill.add(ranks[read:read + count], encoded_rows(batch))
+            read += count
     if read != len(ids):
         raise IntegrityError(f"{where}: {read} rows on the second read, {len(ids)} on the first; re-run the export")
     spill.finish()
