@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -29,6 +29,7 @@ from datahub.export.write import ShardDone
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.index import embedded_keys, index_tar
+from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
 from datahub.storage.tier import Tier
@@ -170,10 +171,13 @@ def plan_tiers(
 
 
 def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
-                progress: Callable[..., None] | None = None, workers: int = 2) -> list[Move]:
+                progress: Callable[..., None] | None = None, workers: int = 2,
+                max_bytes_per_s: float | None = None) -> list[Move]:
     """Carry out a plan (copies and repairs of a release before its deletes); returns the moves done.
-    ``workers`` shards are copied at once, each held in memory once (memory: ``workers`` shards)."""
+    ``workers`` shards are copied at once, each streamed 8 MiB at a time (memory: ``workers`` chunks, whatever
+    the shard size); ``max_bytes_per_s`` caps the bytes read from source replicas, all workers together."""
     report = progress or (lambda stage, done, total=None: None)
+    cap = BandwidthCap(max_bytes_per_s) if max_bytes_per_s else None
     done: list[Move] = []
     ordered = sorted(plan.moves, key=lambda m: (m.release, m.action == "delete"))
     for step, move in enumerate(ordered):
@@ -181,9 +185,9 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
         if manifest is None:
             raise SpecError(f"release {move.release!r}: its manifest vanished from {lake.root}/_exports; re-run `datahub export`")
         if move.action == "copy":
-            _copy(lake, manifest, move.tier, storage=storage, workers=workers)
+            _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap)
         elif move.action == "repair":
-            _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers)
+            _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap)
         else:
             _delete(lake, manifest, move.tier, storage=storage)
         done.append(move)
@@ -201,7 +205,8 @@ def damaged_replicas(manifest: Manifest, tier: Tier, *, verify: bool) -> list[st
     return bad
 
 
-def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verify: bool, workers: int) -> list[str]:
+def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verify: bool, workers: int,
+            cap: BandwidthCap | None = None) -> list[str]:
     """Copy intact replicas from other tiers over the damaged replicas on ``tier_name``."""
     dest = storage.tier(tier_name)
     damaged = set(damaged_replicas(manifest, dest, verify=verify))
@@ -209,14 +214,15 @@ def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verif
         log.warning("tier %s: %d damaged or missing shard(s) of %s, copying them again: %s", tier_name, len(damaged),
                     manifest.release, ", ".join(sorted(damaged)))
     shards = [s for s in manifest.shards if s.name in damaged]
-    _copy_shards(manifest, shards, dest, storage=storage, skip_tier=tier_name, workers=workers, check_existing=False)
+    _copy_shards(manifest, shards, dest, storage=storage, skip_tier=tier_name, workers=workers, check_existing=False,
+                 cap=cap)
     return sorted(damaged)
 
 
 @dataclass(frozen=True)
 class ShardCopySink(Sink[list[int], list[int]]):
-    """Tier copies on the write seam: each task copies the shards named in its rows (``index`` into the
-    manifest's shards) from a verified replica to ``dest``, verified there (size and sha256); a replica
+    """Tier copies on the write seam: each task streams the shards named in its rows (``index`` into the
+    manifest's shards) from a replica that matches the manifest to ``dest``, verified there (size and sha256); a replica
     already verified on ``dest`` is kept (resume). The commit returns the indices written; the caller
     publishes the manifest, the one step that makes the copies visible. Holds configuration only."""
 
@@ -225,6 +231,7 @@ class ShardCopySink(Sink[list[int], list[int]]):
     storage: StorageConfig
     skip_tier: str | None
     check_existing: bool
+    cap: BandwidthCap | None = None  # shared by every task of the copy
 
     def write(self, batches: Iterable[pa.Table]) -> list[int]:
         written = []
@@ -234,20 +241,63 @@ class ShardCopySink(Sink[list[int], list[int]]):
                 uri = self.dest.uri(self.manifest.release, shard.name)
                 if self.check_existing and self.dest.verify(uri, size=shard.size, sha256=shard.checksum):
                     continue
-                data = _read_verified(self.manifest, shard, self.storage, skip_tier=self.skip_tier)
-                self.dest.publish_verified(uri, data, sha256=shard.sha256)
+                self._copy(shard, uri)
                 written.append(index)
         return written
+
+    def _copy(self, shard: ShardRecord, uri: str) -> None:
+        """Stream the shard from the first replica whose bytes match the manifest (size and sha256, checked as they
+        pass), 8 MiB at a time (under the cap); then read it back at ``dest`` and check its sha256 again."""
+        expected = shard.checksum
+        problems = []
+        for name, source_uri in shard.replicas.items():
+            if name not in self.storage.tiers or name == self.skip_tier:
+                continue
+            chunks = _SourceChunks(self.storage.tier(name), source_uri)
+            try:
+                self.dest.publish_stream(uri, self.cap.metered(chunks) if self.cap else chunks, size=shard.size,
+                                         sha256=expected)
+            except _SourceError as exc:
+                problems.append(f"{name}: {exc}")
+                continue
+            except IntegrityError:  # what the replica gave does not match the manifest: nothing was published
+                problems.append(f"{name}: {source_uri} does not match the manifest's size/sha256")
+                continue
+            if not self.dest.verify(uri, size=shard.size, sha256=expected):
+                raise IntegrityError(f"tier {self.dest.name}: {uri} does not match what was written (size "
+                                     f"{shard.size}, sha256 {expected[:12]}...); check the tier's health and re-run")
+            return
+        raise IntegrityError(f"release {self.manifest.release!r}: no intact replica of {shard.name} to copy from "
+                             f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release")
 
     def commit(self, results: list[list[int]]) -> list[int]:
         return sorted(index for result in results for index in result)
 
 
+class _SourceError(Exception):
+    """Reading a source replica failed (the copy tries the next replica); the destination is left unchanged."""
+
+
+@dataclass
+class _SourceChunks:
+    """A replica's bytes in chunks, its read errors raised as ``_SourceError``."""
+
+    tier: Tier
+    uri: str
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            yield from self.tier.chunks(self.uri)
+        except (OSError, StorageError) as exc:
+            raise _SourceError(str(exc)) from exc
+
+
 def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, storage: StorageConfig,
-                 skip_tier: str | None, workers: int, check_existing: bool) -> list[int]:
+                 skip_tier: str | None, workers: int, check_existing: bool, cap: BandwidthCap | None = None) -> list[int]:
     """Copy shard by shard through ``ShardCopySink``, ``workers`` tasks (one shard each) at once on threads
-    of this process; returns the indices of the shards written (those already intact on ``dest`` are kept)."""
-    sink = ShardCopySink(manifest, dest, storage, skip_tier, check_existing)
+    of this process, all under one ``cap``; returns the indices of the shards written (those already intact on
+    ``dest`` are kept)."""
+    sink = ShardCopySink(manifest, dest, storage, skip_tier, check_existing, cap)
     index = {s.name: i for i, s in enumerate(manifest.shards)}
     window = max(1, workers)
     results: list[list[int]] = []
@@ -274,10 +324,11 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
         raise
 
 
-def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2) -> None:
+def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2,
+          cap: BandwidthCap | None = None) -> None:
     dest = storage.tier(tier_name)
     _copy_shards(manifest, list(manifest.shards), dest, storage=storage, skip_tier=None, workers=workers,
-                 check_existing=True)
+                 check_existing=True, cap=cap)
     replicas = {shard.name: {**shard.replicas, tier_name: dest.uri(manifest.release, shard.name)}
                 for shard in manifest.shards}
     updated = manifest.with_replicas(replicas)

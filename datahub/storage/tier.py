@@ -15,6 +15,7 @@ import os
 import re
 import uuid
 from pathlib import Path
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from datahub.errors import IntegrityError, SpecError, StorageError
@@ -163,22 +164,27 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot read {uri} [{start}, {end}): {exc}") from exc
 
-    def sha256(self, uri: str) -> str:
-        """Stream the object and hash it (reads at the destination: this is the verification)."""
-        digest = hashlib.sha256()
+    def chunks(self, uri: str) -> Iterator[bytes]:
+        """The object's bytes in order, ``_CHUNK`` (8 MiB) at a time: one chunk held, whatever its size."""
         try:
             if isinstance(self.spec, CfsTier):
                 with open(uri, "rb") as handle:
                     while chunk := handle.read(_CHUNK):
-                        digest.update(chunk)
+                        yield chunk
             else:
                 with self.filesystem().open(self._path(uri), "rb", block_size=_CHUNK) as handle:
                     while chunk := handle.read(_CHUNK):
-                        digest.update(chunk)
+                        yield chunk
         except FileNotFoundError:
             raise
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
+
+    def sha256(self, uri: str) -> str:
+        """Stream the object and hash it (reads at the destination: this is the verification)."""
+        digest = hashlib.sha256()
+        for chunk in self.chunks(uri):
+            digest.update(chunk)
         return digest.hexdigest()
 
     def verify(self, uri: str, *, size: int, sha256: str) -> bool:
@@ -213,6 +219,75 @@ class Tier:
                     _remove_quietly(fs, temp)
                     raise
         except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
+
+    def publish_stream(self, uri: str, chunks: Iterable[bytes], *, size: int, sha256: str) -> None:
+        """Write ``chunks`` at ``uri`` atomically, one chunk held at a time; the object appears only when the bytes
+        are ``size`` long and hash to ``sha256`` (else IntegrityError, and ``uri`` is unchanged). An error raised by
+        ``chunks`` (the source) also leaves ``uri`` unchanged and propagates. cfs and hdfs write a temp file and
+        rename it; ceph completes a multipart upload (or one PUT below a part) at the end, or aborts it."""
+        digest = hashlib.sha256()
+        written = 0
+        source_failed = False  # an error of ``chunks`` propagates as it is, not as this tier's StorageError
+
+        def write(handle: Any) -> None:
+            nonlocal written, source_failed
+            iterator = iter(chunks)
+            while True:
+                try:
+                    chunk = next(iterator)
+                except StopIteration:
+                    break
+                except BaseException:
+                    source_failed = True
+                    raise
+                digest.update(chunk)
+                written += len(chunk)
+                handle.write(chunk)
+            if written != size or digest.hexdigest() != sha256:
+                raise IntegrityError(f"tier {self.name}: the bytes for {uri} do not match (size {written}, sha256 "
+                                     f"{digest.hexdigest()[:12]}...; expected {size}, {sha256[:12]}...); not published")
+
+        try:
+            if isinstance(self.spec, CfsTier):
+                path = Path(uri)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                temp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:12]}"
+                try:
+                    with open(temp, "wb") as handle:
+                        write(handle)
+                        handle.flush()
+                        os.fsync(handle.fileno())  # on NFS, rename only publishes what the server holds
+                    os.replace(temp, path)
+                except BaseException:
+                    temp.unlink(missing_ok=True)
+                    raise
+            elif isinstance(self.spec, CephTier):
+                fs = self.filesystem()
+                handle = fs.open(self._path(uri), "wb", block_size=_CHUNK)  # parts of 8 MiB (S3's least is 5 MiB)
+                try:
+                    write(handle)
+                except BaseException:
+                    handle.discard()  # aborts the multipart upload: nothing appears
+                    handle.closed = True
+                    raise
+                handle.close()
+                fs.invalidate_cache(self._path(uri).rsplit("/", 1)[0])
+            else:
+                fs = self.filesystem()
+                parent, name = self._path(uri).rsplit("/", 1)
+                fs.mkdir(parent)
+                partial = f"{parent}/.{name}.partial-{uuid.uuid4().hex[:12]}"
+                try:
+                    with fs.open(partial, "wb") as handle:
+                        write(handle)
+                    _rename_over(fs, partial, f"{parent}/{name}")
+                except BaseException:
+                    _remove_quietly(fs, partial)
+                    raise
+        except OSError as exc:
+            if source_failed:
+                raise
             raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
 
     def publish_verified(self, uri: str, data: bytes, *, sha256: str | None = None) -> str:

@@ -61,20 +61,20 @@ def test_plan_apply_moves_by_policy_resumes_and_is_idempotent(tmp_path, webhdfs,
         ("copy", "hdfs", "cfs", total, "hot")]
 
     # interrupt the copy after two shards landed: no manifest mentions hdfs yet
-    real = Tier.publish_verified
+    real = Tier.publish_stream
     calls = []
 
-    def flaky(self, uri, data, *, sha256=None):
+    def flaky(self, uri, chunks, *, size, sha256):
         calls.append(uri)
         if len(calls) == 3:
             raise ConnectionError("namenode went away")
-        return real(self, uri, data, sha256=sha256)
+        return real(self, uri, chunks, size=size, sha256=sha256)
 
-    monkeypatch.setattr(Tier, "publish_verified", flaky)
+    monkeypatch.setattr(Tier, "publish_stream", flaky)
     with pytest.raises(ConnectionError):
         apply_tiers(lake, plan, storage=storage, workers=1)  # one copy at a time: exactly two shards landed
     assert read_lake_manifest(lake, "r1").tiers == ["cfs"]
-    monkeypatch.setattr(Tier, "publish_verified", real)
+    monkeypatch.setattr(Tier, "publish_stream", real)
     creates_before = webhdfs.ops["CREATE"]
     apply_tiers(lake, plan_tiers(lake, storage=storage, states=hot), storage=storage)
     assert webhdfs.ops["CREATE"] - creates_before == (len(manifest.shards) - 2) + 1  # the 2 missing shards + manifest
@@ -192,3 +192,39 @@ def test_loader_reads_from_a_hung_datanode_time_out(tmp_path, webhdfs) -> None:
     assert time.monotonic() - started < 4.0
     webhdfs.stall_ops.clear()
     assert source.read(0) == (webhdfs.root / "datahub/releases/r1/r1-000000.tar").read_bytes()
+
+
+def test_copy_streams_from_the_next_replica_when_one_is_damaged_or_missing_under_one_cap(tmp_path, monkeypatch) -> None:
+    """A replica whose bytes do not match the manifest (same size, one bit flipped) or that is gone is skipped
+    as the copy streams: nothing of it is published, the next replica is copied; every byte read from a source
+    passes the one bandwidth cap of the apply."""
+    import hashlib
+
+    from datahub.storage.bandwidth import BandwidthCap
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 40)
+    storage = cfs_storage(("a", tmp_path / "a"), ("b", tmp_path / "b"), ("c", tmp_path / "c"))
+    export_table_version(lake, table="samples", version=version, release_name="r", tier="a", storage=storage,
+                         shard_samples=10)
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
+    manifest = read_lake_manifest(lake, "r")
+    flipped = Path(manifest.shards[1].replicas["a"])
+    data = bytearray(flipped.read_bytes())
+    data[700] ^= 1
+    flipped.write_bytes(bytes(data))
+    Path(manifest.shards[3].replicas["a"]).unlink()
+
+    taken: list[int] = []
+    real_take = BandwidthCap.take
+    monkeypatch.setattr(BandwidthCap, "take", lambda self, size: (taken.append(size), real_take(self, size))[1])
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["a", "b", "c"]})
+    assert [(m.action, m.tier, m.shards) for m in plan.moves] == [("repair", "a", 1), ("copy", "c", 4)]
+    apply_tiers(lake, plan, storage=storage, max_bytes_per_s=1e12)
+    for shard in read_lake_manifest(lake, "r").shards:
+        assert hashlib.sha256(Path(shard.replicas["c"]).read_bytes()).hexdigest() == shard.sha256
+    assert Path(manifest.shards[3].replicas["a"]).read_bytes() == Path(manifest.shards[3].replicas["b"]).read_bytes()
+    assert not list((tmp_path / "c" / "r").glob(".*partial*"))
+    sizes = [s.size for s in manifest.shards]
+    # the repair of a (shard 3, from b); the copy to c: four shards, and the damaged replica of shard 1 read once
+    assert sum(taken) == sum(sizes) + sizes[1] + sizes[3]

@@ -86,6 +86,10 @@ _STORAGE = typer.Option([], "--storage", help="Storage YAML; give it twice to ad
 _RELEASE = typer.Option([], "--release", help="Only this release (repeatable).")
 _VERIFY = typer.Option(False, "--verify", help="Check kept replicas by sha256 too (not only size).")
 _TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on.")
+_WORKERS = typer.Option(2, "--workers", min=1, help="Shards copied at once (each streamed 8 MiB at a time).")
+_MAX_MB_S = typer.Option(None, "--max-mb-s", min=0.001,
+                         help="Cap the copy's reads from source replicas (MB/s, all workers together), e.g. a "
+                              "cross-region link shared with other traffic.")
 
 
 @tier_app.command("plan")
@@ -106,7 +110,8 @@ def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] =
 
 @tier_app.command("apply")
 def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
-          tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY) -> None:
+          tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY,
+          workers: int = _WORKERS, max_mb_s: Optional[float] = _MAX_MB_S) -> None:
     """Copy -> verify checksum at the destination -> update manifests -> delete sources. Safe to re-run.
     Kept replicas are checked (size; sha256 with --verify) and damaged ones copied again from an intact tier."""
     from datahub.export.tiering import TierPlan, apply_tiers, plan_tiers
@@ -114,7 +119,8 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
     result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify)
     with progress("tier apply", enabled=not as_json) as update:
-        done = apply_tiers(the_lake, result, storage=config, progress=update)
+        done = apply_tiers(the_lake, result, storage=config, progress=update, workers=workers,
+                           max_bytes_per_s=max_mb_s * 1e6 if max_mb_s else None)
     if as_json:
         print_json({**TierPlan(tuple(done)).as_dict(), "regions": _regions(config)})
         return
