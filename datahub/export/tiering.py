@@ -10,7 +10,7 @@ is a no-op. A tier from a second storage config (another region) is just one mor
 from __future__ import annotations
 
 import hashlib
-import itertools
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections import deque
@@ -20,14 +20,17 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, SpecError, StorageError
-from datahub.export.export import commit_export_lineage, publish_manifest
+from datahub.export.export import EXPORT_OP, publish_manifest
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
-from datahub.export.write import ShardDone
-from datahub.lake.lake import Lake
+from datahub.lake.lake import SORTED_LAYOUT, Lake
+from datahub.lake.lineage_rows import lineage_rows
+from datahub.lake.tables import LINEAGE
 from datahub.pipeline.faults import checkpoint
+from datahub.release.materialize import commit_rows
 from datahub.shards.index import embedded_keys, index_tar
 from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
@@ -332,12 +335,7 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
     replicas = {shard.name: {**shard.replicas, tier_name: dest.uri(manifest.release, shard.name)}
                 for shard in manifest.shards}
     updated = manifest.with_replicas(replicas)
-    if not lake.applied("lineage", f"export/{manifest.release}/{tier_name}"):
-        ids_of = _ids_of(manifest, dest, storage)
-        starts = list(itertools.accumulate((s.samples for s in manifest.shards), initial=0))
-        done = [ShardDone(i, s.name, s.size, s.checksum, s.samples, starts[i], starts[i] + s.samples)
-                for i, s in enumerate(manifest.shards)]
-        commit_export_lineage(lake, manifest.release, dest, done, ids_of, manifest.export.get("key", ""))
+    _commit_lineage(lake, manifest, dest, storage)
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
 
 
@@ -370,20 +368,39 @@ def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfi
                          f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release")
 
 
-def _ids_of(manifest: Manifest, dest: Tier, storage: StorageConfig) -> Callable[[ShardDone], pa.Array]:
-    """Sample keys of a shard in shard order (the lineage index of a new tier), from its copy on ``dest``.
+def _commit_lineage(lake: Lake, manifest: Manifest, dest: Tier, storage: StorageConfig) -> None:
+    """The new tier's shard index as ``exported`` lineage events, as ``datahub export`` writes them (txn
+    ``export/{release}/{tier}``: a re-run is a no-op), one shard's keys at a time. Written by ``commit_rows``
+    (one row group held, the files committed as add actions, as a release's lineage is) rather than delta-rs's
+    writer, which buffers up to a target-size file of rows."""
+    txn = f"export/{manifest.release}/{dest.name}"
+    if lake.applied("lineage", txn):
+        return
+    now = datetime.now(timezone.utc)
+
+    def rows() -> Iterator[pa.Table]:
+        for index, shard in enumerate(manifest.shards):
+            keys = _shard_keys(manifest, index, dest, storage)
+            prefix = json.dumps({"shard": dest.uri(manifest.release, shard.name), "tier": dest.name})[:-1]
+            ref = pc.binary_join_element_wise(pa.scalar(prefix + ', "member": "'), keys, pa.scalar('.txt"}'), "")
+            yield lineage_rows(keys, run_id=txn, op=EXPORT_OP, action="exported",
+                               params_hash=manifest.export.get("key", ""), ref=ref, ts=now)
+
+    commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=txn, row_group_rows=SORTED_LAYOUT["lineage"][1],
+                metadata={"datahub.export": manifest.release, "datahub.tier": dest.name})
+
+
+def _shard_keys(manifest: Manifest, index: int, dest: Tier, storage: StorageConfig) -> pa.Array:
+    """Sample keys of shard ``index`` in shard order (the lineage index of a new tier), from its copy on ``dest``.
 
     Read from the shard's ``__index__`` member (two ranged reads of the archive's tail, about 60 bytes per
     sample): the copy was verified against the manifest's sha256, which covers the index. Memory stays one
     shard's keys whatever the release's size (recomputing the export order from the lake held every id of
     the release and sorted them). A shard without an index is read whole from a verified replica and indexed.
     """
-    def ids_of(shard: ShardDone) -> pa.Array:
-        uri = dest.uri(manifest.release, shard.name)
-        keys = embedded_keys(lambda start, end: dest.read_range(uri, start, end), shard.size)
-        if keys is None or len(keys) != shard.samples:
-            record = manifest.shards[shard.index]
-            keys = index_tar(_read_verified(manifest, record, storage), where=record.name).keys
-        return pa.array(keys, pa.string())
-
-    return ids_of
+    record = manifest.shards[index]
+    uri = dest.uri(manifest.release, record.name)
+    keys = embedded_keys(lambda start, end: dest.read_range(uri, start, end), record.size)
+    if keys is None or len(keys) != record.samples:
+        keys = index_tar(_read_verified(manifest, record, storage), where=record.name).keys
+    return pa.array(keys, pa.string())

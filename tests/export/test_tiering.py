@@ -162,6 +162,12 @@ def test_copy_reads_each_source_shard_once_and_indexes_lineage_from_the_copies(t
                 for key in index_tar(Path(shard.replicas[tier]).read_bytes(), where=shard.name).keys}
 
     assert index("cfs") == truth("cfs") and len(index("cfs")) == 40
+    # the copy's lineage rows read as the export's own (same op, params, ref fields), tier and shard aside
+    rows = {tier: sorted((r["sample_id"], r["op"], r["action"], r["params_hash"], json.loads(r["ref"])["member"],
+                          sorted(json.loads(r["ref"])))
+                         for r in lake.read("lineage").to_pylist() if r["run_id"] == f"export/r4/{tier}")
+            for tier in ("hdfs", "cfs")}
+    assert rows["cfs"] == rows["hdfs"]
 
     for data in (tmp_path / "lake/samples").glob("*.parquet"):  # the frozen version's files are gone (vacuumed)
         data.unlink()
