@@ -1,8 +1,10 @@
 """Move exported releases between tiers by policy: plan (dry run) and apply.
 
-apply, per release and target tier: copy each shard from a verified replica -> verify size
-and sha256 at the destination -> publish the manifest with the new replica (tiers, then lake)
--> only then delete replicas the policy no longer wants (manifest first, bytes after).
+apply, per release and target tier: stream each shard from a replica that matches the manifest (8 MiB at a
+time, ``workers`` shards at once, under an optional bandwidth cap) -> verify size and sha256 at the destination
+-> record the new tier's lineage index (from each copy's ``__index__`` member) -> publish the manifest with the
+new replica (tiers, then lake) -> only then delete replicas the policy no longer wants (manifest first, bytes
+after). Memory holds a few chunks and one shard's keys, whatever the release or shard size.
 Every step checks what is already there, so an interrupted apply resumes and a second apply
 is a no-op. A tier from a second storage config (another region) is just one more tier name.
 """
@@ -225,8 +227,8 @@ def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verif
 @dataclass(frozen=True)
 class ShardCopySink(Sink[list[int], list[int]]):
     """Tier copies on the write seam: each task streams the shards named in its rows (``index`` into the
-    manifest's shards) from a replica that matches the manifest to ``dest``, verified there (size and sha256); a replica
-    already verified on ``dest`` is kept (resume). The commit returns the indices written; the caller
+    manifest's shards) from a replica that matches the manifest to ``dest``, verified there (size and sha256);
+    a replica already verified on ``dest`` is kept (resume). The commit returns the indices written; the caller
     publishes the manifest, the one step that makes the copies visible. Holds configuration only."""
 
     manifest: Manifest
