@@ -19,6 +19,8 @@ prefetch threads) is timed too, with a fresh store per run, labelled "shards not
 
 Last lines:
   speedup_vs_webdataset_defaults_0_workers / _2_workers   samples/s ratio (goal >= 10)
+  speedup_vs_webdataset_first_read_0_workers / _2_workers  the same for a release's first read (fresh verdict
+                                                           store: every shard hashed once, on the prefetch threads)
   workers_scaling                                          ReleaseDataset 4 workers / 1 worker (goal >= 1.5)
   remote_bytes_per_epoch_ratio                             bytes the 4 workers fetched from Ceph / release
                                                            bytes (goal <= 1.05; also the RGW's own get_b
