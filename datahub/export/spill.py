@@ -77,8 +77,8 @@ class ShardSpill:
 class RowSpill:
     """A shard export's encoded rows on local disk, bucketed by export rank: each bucket (a range of
     ``bucket_rows`` ranks) is a file of its rows appended in read order, each row's place recorded by its export
-    rank, so a shard (a range of ranks) is gathered straight into the caller's buffer with one positioned read per
-    row, and the buckets of shards already built are removed (``release``) as the export goes.
+    rank, so a shard (a range of ranks) is gathered straight into the caller's buffer with one vectored read per
+    bucket (``gather``), and the buckets of shards already built are removed (``release``) as the export goes.
 
     Removing them frees their page-cache pages while the shards are written, so the shard files reuse pages that
     were just in use instead of touching fresh memory (on a virtual machine that returns free memory to its host,
@@ -151,21 +151,61 @@ class RowSpill:
 
     def gather(self, start: int, count: int, into: memoryview) -> int:
         """The members of ranks ``[start, start + count)`` back to back in rank order, read into ``into``; returns
-        the bytes written there."""
-        preadv, position = os.preadv, 0
-        fds, bucket_rows = self._fds, self.bucket_rows or 1
-        rank = start
-        for offset, size in zip(self.offsets[start:start + count].tolist(), self.sizes[start:start + count].tolist()):
-            if size:
-                fd = fds[rank // bucket_rows]
-                if fd < 0:
-                    raise IntegrityError(f"spill {self.path}: rank {rank} was gathered after its bucket was released")
-                got = preadv(fd, [into[position:position + size]], offset)
-                if got != size:
-                    raise OSError(f"spill {self.path}: short read at {offset} ({got} of {size} bytes)")
-                position += size
-            rank += 1
-        return position
+        the bytes written there.
+
+        Bucket by bucket, the file range that holds the wanted rows is read in file order with ``os.preadv`` into
+        as many buffers: each wanted row's place in ``into``, and a scratch buffer for the rows of other ranks
+        between them. One copy from the page cache and a system call per ``_IOV_MAX`` rows, not one per row."""
+        end = start + count
+        if count <= 0:
+            return 0
+        sizes = self.sizes[start:end]
+        places = np.zeros(count + 1, dtype=np.int64)
+        np.cumsum(sizes, out=places[1:])
+        total = int(places[-1])
+        if total > len(into):
+            raise ValueError(f"spill {self.path}: ranks [{start}, {end}) hold {total} bytes, the buffer {len(into)}")
+        bucket_rows = self.bucket_rows or 1
+        for bucket in range(start // bucket_rows, (end - 1) // bucket_rows + 1):
+            low, high = bucket * bucket_rows, min((bucket + 1) * bucket_rows, self._rows)
+            fd = self._fds[bucket] if bucket < len(self._fds) else -1
+            if fd < 0:
+                if not self.sizes[max(low, start):min(high, end)].any():
+                    continue  # nothing was spilled there (an empty release or rows of no bytes)
+                raise IntegrityError(f"spill {self.path}: ranks [{max(low, start)}, {min(high, end)}) were gathered "
+                                     "after their bucket was released")
+            self._gather_bucket(fd, low, high, start, end, places, into)
+        return total
+
+    def _gather_bucket(self, fd: int, low: int, high: int, start: int, end: int, places: np.ndarray,
+                       into: memoryview) -> None:
+        """Ranks ``[max(low, start), min(high, end))`` of the bucket holding ranks ``[low, high)`` into their places."""
+        offsets, sizes = self.offsets[low:high], self.sizes[low:high]
+        order = np.argsort(offsets, kind="stable")  # the bucket's rows in file order (back to back from 0)
+        wanted = (order + low >= start) & (order + low < end) & (sizes[order] > 0)
+        if not wanted.any():
+            return
+        first, last = np.flatnonzero(wanted)[[0, -1]].tolist()
+        run = order[first:last + 1]  # the file range from the first wanted row to the last
+        run = run[sizes[run] > 0]
+        run_sizes = sizes[run]
+        inside = (run + low >= start) & (run + low < end)
+        skipped = run_sizes[~inside]
+        scratch = memoryview(bytearray(int(skipped.max()))) if len(skipped) else into[:0]
+        run_places = np.where(inside, places[np.clip(run + low - start, 0, len(places) - 1)], 0)
+        parts = [into[p:p + n] if keep else scratch[:n]
+                 for keep, p, n in zip(inside.tolist(), run_places.tolist(), run_sizes.tolist())]
+        position = int(offsets[run[0]])
+        preadv = os.preadv
+        for begin in range(0, len(parts), _IOV_MAX):
+            chunk = parts[begin:begin + _IOV_MAX]
+            want = int(run_sizes[begin:begin + _IOV_MAX].sum())
+            if preadv(fd, chunk, position) != want:  # a short read (rare): again, buffer by buffer
+                cursor = position
+                for part in chunk:
+                    _read_at(fd, part, cursor)
+                    cursor += len(part)
+            position += want
 
     def release(self, below: int) -> None:
         """Ranks below ``below`` will not be gathered again: remove the buckets that hold only such ranks (their
@@ -203,6 +243,14 @@ def _write_parts_at(fd: int, parts: list[memoryview], offset: int) -> None:
                 written += len(part) - skip
                 skip = 0
         offset += total
+
+
+def _read_at(fd: int, view: memoryview, offset: int) -> None:
+    while len(view):
+        got = os.preadv(fd, [view], offset)
+        if got <= 0:
+            raise OSError(f"short read at {offset}: the spill file ended early")
+        view, offset = view[got:], offset + got
 
 
 def _write_at(fd: int, data: pa.Buffer | memoryview, offset: int) -> None:
