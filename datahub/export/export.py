@@ -104,7 +104,7 @@ def export_table_version(
     shuffle_seed: int | None = None,
     release_digest: str | None = None,
     progress: Progress | None = None,
-    upload_workers: int = 1,
+    upload_workers: int = 2,
     engine: EngineChoice = "local",
     workers: int | None = None,
     verify: bool = False,

@@ -98,7 +98,7 @@ def test_next_shard_is_built_while_the_previous_uploads_and_manifest_comes_last(
 
     monkeypatch.setattr(export_module, "_build_shards", build)
     monkeypatch.setattr(Tier, "publish", publish)
-    manifest = _export(lake, version, storage, shard_samples=10)
+    manifest = _export(lake, version, storage, shard_samples=10, upload_workers=1)
     shards = [f"rel-v1-{i:06d}.tar" for i in range(6)]
     assert [e for e in events if e.endswith(".tar")] == shards  # one upload worker: shard order
     assert events[-1] == "manifest.json" and events.count("manifest.json") == 1
