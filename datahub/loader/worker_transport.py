@@ -47,8 +47,14 @@ import pyarrow as pa
 from datahub.loader.errors import WorkerBatchLostError
 
 _HEADER = 64  # the ring's first cache line: the reader's release mark (uint64, bytes of the stream released)
-_CAPACITY = 16 << 20  # per worker; 25 text batches of 640 KB
+_CAPACITY = 16 << 20  # the largest ring of a worker; 25 text batches of 640 KB
 _MAX_ITEM = _CAPACITY // 4
+# A ring is sized for the item that makes it: _SLOTS such items (at least _MIN_CAPACITY, at most _CAPACITY), since
+# every page of a ring is zeroed when made and faulted in by each side (~15 ms of CPU per 16 MB ring and worker,
+# measured: a quarter of a 4-worker token epoch's extra CPU here). DataLoader keeps prefetch_factor (2) items in
+# flight per worker, the trainer holds one or two more; a ring found full for _STALL_S is replaced by one twice as big
+_SLOTS = 16
+_MIN_CAPACITY = 4 << 20
 _STALL_S = 0.05  # a ring full for this long is held by batches the trainer keeps: start a new ring
 _MAX_RINGS = 4  # rings one worker may make (each left one pins 16 MB while the trainer keeps its batches)
 _ALIGN = 64
@@ -99,7 +105,8 @@ def _unlink(path: str) -> None:
 class _Ring:
     """One worker's ring: ``reserve(size)`` gives (offset, end mark) of a free region, or None."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
         directory = _ring_directory()
         _sweep(directory)
         self.path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
@@ -107,8 +114,8 @@ class _Ring:
         try:
             # reserve the pages now: a full /dev/shm (Docker's default is 64 MB) is then an error here, and the
             # worker uses the pipe, instead of a SIGBUS when the mapping is first written
-            os.posix_fallocate(handle, 0, _HEADER + _CAPACITY)
-            self.map = mmap.mmap(handle, _HEADER + _CAPACITY)
+            os.posix_fallocate(handle, 0, _HEADER + capacity)
+            self.map = mmap.mmap(handle, _HEADER + capacity)
         except OSError:
             _unlink(self.path)
             raise
@@ -122,14 +129,18 @@ class _Ring:
         self.lock = threading.Lock()
         mp_util.Finalize(self, _unlink, args=(self.path,), exitpriority=10)
 
+    def fits(self, size: int) -> bool:
+        return size <= self.capacity // 4
+
     def reserve(self, size: int) -> tuple[int, int] | None:
-        if size > _MAX_ITEM:
+        if not self.fits(size):
             return None
-        position = self.written % _CAPACITY
-        offset = 0 if size > _CAPACITY - position else position  # an item never wraps: skip the tail
-        end = self.written + (_CAPACITY - position if offset == 0 and position else 0) + size
+        capacity = self.capacity
+        position = self.written % capacity
+        offset = 0 if size > capacity - position else position  # an item never wraps: skip the tail
+        end = self.written + (capacity - position if offset == 0 and position else 0) + size
         deadline = 0.0
-        while end - int(self.released[0]) > _CAPACITY:
+        while end - int(self.released[0]) > capacity:
             now = time.monotonic()
             if not deadline:
                 deadline = now + _STALL_S
@@ -144,14 +155,22 @@ _rings: dict[int, _Ring] = {}  # this process's ring (by pid: a forked child mak
 _made: dict[int, int] = {}  # rings each pid made
 _retired: list[_Ring] = []  # rings left to the batches that pin them (unlinked at exit)
 _failed: set[int] = set()  # pids that could not make a ring: they send through the pipe
+_least: dict[int, int] = {}  # the smallest capacity each pid's next ring may have (doubled after a stall)
 
 
-def _ring() -> _Ring | None:
+def _capacity_for(size: int, least: int = 0) -> int:
+    """A ring's capacity for items of ``size`` bytes: _SLOTS of them, in whole MiB, within the bounds above."""
+    want = max(_SLOTS * size, min(_MIN_CAPACITY, _CAPACITY), least)
+    return min(_CAPACITY, -(-want // (1 << 20)) * (1 << 20))
+
+
+def _ring(size: int) -> _Ring | None:
+    """This process's ring, made (sized for items of ``size`` bytes) if it has none; None: use the pipe."""
     pid = os.getpid()
     ring = _rings.get(pid)
     if ring is None and pid not in _failed:
         try:
-            ring = _rings[pid] = _Ring()
+            ring = _rings[pid] = _Ring(_capacity_for(size, _least.get(pid, 0)))
             _made[pid] = _made.get(pid, 0) + 1
         except OSError:
             _failed.add(pid)
@@ -159,24 +178,28 @@ def _ring() -> _Ring | None:
 
 
 def _reserve(size: int) -> tuple[_Ring, tuple[int, int]] | None:
-    """A region for ``size`` bytes in this process's ring (a new ring when the trainer keeps the old one full), or
-    None: send through the pipe. Called by one thread at a time (the result queue's feeder thread)."""
-    ring = _ring()
+    """A region for ``size`` bytes in this process's ring (a new ring when the trainer keeps the old one full, or
+    the item is too large for it), or None: send through the pipe. Called by one thread at a time (the result
+    queue's feeder thread)."""
+    if size > _MAX_ITEM:
+        return None
+    ring = _ring(size)
     while ring is not None:
-        with ring.lock:
-            slot = ring.reserve(size)
-        if slot is not None:
-            return ring, slot
-        if size > _MAX_ITEM:
-            return None
-        # full for _STALL_S: the trainer keeps batches that pin this ring (DataLoader has at most prefetch_factor
-        # items in flight per worker); leave the ring to them and start a new one, or, past _MAX_RINGS, use the pipe
-        # for the rest of this worker's life. The old file stays until the worker exits: descriptors still in the
-        # pipe may name it before the trainer has mapped it
+        if ring.fits(size):
+            with ring.lock:
+                slot = ring.reserve(size)
+            if slot is not None:
+                return ring, slot
+            # full for _STALL_S: the trainer keeps batches that pin this ring (DataLoader has at most
+            # prefetch_factor items in flight per worker): the next ring is twice as big
+            _least[ring.pid] = 2 * ring.capacity
+        # leave the ring to the batches that pin it and start a new one, or, past _MAX_RINGS, use the pipe for the
+        # rest of this worker's life. The old file stays until the worker exits: descriptors still in the pipe may
+        # name it before the trainer has mapped it
         _retired.append(_rings.pop(ring.pid))
         if _made.get(ring.pid, 0) >= _MAX_RINGS:
             _failed.add(ring.pid)
-        ring = _ring()
+        ring = _ring(size)
     return None
 
 
@@ -275,7 +298,7 @@ def _bundle_inline(kind: type[ArrayBundle], meta: Any, arrays: dict[str, np.ndar
 
 def _reduce_bundle(item: ArrayBundle) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     meta, arrays = item.to_transfer()
-    if _ring() is not None:
+    if os.getpid() not in _failed:
         layout, size = [], 0
         for name, array in arrays.items():
             array = np.ascontiguousarray(array)

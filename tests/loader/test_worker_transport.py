@@ -112,7 +112,7 @@ def test_a_ring_removes_the_rings_of_dead_workers(tmp_path: Path) -> None:
     live = os.path.join(directory, f"{worker_transport._PREFIX}{os.getpid()}-{'1' * 32}")
     Path(live).write_bytes(b"a live process's ring")
     try:
-        code = "from datahub.loader import worker_transport as t; r = t._ring(); print(r.path)"
+        code = "from datahub.loader import worker_transport as t; r = t._ring(1 << 20); print(r.path)"
         made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=str(Path(__file__).resolve().parents[2]))
         assert not os.path.exists(stale), "the dead worker's ring is removed"
@@ -122,6 +122,23 @@ def test_a_ring_removes_the_rings_of_dead_workers(tmp_path: Path) -> None:
         for path in (stale, live):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None:
+    code = "\n".join([
+        "from datahub.loader import worker_transport as t",
+        "t._STALL_S = 0.01",
+        "ring, _ = t._reserve(256 << 10)",  # 16 items of 256 KB: a 4 MiB ring, not the largest (16 MiB)
+        "print(ring.capacity)",
+        "for _ in range(15): assert t._reserve(256 << 10)[0] is ring",
+        "full, _ = t._reserve(256 << 10)",  # nothing released: full for _STALL_S, so a new ring twice as big
+        "print(full is not ring, full.capacity)",
+        "big, _ = t._reserve(3 << 20)",  # more than a quarter of that ring: one sized for it
+        "print(big is not full, big.capacity, len(t._retired))",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[2])).stdout.split()
+    assert out == [str(4 << 20), "True", str(8 << 20), "True", str(16 << 20), "2"], out
 
 
 def test_a_batch_whose_ring_is_gone_is_an_error_that_says_so(tmp_path: Path) -> None:
