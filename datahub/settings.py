@@ -59,5 +59,7 @@ def kill_at(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def cache_home(environ: Mapping[str, str] | None = None) -> str:
-    """The user's cache directory: ``XDG_CACHE_HOME`` (the XDG base directory spec), else ``~/.cache``."""
-    return _env(environ).get(CACHE_HOME_ENV) or os.path.join(os.path.expanduser("~"), ".cache")
+    """The user's cache directory: ``XDG_CACHE_HOME`` (the XDG base directory spec; a relative path is ignored, as
+    the spec says), else ``~/.cache``."""
+    value = _env(environ).get(CACHE_HOME_ENV) or ""
+    return value if os.path.isabs(value) else os.path.join(os.path.expanduser("~"), ".cache")

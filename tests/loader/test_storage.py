@@ -352,3 +352,15 @@ def test_cache_hits_keep_one_verdict_per_file(tmp_path: Path, two_tiers: dict) -
     names = [shard["name"] for shard in two_tiers["shards"]]
     assert all(dataset.source.reads[("cache", name)] == 3 and dataset.source.hashed[name] == 1 for name in names)
     assert counts == [counts[0]] * 3 and counts[0] <= 2 * len(names)  # the cfs replicas' and the cache files'
+
+
+def test_default_verdict_store_location(tmp_path: Path, verdict_store: Path) -> None:
+    from datahub import settings
+    from datahub.loader.shard_source import default_verdicts_dir
+
+    assert default_verdicts_dir(tmp_path / "cache") == str(tmp_path / "cache" / ".verified")
+    assert default_verdicts_dir(None) == str(verdict_store)  # XDG_CACHE_HOME/datahub/verified
+    assert settings.cache_home({"XDG_CACHE_HOME": "/srv/cache"}) == "/srv/cache"
+    home_cache = os.path.join(os.path.expanduser("~"), ".cache")
+    assert settings.cache_home({"XDG_CACHE_HOME": "relative/cache"}) == home_cache  # the spec: ignore relative paths
+    assert settings.cache_home({}) == home_cache
