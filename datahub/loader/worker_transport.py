@@ -130,7 +130,8 @@ class _Ring:
         mp_util.Finalize(self, _unlink, args=(self.path,), exitpriority=10)
 
     def fits(self, size: int) -> bool:
-        return size <= self.capacity // 4
+        """Whether items of ``size`` bytes go to this ring (a quarter of it; up to _MAX_ITEM in the largest ring)."""
+        return size <= (_MAX_ITEM if self.capacity >= _CAPACITY else self.capacity // 4)
 
     def reserve(self, size: int) -> tuple[int, int] | None:
         if not self.fits(size):
