@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from datahub.storage.config import StorageConfig
 
 _CHUNK = 8 * 1024 * 1024
+# cfs files are written 64 KiB per write(): one large write makes the page cache take large folios, which on a VM
+# that reports free memory to its host are mostly pages the host must fault back in; small ones reuse the pages just
+# freed (a local export frees its spill as it writes shards). L of benchmarks/release_scale.py, 2.5 GB of 32 MB
+# shards: the export's shard writes 6.4 -> 4.8 s, write phase 6.3 -> 4.6 s
+_WRITE_PIECE = 64 * 1024
 
 
 class Tier:
@@ -390,9 +395,10 @@ def _publish_posix(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:12]}"
     try:
-        with open(temp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+        with open(temp, "wb", buffering=0) as handle:
+            view, written = memoryview(data).cast("B"), 0
+            while written < len(view):  # small writes (see _WRITE_PIECE); a raw write may also be short
+                written += handle.write(view[written:written + _WRITE_PIECE]) or 0
             os.fsync(handle.fileno())  # on NFS, rename only publishes what the server holds
         os.replace(temp, path)
     except BaseException:
