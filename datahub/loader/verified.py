@@ -102,7 +102,10 @@ class VerifiedFiles:
 
     def forget(self, sha256_prefix: str, identity: Identity) -> None:
         """Drop the verdicts on a file that is gone (an evicted cache entry), known by a prefix of its sha256."""
-        self._seen = {key for key in self._seen if tuple(key[1:]) != identity}
+        # prefetch threads add verdicts meanwhile: discard from a snapshot (list() of a set is one step under the GIL)
+        # rather than iterate the live set (RuntimeError: set changed size during iteration)
+        for key in [key for key in list(self._seen) if tuple(key[1:]) == identity]:
+            self._seen.discard(key)
         if self._dir is None:
             return
         suffix = "-" + "-".join(str(part) for part in identity)
@@ -127,7 +130,11 @@ class VerifiedFiles:
         except OSError:  # the directory was removed (the dataset that created it is gone): verify alone
             return self._hash(key, matches)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another worker hashing this file finishes first
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # another worker hashing this file finishes first
+            except OSError as error:  # no locks on this filesystem (e.g. ENOLCK on NFS without lockd): verify alone
+                log.debug("verdict store %s: no lock (%s); hashing without it", self._dir, error)
+                return self._hash(key, matches)
             if os.path.exists(marker):
                 self._seen.add(key)
                 return True

@@ -364,3 +364,63 @@ def test_default_verdict_store_location(tmp_path: Path, verdict_store: Path) -> 
     home_cache = os.path.join(os.path.expanduser("~"), ".cache")
     assert settings.cache_home({"XDG_CACHE_HOME": "relative/cache"}) == home_cache  # the spec: ignore relative paths
     assert settings.cache_home({}) == home_cache
+
+
+def test_forget_while_other_threads_add_verdicts(tmp_path: Path) -> None:
+    """A cache eviction (forget) on one prefetch thread while another records verdicts (check) never raises, and
+    only the evicted file's verdicts go."""
+    import sys
+    import threading
+
+    from datahub.loader.verified import VerifiedFiles
+
+    store = VerifiedFiles(tmp_path / "store")
+    evicted = (1, 1, 10, 1, 1)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def add_many() -> None:
+        try:
+            for n in range(20_000):
+                store.check(f"{n:064x}", (2, n, 10, 1, 1), lambda: True)
+        except BaseException as error:  # pragma: no cover - the failure this test looks for
+            errors.append(error)
+        finally:
+            stop.set()
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        thread = threading.Thread(target=add_many)
+        thread.start()
+        while not stop.is_set():
+            store.add("ab" * 32, evicted)
+            try:
+                store.forget("abab", evicted)
+            except BaseException as error:
+                errors.append(error)
+                break
+        thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert errors == []
+    assert store.check("ab" * 32, evicted, lambda: False) is False  # the evicted verdict is gone
+    assert store.check(f"{5:064x}", (2, 5, 10, 1, 1), lambda: False) is True  # the others stay
+
+
+def test_store_without_file_locks_hashes_instead(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A verdict store on a filesystem without locks (flock fails, e.g. ENOLCK on NFS without lockd) still
+    verifies: the file is hashed, not the read failed."""
+    import errno
+
+    from datahub.loader import verified
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(verified.fcntl, "flock", no_locks)
+    store = verified.VerifiedFiles(tmp_path / "store")
+    hashed: list[int] = []
+    assert store.check("cd" * 32, (3, 1, 10, 1, 1), lambda: hashed.append(1) or True) is True
+    assert store.check("ef" * 32, (3, 2, 10, 1, 1), lambda: hashed.append(1) or False) is False
+    assert hashed == [1, 1]
