@@ -11,6 +11,7 @@ URIs, manifests or ``repr``.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import uuid
@@ -24,6 +25,8 @@ from datahub.storage.webhdfs import bound_requests
 
 if TYPE_CHECKING:
     from datahub.storage.config import StorageConfig
+
+log = logging.getLogger("datahub.storage")
 
 _CHUNK = 8 * 1024 * 1024
 # cfs files are written 64 KiB per write(): one large write makes the page cache take large folios, which on a VM
@@ -272,11 +275,14 @@ class Tier:
                 handle = fs.open(self._path(uri), "wb", block_size=_CHUNK)  # parts of 8 MiB (S3's least is 5 MiB)
                 try:
                     write(handle)
+                    handle.close()  # uploads the last part and completes the upload: it can fail too
                 except BaseException:
-                    handle.discard()  # aborts the multipart upload: nothing appears
+                    try:
+                        handle.discard()  # aborts the multipart upload: nothing appears, no parts stay stored
+                    except Exception as abort_error:  # keep the original error; the upload is left to the bucket
+                        log.warning("tier %s: could not abort the upload of %s: %s", self.name, uri, abort_error)
                     handle.closed = True
                     raise
-                handle.close()
                 fs.invalidate_cache(self._path(uri).rsplit("/", 1)[0])
             else:
                 fs = self.filesystem()
@@ -336,7 +342,9 @@ class Tier:
         """Delete the temp files (``.NAME.partial-HEX``) that a killed ``publish`` left in a directory.
 
         Only for a directory no writer is publishing into (an export calls it after its manifest
-        is out). Ceph publishes with one PUT and leaves none. Returns how many were removed.
+        is out). Ceph publishes nothing partial (a failed multipart upload is aborted), but a process killed during a
+        multipart upload leaves its parts to the bucket's lifecycle rule (AbortIncompleteMultipartUpload); they are
+        not listed here. Returns how many were removed.
         """
         if isinstance(self.spec, CephTier):
             return 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from datahub.errors import IntegrityError
+from datahub.errors import IntegrityError, StorageError
 from datahub.storage import validate_storage_config
 from datahub.storage.bandwidth import BandwidthCap
 from tests.ceph import S3Endpoint, ceph_s3  # noqa: F401
@@ -104,3 +104,26 @@ def test_bandwidth_cap_holds_the_average_after_one_second_of_burst() -> None:
     assert time.now - start == pytest.approx(3.0)
     with pytest.raises(ValueError, match="> 0"):
         BandwidthCap(0)
+
+
+@pytest.mark.ceph
+def test_ceph_upload_failing_at_completion_leaves_no_parts(ceph_s3: S3Endpoint, tmp_path: Path,  # noqa: F811
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last part and the completion run in close(): when that fails the multipart upload is aborted too."""
+    import s3fs
+
+    credentials = tmp_path / "ceph.credentials"
+    credentials.write_text(f"access_key_id={ceph_s3.key}\nsecret_access_key={ceph_s3.secret}\n")
+    tier = validate_storage_config({"tiers": {"t": {
+        "kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": ceph_s3.new_bucket("close"),
+        "prefix": "releases", "s3_region": ceph_s3.region, "credentials": {"file": str(credentials)}}}}).tier("t")
+    uri = tier.uri("r1", "shard-000000.tar")
+
+    def completion_fails(self: object) -> None:
+        raise ConnectionError("connection reset while completing the upload")
+
+    monkeypatch.setattr(s3fs.core.S3File, "commit", completion_fails)
+    with pytest.raises(StorageError, match="completing"):
+        tier.publish_stream(uri, _chunks(DATA), size=len(DATA), sha256=hashlib.sha256(DATA).hexdigest())
+    monkeypatch.undo()
+    assert tier.size(uri) is None and _leftovers(tier, uri) == []
