@@ -23,6 +23,7 @@ DEFAULT_BUDGET = 64 * 2**20
 # files open at once (a common soft limit on open files is 1024; a release past ~2 GB gets larger buckets)
 BUCKET_BYTES = 8 * 2**20
 MAX_BUCKETS = 256
+_MAX_GAP = 1 << 20  # bytes of other rows read through (into scratch) rather than skipped by a new read
 _IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 
 
@@ -195,17 +196,26 @@ class RowSpill:
         run_places = np.where(inside, places[np.clip(run + low - start, 0, len(places) - 1)], 0)
         parts = [into[p:p + n] if keep else scratch[:n]
                  for keep, p, n in zip(inside.tolist(), run_places.tolist(), run_sizes.tolist())]
-        position = int(offsets[run[0]])
+        # one read per stretch of the file: a gap of more than _MAX_GAP bytes of other ranks' rows between two wanted
+        # rows starts a new read (a shuffled release over MAX_BUCKETS buckets spreads a shard over whole buckets:
+        # reading through them would read each bucket once per shard)
+        kept = np.flatnonzero(inside)
+        skipped_before = np.cumsum(np.where(inside, 0, run_sizes))
+        breaks = np.flatnonzero(skipped_before[kept[1:]] - skipped_before[kept[:-1]] > _MAX_GAP)
+        firsts = np.concatenate((kept[:1], kept[breaks + 1])).tolist()
+        ends = (np.concatenate((kept[breaks], kept[-1:])) + 1).tolist()
         preadv = os.preadv
-        for begin in range(0, len(parts), _IOV_MAX):
-            chunk = parts[begin:begin + _IOV_MAX]
-            want = int(run_sizes[begin:begin + _IOV_MAX].sum())
-            if preadv(fd, chunk, position) != want:  # a short read (rare): again, buffer by buffer
-                cursor = position
-                for part in chunk:
-                    _read_at(fd, part, cursor)
-                    cursor += len(part)
-            position += want
+        for a, b in zip(firsts, ends):
+            position = int(offsets[run[a]])
+            for begin in range(a, b, _IOV_MAX):
+                chunk = parts[begin:min(begin + _IOV_MAX, b)]
+                want = int(run_sizes[begin:min(begin + _IOV_MAX, b)].sum())
+                if preadv(fd, chunk, position) != want:  # a short read (rare): again, buffer by buffer
+                    cursor = position
+                    for part in chunk:
+                        _read_at(fd, part, cursor)
+                        cursor += len(part)
+                position += want
 
     def release(self, below: int) -> None:
         """Ranks below ``below`` will not be gathered again: remove the buckets that hold only such ranks (their

@@ -77,3 +77,38 @@ def test_local_export_reads_the_large_columns_once(tmp_path, monkeypatch) -> Non
     assert len(manifest.shards) == 9 and manifest.num_samples == 80
     # sample_id alone first (the order), then every column once; no planning pass over the text before it
     assert len(scans) == 2 and scans[0] == ["sample_id"] and "text" in scans[1]
+
+
+def test_row_spill_skips_long_stretches_of_other_shards_rows(tmp_path, monkeypatch) -> None:
+    """A shuffled release in few large buckets spreads each shard over its whole bucket: a gather reads its rows
+    and at most ``_MAX_GAP`` bytes of others between two of them, never the bucket once per shard."""
+    import os
+
+    from datahub.export import spill as spill_module
+
+    rng = np.random.default_rng(11)
+    rows = [bytes(rng.integers(0, 256, int(n), dtype=np.uint8)) for n in rng.integers(1, 2000, 2000)]
+    ranks = rng.permutation(2000)
+    spill = RowSpill(str(tmp_path), rows=2000, bucket_bytes=1 << 30)  # one bucket holds every row
+    spill.add(ranks, pa.array(rows, pa.large_binary()))
+    spill.finish()
+    by_rank = {int(r): rows[i] for i, r in enumerate(ranks)}
+    monkeypatch.setattr(spill_module, "_MAX_GAP", 8_000)
+    read = []
+    real_preadv = os.preadv
+
+    def counting(fd, buffers, offset):  # type: ignore[no-untyped-def]
+        got = real_preadv(fd, buffers, offset)
+        read.append(got)
+        return got
+
+    monkeypatch.setattr(os, "preadv", counting)
+    buffer = bytearray(2000 * 2000)
+    wanted = 0
+    for start in range(0, 2000, 100):  # 20 shards of 100 rows each, spread over the one bucket
+        written = spill.gather(start, 100, memoryview(buffer))
+        assert bytes(buffer[:written]) == b"".join(by_rank[r] for r in range(start, start + 100))
+        wanted += written
+    spill.close()
+    assert wanted == sum(map(len, rows))
+    assert sum(read) < 6 * wanted  # reading through the bucket per shard would be ~20x
