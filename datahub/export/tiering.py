@@ -6,7 +6,9 @@ time, ``workers`` shards at once, under an optional bandwidth cap) -> verify siz
 new replica (tiers, then lake) -> only then delete replicas the policy no longer wants (manifest first, bytes
 after). Memory holds a few chunks and one shard's keys, whatever the release or shard size.
 Every step checks what is already there, so an interrupted apply resumes and a second apply
-is a no-op. A tier from a second storage config (another region) is just one more tier name.
+is a no-op; a finished copy or repair then removes what a killed one left in the release's directory (temp files,
+incomplete Ceph multipart uploads), so no other writer may publish into it meanwhile (one apply or export per
+release and tier at a time). A tier from a second storage config (another region) is just one more tier name.
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verif
     shards = [s for s in manifest.shards if s.name in damaged]
     _copy_shards(manifest, shards, dest, storage=storage, skip_tier=tier_name, workers=workers, check_existing=False,
                  cap=cap)
+    dest.sweep_partials(dest.uri(manifest.release))  # what a killed earlier repair left (temp files, open uploads)
     return sorted(damaged)
 
 
@@ -339,6 +342,8 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
     updated = manifest.with_replicas(replicas)
     _commit_lineage(lake, manifest, dest, storage)
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
+    # what a killed earlier apply left there: temp files (cfs, hdfs), incomplete multipart uploads (ceph)
+    dest.sweep_partials(dest.uri(manifest.release))
 
 
 def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> None:

@@ -339,15 +339,17 @@ class Tier:
             raise StorageError(f"tier {self.name}: cannot delete {uri}: {exc}") from exc
 
     def sweep_partials(self, directory_uri: str) -> int:
-        """Delete the temp files (``.NAME.partial-HEX``) that a killed ``publish`` left in a directory.
+        """Remove what a killed ``publish``/``publish_stream`` left in a directory; returns how many were removed.
 
-        Only for a directory no writer is publishing into (an export calls it after its manifest
-        is out). Ceph publishes nothing partial (a failed multipart upload is aborted), but a process killed during a
-        multipart upload leaves its parts to the bucket's lifecycle rule (AbortIncompleteMultipartUpload); they are
-        not listed here. Returns how many were removed.
+        cfs and hdfs: the temp files (``.NAME.partial-HEX``). ceph: the incomplete multipart uploads of keys
+        directly in the directory (a process killed during ``publish_stream`` leaves its stored parts, which no
+        listing shows and which otherwise stay until the bucket's lifecycle rule, AbortIncompleteMultipartUpload);
+        keys in subdirectories or elsewhere in the bucket are not touched.
+        The caller must guarantee that no writer is publishing into the directory (an export calls it after its
+        manifest is out, tier apply after its copies are verified): an upload in flight there is aborted too.
         """
         if isinstance(self.spec, CephTier):
-            return 0
+            return self._abort_uploads(directory_uri)
         try:
             if isinstance(self.spec, CfsTier):
                 directory = Path(directory_uri)
@@ -365,6 +367,35 @@ class Tier:
             return 0
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot list {directory_uri}: {exc}") from exc
+
+    def _abort_uploads(self, directory_uri: str) -> int:
+        """Abort the incomplete multipart uploads of keys directly in ``directory_uri`` (one listing by prefix,
+        paged; an upload already gone, e.g. aborted by a concurrent sweep, counts as done)."""
+        fs = self.filesystem()
+        bucket, _, key = self._path(directory_uri).partition("/")
+        prefix = f"{key.strip('/')}/" if key.strip("/") else ""
+        stale: list[tuple[str, str]] = []
+        try:
+            markers: dict[str, str] = {}
+            while True:
+                page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **markers)
+                stale += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])
+                          if "/" not in u["Key"][len(prefix):]]
+                if not page.get("IsTruncated"):
+                    break
+                markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+            for upload_key, upload_id in stale:
+                try:
+                    fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload_key, UploadId=upload_id)
+                except FileNotFoundError:  # NoSuchUpload: completed or aborted meanwhile
+                    pass
+        except FileNotFoundError:  # no such bucket
+            return 0
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot abort the incomplete uploads in {directory_uri}: {exc}") from exc
+        if stale:
+            log.info("tier %s: aborted %d incomplete upload(s) in %s", self.name, len(stale), directory_uri)
+        return len(stale)
 
     def exists(self, uri: str) -> bool:
         if isinstance(self.spec, CfsTier):

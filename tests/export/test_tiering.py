@@ -234,3 +234,28 @@ def test_copy_streams_from_the_next_replica_when_one_is_damaged_or_missing_under
     sizes = [s.size for s in manifest.shards]
     # the repair of a (shard 3, from b); the copy to c: four shards, and the damaged replica of shard 1 read once
     assert sum(taken) == sum(sizes) + sizes[1] + sizes[3]
+
+
+def test_copy_and_repair_remove_what_a_killed_apply_left(tmp_path) -> None:
+    """A copy killed mid-shard leaves a temp file (cfs, hdfs) or an incomplete multipart upload (ceph, tested in
+    tests/storage/test_sweep_partials_ceph.py); the apply that finishes the copy or the repair sweeps it."""
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 20)
+    storage = cfs_storage(("a", tmp_path / "a"), ("b", tmp_path / "b"))
+    manifest = export_table_version(lake, table="samples", version=version, release_name="r", tier="a",
+                                    storage=storage, shard_samples=10)
+    (tmp_path / "b" / "r").mkdir(parents=True)
+    killed = tmp_path / "b" / "r" / f".{manifest.shards[0].name}.partial-abcdef012345"
+    killed.write_bytes(b"half a shard")
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
+    assert not killed.exists()
+    assert sorted(p.name for p in (tmp_path / "b" / "r").iterdir()) == sorted(
+        [s.name for s in manifest.shards] + ["manifest.json"])
+
+    Path(read_lake_manifest(lake, "r").shards[1].replicas["b"]).unlink()
+    killed.write_bytes(b"half a shard")
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]})
+    assert [(m.action, m.tier) for m in plan.moves] == [("repair", "b")]
+    apply_tiers(lake, plan, storage=storage)
+    assert not killed.exists()
