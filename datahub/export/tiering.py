@@ -127,11 +127,14 @@ def plan_tiers(
     releases: list[str] | None = None,
     now: datetime | None = None,
     verify: bool = False,
+    max_bytes_per_s: float | None = None,
 ) -> TierPlan:
     """What ``apply_tiers`` would do. ``targets`` (release -> tiers) overrides the policy for those releases.
 
-    Replicas a release keeps are checked (size; sha256 too with ``verify``): damaged or missing ones become a
-    ``repair`` move (copied again from an intact replica on another tier)."""
+    Replicas a release keeps are checked (size; sha256 too with ``verify``, reading them under
+    ``max_bytes_per_s`` if given): damaged or missing ones become a ``repair`` move (copied again from an intact
+    replica on another tier)."""
+    cap = BandwidthCap(max_bytes_per_s) if max_bytes_per_s else None
     names = releases if releases is not None else exported_releases(lake)
     targets = dict(targets or {})
     manifests: dict[str, Manifest] = {}
@@ -163,7 +166,7 @@ def plan_tiers(
                                     "pass the storage config of the region that has it (--storage twice)")
                 moves.append(Move(name, "copy", tier, sources[0], len(manifest.shards), total, klass))
             elif tier in storage.tiers:
-                damaged = set(damaged_replicas(manifest, storage.tier(tier), verify=verify))
+                damaged = set(damaged_replicas(manifest, storage.tier(tier), verify=verify, cap=cap))
                 if damaged:
                     others = [t for t in sources if t != tier]
                     moves.append(Move(name, "repair", tier, others[0] if others else None, len(damaged),
@@ -182,7 +185,9 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
                 max_bytes_per_s: float | None = None) -> list[Move]:
     """Carry out a plan (copies and repairs of a release before its deletes); returns the moves done.
     ``workers`` shards are copied at once, each streamed 8 MiB at a time (memory: ``workers`` chunks, whatever
-    the shard size); ``max_bytes_per_s`` caps the bytes read from source replicas, all workers together."""
+    the shard size); ``max_bytes_per_s`` caps every byte the apply reads, all workers together: from source
+    replicas, and at the destination (the read-back verify of each copy, the check of a replica already there,
+    the sha256 checks of a repair with ``verify``, the shards' ``__index__`` tails)."""
     report = progress or (lambda stage, done, total=None: None)
     cap = BandwidthCap(max_bytes_per_s) if max_bytes_per_s else None
     done: list[Move] = []
@@ -202,12 +207,14 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
     return done
 
 
-def damaged_replicas(manifest: Manifest, tier: Tier, *, verify: bool) -> list[str]:
-    """Shards whose replica on ``tier`` is missing or has the wrong size (and, with ``verify``, sha256)."""
+def damaged_replicas(manifest: Manifest, tier: Tier, *, verify: bool, cap: BandwidthCap | None = None) -> list[str]:
+    """Shards whose replica on ``tier`` is missing or has the wrong size (and, with ``verify``, sha256: read
+    under ``cap`` if given)."""
     bad = []
     for shard in manifest.shards:
         uri = tier.uri(manifest.release, shard.name)
-        if tier.size(uri) != shard.size or (verify and not tier.verify(uri, size=shard.size, sha256=shard.checksum)):
+        if tier.size(uri) != shard.size or (verify and not tier.verify(uri, size=shard.size, sha256=shard.checksum,
+                                                                       cap=cap)):
             bad.append(shard.name)
     return bad
 
@@ -216,7 +223,7 @@ def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verif
             cap: BandwidthCap | None = None) -> list[str]:
     """Copy intact replicas from other tiers over the damaged replicas on ``tier_name``."""
     dest = storage.tier(tier_name)
-    damaged = set(damaged_replicas(manifest, dest, verify=verify))
+    damaged = set(damaged_replicas(manifest, dest, verify=verify, cap=cap))
     if damaged:
         log.warning("tier %s: %d damaged or missing shard(s) of %s, copying them again: %s", tier_name, len(damaged),
                     manifest.release, ", ".join(sorted(damaged)))
@@ -247,7 +254,8 @@ class ShardCopySink(Sink[list[int], list[int]]):
             for index in batch.column("index").to_pylist():
                 shard = self.manifest.shards[index]
                 uri = self.dest.uri(self.manifest.release, shard.name)
-                if self.check_existing and self.dest.verify(uri, size=shard.size, sha256=shard.checksum):
+                if self.check_existing and self.dest.verify(uri, size=shard.size, sha256=shard.checksum,
+                                                            cap=self.cap):
                     continue
                 self._copy(shard, uri)
                 written.append(index)
@@ -255,7 +263,8 @@ class ShardCopySink(Sink[list[int], list[int]]):
 
     def _copy(self, shard: ShardRecord, uri: str) -> None:
         """Stream the shard from the first replica whose bytes match the manifest (size and sha256, checked as they
-        pass), 8 MiB at a time (under the cap); then read it back at ``dest`` and check its sha256 again."""
+        pass), 8 MiB at a time; then read it back at ``dest`` and check its sha256 again. Both reads go under the
+        cap (the read-back moves the shard's bytes over the destination's link once more)."""
         expected = shard.checksum
         problems = []
         for name, source_uri in shard.replicas.items():
@@ -271,7 +280,7 @@ class ShardCopySink(Sink[list[int], list[int]]):
             except IntegrityError:  # what the replica gave does not match the manifest: nothing was published
                 problems.append(f"{name}: {source_uri} does not match the manifest's size/sha256")
                 continue
-            if not self.dest.verify(uri, size=shard.size, sha256=expected):
+            if not self.dest.verify(uri, size=shard.size, sha256=expected, cap=self.cap):
                 raise IntegrityError(f"tier {self.dest.name}: {uri} does not match what was written (size "
                                      f"{shard.size}, sha256 {expected[:12]}...); check the tier's health and re-run")
             return
@@ -340,7 +349,7 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
     replicas = {shard.name: {**shard.replicas, tier_name: dest.uri(manifest.release, shard.name)}
                 for shard in manifest.shards}
     updated = manifest.with_replicas(replicas)
-    _commit_lineage(lake, manifest, dest, storage)
+    _commit_lineage(lake, manifest, dest, storage, cap=cap)
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
     # what a killed earlier apply left there: temp files (cfs, hdfs), incomplete multipart uploads (ceph)
     dest.sweep_partials(dest.uri(manifest.release))
@@ -358,7 +367,7 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
 
 
 def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfig, *,
-                   skip_tier: str | None = None) -> bytes:
+                   skip_tier: str | None = None, cap: BandwidthCap | None = None) -> bytes:
     problems = []
     for name, uri in shard.replicas.items():
         if name not in storage.tiers or name == skip_tier:
@@ -368,6 +377,8 @@ def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfi
         except (FileNotFoundError, StorageError) as exc:
             problems.append(f"{name}: {exc}")
             continue
+        if cap is not None:
+            cap.take(len(data))
         if len(data) == shard.size and hashlib.sha256(data).hexdigest() == shard.sha256:
             return data
         problems.append(f"{name}: {uri} does not match the manifest's size/sha256")
@@ -375,7 +386,8 @@ def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfi
                          f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release")
 
 
-def _commit_lineage(lake: Lake, manifest: Manifest, dest: Tier, storage: StorageConfig) -> None:
+def _commit_lineage(lake: Lake, manifest: Manifest, dest: Tier, storage: StorageConfig, *,
+                    cap: BandwidthCap | None = None) -> None:
     """The new tier's shard index as ``exported`` lineage events, as ``datahub export`` writes them (txn
     ``export/{release}/{tier}``: a re-run is a no-op), one shard's keys at a time. Written by ``commit_rows``
     (one row group held, the files committed as add actions, as a release's lineage is) rather than delta-rs's
@@ -387,7 +399,7 @@ def _commit_lineage(lake: Lake, manifest: Manifest, dest: Tier, storage: Storage
 
     def rows() -> Iterator[pa.Table]:
         for index, shard in enumerate(manifest.shards):
-            keys = _shard_keys(manifest, index, dest, storage)
+            keys = _shard_keys(manifest, index, dest, storage, cap=cap)
             prefix = json.dumps({"shard": dest.uri(manifest.release, shard.name), "tier": dest.name})[:-1]
             ref = pc.binary_join_element_wise(pa.scalar(prefix + ', "member": "'), keys, pa.scalar('.txt"}'), "")
             yield lineage_rows(keys, run_id=txn, op=EXPORT_OP, action="exported",
@@ -397,7 +409,8 @@ def _commit_lineage(lake: Lake, manifest: Manifest, dest: Tier, storage: Storage
                 metadata={"datahub.export": manifest.release, "datahub.tier": dest.name})
 
 
-def _shard_keys(manifest: Manifest, index: int, dest: Tier, storage: StorageConfig) -> pa.Array:
+def _shard_keys(manifest: Manifest, index: int, dest: Tier, storage: StorageConfig, *,
+                cap: BandwidthCap | None = None) -> pa.Array:
     """Sample keys of shard ``index`` in shard order (the lineage index of a new tier), from its copy on ``dest``.
 
     Read from the shard's ``__index__`` member (two ranged reads of the archive's tail, about 60 bytes per
@@ -407,7 +420,14 @@ def _shard_keys(manifest: Manifest, index: int, dest: Tier, storage: StorageConf
     """
     record = manifest.shards[index]
     uri = dest.uri(manifest.release, record.name)
-    keys = embedded_keys(lambda start, end: dest.read_range(uri, start, end), record.size)
+
+    def read_range(start: int, end: int) -> bytes:
+        data = dest.read_range(uri, start, end)
+        if cap is not None:
+            cap.take(len(data))
+        return data
+
+    keys = embedded_keys(read_range, record.size)
     if keys is None or len(keys) != record.samples:
-        keys = index_tar(_read_verified(manifest, record, storage), where=record.name).keys
+        keys = index_tar(_read_verified(manifest, record, storage, cap=cap), where=record.name).keys
     return pa.array(keys, pa.string())

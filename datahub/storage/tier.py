@@ -24,6 +24,7 @@ from datahub.storage.tier_spec import CephTier, CfsTier, HdfsTier
 from datahub.storage.webhdfs import bound_requests
 
 if TYPE_CHECKING:
+    from datahub.storage.bandwidth import BandwidthCap
     from datahub.storage.config import StorageConfig
 
 log = logging.getLogger("datahub.storage")
@@ -188,19 +189,20 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
 
-    def sha256(self, uri: str) -> str:
-        """Stream the object and hash it (reads at the destination: this is the verification)."""
+    def sha256(self, uri: str, *, cap: BandwidthCap | None = None) -> str:
+        """Stream the object and hash it (reads at the destination: this is the verification); every chunk read is
+        charged to ``cap`` when given."""
         digest = hashlib.sha256()
-        for chunk in self.chunks(uri):
+        for chunk in cap.metered(self.chunks(uri)) if cap is not None else self.chunks(uri):
             digest.update(chunk)
         return digest.hexdigest()
 
-    def verify(self, uri: str, *, size: int, sha256: str) -> bool:
-        """True when the object exists with exactly this size and sha256."""
+    def verify(self, uri: str, *, size: int, sha256: str, cap: BandwidthCap | None = None) -> bool:
+        """True when the object exists with exactly this size and sha256 (its bytes read under ``cap`` if given)."""
         if self.size(uri) != size:
             return False
         try:
-            return self.sha256(uri) == sha256
+            return self.sha256(uri, cap=cap) == sha256
         except FileNotFoundError:
             return False
 

@@ -224,6 +224,7 @@ def test_copy_streams_from_the_next_replica_when_one_is_damaged_or_missing_under
     taken: list[int] = []
     real_take = BandwidthCap.take
     monkeypatch.setattr(BandwidthCap, "take", lambda self, size: (taken.append(size), real_take(self, size))[1])
+    index_reads = _count_range_reads(monkeypatch)
     plan = plan_tiers(lake, storage=storage, targets={"r": ["a", "b", "c"]})
     assert [(m.action, m.tier, m.shards) for m in plan.moves] == [("repair", "a", 1), ("copy", "c", 4)]
     apply_tiers(lake, plan, storage=storage, max_bytes_per_s=1e12)
@@ -232,8 +233,54 @@ def test_copy_streams_from_the_next_replica_when_one_is_damaged_or_missing_under
     assert Path(manifest.shards[3].replicas["a"]).read_bytes() == Path(manifest.shards[3].replicas["b"]).read_bytes()
     assert not list((tmp_path / "c" / "r").glob(".*partial*"))
     sizes = [s.size for s in manifest.shards]
-    # the repair of a (shard 3, from b); the copy to c: four shards, and the damaged replica of shard 1 read once
-    assert sum(taken) == sum(sizes) + sizes[1] + sizes[3]
+    # sources: the repair of a (shard 3, from b); the copy to c: four shards, and the damaged replica of shard 1
+    # read once; then each copy read back at its destination (shard 3 on a, four shards on c), and c's __index__
+    # tails for the lineage
+    assert sum(taken) == (sum(sizes) + sizes[1] + sizes[3]) + (sizes[3] + sum(sizes)) + sum(index_reads)
+
+
+def _count_range_reads(monkeypatch) -> list[int]:
+    """Sizes of every Tier.read_range answer from now on (the lineage index reads a shard's tail)."""
+    reads: list[int] = []
+    real = Tier.read_range
+
+    def counted(self, uri: str, start: int, end: int) -> bytes:
+        data = real(self, uri, start, end)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(Tier, "read_range", counted)
+    return reads
+
+
+def test_bandwidth_cap_covers_the_verify_reads_at_the_destination(tmp_path, monkeypatch) -> None:
+    """--max-mb-s caps every byte tier apply reads: the source, the read-back of each copy, the sha256 check of a
+    replica already on the destination (resume) and of kept replicas with --verify, the index tails."""
+    from datahub.storage.bandwidth import BandwidthCap
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 40)
+    storage = cfs_storage(("a", tmp_path / "a"), ("b", tmp_path / "b"))
+    manifest = export_table_version(lake, table="samples", version=version, release_name="r", tier="a",
+                                    storage=storage, shard_samples=10)
+    sizes = [s.size for s in manifest.shards]
+    (tmp_path / "b" / "r").mkdir(parents=True)  # a killed apply had copied shard 0 already
+    (tmp_path / "b" / "r" / manifest.shards[0].name).write_bytes(Path(manifest.shards[0].replicas["a"]).read_bytes())
+
+    taken: list[int] = []
+    real_take = BandwidthCap.take
+    monkeypatch.setattr(BandwidthCap, "take", lambda self, size: (taken.append(size), real_take(self, size))[1])
+    index_reads = _count_range_reads(monkeypatch)
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage,
+                max_bytes_per_s=1e12)
+    assert read_lake_manifest(lake, "r").tiers == ["a", "b"]
+    # shard 0: its sha256 checked on b (kept, not copied); shards 1-3: read at a, written, read back on b
+    assert sum(taken) == sizes[0] + 2 * sum(sizes[1:]) + sum(index_reads)
+
+    taken.clear()
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}, verify=True, max_bytes_per_s=1e12)
+    assert plan.moves == ()
+    assert sum(taken) == 2 * sum(sizes)  # --verify: every kept replica on a and on b hashed under the cap
 
 
 def test_copy_and_repair_remove_what_a_killed_apply_left(tmp_path) -> None:

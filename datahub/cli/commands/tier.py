@@ -88,8 +88,9 @@ _VERIFY = typer.Option(False, "--verify", help="Check kept replicas by sha256 to
 _TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on.")
 _WORKERS = typer.Option(2, "--workers", min=1, help="Shards copied at once (each streamed 8 MiB at a time).")
 _MAX_MB_S = typer.Option(None, "--max-mb-s", min=0.001,
-                         help="Cap the copy's reads from source replicas (MB/s, all workers together), e.g. a "
-                              "cross-region link shared with other traffic.")
+                         help="Cap the apply's reads (MB/s, all workers together): source replicas, the "
+                              "read-back verify at the destination, --verify checks; e.g. a cross-region link "
+                              "shared with other traffic.")
 
 
 @tier_app.command("plan")
@@ -117,10 +118,12 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
     from datahub.export.tiering import TierPlan, apply_tiers, plan_tiers
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
-    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify)
+    max_bytes_per_s = max_mb_s * 1e6 if max_mb_s else None
+    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify,
+                        max_bytes_per_s=max_bytes_per_s)
     with progress("tier apply", enabled=not as_json) as update:
         done = apply_tiers(the_lake, result, storage=config, progress=update, workers=workers,
-                           max_bytes_per_s=max_mb_s * 1e6 if max_mb_s else None)
+                           max_bytes_per_s=max_bytes_per_s)
     if as_json:
         print_json({**TierPlan(tuple(done)).as_dict(), "regions": _regions(config)})
         return
