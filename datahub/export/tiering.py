@@ -14,7 +14,6 @@ release and tier at a time). A tier from a second storage config (another region
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections import deque
@@ -24,17 +23,14 @@ from datetime import datetime, timezone
 from typing import Any, Literal
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import EXPORT_OP, publish_manifest
+from datahub.export.exported_lineage import commit_shard_index
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
-from datahub.lake.lake import SORTED_LAYOUT, Lake
-from datahub.lake.lineage_rows import lineage_rows
-from datahub.lake.tables import LINEAGE
+from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
-from datahub.release.materialize import commit_rows
 from datahub.shards.index import embedded_keys, index_tar
 from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
@@ -389,24 +385,10 @@ def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfi
 def _commit_lineage(lake: Lake, manifest: Manifest, dest: Tier, storage: StorageConfig, *,
                     cap: BandwidthCap | None = None) -> None:
     """The new tier's shard index as ``exported`` lineage events, as ``datahub export`` writes them (txn
-    ``export/{release}/{tier}``: a re-run is a no-op), one shard's keys at a time. Written by ``commit_rows``
-    (one row group held, the files committed as add actions, as a release's lineage is) rather than delta-rs's
-    writer, which buffers up to a target-size file of rows."""
-    txn = f"export/{manifest.release}/{dest.name}"
-    if lake.applied("lineage", txn):
-        return
-    now = datetime.now(timezone.utc)
-
-    def rows() -> Iterator[pa.Table]:
-        for index, shard in enumerate(manifest.shards):
-            keys = _shard_keys(manifest, index, dest, storage, cap=cap)
-            prefix = json.dumps({"shard": dest.uri(manifest.release, shard.name), "tier": dest.name})[:-1]
-            ref = pc.binary_join_element_wise(pa.scalar(prefix + ', "member": "'), keys, pa.scalar('.txt"}'), "")
-            yield lineage_rows(keys, run_id=txn, op=EXPORT_OP, action="exported",
-                               params_hash=manifest.export.get("key", ""), ref=ref, ts=now)
-
-    commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=txn, row_group_rows=SORTED_LAYOUT["lineage"][1],
-                metadata={"datahub.export": manifest.release, "datahub.tier": dest.name})
+    ``export/{release}/{tier}``: a re-run is a no-op), one shard's keys at a time."""
+    shards = ((shard.name, _shard_keys(manifest, index, dest, storage, cap=cap))
+              for index, shard in enumerate(manifest.shards))
+    commit_shard_index(lake, manifest.release, dest, shards, op=EXPORT_OP, params_hash=manifest.export.get("key", ""))
 
 
 def _shard_keys(manifest: Manifest, index: int, dest: Tier, storage: StorageConfig, *,

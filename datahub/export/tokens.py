@@ -43,13 +43,12 @@ from datahub.engines.base import Engine
 from datahub.engines.registry import make_engine
 from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, MissingDependencyError, ReleaseError, SpecError
+from datahub.export.exported_lineage import commit_exported
 from datahub.export.plan import ORDER, ExportPlan, ShardRouter, ShardSpan, order_hash
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN
 from datahub.export.source import TableSource
 from datahub.export.spill import ShardSpill
 from datahub.lake.lake import Lake
-from datahub.lake.lineage_rows import lineage_rows
-from datahub.lake.tables import LINEAGE
 from datahub.pipeline.faults import checkpoint
 from datahub.release.records import get_release
 from datahub.shards.indexed import BIN_SUFFIX, IDS_SUFFIX, IDX_SUFFIX, encode_ids, encode_index, token_dtype
@@ -682,22 +681,17 @@ def _commit_lineage(lake: Lake, release: str, tier: Tier, writer: TokenFileWrite
                     plan: ExportPlan, export_key: str) -> None:
     """``exported`` events, one per document: ref = {"tokens": PREFIX URI, "tier", "tokenizer": sha256,
     "document": index in the file}; ``params_hash`` is the export key (table version, tokenizer, settings)."""
-    txn = f"export-tokens/{release}/{tier.name}/{writer.folder}"
-    if lake.applied("lineage", txn):
-        return
-    now = datetime.now(timezone.utc)
-
-    def rows() -> Iterator[pa.Table]:
+    def events() -> Iterator[tuple[pa.Array, pa.Array]]:
         for file in done:
             keys = plan.shard_ids(file.index)
             head = json.dumps({"tokens": writer.uri(tier, file.index), "tier": tier.name,
                                "tokenizer": writer.tokenizer.info.sha256})[:-1] + ', "document": '
             positions = pa.array(np.arange(len(keys), dtype=np.int64)).cast(pa.string())
-            ref = pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
-            yield lineage_rows(keys, run_id=txn, op=TOKENS_OP, action="exported", params_hash=export_key, ref=ref, ts=now)
+            yield keys, pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
 
-    lake.commit("lineage", rows(), txn=txn, schema=LINEAGE,
-                metadata={"datahub.export": release, "datahub.tier": tier.name, "datahub.tokenizer": writer.folder})
+    commit_exported(lake, events(), txn=f"export-tokens/{release}/{tier.name}/{writer.folder}", op=TOKENS_OP,
+                    params_hash=export_key,
+                    metadata={"datahub.export": release, "datahub.tier": tier.name, "datahub.tokenizer": writer.folder})
 
 
 def _other_tiers(manifest: TokenManifest, target: Tier, storage: StorageConfig | None) -> list[Tier]:
