@@ -2,25 +2,34 @@
 
 A file is known by its identity (device, inode, size, mtime_ns, ctime_ns) plus the expected sha256; an atomic
 replacement or an in-place rewrite changes the identity (the ctime also when the mtime is put back, and no call
-sets the ctime), so the new bytes are hashed again. A verdict is an empty marker file named by that key in a
-store directory: the shard cache's ``.verified`` directory, or by default the user's
-(``datahub.settings.cache_home()/datahub/verified``), created private (mode 0700) and refused when another user
-could write to it. So a shard is hashed once per file per store ("verified once per shard per cache"), not once
-per process: every DataLoader worker, later epochs and later runs of the trainer skip it; a per-file lock makes the
-first worker to need a shard hash it while the others wait for its verdict. Removing the store only costs hashing
-again; ``verify="always"`` (no store) hashes every read, for bytes changed below the filesystem (disk rot).
-Without a usable store directory the verdicts live in a private temporary directory removed with the dataset.
+sets the ctime), so the new bytes are hashed again. A verdict is a marker file named by the identity and holding
+the sha256 (it counts for that sha256 only) in a store directory: the shard cache's ``.verified`` directory, or by
+default the user's (``datahub.settings.cache_home()/datahub/verified``), created private (mode 0700) and refused
+when another user could write to it. So a shard is hashed once per file per store ("verified once per shard per
+cache"), not once per process: every DataLoader worker, later epochs and later runs of the trainer skip it; a
+per-file lock makes the first worker to need a shard hash it while the others wait for its verdict. Removing the
+store only costs hashing again; ``verify="always"`` (no store) hashes every read, for bytes changed below the
+filesystem (disk rot). Without a usable store directory the verdicts live in a private temporary directory removed
+with the dataset.
+
+An evicted cache file's verdict is removed by name (its identity), without listing the store. The store is pruned
+at most once a day (the ``.pruned`` stamp; the first dataset opened after that does it, one listing of the store):
+verdicts unused for ``PRUNE_UNUSED_S`` (30 days; a verdict read is re-dated when over a day old) go, as do lock
+files a killed process left and markers of the older format (named by sha256 prefix and identity). A
+marker names no path, so whether its file still exists cannot be told: age is the rule. Pruning never makes a
+wrong verdict, it only costs hashing again.
 """
 
 from __future__ import annotations
 
 import fcntl
-import glob
 import logging
 import os
+import re
 import shutil
 import stat
 import tempfile
+import time
 import weakref
 from collections.abc import Callable
 
@@ -34,12 +43,80 @@ def _remove(path: str, owner: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _touch(marker: str) -> None:
+# A verdict not used for 30 days goes at the next pruning (costs one hash if its file is read again); one in use is
+# re-dated when read, at most once a day, so it never gets that old. Pruning runs at most once a day per store.
+PRUNE_UNUSED_S = 30 * 86_400
+PRUNE_EVERY_S = 86_400
+_STAMP = ".pruned"
+_LEFTOVER = re.compile(r"\.lock$")  # a check's lock: seconds old when in use
+_OLD_FORMAT = re.compile(r"^[0-9a-f]{32}(-\d+){5}(\.lock)?$")  # sha256 prefix + identity, an empty file (before)
+
+
+def _record(marker: str, sha256: str) -> None:
+    """Write the verdict. A reader that meets it half-written (or a killed writer's part) finds no match and hashes
+    the file itself: a marker counts only when it holds the whole expected sha256."""
     try:
-        with open(marker, "x"):
-            pass
-    except OSError:  # already there, or the directory is gone: the verdict stays in this process
+        with open(marker, "w") as handle:
+            handle.write(sha256)
+    except OSError:  # the directory is gone: the verdict stays in this process
         pass
+
+
+def _recorded(marker: str) -> str | None:
+    """The sha256 a marker holds (None: no verdict); re-dates a marker last dated over a day ago (in use)."""
+    try:
+        with open(marker) as handle:
+            sha256 = handle.read(80)
+            if time.time() - os.fstat(handle.fileno()).st_mtime > PRUNE_EVERY_S:
+                os.utime(marker)
+    except OSError:
+        return None
+    return sha256
+
+
+def prune_store(directory: str, *, now: float | None = None) -> int | None:
+    """Remove the verdicts of ``directory`` unused for ``PRUNE_UNUSED_S``, leftover lock files older than a day and
+    markers of the older format, unless the store was pruned within ``PRUNE_EVERY_S`` (or is being
+    pruned now); returns how many entries were removed, or None when it was not due. Concurrent prunes are safe
+    (each removal is an idempotent unlink; the stamp's lock keeps them to one pass)."""
+    now = time.time() if now is None else now
+    stamp = os.path.join(directory, _STAMP)
+    try:
+        if now - os.stat(stamp).st_mtime < PRUNE_EVERY_S:
+            return None  # the common case: one stat
+    except FileNotFoundError:
+        pass
+    fd = os.open(stamp, os.O_CREAT | os.O_WRONLY, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # another process is pruning
+        except OSError:  # no locks here (NFS without lockd): prune anyway, it is idempotent
+            pass
+        if now - os.fstat(fd).st_mtime < PRUNE_EVERY_S and os.fstat(fd).st_size:
+            return None  # pruned by another process since the stat above
+        os.write(fd, b"1")  # the stamp: non-empty once a pass ran, dated by this pass
+        os.utime(fd, (now, now))
+        removed = 0
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.name == _STAMP:
+                    continue
+                try:
+                    age = now - entry.stat(follow_symlinks=False).st_mtime
+                except OSError:
+                    continue
+                if age > PRUNE_UNUSED_S or _OLD_FORMAT.match(entry.name) or (
+                        _LEFTOVER.search(entry.name) and age > PRUNE_EVERY_S):
+                    try:
+                        os.unlink(entry.path)
+                        removed += 1
+                    except OSError:  # removed meanwhile
+                        pass
+        return removed
+    finally:
+        os.close(fd)
 
 
 def _private_store(directory: str) -> str | None:
@@ -70,6 +147,14 @@ class VerifiedFiles:
         self._dir: str | None = None
         if shared and directory is not None:
             self._dir = _private_store(os.fspath(directory))
+            if self._dir is not None:
+                try:
+                    removed = prune_store(self._dir)
+                except OSError as error:
+                    log.debug("verdict store %s: not pruned (%s)", self._dir, error)
+                else:
+                    if removed:
+                        log.info("verdict store %s: pruned %d old entries", self._dir, removed)
         if shared and self._dir is None:
             try:
                 self._dir = tempfile.mkdtemp(prefix="datahub-verified-")  # mode 0700: only this user writes verdicts
@@ -87,12 +172,12 @@ class VerifiedFiles:
         """Record a file this process wrote from verified bytes, or whose metadata it changed itself (``replaces``:
         the identity it had, forgotten so that verdicts do not pile up, one per touch)."""
         self._seen.add((sha256, *identity))
-        marker = self._marker(sha256, identity)
+        marker = self._marker(identity)
         if marker is not None:
-            _touch(marker)
+            _record(marker, sha256)
         if replaces is not None and replaces != identity:
             self._seen.discard((sha256, *replaces))
-            old = self._marker(sha256, replaces)
+            old = self._marker(replaces)
             if old is not None:
                 for path in (old, old + ".lock"):
                     try:
@@ -101,28 +186,27 @@ class VerifiedFiles:
                         pass
 
     def forget(self, sha256_prefix: str, identity: Identity) -> None:
-        """Drop the verdicts on a file that is gone (an evicted cache entry), known by a prefix of its sha256."""
+        """Drop the verdicts on a file that is gone (an evicted cache entry): its marker, by name (a verdict is
+        named by the file's identity; ``sha256_prefix``, the one in a cache file's name, is not needed for it)."""
         # prefetch threads add verdicts meanwhile: discard from a snapshot (list() of a set is one step under the GIL)
         # rather than iterate the live set (RuntimeError: set changed size during iteration)
         for key in [key for key in list(self._seen) if tuple(key[1:]) == identity]:
             self._seen.discard(key)
-        if self._dir is None:
-            return
-        suffix = "-" + "-".join(str(part) for part in identity)
-        for path in glob.glob(os.path.join(glob.escape(self._dir), glob.escape(sha256_prefix) + "*" + suffix)):
+        marker = self._marker(identity)
+        if marker is not None:
             try:
-                os.unlink(path)
-            except OSError:  # removed by another process meanwhile
+                os.unlink(marker)
+            except OSError:  # never verified here, or removed by another process meanwhile
                 pass
 
     def check(self, sha256: str, identity: Identity, matches: Callable[[], bool]) -> bool:
         key = (sha256, *identity)
         if key in self._seen:
             return True
-        marker = self._marker(sha256, identity)
+        marker = self._marker(identity)
         if marker is None:
             return self._hash(key, matches)
-        if os.path.exists(marker):  # verified before, by this or another process using the store
+        if _recorded(marker) == sha256:  # verified before, by this or another process using the store
             self._seen.add(key)
             return True
         try:
@@ -135,12 +219,12 @@ class VerifiedFiles:
             except OSError as error:  # no locks on this filesystem (e.g. ENOLCK on NFS without lockd): verify alone
                 log.debug("verdict store %s: no lock (%s); hashing without it", self._dir, error)
                 return self._hash(key, matches)
-            if os.path.exists(marker):
+            if _recorded(marker) == sha256:
                 self._seen.add(key)
                 return True
             ok = self._hash(key, matches)
             if ok:
-                _touch(marker)
+                _record(marker, sha256)
             try:  # one file per verdict: a process that opens the path anew finds the marker (or hashes itself)
                 os.unlink(marker + ".lock")
             except OSError:
@@ -155,7 +239,8 @@ class VerifiedFiles:
             self._seen.add(key)
         return ok
 
-    def _marker(self, sha256: str, identity: Identity) -> str | None:
+    def _marker(self, identity: Identity) -> str | None:
+        """The verdict on the file with this identity: ``DEV-INODE-SIZE-MTIME-CTIME`` in the store."""
         if self._dir is None:
             return None
-        return os.path.join(self._dir, f"{sha256[:32]}-" + "-".join(str(part) for part in identity))
+        return os.path.join(self._dir, "-".join(str(part) for part in identity))

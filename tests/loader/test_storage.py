@@ -74,7 +74,8 @@ def test_cache_serves_second_epoch_and_respects_size_limit(tmp_path: Path, two_t
     assert dataset.source.cache_bytes() <= 2 * shard_size + 10
     assert len([p for p in cache.iterdir() if p.is_file()]) == 2  # the least recently used shard was evicted
     # ... and its verdict with it: the store holds one per cfs replica and per cached file, none for the evicted one
-    assert len(list((cache / ".verified").iterdir())) == 3 + 2
+    # (and its .pruned stamp)
+    assert len([p for p in (cache / ".verified").iterdir() if p.name != ".pruned"]) == 3 + 2
     last = two_tiers["shards"][2]["name"]
     dataset.source.read(2)
     assert dataset.source.reads[("cache", last)] == 1 and dataset.source.reads[("cfs", last)] == 1
@@ -348,7 +349,7 @@ def test_cache_hits_keep_one_verdict_per_file(tmp_path: Path, two_tiers: dict) -
     for epoch in range(1, 4):
         dataset.set_epoch(epoch)
         assert sorted(s["sample_id"] for s in dataset) == all_ids(two_tiers)
-        counts.append(len([p for p in verdicts.iterdir() if not p.name.endswith(".lock")]))
+        counts.append(len([p for p in verdicts.iterdir() if not p.name.endswith(".lock") and p.name != ".pruned"]))
     names = [shard["name"] for shard in two_tiers["shards"]]
     assert all(dataset.source.reads[("cache", name)] == 3 and dataset.source.hashed[name] == 1 for name in names)
     assert counts == [counts[0]] * 3 and counts[0] <= 2 * len(names)  # the cfs replicas' and the cache files'
