@@ -112,25 +112,39 @@ def member_blocks(names: pa.Array, sizes: np.ndarray) -> pa.Array:
 
     n = len(names)
     names = pc.cast(names, pa.large_binary())
-    sizes = np.asarray(sizes, dtype=np.int64)
-    text = pc.cast(names, pa.large_string())
-    bad = pc.or_(pc.invert(pc.match_substring_regex(text, r"^[\x20-\x7e]{1,100}$")),
-                 pc.or_(pc.match_substring(text, "/"), pc.match_substring(text, "..")))
-    too_big = sizes >= 8**11
-    if n and (pc.any(bad).as_py() or too_big.any()):
-        first = int(np.flatnonzero(np.asarray(pc.fill_null(bad, True)) | too_big)[0])
-        header(names[first].as_py().decode("ascii", "replace"), int(sizes[first]))  # raises with the message
     names = names.combine_chunks() if isinstance(names, pa.ChunkedArray) else names
-    offsets = np.frombuffer(names.buffers()[1], dtype=np.int64)[names.offset:names.offset + n + 1]
-    data = np.frombuffer(names.buffers()[2], dtype=np.uint8) if n else np.zeros(0, np.uint8)
+    sizes = np.asarray(sizes, dtype=np.int64)
+    offsets = np.frombuffer(names.buffers()[1], dtype=np.int64)[names.offset:names.offset + n + 1] if n else \
+        np.zeros(1, dtype=np.int64)
+    data = np.frombuffer(names.buffers()[2], dtype=np.uint8) if n and names.buffers()[2] is not None else \
+        np.zeros(0, np.uint8)
     lengths = np.diff(offsets)
-    blocks = np.tile(np.frombuffer(_TEMPLATE, dtype=np.uint8), (n, 1))
-    rows = np.repeat(np.arange(n), lengths)
-    columns = np.arange(int(lengths.sum())) - np.repeat(offsets[:-1] - offsets[0], lengths)
-    blocks[rows, columns] = data[offsets[0]:offsets[-1]]
-    blocks[:, 124:135] = ((sizes[:, None] >> (3 * np.arange(10, -1, -1))) & 7) + ord("0")  # 11 octal digits
+    chars = data[offsets[0]:offsets[-1]]
+    # the checks of ``header`` over all names at once (row by row only to find the first bad one): printable ASCII,
+    # 1-100 bytes, no '/' and no '..' (a '..' across two names only sends the check row by row)
+    suspect = bool(((chars < 0x20) | (chars > 0x7E) | (chars == 0x2F)).any() or (lengths < 1).any()
+                   or (lengths > 100).any() or ((chars[1:] == 0x2E) & (chars[:-1] == 0x2E)).any())
+    too_big = sizes >= 8**11
+    if n and (suspect or too_big.any()):
+        text = pc.cast(names, pa.large_string())
+        bad = pc.or_(pc.invert(pc.match_substring_regex(text, r"^[\x20-\x7e]{1,100}$")),
+                     pc.or_(pc.match_substring(text, "/"), pc.match_substring(text, "..")))
+        wrong = np.asarray(pc.fill_null(bad, True)) | too_big
+        if wrong.any():
+            first = int(np.flatnonzero(wrong)[0])
+            header(names[first].as_py().decode("ascii", "replace"), int(sizes[first]))  # raises with the message
+    blocks = np.broadcast_to(np.frombuffer(_TEMPLATE, dtype=np.uint8), (n, BLOCK)).copy()
+    # each name's bytes at the start of its block: flat positions (row * BLOCK + column)
+    starts = np.repeat(np.arange(n) * BLOCK - (offsets[:-1] - offsets[0]), lengths)
+    blocks.reshape(-1)[np.arange(len(chars)) + starts] = chars
+    digits = ((sizes[:, None] >> (3 * np.arange(10, -1, -1))) & 7) + ord("0")  # 11 octal digits, then NUL
+    blocks[:, 124:135] = digits
     blocks[:, 135] = 0
-    checksum = blocks.sum(axis=1, dtype=np.int64)  # the template holds spaces in the checksum field
+    # the checksum: the template's (its checksum field as spaces, name and size fields zero) plus name and size bytes
+    name_sums = np.zeros(n, dtype=np.int64)
+    if len(chars):
+        name_sums = np.add.reduceat(chars.astype(np.int64), offsets[:-1] - offsets[0]) if n else name_sums
+    checksum = _TEMPLATE_SUM + name_sums + digits.sum(axis=1)
     blocks[:, 148:154] = ((checksum[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
     blocks[:, 154], blocks[:, 155] = 0, ord(" ")
     value_offsets = np.arange(n + 1, dtype=np.int64) * BLOCK

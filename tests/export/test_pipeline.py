@@ -146,3 +146,18 @@ def test_upload_workers_must_be_positive(tmp_path) -> None:
     lake, version = make_lake(tmp_path / "lake", 5)
     with pytest.raises(SpecError, match="upload_workers"):
         _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs")), upload_workers=0)
+
+
+def test_member_blocks_equal_header_on_many_names() -> None:
+    """Names of every length 1-100 and every printable character but '/', sizes across the octal range, a sliced
+    array: each block is ``header``'s; a '..' or a bad byte in any one name is refused as ``header`` refuses it."""
+    rng = np.random.default_rng(5)
+    alphabet = [chr(c) for c in range(0x20, 0x7F) if chr(c) not in "/."]
+    names = ["".join(rng.choice(alphabet, int(k))) + ".e" for k in rng.integers(0, 99, 3000)]
+    sizes = rng.integers(0, 8**11, 3000)
+    sizes[:100] = rng.integers(0, 1024, 100)
+    array = pa.array(["skip.me", *names])[1:]
+    assert [b.as_py() for b in member_blocks(array, sizes)] == [header(n, int(s)) for n, s in zip(names, sizes)]
+    for bad in ("a..b", "caf\u00e9", "tab\there", "x" * 101):
+        with pytest.raises(IntegrityError, match="not allowed"):
+            member_blocks(pa.array([*names[:5], bad]), np.ones(6, dtype=np.int64))
