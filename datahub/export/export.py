@@ -45,10 +45,10 @@ from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, export_ordering, index_reserve,
                                  member_bytes, plan_sizes)
-from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_rows, export_columns
+from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, export_columns
 from datahub.export.source import TableSource
 from datahub.export.spill import RowSpill
-from datahub.shards.index import index_member, index_rows
+from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
 from datahub.lake.lake import Lake
@@ -156,7 +156,7 @@ def export_table_version(
             # reading the journal (and opening the tier's connection) overlaps the planning pass
             verifying = early.submit(journal.verified)
             running = engine_in_scope(engine, scope, purpose="export")
-            plan, spill = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
+            plan, local = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
                                      workers=workers)
             done = verifying.result()
         done = [d for d in done if d.index < len(plan.spans)
@@ -164,7 +164,7 @@ def export_table_version(
         report("shards", len(done), len(plan.spans))
         writer = _writer(plan, target, release_name, shuffle_seed, journal_dir=journal.dir)
         todo = [span.index for span in plan.spans[len(done):]]
-        for shard in _write(source, writer, todo, plan=plan, spill=spill, running=running, workers=workers,
+        for shard in _write(source, writer, todo, plan=plan, local=local, running=running, workers=workers,
                             upload_workers=upload_workers):
             done.append(shard)
             report("shards", len(done), len(plan.spans))
@@ -253,8 +253,39 @@ class SizesReader:
                 yield self.sizes(batch)
 
 
+@dataclass(frozen=True)
+class _LocalRows:
+    """A local export's encoded rows: the spill, and per export rank the data bytes of each of its members (so a
+    shard's ``__index__`` is built from them, not by parsing the gathered bytes)."""
+
+    spill: RowSpill
+    extensions: tuple[str, ...]  # the members of a row, in row order
+    member_sizes: np.ndarray  # export rank x extension: data bytes, -1 where the row has no such member
+
+    def listing(self, start: int, count: int, keys: list[str]) -> ShardIndex:
+        """The index of ranks ``[start, start + count)`` written back to back from offset 0 (what ``index_rows``
+        finds in those bytes)."""
+        sizes = self.member_sizes[start:start + count]
+        present = sizes >= 0
+        owner, column = np.nonzero(present)  # row by row, members in row order
+        size = sizes[present]
+        used = sorted(set(column.tolist()))
+        names = tuple(dict.fromkeys(self.extensions[c] for c in used))  # a shard lists the extensions it holds
+        codes = np.zeros(len(self.extensions), dtype=np.int64)
+        for c in used:
+            codes[c] = names.index(self.extensions[c])
+        spans = BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
+        offset = np.empty(len(size), dtype=np.int64)
+        if len(size):
+            offset[0] = BLOCK
+            np.cumsum(spans[:-1], out=offset[1:])
+            offset[1:] += BLOCK
+        return ShardIndex(keys=keys, extensions=names, member_sample=owner.astype(np.int64), member_ext=codes[column],
+                          member_offset=offset, member_size=size)
+
+
 def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine | None, spill_dir: str | None,
-               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, RowSpill | None]:
+               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, _LocalRows | None]:
     """The plan; in this process also every row's encoded members, spilled by export rank (the large columns
     read once; the spill's folder removed when ``scope`` closes). Engine tasks read and encode their own rows."""
     if running is not None:
@@ -273,6 +304,8 @@ def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine
     spill = RowSpill(directory, rows=len(ids))
     scope.callback(spill.close)  # before the folder goes (LIFO)
     read = 0
+    extensions: tuple[str, ...] | None = None
+    member_sizes = np.zeros((len(ids), 0), dtype=np.int64)
     with arrow_pool():  # the decoded and encoded batches reuse each other's pages (no fresh page per batch)
         for batch in source.scan(export_columns(source.schema(), where=where)):
             count = batch.num_rows
@@ -281,14 +314,22 @@ def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine
             if read + count > len(ids) or not pc.all(pc.equal(batch.column(KEY_COLUMN), ids.slice(read, count))).as_py():
                 raise IntegrityError(f"{where}: rows came back in another order or number on a second read; the "
                                      "table version changed underneath? re-run the export")
-            spill.add(ranks[read:read + count], encoded_rows(batch))
+            rows, kinds, sizes = encoded_members(batch)
+            if extensions is None:
+                extensions = kinds
+                member_sizes = np.full((len(ids), len(kinds)), -1, dtype=np.int64)
+            elif kinds != extensions:
+                raise IntegrityError(f"{where}: batches of one table version encode different members "
+                                     f"({list(kinds)} vs {list(extensions)}); re-run the export")
+            member_sizes[ranks[read:read + count]] = sizes
+            spill.add(ranks[read:read + count], rows)
             read += count
     if read != len(ids):
         raise IntegrityError(f"{where}: {read} rows on the second read, {len(ids)} on the first; re-run the export")
     spill.finish()
     sizes = spill.sizes  # in export order
     spans = cut_shards(sizes, shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
-    return ExportPlan(ordered, hashes, sizes, spans), spill
+    return ExportPlan(ordered, hashes, sizes, spans), _LocalRows(spill, extensions or (), member_sizes)
 
 
 def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | None, *,
@@ -298,13 +339,14 @@ def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | No
                        tier_source=target.source, journal_dir=journal_dir)
 
 
-def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan, spill: RowSpill | None,
+def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan, local: _LocalRows | None,
            running: Engine | None, workers: int | None, upload_workers: int) -> Iterator[ShardDone]:
-    """Write the shards ``todo``, in this process (from ``spill``) or on an engine; yields them as they are published."""
+    """Write the shards ``todo``, in this process (from ``local``'s spill) or on an engine; yields them as they are
+    published."""
     if not todo:
         return
-    if spill is not None:
-        built = _build_shards(spill, plan, writer, todo, buffers=upload_workers + 1)
+    if local is not None:
+        built = _build_shards(local, plan, writer, todo, buffers=upload_workers + 1)
         yield from _write_shards(built, writer, upload_workers=upload_workers)
         return
     assert running is not None, "an engine export writes on its engine"
@@ -342,11 +384,12 @@ class _Built:
     body: memoryview
 
 
-def _build_shards(spill: RowSpill, plan: ExportPlan, writer: ShardWriter, todo: list[int], *,
+def _build_shards(local: _LocalRows, plan: ExportPlan, writer: ShardWriter, todo: list[int], *,
                   buffers: int) -> Iterator[_Built]:
     """Shards in order, each gathered from the spill in export order and framed in place (while the previous one
     uploads). ``buffers`` byte buffers are reused in turn: ``_write_shards`` asks for shard k only when shard
     k - ``buffers`` is published, so its buffer is free (no fresh pages per shard)."""
+    spill = local.spill
     ring: list[bytearray] = []
     # per turn, the lowest rank a later shard of ``todo`` gathers: the spill's buckets below it are removed once the
     # shard is gathered, so its upload writes into the pages they held (``RowSpill.release``)
@@ -366,10 +409,7 @@ def _build_shards(spill: RowSpill, plan: ExportPlan, writer: ShardWriter, todo: 
             raise IntegrityError(f"{name}: the spill gave back fewer bytes than the plan holds; re-run the export")
         spill.release(needed[turn])
         # the same bytes as ``write.shard_body``: members, the __index__ member, the end blocks
-        rows = np.zeros(span.samples + 1, dtype=np.int64)
-        np.cumsum(plan.sizes[span.start:span.start + span.samples], out=rows[1:])
-        listing = index_rows(view[:members], rows, plan.shard_ids(index).to_pylist(), where=name)
-        embedded = index_member(listing, members)
+        embedded = index_member(local.listing(span.start, span.samples, plan.shard_ids(index).to_pylist()), members)
         end = members + len(embedded)
         view[members:end] = embedded
         closing = end_of_archive(end)
@@ -416,13 +456,13 @@ def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dic
     report("repair", 0, len(damaged))
     with ExitStack() as scope:
         running = engine_in_scope(engine, scope, purpose="export")
-        plan, spill = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
-                                     workers=workers)
+        plan, local = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
+                                 workers=workers)
         if [s.samples for s in plan.spans] != [s.samples for s in existing.shards]:
             raise IntegrityError(f"release {existing.release!r}: {source.where} no longer plans the published shards; "
                                  "copy an intact replica with `datahub tier apply` instead")
         writer = _writer(plan, target, existing.release, settings["shuffle_seed"], journal_dir=None)
-        for count, shard in enumerate(_write(source, writer, damaged, plan=plan, spill=spill, running=running,
+        for count, shard in enumerate(_write(source, writer, damaged, plan=plan, local=local, running=running,
                                              workers=workers, upload_workers=upload_workers), 1):
             if shard.sha256 != existing.shards[shard.index].sha256:
                 raise IntegrityError(f"{shard.name}: the rewritten shard differs from the manifest (sha256 "

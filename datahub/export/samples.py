@@ -334,6 +334,13 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
     Byte-for-byte what ``member_bytes`` over :func:`encode` gives (tests compare them), but the
     framing and the text stay in Arrow: only the ``.json`` member is built per row in Python.
     """
+    for rows, _ in _encode_tar(table, batch_rows=batch_rows):
+        yield rows
+
+
+def _encode_tar(table: pa.Table, *, batch_rows: int) -> Iterator[tuple[pa.Array, list[tuple[str, np.ndarray]]]]:
+    """``encode_tar``'s rows with, per member kind in row order, its extension and the data bytes of each row's
+    member (-1 where the row has none)."""
     from datahub.shards.tar import member_blocks, zero_padding
 
     binary = binary_columns(table.schema)
@@ -351,6 +358,7 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
         members.extend(kind_members(batch))
         members.extend((c, pc.cast(batch.column(c), pa.large_binary())) for c in binary)
         parts: list[pa.Array] = []
+        layout: list[tuple[str, np.ndarray]] = []
         for ext, data in members:
             present = pc.is_valid(data)
             sizes = np.asarray(pc.fill_null(pc.binary_length(data), 0), dtype=np.int64)
@@ -359,14 +367,27 @@ def encode_tar(table: pa.Table, *, batch_rows: int = 4096) -> Iterator[pa.Array]
             if not pc.all(present).as_py():  # a null binary value writes no member
                 head = pc.if_else(present, head, empty)
                 pad = pc.if_else(present, pad, empty)
+                layout.append((ext, np.where(np.asarray(present), sizes, -1)))
+            else:
+                layout.append((ext, sizes))
             parts.extend((head, pc.fill_null(data, empty), pad))
-        yield pc.binary_join_element_wise(*parts, empty)
+        yield pc.binary_join_element_wise(*parts, empty), layout
 
 
 def encoded_rows(batch: pa.RecordBatch | pa.Table) -> pa.LargeBinaryArray:
     """Every row's tar members back to back (``encode_tar`` of one batch, whatever its length)."""
+    return encoded_members(batch)[0]
+
+
+def encoded_members(batch: pa.RecordBatch | pa.Table) -> tuple[pa.LargeBinaryArray, tuple[str, ...], np.ndarray]:
+    """``encoded_rows`` with the members' extensions (in row order, the same for every batch of one schema) and
+    their data bytes per row (rows x extensions, int64; -1 where a row has no such member)."""
     table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-    parts = list(encode_tar(table, batch_rows=max(table.num_rows, 1)))
+    parts = list(_encode_tar(table, batch_rows=max(table.num_rows, 1)))
     if not parts:
-        return pa.array([], pa.large_binary())
-    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+        return pa.array([], pa.large_binary()), (), np.zeros((0, 0), dtype=np.int64)
+    rows = parts[0][0] if len(parts) == 1 else pa.concat_arrays([p[0] for p in parts])
+    extensions = tuple(ext for ext, _ in parts[0][1])
+    sizes = np.concatenate([np.column_stack([s for _, s in layout]) for _, layout in parts]) if extensions else \
+        np.zeros((len(rows), 0), dtype=np.int64)
+    return rows, extensions, sizes
