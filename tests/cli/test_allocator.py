@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 # runs the CLI's entry (argv as a user types it), then reports the allocator pyarrow got in that process
 PROBE = ("import os, sys; sys.argv = ['datahub', *sys.argv[1:]]; from datahub.cli import main; "
          "status = main._run(); import pyarrow as pa; "
@@ -44,3 +46,35 @@ def test_an_unknown_setting_names_the_variable():
                          timeout=120)
     assert out.returncode == 2
     assert "DATAHUB_ALLOCATOR" in out.stderr and "system, arrow" in out.stderr
+
+
+CHURN = """
+import resource, sys
+import numpy as np
+from datahub.allocator import arrow_pool
+
+def churn():  # page faults of allocating and freeing 4 MB arrays, as an export's batches do with their temporaries
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(40):
+        array = np.ones(2**19)
+        del array
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+outside = churn()
+with arrow_pool():
+    inside = churn()
+print(outside, inside, churn())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_arrow_pool_lets_large_temporaries_reuse_heap_pages_then_restores_the_thresholds():
+    """With the CLI's fixed 128 kB glibc thresholds every array above them is a fresh mapping (a page fault per page
+    each time); inside ``arrow_pool`` they reuse the heap's pages, and after it the thresholds are back."""
+    environ = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
+    out = subprocess.run([sys.executable, "-c", CHURN], env=environ, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    outside, inside, after = map(int, out.stdout.split())
+    assert outside > 40 * 100  # faults for every 4 MB array (1024 pages; fewer where the kernel maps larger folios)
+    assert inside < outside / 10
+    assert after > outside / 2
