@@ -129,24 +129,28 @@ class RowSpill:
         view = memoryview(data) if data is not None else memoryview(b"")
         cuts = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
         firsts, lasts = np.concatenate([[0], cuts]), np.concatenate([cuts, [count]])
-        for first, last in zip(firsts.tolist(), lasts.tolist()):
-            bucket = int(buckets[first])
-            run = sizes[first:last]
-            placed = np.cumsum(run) - run + self._ends[bucket]
-            self.offsets[ranks[first:last]] = placed
-            self.sizes[ranks[first:last]] = run
-            total = int(run.sum())
-            if total:
+        # each row's place: its bucket's end so far plus the rows before it in this batch's run of that bucket
+        ends = np.asarray(self._ends, dtype=np.int64)
+        within = np.cumsum(sizes) - sizes
+        run_starts = within[firsts]
+        placed = within - np.repeat(run_starts, lasts - firsts) + np.repeat(ends[buckets[firsts]], lasts - firsts)
+        self.offsets[ranks] = placed
+        self.sizes[ranks] = sizes
+        slices = [view[o:o + n] for o, n in zip(starts.tolist(), sizes.tolist())]
+        jobs: list[tuple[int, list[memoryview], int]] = []
+        for first, last, bucket in zip(firsts.tolist(), lasts.tolist(), buckets[firsts].tolist()):
+            parts = [part for part in slices[first:last] if len(part)]
+            if parts:
                 # the rows' slices of the batch's buffer, written with one pwritev (no gathered copy)
-                parts = [view[o:o + n] for o, n in zip(starts[first:last].tolist(), run.tolist()) if n]
-                self._pending.append(self._writer.submit(_write_parts_at, self._fds[bucket], parts,
-                                                         self._ends[bucket]))
-                self._ends[bucket] += total
-        while len(self._pending) > 2 * len(firsts):  # about two batches wait for the disk
+                jobs.append((self._fds[bucket], parts, self._ends[bucket]))
+                self._ends[bucket] += sum(len(part) for part in parts)
+        if jobs:  # one task per batch: a task per bucket cost ~25 us each of the main thread (256 buckets a batch)
+            self._pending.append(self._writer.submit(_write_jobs, jobs))
+        while len(self._pending) > 2:  # about two batches wait for the disk
             self._pending.popleft().result()
 
     def finish(self) -> None:
-        """Wait for the appends (raises the first failed one)."""
+        """Wait for the appends and removals queued so far (raises the first failed one)."""
         while self._pending:
             self._pending.popleft().result()
 
@@ -218,15 +222,16 @@ class RowSpill:
                 position += want
 
     def release(self, below: int) -> None:
-        """Ranks below ``below`` will not be gathered again: remove the buckets that hold only such ranks (their
-        page-cache pages are freed at once, for the shard files to reuse)."""
+        """Ranks below ``below`` will not be gathered again: remove the buckets that hold only such ranks (on the
+        writer thread, right away: their page-cache pages are freed for the shard files to reuse)."""
         if not self.bucket_rows:
             return
         for bucket in range(min(below // self.bucket_rows, len(self._fds))):
             if self._fds[bucket] >= 0:
                 os.close(self._fds[bucket])
                 self._fds[bucket] = -1
-                os.unlink(f"{self.path}.{bucket:06d}")
+                # on the (by now idle) writer thread: removing a file frees its pages, ~3 ms per 8 MB bucket
+                self._pending.append(self._writer.submit(_remove, f"{self.path}.{bucket:06d}"))
 
     def close(self) -> None:
         """Stop the writer and close the files (the caller removes the folder)."""
@@ -235,6 +240,18 @@ class RowSpill:
             if fd >= 0:
                 os.close(fd)
                 self._fds[bucket] = -1
+
+
+def _write_jobs(jobs: list[tuple[int, list[memoryview], int]]) -> None:
+    for fd, parts, offset in jobs:
+        _write_parts_at(fd, parts, offset)
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _write_parts_at(fd: int, parts: list[memoryview], offset: int) -> None:
