@@ -10,10 +10,13 @@ URIs, manifests or ``repr``.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import hashlib
 import logging
 import os
 import re
+import sys
 import uuid
 from pathlib import Path
 from collections.abc import Iterable, Iterator
@@ -35,6 +38,11 @@ _CHUNK = 8 * 1024 * 1024
 # freed (a local export frees its spill as it writes shards). L of benchmarks/release_scale.py, 2.5 GB of 32 MB
 # shards: the export's shard writes 6.4 -> 4.8 s, write phase 6.3 -> 4.6 s
 _WRITE_PIECE = 64 * 1024
+# and every 4 MiB written, their writeback is started (sync_file_range), so the fsync that ends a publish waits for the
+# last few MiB instead of the whole object. L of release_scale (77 shards of 32 MB, 2 upload threads, load 2.3-3.5):
+# fsync 1.65-1.92 -> 0.92-0.93 s of the upload threads, write phase 3.1 -> 2.65-2.8 s
+_WRITEBACK_PIECE = 4 * 2**20
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
 
 
 class Tier:
@@ -437,14 +445,36 @@ def _publish_posix(path: Path, data: bytes) -> None:
     temp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:12]}"
     try:
         with open(temp, "wb", buffering=0) as handle:
-            view, written = memoryview(data).cast("B"), 0
+            view, written, flushed = memoryview(data).cast("B"), 0, 0
             while written < len(view):  # small writes (see _WRITE_PIECE); a raw write may also be short
                 written += handle.write(view[written:written + _WRITE_PIECE]) or 0
+                if written - flushed >= _WRITEBACK_PIECE:  # start writing back what is written (fsync waits less)
+                    _start_writeback(handle.fileno(), flushed, written - flushed)
+                    flushed = written
             os.fsync(handle.fileno())  # on NFS, rename only publishes what the server holds
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+def _start_writeback(fd: int, offset: int, length: int) -> None:
+    """Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: start writing the range back without waiting for it (the
+    fsync after the last piece then waits for less); a no-op where libc has no such call."""
+    call = _sync_file_range()
+    if call is not None:
+        call(fd, offset, length, _SYNC_FILE_RANGE_WRITE)  # a failure only leaves the work to fsync
+
+
+@functools.cache
+def _sync_file_range() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    call = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
+    if call is not None:
+        call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        call.restype = ctypes.c_int
+    return call
 
 
 def _read_credentials_file(path: Path, *, where: str) -> dict[str, str]:
