@@ -22,6 +22,10 @@ Last lines:
   speedup_vs_webdataset_first_read_0_workers / _2_workers  the same for a release's first read (fresh verdict
                                                            store: every shard hashed once, on the prefetch threads)
   workers_scaling                                          ReleaseDataset 4 workers / 1 worker (goal >= 1.5)
+  workers_scaling_cpu_ceiling_2_cores                      informational: 1-worker time / (4-worker CPU of
+                                                           trainer + workers / 2): what the scaling would be if the
+                                                           4 workers kept both cores busy (before it, the CPU
+                                                           seconds of both runs; likewise for tokens)
   remote_bytes_per_epoch_ratio                             bytes the 4 workers fetched from Ceph / release
                                                            bytes (goal <= 1.05; also the RGW's own get_b
                                                            counter when its admin socket is reachable)
@@ -85,6 +89,22 @@ def exported_release(root: Path, *, shards: int, samples: int, text_bytes: int) 
     export_table_version(lake, table="samples", version=int(version or 0), release_name="bench-v1", tier="cfs",
                          storage=storage, shard_samples=samples)
     return str(root / "cfs" / "bench-v1" / "manifest.json")
+
+
+def cpu_seconds() -> float:
+    """CPU (user + system) of this process and of its children that have exited (DataLoader joins its workers)."""
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def print_cpu(label: str, one: str, four: str, seconds: dict[str, float], cpu: dict[str, float]) -> None:
+    """CPU per epoch of the 1- and 4-worker runs, and what 4 workers could reach if they kept both cores busy."""
+    print(f"cpu per epoch, trainer + workers ({label}): 1 worker {cpu[one]:.3f} s in {seconds[one]:.3f} s, "
+          f"4 workers {cpu[four]:.3f} s in {seconds[four]:.3f} s")
+    print(f"{label}_cpu_ceiling_2_cores (informational: 1-worker time / (4-worker CPU / 2), the scaling if 4 "
+          f"workers kept both cores busy): {seconds[one] / (cpu[four] / 2):.2f}")
 
 
 def raw_read(paths: list[str]) -> int:
@@ -324,16 +344,21 @@ def token_benchmark(tokens: int, rounds: int) -> None:
             if "0 workers" in name:
                 run()
         timed: list[dict[str, float]] = []
+        cpus: list[dict[str, float]] = []
+        load_before = os.getloadavg()[0]
         for _ in range(rounds):
-            times = {}
+            times, cpu = {}, {}
             for name, run in runs.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), cpu_seconds()
                 count = run()
                 times[name] = time.perf_counter() - start
+                cpu[name] = cpu_seconds() - start_cpu
                 assert count >= total - SEQ_LEN, (name, count, total)
             timed.append(times)
+            cpus.append(cpu)
         print(f"tokens: {total} uint16 tokens in {len(prefixes)} indexed files, {sequences} sequences of {SEQ_LEN}, "
-              f"batches of {TOKEN_BATCH}; medians of {rounds} interleaved rounds")
+              f"batches of {TOKEN_BATCH}; medians of {rounds} interleaved rounds; load average "
+              f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         for name in runs:
             seconds = statistics.median(r[name] for r in timed)
             print(f"{name:<60} {total / seconds / 1e6:9.1f} M tokens/s {sequences / seconds:10.0f} sequences/s")
@@ -353,6 +378,9 @@ def token_benchmark(tokens: int, rounds: int) -> None:
               f"(growth {peaks[1] / peaks[0]:.2f}x for 4x the tokens)")
         print(f"tokens_vs_streaming_0_workers: "
               f"{ratio('MosaicML Streaming MDS (0 workers)', 'PackedDataset defaults (0 workers)'):.2f}")
+        print_cpu("workers_scaling_tokens", "PackedDataset defaults (1 worker)", "PackedDataset defaults (4 workers)",
+                  {name: statistics.median(r[name] for r in timed) for name in runs},
+                  {name: statistics.median(c[name] for c in cpus) for name in runs})
         print(f"workers_scaling_tokens: "
               f"{ratio('PackedDataset defaults (1 worker)', 'PackedDataset defaults (4 workers)'):.2f}")
         print(f"tokens_vs_streaming: "
@@ -423,19 +451,24 @@ def main() -> None:
             if "0 workers" in name:
                 run()
         rounds: list[dict[str, float]] = []
+        cpus: list[dict[str, float]] = []
+        load_before = os.getloadavg()[0]
         for _ in range(args.rounds):
-            times = {}
+            times, cpu = {}, {}
             for name, run in runs.items():
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), cpu_seconds()
                 run()
                 times[name] = time.perf_counter() - start
+                cpu[name] = cpu_seconds() - start_cpu
             rounds.append(times)
+            cpus.append(cpu)
 
         def median_ratio(slow: str, fast: str) -> float:
             return statistics.median(r[slow] / r[fast] for r in rounds)
 
         print(f"{args.shards} shards ({args.writer}), {total_samples} samples, {total_mb:.1f} MB, "
-              f"text {args.text_bytes} B/sample, batches of {BATCH}; medians of {args.rounds} interleaved rounds")
+              f"text {args.text_bytes} B/sample, batches of {BATCH}; medians of {args.rounds} interleaved rounds; "
+              f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         for name in runs:
             seconds = statistics.median(r[name] for r in rounds)
             print(f"{name:<60} {total_mb / seconds:9.1f} MB/s {total_samples / seconds:12.0f} samples/s")
@@ -453,6 +486,9 @@ def main() -> None:
               f"{median_ratio('webdataset defaults (0 workers)', 'ReleaseDataset defaults, shards not yet verified (0 workers)'):.2f}")
         print(f"speedup_vs_webdataset_first_read_2_workers (shards not yet verified): "
               f"{median_ratio('webdataset defaults (2 workers)', 'ReleaseDataset defaults, shards not yet verified (2 workers)'):.2f}")
+        print_cpu("workers_scaling", "ReleaseDataset defaults (1 worker)", "ReleaseDataset defaults (4 workers)",
+                  {name: statistics.median(r[name] for r in rounds) for name in runs},
+                  {name: statistics.median(c[name] for c in cpus) for name in runs})
         print(f"workers_scaling: "
               f"{median_ratio('ReleaseDataset defaults (1 worker)', 'ReleaseDataset defaults (4 workers)'):.2f}")
 
