@@ -174,23 +174,36 @@ def _replace(texts: pa.Array, rows: np.ndarray, encode: Callable[[np.ndarray], p
 
 def _float_texts(values: pa.Array) -> pa.Array:
     """Finite floats (nulls allowed) as ``_JSON`` writes them: one orjson list of the column cut at its commas
-    (a number or null holds none), where orjson writes every number as ``json`` does (``_RISKY_VALUE``: no
-    exponent, no 0.0000...); else value by value."""
+    (a number or null holds none); the values orjson may write otherwise than ``json`` (an exponent, 0.0000...: see
+    ``_RISKY_VALUE``) are encoded again one by one."""
     assert _orjson is not None
     body = _orjson.dumps(values.to_pylist())
-    if len(values) < 1 or b"e" in body or b"0.0000" in body:  # only numbers and null: no "e" but in an exponent
-        return _one_by_one(values, meta=False)
     data = np.frombuffer(body, dtype=np.uint8)[1:-1]  # without the brackets
     commas = np.flatnonzero(data == ord(","))
-    if len(commas) != len(values) - 1:
+    if not len(values) or len(commas) != len(values) - 1:
         return _one_by_one(values, meta=False)
     offsets = np.empty(len(values) + 1, dtype=np.int64)
     offsets[0] = 0
     offsets[1:-1] = commas + 1 - np.arange(1, len(values))  # a value's start once the commas before it are gone
     offsets[-1] = len(data) - len(commas)
     packed = data[data != ord(",")]
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(values),
-                                            [None, pa.py_buffer(offsets), pa.py_buffer(packed)])
+    texts = pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(values),
+                                             [None, pa.py_buffer(offsets), pa.py_buffer(packed)])
+    # only numbers and null: an "e" is an exponent; "0.0000" also finds 10.00001 (encoded again, the same bytes)
+    risky = [at for needle in (b"e", b"0.0000") for at in _occurrences(body, needle)]
+    if not risky:
+        return texts
+    rows = np.zeros(len(values), dtype=bool)
+    rows[np.searchsorted(commas + 1, np.asarray(risky), side="right")] = True  # the value each match (body offset) is in
+    return _replace(texts, rows, lambda picked: _one_by_one(values.take(pa.array(picked)), meta=False))
+
+
+def _occurrences(data: bytes, needle: bytes) -> Iterator[int]:
+    """Where ``needle`` starts in ``data`` (bytes.find: a memory scan, fast when it is rare)."""
+    at = data.find(needle)
+    while at >= 0:
+        yield at
+        at = data.find(needle, at + 1)
 
 
 def _search_bytes(values: pa.Array, pattern: str) -> bool:
