@@ -128,7 +128,7 @@ def _json_texts(values: pa.Array, *, meta: bool = False) -> pa.Array:
     """The JSON text of every value of one column (large_binary, no nulls), as ``_JSON`` writes the value that
     ``to_pylist`` gives (``meta``: a JSON string parsed first, as ``_json_value`` does)."""
     kind = values.type
-    if meta and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+    if meta:  # whatever its Arrow type (string, large_string, string_view, dictionary, ...): parsed value by value
         return _one_by_one(values, meta=True)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         text = values.cast(pa.large_binary())

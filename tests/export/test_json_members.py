@@ -47,6 +47,15 @@ def test_json_records_equal_the_json_module_on_edge_values() -> None:
                                  ensure_ascii=False, separators=(",", ":")).encode()
 
 
+@pytest.mark.parametrize("meta_type", [pa.string_view(), pa.dictionary(pa.int32(), pa.string()), pa.large_string()])
+def test_meta_of_any_string_type_is_parsed_as_the_json_module_does(meta_type) -> None:
+    metas = ['{"b": 1, "a": 2}', None, "not json", '{"b": 1, "a": 2}']
+    table = pa.table({"sample_id": ["a", "b", "c", "d"], "meta": pa.array(metas).cast(meta_type)})
+    records = samples.json_records(table, ["sample_id", "meta"]).to_pylist()
+    assert records == samples._python_records(table, ["sample_id", "meta"])
+    assert records[0] == b'{"meta":{"a":2,"b":1},"sample_id":"a"}'
+
+
 def test_nan_infinity_and_unknown_types_take_the_json_module() -> None:
     table = pa.table({"sample_id": ["a", "b"], "score": [float("nan"), 1.0], "when": pa.array([1, 2], pa.timestamp("s"))})
     for columns in (["sample_id", "score"], ["sample_id", "when"]):
