@@ -48,8 +48,9 @@ def _remove(path: str, owner: int) -> None:
 PRUNE_UNUSED_S = 30 * 86_400
 PRUNE_EVERY_S = 86_400
 _STAMP = ".pruned"
-_LEFTOVER = re.compile(r"\.lock$")  # a check's lock: seconds old when in use
-_OLD_FORMAT = re.compile(r"^[0-9a-f]{32}(-\d+){5}(\.lock)?$")  # sha256 prefix + identity, an empty file (before)
+# The only names pruning may remove: ``verdicts_dir`` is the user's to choose, and may hold other files.
+_VERDICT = re.compile(r"-?\d+(--?\d+){4}(\.lock)?")  # identity parts joined by '-' (a check's lock: + .lock)
+_OLD_FORMAT = re.compile(r"[0-9a-f]{32}(--?\d+){5}(\.lock)?")  # sha256 prefix + identity, an empty file (before)
 
 
 def _record(marker: str, sha256: str) -> None:
@@ -76,9 +77,10 @@ def _recorded(marker: str) -> str | None:
 
 def prune_store(directory: str, *, now: float | None = None) -> int | None:
     """Remove the verdicts of ``directory`` unused for ``PRUNE_UNUSED_S``, leftover lock files older than a day and
-    markers of the older format, unless the store was pruned within ``PRUNE_EVERY_S`` (or is being
-    pruned now); returns how many entries were removed, or None when it was not due. Concurrent prunes are safe
-    (each removal is an idempotent unlink; the stamp's lock keeps them to one pass)."""
+    markers of the older format (only names this module writes, regular files: anything else in the directory
+    stays), unless the store was pruned within ``PRUNE_EVERY_S`` (or is being pruned now); returns how many
+    entries were removed, or None when it was not due. Concurrent prunes are safe (each removal is an idempotent
+    unlink; the stamp's lock keeps them to one pass)."""
     now = time.time() if now is None else now
     stamp = os.path.join(directory, _STAMP)
     try:
@@ -101,14 +103,18 @@ def prune_store(directory: str, *, now: float | None = None) -> int | None:
         removed = 0
         with os.scandir(directory) as entries:
             for entry in entries:
-                if entry.name == _STAMP:
-                    continue
+                old_format = _OLD_FORMAT.fullmatch(entry.name) is not None
+                if not (old_format or _VERDICT.fullmatch(entry.name)):
+                    continue  # not a name this module writes (the stamp, or a file of the user's): never removed
                 try:
-                    age = now - entry.stat(follow_symlinks=False).st_mtime
+                    info = entry.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                if age > PRUNE_UNUSED_S or _OLD_FORMAT.match(entry.name) or (
-                        _LEFTOVER.search(entry.name) and age > PRUNE_EVERY_S):
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                age = now - info.st_mtime
+                lock = entry.name.endswith(".lock")  # a check's lock: seconds old when in use
+                if old_format or age > (PRUNE_EVERY_S if lock else PRUNE_UNUSED_S):
                     try:
                         os.unlink(entry.path)
                         removed += 1

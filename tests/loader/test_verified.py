@@ -120,3 +120,26 @@ def test_a_store_that_cannot_be_pruned_still_verifies(tmp_path: Path, monkeypatc
     assert store.directory == str(tmp_path / "store")
     assert store.check("f" * 64, (4, 1, 10, 1, 1), lambda: True)
     assert VerifiedFiles(tmp_path / "store").check("f" * 64, (4, 1, 10, 1, 1), lambda: False)
+
+
+def test_prune_removes_only_names_the_store_writes(tmp_path: Path) -> None:
+    """``verdicts_dir`` is the user's choice: their files there (however old, even ``*.lock`` or names close to a
+    verdict's) survive pruning; old verdicts, leftover locks and older-format markers still go."""
+    directory = tmp_path / "mine"
+    directory.mkdir(mode=0o700)
+    foreign = ["train_notes.txt", "000123.tar", "poetry.lock", "1-2-3-4-5.txt", "1-2-3-4.lock", "1-2-3-4-5-6",
+               "a-1-2-3-4", "1-2-3-4-5\n", "ab" * 16 + "-1-2-3-4", "AB" * 16 + "-1-2-3-4-5"]
+    for name in foreign:
+        (directory / name).write_text("the user's")
+    (directory / "cache").mkdir()
+    (directory / "7-7-7-7-7").symlink_to(directory / "train_notes.txt")  # a verdict's name, not a file it writes
+    ours = ["1-2-10-1-1", "1-3-10-1-1.lock", "1-4-10--5-1", "ab" * 16 + "-1-9-10-1-1"]
+    for name in ours:
+        (directory / name).write_text("f" * 64)
+    for path in directory.iterdir():
+        os.utime(path, (time.time() - 40 * DAY,) * 2, follow_symlinks=False)
+    (directory / "1-5-10-1-1").write_text("f" * 64)  # a verdict in use
+    VerifiedFiles(directory)  # opening the store prunes it
+    assert sorted(p.name for p in directory.iterdir()) == sorted(
+        [*foreign, "cache", "7-7-7-7-7", "1-5-10-1-1", ".pruned"])
+    assert (directory / "train_notes.txt").read_text() == "the user's"
