@@ -51,9 +51,8 @@ from datahub.export.spill import RowSpill
 from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
+from datahub.export.exported_lineage import commit_shard_index
 from datahub.lake.lake import Lake
-from datahub.lake.lineage_rows import lineage_rows
-from datahub.lake.tables import LINEAGE
 from datahub.pipeline.faults import checkpoint
 from datahub.release.records import get_release
 from datahub.storage.config import StorageConfig
@@ -535,20 +534,8 @@ def commit_export_lineage(lake: Lake, release: str, tier: Tier, shards: list[Sha
                           ids_of: Callable[[ShardDone], pa.Array], export_key: str) -> None:
     """The shard index as ``exported`` lineage events, one commit (txn ``export/{release}/{tier}``), streamed
     shard by shard (``ids_of`` gives a shard's sample ids in shard order)."""
-    txn = f"export/{release}/{tier.name}"
-    if lake.applied("lineage", txn):
-        return
-    now = datetime.now(timezone.utc)
-
-    def rows() -> Iterator[pa.Table]:
-        for shard in shards:
-            keys = ids_of(shard)
-            prefix = json.dumps({"shard": tier.uri(release, shard.name), "tier": tier.name})[:-1] + ', "member": "'
-            ref = pc.binary_join_element_wise(pa.scalar(prefix), keys, pa.scalar('.txt"}'), "")
-            yield lineage_rows(keys, run_id=txn, op=EXPORT_OP, action="exported", params_hash=export_key, ref=ref,
-                               ts=now)
-
-    lake.commit("lineage", rows(), txn=txn, schema=LINEAGE, metadata={"datahub.export": release, "datahub.tier": tier.name})
+    commit_shard_index(lake, release, tier, ((shard.name, ids_of(shard)) for shard in shards), op=EXPORT_OP,
+                       params_hash=export_key)
 
 
 def _content_digest(ids: pa.Array | pa.ChunkedArray, table: str, version: int) -> str:
