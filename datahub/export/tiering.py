@@ -7,8 +7,9 @@ new replica (tiers, then lake) -> only then delete replicas the policy no longer
 after). Memory holds a few chunks and one shard's keys, whatever the release or shard size.
 Every step checks what is already there, so an interrupted apply resumes and a second apply
 is a no-op; a finished copy or repair then removes what a killed one left in the release's directory (temp files,
-incomplete Ceph multipart uploads), so no other writer may publish into it meanwhile (one apply or export per
-release and tier at a time). A tier from a second storage config (another region) is just one more tier name.
+incomplete Ceph multipart uploads) once unwritten for ``STALE_PARTIAL_S`` (an hour), so the uploads of an apply or
+export running at the same time (overlapping cron runs; nothing locks a release) survive it. A tier from a second
+storage config (another region) is just one more tier name.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from datahub.shards.index import embedded_keys, index_tar
 from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
-from datahub.storage.tier import Tier
+from datahub.storage.tier import STALE_PARTIAL_S, Tier
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,8 @@ def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verif
     shards = [s for s in manifest.shards if s.name in damaged]
     _copy_shards(manifest, shards, dest, storage=storage, skip_tier=tier_name, workers=workers, check_existing=False,
                  cap=cap)
-    dest.sweep_partials(dest.uri(manifest.release))  # what a killed earlier repair left (temp files, open uploads)
+    # what a killed earlier repair left (temp files, open uploads); not a concurrent writer's (see _copy)
+    dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
     return sorted(damaged)
 
 
@@ -347,8 +349,9 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
     updated = manifest.with_replicas(replicas)
     _commit_lineage(lake, manifest, dest, storage, cap=cap)
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
-    # what a killed earlier apply left there: temp files (cfs, hdfs), incomplete multipart uploads (ceph)
-    dest.sweep_partials(dest.uri(manifest.release))
+    # what a killed earlier apply left there: temp files (cfs, hdfs), incomplete multipart uploads (ceph); only those
+    # unwritten for an hour, since an overlapping apply (cron) or export may be writing there right now
+    dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
 
 
 def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> None:

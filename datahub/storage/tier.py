@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import sys
+import time
 import uuid
 from pathlib import Path
 from collections.abc import Iterable, Iterator
@@ -348,39 +349,47 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot delete {uri}: {exc}") from exc
 
-    def sweep_partials(self, directory_uri: str) -> int:
+    def sweep_partials(self, directory_uri: str, *, older_than: float | None = None) -> int:
         """Remove what a killed ``publish``/``publish_stream`` left in a directory; returns how many were removed.
 
         cfs and hdfs: the temp files (``.NAME.partial-HEX``). ceph: the incomplete multipart uploads of keys
         directly in the directory (a process killed during ``publish_stream`` leaves its stored parts, which no
         listing shows and which otherwise stay until the bucket's lifecycle rule, AbortIncompleteMultipartUpload);
         keys in subdirectories or elsewhere in the bucket are not touched.
-        The caller must guarantee that no writer is publishing into the directory (an export calls it after its
-        manifest is out, tier apply after its copies are verified): an upload in flight there is aborted too.
+        ``older_than`` (seconds): only leftovers not written to for that long, so that a live writer's upload in
+        the same directory survives (cfs: the temp file's mtime; hdfs: its modificationTime, which HDFS sets when
+        the file is created and closed, so there the age counts from the start of the write; ceph: the newest
+        part's LastModified, or the upload's Initiated when it has no part). ``STALE_PARTIAL_S`` suits callers
+        that cannot rule out a concurrent writer. None: everything, also a live writer's (the caller guarantees
+        that no writer is publishing into the directory).
         """
+        cutoff = None if older_than is None else time.time() - older_than  # written to after it: a live writer
         if isinstance(self.spec, CephTier):
-            return self._abort_uploads(directory_uri)
+            return self._abort_uploads(directory_uri, cutoff)
         try:
             if isinstance(self.spec, CfsTier):
                 directory = Path(directory_uri)
-                stale = [str(p) for p in directory.iterdir() if _PARTIAL.match(p.name)] if directory.is_dir() else []
-                for path in stale:
-                    Path(path).unlink(missing_ok=True)
+                temps = [p for p in directory.iterdir() if _PARTIAL.match(p.name)] if directory.is_dir() else []
+                stale = [p for p in temps if cutoff is None or _mtime(p) <= cutoff]
+                for temp in stale:
+                    temp.unlink(missing_ok=True)
                 return len(stale)
             fs = self.filesystem()
-            path = self._path(directory_uri)
-            stale = [entry for entry in fs.ls(path, detail=False) if _PARTIAL.match(entry.rsplit("/", 1)[-1])]
-            for entry in stale:
+            entries = [e for e in fs.ls(self._path(directory_uri), detail=True) if _PARTIAL.match(e["name"].rsplit("/", 1)[-1])]
+            stale_names = [e["name"] for e in entries
+                           if cutoff is None or e.get("modificationTime", 0) / 1000 <= cutoff]
+            for entry in stale_names:
                 _remove_quietly(fs, entry)
-            return len(stale)
+            return len(stale_names)
         except FileNotFoundError:
             return 0
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot list {directory_uri}: {exc}") from exc
 
-    def _abort_uploads(self, directory_uri: str) -> int:
+    def _abort_uploads(self, directory_uri: str, cutoff: float | None) -> int:
         """Abort the incomplete multipart uploads of keys directly in ``directory_uri`` (one listing by prefix,
-        paged; an upload already gone, e.g. aborted by a concurrent sweep, counts as done)."""
+        paged; an upload already gone, e.g. aborted by a concurrent sweep, counts as done) that were last written to
+        at or before ``cutoff`` (a POSIX time; None: all)."""
         fs = self.filesystem()
         bucket, _, key = self._path(directory_uri).partition("/")
         prefix = f"{key.strip('/')}/" if key.strip("/") else ""
@@ -390,10 +399,13 @@ class Tier:
             while True:
                 page = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix, **markers)
                 stale += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])
-                          if "/" not in u["Key"][len(prefix):]]
+                          if "/" not in u["Key"][len(prefix):]
+                          and (cutoff is None or u["Initiated"].timestamp() <= cutoff)]  # started later: live
                 if not page.get("IsTruncated"):
                     break
                 markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+            if cutoff is not None:
+                stale = [(k, u) for k, u in stale if self._last_part_written(bucket, k, u, default=cutoff) <= cutoff]
             for upload_key, upload_id in stale:
                 try:
                     fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload_key, UploadId=upload_id)
@@ -406,6 +418,22 @@ class Tier:
         if stale:
             log.info("tier %s: aborted %d incomplete upload(s) in %s", self.name, len(stale), directory_uri)
         return len(stale)
+
+    def _last_part_written(self, bucket: str, key: str, upload_id: str, *, default: float) -> float:
+        """When the newest part of an upload was stored (POSIX time; ListParts, paged), ``default`` without parts;
+        +inf when the upload is gone (completed or aborted meanwhile: nothing to abort)."""
+        fs = self.filesystem()
+        newest = default
+        markers: dict[str, int] = {}
+        while True:
+            try:
+                page = fs.call_s3("list_parts", Bucket=bucket, Key=key, UploadId=upload_id, **markers)
+            except FileNotFoundError:
+                return float("inf")
+            newest = max([newest, *(part["LastModified"].timestamp() for part in page.get("Parts", []))])
+            if not page.get("IsTruncated"):
+                return newest
+            markers = {"PartNumberMarker": int(page["NextPartNumberMarker"])}
 
     def exists(self, uri: str) -> bool:
         if isinstance(self.spec, CfsTier):
@@ -438,6 +466,20 @@ def _remove_quietly(fs: Any, path: str) -> None:
 
 
 _PARTIAL = re.compile(r"^\..+\.partial-[0-9a-f]{12}$")  # publish's temp names (below and in Tier.publish)
+
+# How long a publish's leftover must go unwritten before a sweep that cannot rule out a concurrent writer (tier apply:
+# overlapping cron runs, a repair or a second region's apply into the same tier) removes it. A live publish writes its
+# temp file or stores an upload part every 8 MiB (``_CHUNK``): seconds apart at disk or network speed, and under an
+# hour down to a --max-mb-s cap of ~0.002 MB/s; an hour without a write is a killed writer. What a killed writer
+# left stays up to that long (then the next sweep, or on ceph the bucket's lifecycle rule, removes it).
+STALE_PARTIAL_S = 3600.0
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # renamed into place or removed meanwhile: nothing to sweep
+        return float("inf")
 
 
 def _publish_posix(path: Path, data: bytes) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import threading
+import time
 from pathlib import Path
 
 import fsspec
@@ -11,6 +15,7 @@ import pytest
 from datahub.export import export_table_version, read_lake_manifest
 from datahub.export.tiering import apply_tiers, plan_tiers
 from datahub.storage import ReleaseState, Tier, validate_storage_config
+from datahub.storage.tier import STALE_PARTIAL_S
 from tests.export.helpers import make_lake
 from tests.servers.webhdfs import WebHdfsServer
 
@@ -295,6 +300,7 @@ def test_copy_and_repair_remove_what_a_killed_apply_left(tmp_path) -> None:
     (tmp_path / "b" / "r").mkdir(parents=True)
     killed = tmp_path / "b" / "r" / f".{manifest.shards[0].name}.partial-abcdef012345"
     killed.write_bytes(b"half a shard")
+    _age(killed, STALE_PARTIAL_S + 60)  # killed over an hour ago (a fresher one may be a live writer's)
     apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
     assert not killed.exists()
     assert sorted(p.name for p in (tmp_path / "b" / "r").iterdir()) == sorted(
@@ -302,7 +308,75 @@ def test_copy_and_repair_remove_what_a_killed_apply_left(tmp_path) -> None:
 
     Path(read_lake_manifest(lake, "r").shards[1].replicas["b"]).unlink()
     killed.write_bytes(b"half a shard")
+    _age(killed, STALE_PARTIAL_S + 60)
     plan = plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]})
     assert [(m.action, m.tier) for m in plan.moves] == [("repair", "b")]
     apply_tiers(lake, plan, storage=storage)
     assert not killed.exists()
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_apply_sweeps_stale_temp_files_but_not_a_live_writers(tmp_path) -> None:
+    """Overlapping applies (cron) or an export may be publishing into the release's directory while an apply
+    finishes: its sweep removes only temp files unwritten for STALE_PARTIAL_S, so the live writer completes."""
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 20)
+    storage = cfs_storage(("a", tmp_path / "a"), ("b", tmp_path / "b"))
+    manifest = export_table_version(lake, table="samples", version=version, release_name="r", tier="a",
+                                    storage=storage, shard_samples=10)
+    stale = tmp_path / "b" / "r" / f".{manifest.shards[1].name}.partial-0123456789ab"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"what a writer killed two hours ago left")
+    _age(stale, 2 * STALE_PARTIAL_S)
+
+    shard = manifest.shards[0]  # another apply of r into b, in the middle of writing shard 0
+    data = Path(shard.replicas["a"]).read_bytes()
+    wrote_half, finish = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def chunks():
+        yield data[: len(data) // 2]
+        wrote_half.set()
+        finish.wait(60)
+        yield data[len(data) // 2:]
+
+    def live_writer() -> None:
+        try:
+            storage.tier("b").publish_stream(storage.tier("b").uri("r", shard.name), chunks(), size=len(data),
+                                             sha256=hashlib.sha256(data).hexdigest())
+        except BaseException as error:  # noqa: BLE001 - reported by the assert below
+            errors.append(error)
+
+    writer = threading.Thread(target=live_writer)
+    writer.start()
+    try:
+        assert wrote_half.wait(60)
+        live = [p for p in (tmp_path / "b" / "r").iterdir() if p.name.startswith(f".{shard.name}.partial-")]
+        assert len(live) == 1
+        apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
+        assert live[0].exists() and not stale.exists()
+    finally:
+        finish.set()
+        writer.join(60)
+    assert errors == []
+    assert (tmp_path / "b" / "r" / shard.name).read_bytes() == data
+    assert not [p for p in (tmp_path / "b" / "r").iterdir() if ".partial-" in p.name]
+
+
+def test_sweep_with_older_than_keeps_fresh_temp_files_on_hdfs_and_cfs(tmp_path, webhdfs) -> None:
+    storage = _storage(tmp_path, webhdfs)
+    for name, directory in (("hdfs", webhdfs.root / "datahub/releases/r"), ("cfs", tmp_path / "cfs" / "r")):
+        directory.mkdir(parents=True)
+        fresh, old = directory / ".s.tar.partial-0123456789ab", directory / ".t.tar.partial-0123456789ab"
+        fresh.write_bytes(b"a live writer's")
+        old.write_bytes(b"a killed writer's")
+        _age(old, STALE_PARTIAL_S + 60)
+        tier = storage.tier(name)
+        assert tier.sweep_partials(tier.uri("r"), older_than=STALE_PARTIAL_S) == 1, name
+        assert fresh.exists() and not old.exists(), name
+        assert tier.sweep_partials(tier.uri("r"), older_than=0) == 1 and not fresh.exists(), name

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from datahub.storage import validate_storage_config
-from datahub.storage.tier import Tier
+from datahub.storage.tier import STALE_PARTIAL_S, Tier
 from tests.ceph import S3Endpoint, ceph_s3  # noqa: F401
 
 pytestmark = pytest.mark.ceph
@@ -100,3 +100,32 @@ def test_sweep_aborts_the_upload_of_a_killed_writer_in_that_directory_only(
     assert tier.sweep_partials(tier.uri("no-such-release")) == 0
     for key, upload_id in untouched.items():  # their parts are still there
         assert _parts(fs, bucket, key, upload_id) == [1]
+
+
+def test_sweep_with_older_than_keeps_the_uploads_still_being_written(
+        ceph_s3: S3Endpoint, tmp_path: Path) -> None:  # noqa: F811
+    """tier apply sweeps with ``older_than`` (an overlapping apply or export may be uploading into the release): an
+    upload counts as live while its newest part (or, without parts, its start) is younger than that."""
+    bucket = ceph_s3.new_bucket("sweep-live")
+    credentials = tmp_path / "ceph.credentials"
+    credentials.write_text(f"access_key_id={ceph_s3.key}\nsecret_access_key={ceph_s3.secret}\n")
+    tier: Tier = validate_storage_config({"tiers": {"t": {
+        "kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": bucket, "prefix": "releases",
+        "s3_region": ceph_s3.region, "credentials": {"file": str(credentials)}}}}).tier("t")
+    fs = ceph_s3.filesystem()
+    live = _start_upload(fs, bucket, "releases/r1/shard-000000.tar")  # a writer storing parts right now
+    assert tier.sweep_partials(tier.uri("r1"), older_than=STALE_PARTIAL_S) == 0
+    assert _uploads(fs, bucket) == {"releases/r1/shard-000000.tar": live}
+    assert _parts(fs, bucket, "releases/r1/shard-000000.tar", live) == [1]
+
+    # started 6 s ago: one upload stored no part since (a stuck or killed writer), one stored a part just now
+    idle = str(fs.call_s3("create_multipart_upload", Bucket=bucket, Key="releases/r1/shard-000001.tar")["UploadId"])
+    writing = _start_upload(fs, bucket, "releases/r1/shard-000002.tar")
+    time.sleep(6)
+    fs.call_s3("upload_part", Bucket=bucket, Key="releases/r1/shard-000002.tar", UploadId=writing, PartNumber=2,
+               Body=b"z" * (5 * 2**20))
+    assert tier.sweep_partials(tier.uri("r1"), older_than=4) == 2  # the first (its part now 6 s old) and the idle one
+    assert _uploads(fs, bucket) == {"releases/r1/shard-000002.tar": writing}
+
+    assert tier.sweep_partials(tier.uri("r1"), older_than=0) == 1  # an hour later (or no writer can be there)
+    assert _uploads(fs, bucket) == {}
