@@ -127,8 +127,17 @@ def _raised_malloc_thresholds() -> Iterator[None]:
         yield
     finally:
         mallopt(_M_MMAP_THRESHOLD, MALLOC_THRESHOLD)
-        mallopt(_M_TRIM_THRESHOLD, MALLOC_THRESHOLD)
+        mallopt(_M_TRIM_THRESHOLD, _env_threshold("MALLOC_TRIM_THRESHOLD_"))  # the user's own, if they set one
         trim = getattr(libc, "malloc_trim", None)
         if trim is not None:
             trim.argtypes = [ctypes.c_size_t]
             trim(0)
+
+
+def _env_threshold(name: str) -> int:
+    """The glibc threshold this process runs with for ``name`` (its environment value, which the CLI sets to
+    ``MALLOC_THRESHOLD`` unless the user gave one), or ``MALLOC_THRESHOLD`` when it is not a number."""
+    try:
+        return int(os.environ.get(name, MALLOC_THRESHOLD))
+    except ValueError:
+        return MALLOC_THRESHOLD

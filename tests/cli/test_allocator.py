@@ -78,3 +78,30 @@ def test_arrow_pool_lets_large_temporaries_reuse_heap_pages_then_restores_the_th
     assert outside >= 40  # faults for every 3 MB array (768 pages; fewer where the kernel maps larger folios)
     assert inside < outside / 10
     assert after > outside / 2
+
+
+def test_arrow_pool_puts_back_the_users_own_trim_threshold(monkeypatch):
+    """A user's MALLOC_TRIM_THRESHOLD_ (applied by glibc at exec) is what the block restores, not the CLI's 128 kB."""
+    import datahub.allocator as allocator
+
+    calls: list[tuple[int, int]] = []
+
+    class Function:  # a libc function: callable, and takes ctypes' argtypes
+        def __init__(self, body):
+            self.body = body
+
+        def __call__(self, *args):
+            return self.body(*args)
+
+    class Libc:
+        mallopt = Function(lambda parameter, value: calls.append((parameter, value)) or 1)
+        malloc_trim = Function(lambda pad: 0)
+
+    monkeypatch.setattr(allocator.sys, "platform", "linux")
+    monkeypatch.setattr(allocator.ctypes, "CDLL", lambda _name: Libc())
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(allocator.MALLOC_THRESHOLD))
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", str(64 << 20))
+    with allocator._raised_malloc_thresholds():
+        pass
+    assert calls[-2:] == [(allocator._M_MMAP_THRESHOLD, allocator.MALLOC_THRESHOLD),
+                          (allocator._M_TRIM_THRESHOLD, 64 << 20)]
