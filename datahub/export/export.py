@@ -56,7 +56,7 @@ from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.release.records import get_release
 from datahub.storage.config import StorageConfig
-from datahub.storage.tier import Tier
+from datahub.storage.tier import STALE_PARTIAL_S, Tier
 
 __all__ = ["export_release", "export_table_version", "index_reserve", "parse_size", "publish_manifest", "shard_name"]
 
@@ -525,9 +525,10 @@ class _Journal:
 
     def clear(self) -> None:
         """Drop the journals of this release (any export key: only the published one matters now),
-        and the temp file of a shard whose upload a killed export left behind."""
+        and the temp file of a shard whose upload a killed export left behind: not one still being written (nothing
+        stops another export or a tier apply of this release and tier from running meanwhile)."""
         self.tier.delete(self.dir.rsplit("/", 1)[0], recursive=True)
-        self.tier.sweep_partials(self.tier.uri(self.release))
+        self.tier.sweep_partials(self.tier.uri(self.release), older_than=STALE_PARTIAL_S)
 
 
 def commit_export_lineage(lake: Lake, release: str, tier: Tier, shards: list[ShardDone],

@@ -55,7 +55,7 @@ from datahub.shards.indexed import BIN_SUFFIX, IDS_SUFFIX, IDX_SUFFIX, encode_id
 from datahub.shards.token_manifest import (TOKEN_MANIFEST_NAME, FilePart, TokenFileRecord, TokenizerInfo, TokenManifest,
                                            publish_lake_token_manifest, read_lake_token_manifest, token_dir)
 from datahub.storage.config import StorageConfig
-from datahub.storage.tier import Tier
+from datahub.storage.tier import STALE_PARTIAL_S, Tier
 from datahub.storage.tier_spec import CfsTier
 
 __all__ = ["DEFAULT_FILE_TOKENS", "LoadedTokenizer", "export_table_tokens", "export_tokens", "load_tokenizer"]
@@ -580,7 +580,7 @@ def export_table_tokens(
         manifest = replace(manifest, tokenizer=replace(loaded.info, source=existing.tokenizer.source))
     _publish(lake, manifest, [target, *_other_tiers(manifest, target, storage)])
     target.delete(f"{target.uri(release_name, folder)}/_partial", recursive=True)
-    target.sweep_partials(target.uri(release_name, folder))
+    target.sweep_partials(target.uri(release_name, folder), older_than=STALE_PARTIAL_S)  # not a live writer's
     return manifest
 
 

@@ -11,6 +11,7 @@ URIs, manifests or ``repr``.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import functools
 import hashlib
 import logging
@@ -274,10 +275,11 @@ class Tier:
                 temp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:12]}"
                 try:
                     with open(temp, "wb") as handle:
+                        _hold(handle.fileno())
                         write(handle)
                         handle.flush()
                         os.fsync(handle.fileno())  # on NFS, rename only publishes what the server holds
-                    os.replace(temp, path)
+                        os.replace(temp, path)  # still held: a sweep never takes a temp file being renamed
                 except BaseException:
                     temp.unlink(missing_ok=True)
                     raise
@@ -356,12 +358,13 @@ class Tier:
         directly in the directory (a process killed during ``publish_stream`` leaves its stored parts, which no
         listing shows and which otherwise stay until the bucket's lifecycle rule, AbortIncompleteMultipartUpload);
         keys in subdirectories or elsewhere in the bucket are not touched.
-        ``older_than`` (seconds): only leftovers not written to for that long, so that a live writer's upload in
-        the same directory survives (cfs: the temp file's mtime; hdfs: its modificationTime, which HDFS sets when
-        the file is created and closed, so there the age counts from the start of the write; ceph: the newest
-        part's LastModified, or the upload's Initiated when it has no part). ``STALE_PARTIAL_S`` suits callers
-        that cannot rule out a concurrent writer. None: everything, also a live writer's (the caller guarantees
-        that no writer is publishing into the directory).
+        ``older_than`` (seconds): spare a live writer's upload in the same directory. cfs: a temp file its writer
+        still holds (a lock from creation to rename; any unlocked one goes, whatever its age; where the filesystem
+        has no locks, one not written to for ``older_than``). hdfs: one whose modificationTime is older (HDFS sets
+        it when the file is created and closed, so there the age counts from the start of the write). ceph: an
+        upload whose newest part's LastModified (its Initiated when it has no part) is older.
+        ``STALE_PARTIAL_S`` suits callers that cannot rule out a concurrent writer. None: everything, also a live
+        writer's (the caller guarantees that no writer is publishing into the directory).
         """
         cutoff = None if older_than is None else time.time() - older_than  # written to after it: a live writer
         if isinstance(self.spec, CephTier):
@@ -370,7 +373,7 @@ class Tier:
             if isinstance(self.spec, CfsTier):
                 directory = Path(directory_uri)
                 temps = [p for p in directory.iterdir() if _PARTIAL.match(p.name)] if directory.is_dir() else []
-                stale = [p for p in temps if cutoff is None or _mtime(p) <= cutoff]
+                stale = [p for p in temps if older_than is None or _abandoned(p, older_than)]
                 for temp in stale:
                     temp.unlink(missing_ok=True)
                 return len(stale)
@@ -475,11 +478,42 @@ _PARTIAL = re.compile(r"^\..+\.partial-[0-9a-f]{12}$")  # publish's temp names (
 STALE_PARTIAL_S = 3600.0
 
 
-def _mtime(path: Path) -> float:
+# A cfs writer locks its temp file right after creating it (microseconds later; the GIL's switch interval is 5 ms): a
+# sweep leaves an unlocked one this young alone. Short, since a re-run right after a killed export sweeps its leftovers.
+_LOCK_WINDOW_S = 0.1
+
+
+def _hold(fd: int) -> None:
+    """Lock a cfs temp file for as long as its writer has it open (until the rename), so that a sweep can tell a
+    live writer's temp file from a killed one's at any age (the lock goes with the process)."""
     try:
-        return path.stat().st_mtime
-    except FileNotFoundError:  # renamed into place or removed meanwhile: nothing to sweep
-        return float("inf")
+        fcntl.flock(fd, fcntl.LOCK_EX)  # a sweep holds it for a moment at most
+    except OSError:  # no locks here (ENOLCK: NFS without lockd): sweeps go by the file's age
+        pass
+
+
+def _abandoned(path: Path, older_than: float) -> bool:
+    """True when no writer holds the cfs temp file ``path`` (its lock is free and it is not brand new), or, where
+    the filesystem has no locks, when it was not written to for ``older_than`` seconds."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)  # a write descriptor: NFS locks an fd opened for writing only
+    except FileNotFoundError:  # renamed into place or removed meanwhile
+        return False
+    except OSError:
+        try:
+            return path.stat().st_mtime <= time.time() - older_than
+        except FileNotFoundError:
+            return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a live writer holds it
+        except OSError:  # no locks here
+            return os.fstat(fd).st_mtime <= time.time() - older_than
+        return os.fstat(fd).st_mtime <= time.time() - min(older_than, _LOCK_WINDOW_S)
+    finally:
+        os.close(fd)  # a writer never reopens a temp name, so removing it after this is safe
 
 
 def _publish_posix(path: Path, data: bytes) -> None:
@@ -487,6 +521,7 @@ def _publish_posix(path: Path, data: bytes) -> None:
     temp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:12]}"
     try:
         with open(temp, "wb", buffering=0) as handle:
+            _hold(handle.fileno())
             view, written, flushed = memoryview(data).cast("B"), 0, 0
             while written < len(view):  # small writes (see _WRITE_PIECE); a raw write may also be short
                 written += handle.write(view[written:written + _WRITE_PIECE]) or 0
@@ -494,7 +529,7 @@ def _publish_posix(path: Path, data: bytes) -> None:
                     _start_writeback(handle.fileno(), flushed, written - flushed)
                     flushed = written
             os.fsync(handle.fileno())  # on NFS, rename only publishes what the server holds
-        os.replace(temp, path)
+            os.replace(temp, path)  # still held: a sweep never takes a temp file being renamed
     except BaseException:
         temp.unlink(missing_ok=True)
         raise

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import jsonschema
@@ -182,8 +185,49 @@ def test_completed_export_sweeps_temp_files_a_killed_upload_left(tmp_path) -> No
     release_dir.mkdir(parents=True)
     left = release_dir / ".rel-v1-000001.tar.partial-0123456789ab"
     left.write_bytes(b"half a shard")
+    os.utime(left, (time.time() - 10,) * 2)  # its writer was killed a moment ago: the lock it held went with it
     unrelated = release_dir / "notes.partial-0123456789ab"  # not a publish temp name: kept
     unrelated.write_bytes(b"x")
     manifest = _export(lake, version, storage, shard_samples=10)
     assert not left.exists() and unrelated.exists()
     assert sorted(p.name for p in release_dir.glob("*.tar")) == [s.name for s in manifest.shards]
+
+
+def test_completed_export_leaves_a_concurrent_writers_temp_file_alone(tmp_path) -> None:
+    """Nothing stops a second export (or a tier apply) of the release into the same tier meanwhile: the finishing
+    export's sweep spares the temp file that writer still holds, and that writer's publish completes."""
+    lake, version = make_lake(tmp_path / "lake", 30)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+    tier = storage.tier("cfs")
+    data = b"another export's shard" * 1000
+    wrote_half, finish = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def chunks():
+        yield data[:1000]
+        wrote_half.set()
+        finish.wait(60)
+        yield data[1000:]
+
+    def other_writer() -> None:
+        try:
+            tier.publish_stream(tier.uri("rel-v1", "other.tar"), chunks(), size=len(data),
+                                sha256=hashlib.sha256(data).hexdigest())
+        except BaseException as error:  # noqa: BLE001 - reported by the assert below
+            errors.append(error)
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    try:
+        assert wrote_half.wait(60)
+        release_dir = tmp_path / "cfs" / "rel-v1"
+        live = [p for p in release_dir.iterdir() if ".partial-" in p.name]
+        assert len(live) == 1
+        os.utime(live[0], (time.time() - 7200,) * 2)  # even a writer stalled for two hours keeps its temp file
+        _export(lake, version, storage, shard_samples=10)
+        assert live[0].exists()
+    finally:
+        finish.set()
+        writer.join(60)
+    assert errors == []
+    assert (release_dir / "other.tar").read_bytes() == data

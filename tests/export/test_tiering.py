@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ def test_export_to_hdfs_uses_rename_and_loader_reads_it(tmp_path, webhdfs) -> No
     on_disk = webhdfs.root / "datahub/releases/r1"
     on_disk.mkdir(parents=True)
     (on_disk / ".r1-000001.tar.partial-abcdef012345").write_bytes(b"a killed upload's temp file")  # swept at the end
+    _age(on_disk / ".r1-000001.tar.partial-abcdef012345", STALE_PARTIAL_S + 60)  # hdfs: by age (an hour unwritten)
     manifest = export_table_version(lake, table="samples", version=version, release_name="r1", tier="hdfs",
                                     storage=storage, shard_samples=25)
     assert webhdfs.ops["RENAME"] >= len(manifest.shards) + 1  # shards + manifest went through temp + rename
@@ -368,15 +370,30 @@ def test_apply_sweeps_stale_temp_files_but_not_a_live_writers(tmp_path) -> None:
     assert not [p for p in (tmp_path / "b" / "r").iterdir() if ".partial-" in p.name]
 
 
-def test_sweep_with_older_than_keeps_fresh_temp_files_on_hdfs_and_cfs(tmp_path, webhdfs) -> None:
+def test_sweep_with_older_than_keeps_live_writers_temp_files_on_hdfs_and_cfs(tmp_path, webhdfs) -> None:
+    """hdfs: a temp file written to within ``older_than`` stays. cfs: one its writer holds (locked) stays at any age,
+    an unlocked one (its writer was killed, just now) goes at once."""
     storage = _storage(tmp_path, webhdfs)
     for name, directory in (("hdfs", webhdfs.root / "datahub/releases/r"), ("cfs", tmp_path / "cfs" / "r")):
         directory.mkdir(parents=True)
-        fresh, old = directory / ".s.tar.partial-0123456789ab", directory / ".t.tar.partial-0123456789ab"
-        fresh.write_bytes(b"a live writer's")
+        live, old = directory / ".s.tar.partial-0123456789ab", directory / ".t.tar.partial-0123456789ab"
+        live.write_bytes(b"a live writer's")
         old.write_bytes(b"a killed writer's")
         _age(old, STALE_PARTIAL_S + 60)
         tier = storage.tier(name)
-        assert tier.sweep_partials(tier.uri("r"), older_than=STALE_PARTIAL_S) == 1, name
-        assert fresh.exists() and not old.exists(), name
-        assert tier.sweep_partials(tier.uri("r"), older_than=0) == 1 and not fresh.exists(), name
+        with open(live, "ab") as writing:
+            fcntl.flock(writing.fileno(), fcntl.LOCK_EX)  # as Tier.publish_stream holds its temp file on cfs
+            if name == "cfs":
+                _age(live, 2 * STALE_PARTIAL_S)  # stalled, but its writer is alive
+                killed = directory / ".u.tar.partial-0123456789ab"
+                killed.write_bytes(b"a writer killed 5 s ago")
+                _age(killed, 5)
+                assert tier.sweep_partials(tier.uri("r"), older_than=STALE_PARTIAL_S) == 2
+                assert not killed.exists()
+            else:
+                assert tier.sweep_partials(tier.uri("r"), older_than=STALE_PARTIAL_S) == 1, name
+            assert live.exists() and not old.exists(), name
+        if name == "cfs":
+            assert tier.sweep_partials(tier.uri("r"), older_than=STALE_PARTIAL_S) == 1 and not live.exists()
+        else:
+            assert tier.sweep_partials(tier.uri("r"), older_than=0) == 1 and not live.exists(), name
