@@ -7,9 +7,9 @@ new replica (tiers, then lake) -> only then delete replicas the policy no longer
 after). Memory holds a few chunks and one shard's keys, whatever the release or shard size.
 Every step checks what is already there, so an interrupted apply resumes and a second apply
 is a no-op; a finished copy or repair then removes what a killed one left in the release's directory (temp files,
-incomplete Ceph multipart uploads) once unwritten for ``STALE_PARTIAL_S`` (an hour), so the uploads of an apply or
-export running at the same time (overlapping cron runs; nothing locks a release) survive it. A tier from a second
-storage config (another region) is just one more tier name.
+incomplete Ceph multipart uploads) once abandoned (cfs: unlocked; hdfs, ceph: unwritten for ``STALE_PARTIAL_S``, an
+hour), so the uploads of an apply or export running at the same time (overlapping cron runs; nothing locks a
+release) survive it. A tier from a second storage config (another region) is just one more tier name.
 """
 
 from __future__ import annotations
@@ -349,8 +349,8 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
     updated = manifest.with_replicas(replicas)
     _commit_lineage(lake, manifest, dest, storage, cap=cap)
     publish_manifest(lake, updated, storage=storage, extra_tiers=[dest])
-    # what a killed earlier apply left there: temp files (cfs, hdfs), incomplete multipart uploads (ceph); only those
-    # unwritten for an hour, since an overlapping apply (cron) or export may be writing there right now
+    # what a killed earlier apply left there: temp files (cfs, hdfs), incomplete multipart uploads (ceph); not those
+    # of a live writer (see Tier.sweep_partials), since an overlapping apply (cron) or export may be writing there
     dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
 
 
