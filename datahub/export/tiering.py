@@ -366,19 +366,25 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
 
 
 def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfig, *,
-                   skip_tier: str | None = None, cap: BandwidthCap | None = None) -> bytes:
+                   skip_tier: str | None = None, cap: BandwidthCap | None = None) -> bytearray:
+    """A whole shard from the first replica matching the manifest, read 8 MiB at a time under ``cap`` (charged per
+    chunk as it arrives, as the streamed copies are: not a whole shard at line rate and the wait afterwards)."""
     problems = []
     for name, uri in shard.replicas.items():
         if name not in storage.tiers or name == skip_tier:
             continue
+        tier = storage.tier(name)
+        digest, data = hashlib.sha256(), bytearray()
         try:
-            data = storage.tier(name).read(uri)
+            for chunk in cap.metered(tier.chunks(uri)) if cap is not None else tier.chunks(uri):
+                digest.update(chunk)
+                data += chunk
+                if len(data) > shard.size:
+                    break  # not the manifest's bytes: read no further
         except (FileNotFoundError, StorageError) as exc:
             problems.append(f"{name}: {exc}")
             continue
-        if cap is not None:
-            cap.take(len(data))
-        if len(data) == shard.size and hashlib.sha256(data).hexdigest() == shard.sha256:
+        if len(data) == shard.size and digest.hexdigest() == shard.sha256:
             return data
         problems.append(f"{name}: {uri} does not match the manifest's size/sha256")
     raise IntegrityError(f"release {manifest.release!r}: no intact replica of {shard.name} to copy from "

@@ -397,3 +397,43 @@ def test_sweep_with_older_than_keeps_live_writers_temp_files_on_hdfs_and_cfs(tmp
             assert tier.sweep_partials(tier.uri("r"), older_than=STALE_PARTIAL_S) == 1 and not live.exists()
         else:
             assert tier.sweep_partials(tier.uri("r"), older_than=0) == 1 and not live.exists(), name
+
+
+def test_whole_shard_fallback_read_is_charged_to_the_cap_chunk_by_chunk(tmp_path, monkeypatch) -> None:
+    """The lineage index of a shard without an embedded index reads the whole shard (tiering._read_verified): the
+    cap is charged per chunk as it arrives, before the next one is read, not once for the whole shard after it."""
+    from datahub.export.tiering import _read_verified
+    from datahub.storage import tier as tier_module
+    from datahub.storage.bandwidth import BandwidthCap
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 20)
+    storage = cfs_storage(("a", tmp_path / "a"), ("b", tmp_path / "b"))
+    export_table_version(lake, table="samples", version=version, release_name="r", tier="a", storage=storage,
+                         shard_samples=20)
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
+    manifest = read_lake_manifest(lake, "r")
+    shard = manifest.shards[0]
+    damaged = bytearray(Path(shard.replicas["a"]).read_bytes())
+    damaged[700] ^= 1  # replica a: same size, other bytes: read, refused, then b is read
+    Path(shard.replicas["a"]).write_bytes(bytes(damaged))
+
+    monkeypatch.setattr(tier_module, "_CHUNK", 1024)
+    read, charged = [0], [0]
+    real_chunks = Tier.chunks
+
+    def counted_chunks(self, uri):
+        for chunk in real_chunks(self, uri):
+            read[0] += len(chunk)
+            yield chunk
+
+    def take(self, size: int) -> None:
+        assert size <= 1024  # one chunk at a time
+        charged[0] += size
+        assert charged[0] == read[0]  # charged as it arrives, before anything more is read
+
+    monkeypatch.setattr(Tier, "chunks", counted_chunks)
+    monkeypatch.setattr(BandwidthCap, "take", take)
+    data = _read_verified(manifest, shard, storage, cap=BandwidthCap(1e12))
+    assert bytes(data) == Path(shard.replicas["b"]).read_bytes()
+    assert charged[0] == read[0] == 2 * shard.size > 2 * 1024
