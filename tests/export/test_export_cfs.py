@@ -154,7 +154,8 @@ def test_crashed_export_publishes_no_manifest_and_resume_skips_verified_shards(t
     writes.clear()
     crash[0] = False
     manifest = _export(lake, version, storage, shard_samples=10)
-    assert writes == [f"rel-v1-{i:06d}.tar" for i in range(1, 10)]
+    # every shard from the damaged one on is written again, once (two upload threads: in either order)
+    assert sorted(writes) == [f"rel-v1-{i:06d}.tar" for i in range(1, 10)]
     for shard in manifest.shards:
         assert hashlib.sha256(Path(shard.replicas["cfs"]).read_bytes()).hexdigest() == shard.sha256
     assert read_lake_manifest(lake, "rel-v1") == manifest
