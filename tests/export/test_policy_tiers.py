@@ -107,3 +107,29 @@ def test_archive_and_touch_refuse_unknown_releases(tmp_path) -> None:
     for args in (["release", "archive", "nope"], ["tier", "touch", "nope"]):
         result = runner.invoke(app, [*args, "--lake", str(tmp_path / "lake")])
         assert result.exit_code != 0 and "no release 'nope'" in str(result.exception)
+
+
+def test_tier_plan_verify_reads_under_the_bandwidth_cap(tmp_path, monkeypatch) -> None:
+    """`tier plan --verify --max-mb-s` hashes every kept replica under the cap, as apply does."""
+    from datahub.storage.bandwidth import BandwidthCap
+
+    make_lake(tmp_path / "lake", 30)
+    root = str(tmp_path / "lake")
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(STORAGE.format(root=tmp_path))
+    runner = CliRunner()
+    _cli(runner, "release", "create", "r", "--lake", root)
+    manifest = json.loads(_cli(runner, "export", "r", "--lake", root, "--tier", "warm", "--storage", str(storage),
+                               "--shard-samples", "12", "--json"))
+    taken: list[int] = []
+    real_take = BandwidthCap.take
+    monkeypatch.setattr(BandwidthCap, "take", lambda self, size: (taken.append(size), real_take(self, size))[1])
+    plan = json.loads(_cli(runner, "tier", "plan", "--lake", root, "--storage", str(storage), "--release", "r",
+                           "--tiers", "warm", "--verify", "--max-mb-s", "1000000", "--json"))
+    assert plan["moves"] == []
+    assert sum(taken) == sum(s["size"] for s in manifest["shards"])  # every kept replica hashed under the cap
+    taken.clear()
+    _cli(runner, "tier", "plan", "--lake", root, "--storage", str(storage), "--release", "r", "--tiers", "warm",
+         "--verify", "--json")
+    assert taken == []  # no cap asked: none charged
+

@@ -88,19 +88,21 @@ _VERIFY = typer.Option(False, "--verify", help="Check kept replicas by sha256 to
 _TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on.")
 _WORKERS = typer.Option(2, "--workers", min=1, help="Shards copied at once (each streamed 8 MiB at a time).")
 _MAX_MB_S = typer.Option(None, "--max-mb-s", min=0.001,
-                         help="Cap the apply's reads (MB/s, all workers together): source replicas, the "
-                              "read-back verify at the destination, --verify checks; e.g. a cross-region link "
-                              "shared with other traffic.")
+                         help="Cap the reads (MB/s, all workers together): apply's source replicas and "
+                              "read-back verify at the destination, and the --verify checks of plan and apply; "
+                              "e.g. a cross-region link shared with other traffic.")
 
 
 @tier_app.command("plan")
 def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
-         tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY) -> None:
+         tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY,
+         max_mb_s: Optional[float] = _MAX_MB_S) -> None:
     """Dry run: what would be copied and deleted, and how many bytes."""
     from datahub.export.tiering import plan_tiers
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
-    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify)
+    result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify,
+                        max_bytes_per_s=max_mb_s * 1e6 if max_mb_s else None)
     rules = _rules(the_lake, config, result, targets)
     regions = _regions(config)
     if as_json:
