@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -39,3 +43,34 @@ def cfs_storage(*paths: tuple[str, Path], policy: dict | None = None) -> Storage
     if policy:
         raw["policy"] = policy
     return validate_storage_config(raw, source="test-storage.yaml")
+
+
+@contextmanager
+def publish_held_halfway(tier: Any, uri: str, data: bytes) -> Iterator[None]:
+    """Another writer's ``tier.publish_stream`` of ``data`` to ``uri`` (a concurrent export or tier apply), held
+    after its first half is written while the block runs; on leaving, it finishes and must have succeeded."""
+    wrote_half, finish = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def chunks() -> Iterator[bytes]:
+        yield data[: len(data) // 2]
+        wrote_half.set()
+        finish.wait(60)
+        yield data[len(data) // 2:]
+
+    def writer() -> None:
+        try:
+            tier.publish_stream(uri, chunks(), size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        except BaseException as error:  # noqa: BLE001 - reported by the assert below
+            errors.append(error)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert wrote_half.wait(60)
+        yield
+    finally:
+        finish.set()
+        thread.join(60)
+    assert errors == []
+

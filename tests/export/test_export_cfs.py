@@ -6,7 +6,6 @@ import hashlib
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from datahub.errors import IntegrityError, ReleaseError
 from datahub.export import export_table_version, read_lake_manifest
 from datahub.shards.tar import RECORD
 from datahub.storage.tier import Tier
-from tests.export.helpers import cfs_storage, make_lake, samples_table
+from tests.export.helpers import cfs_storage, make_lake, publish_held_halfway, samples_table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -201,34 +200,11 @@ def test_completed_export_leaves_a_concurrent_writers_temp_file_alone(tmp_path) 
     storage = cfs_storage(("cfs", tmp_path / "cfs"))
     tier = storage.tier("cfs")
     data = b"another export's shard" * 1000
-    wrote_half, finish = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-
-    def chunks():
-        yield data[:1000]
-        wrote_half.set()
-        finish.wait(60)
-        yield data[1000:]
-
-    def other_writer() -> None:
-        try:
-            tier.publish_stream(tier.uri("rel-v1", "other.tar"), chunks(), size=len(data),
-                                sha256=hashlib.sha256(data).hexdigest())
-        except BaseException as error:  # noqa: BLE001 - reported by the assert below
-            errors.append(error)
-
-    writer = threading.Thread(target=other_writer)
-    writer.start()
-    try:
-        assert wrote_half.wait(60)
-        release_dir = tmp_path / "cfs" / "rel-v1"
+    release_dir = tmp_path / "cfs" / "rel-v1"
+    with publish_held_halfway(tier, tier.uri("rel-v1", "other.tar"), data):
         live = [p for p in release_dir.iterdir() if ".partial-" in p.name]
         assert len(live) == 1
         os.utime(live[0], (time.time() - 7200,) * 2)  # even a writer stalled for two hours keeps its temp file
         _export(lake, version, storage, shard_samples=10)
         assert live[0].exists()
-    finally:
-        finish.set()
-        writer.join(60)
-    assert errors == []
     assert (release_dir / "other.tar").read_bytes() == data

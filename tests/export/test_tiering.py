@@ -6,7 +6,6 @@ import fcntl
 import hashlib
 import json
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from datahub.export import export_table_version, read_lake_manifest
 from datahub.export.tiering import apply_tiers, plan_tiers
 from datahub.storage import ReleaseState, Tier, validate_storage_config
 from datahub.storage.tier import STALE_PARTIAL_S
-from tests.export.helpers import make_lake
+from tests.export.helpers import make_lake, publish_held_halfway
 from tests.servers.webhdfs import WebHdfsServer
 
 
@@ -338,34 +337,11 @@ def test_apply_sweeps_stale_temp_files_but_not_a_live_writers(tmp_path) -> None:
 
     shard = manifest.shards[0]  # another apply of r into b, in the middle of writing shard 0
     data = Path(shard.replicas["a"]).read_bytes()
-    wrote_half, finish = threading.Event(), threading.Event()
-    errors: list[BaseException] = []
-
-    def chunks():
-        yield data[: len(data) // 2]
-        wrote_half.set()
-        finish.wait(60)
-        yield data[len(data) // 2:]
-
-    def live_writer() -> None:
-        try:
-            storage.tier("b").publish_stream(storage.tier("b").uri("r", shard.name), chunks(), size=len(data),
-                                             sha256=hashlib.sha256(data).hexdigest())
-        except BaseException as error:  # noqa: BLE001 - reported by the assert below
-            errors.append(error)
-
-    writer = threading.Thread(target=live_writer)
-    writer.start()
-    try:
-        assert wrote_half.wait(60)
+    with publish_held_halfway(storage.tier("b"), storage.tier("b").uri("r", shard.name), data):
         live = [p for p in (tmp_path / "b" / "r").iterdir() if p.name.startswith(f".{shard.name}.partial-")]
         assert len(live) == 1
         apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
         assert live[0].exists() and not stale.exists()
-    finally:
-        finish.set()
-        writer.join(60)
-    assert errors == []
     assert (tmp_path / "b" / "r" / shard.name).read_bytes() == data
     assert not [p for p in (tmp_path / "b" / "r").iterdir() if ".partial-" in p.name]
 
