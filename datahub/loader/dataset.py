@@ -129,8 +129,6 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self._decode = make_decoder(decode)  # per-sample reads; arrow batches gather columns (_iterate_arrow)
         if transform is not None:  # applied to every decoded sample, before batching (e.g. image augmentation)
             self._decode = _Transformed(self._decode, transform)
-        if batch_format == "arrow":  # pyarrow imports its pandas shim on first use: here, not once per forked worker
-            arrow_batch_from_columns([], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
         if tier_preference is None:  # the reader's region's replicas first, the others as failover
             tier_preference = region_preference(readable_tiers(self.manifest, None), storage_config, region)
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,

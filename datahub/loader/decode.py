@@ -65,16 +65,31 @@ class TextColumns:
 
 def arrow_batch_from_columns(keys: list[str], texts: list[memoryview], lengths: np.ndarray,
                              padding: np.ndarray) -> pa.RecordBatch:
-    """One RecordBatch (sample_id, text, is_padding) from gathered text views: one copy of the text bytes."""
-    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    """One RecordBatch (sample_id, text, is_padding) from gathered text views: one copy of the text bytes.
+
+    Every column is made from buffers, never with ``pa.array``: pyarrow imports pandas (~25 MB, 240 mappings) on
+    its first ``pa.array`` call, which every DataLoader fork then copies and tears down."""
+    text = pa.Array.from_buffers(*_string_buffers(b"".join(texts), lengths))
+    text.validate(full=True)  # UTF-8, as the "text" decoder checks it
+    ids = "".join(keys).encode()
+    id_lengths = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    if len(ids) != int(id_lengths.sum()):  # not all ASCII: byte lengths differ from character counts
+        id_lengths = np.fromiter((len(key.encode()) for key in keys), dtype=np.int64, count=len(keys))
+    flags = np.packbits(np.asarray(padding, dtype=bool), bitorder="little")
+    return pa.RecordBatch.from_arrays(
+        [pa.Array.from_buffers(*_string_buffers(ids, id_lengths)), text,
+         pa.Array.from_buffers(pa.bool_(), len(padding), [None, pa.py_buffer(flags)])],
+        names=["sample_id", "text", "is_padding"])
+
+
+def _string_buffers(data: bytes, lengths: np.ndarray) -> tuple[pa.DataType, int, list[pa.Buffer | None]]:
+    """``Array.from_buffers`` arguments of a string array of ``len(lengths)`` values laid end to end in ``data``
+    (large_string when the bytes pass 2 GiB)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     large = offsets[-1] >= 2**31
-    text_type = pa.large_string() if large else pa.string()
-    text = pa.Array.from_buffers(text_type, len(texts), [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
-                                                          pa.py_buffer(b"".join(texts))])
-    text.validate(full=True)  # UTF-8, as the "text" decoder checks it
-    return pa.RecordBatch.from_arrays([pa.array(keys, pa.string()), text, pa.array(padding, pa.bool_())],
-                                      names=["sample_id", "text", "is_padding"])
+    return ((pa.large_string() if large else pa.string()), len(lengths),
+            [None, pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(data)])
 
 
 def _raw(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:

@@ -50,11 +50,14 @@ _HEADER = 64  # the ring's first cache line: the reader's release mark (uint64, 
 _CAPACITY = 16 << 20  # the largest ring of a worker; 25 text batches of 640 KB
 _MAX_ITEM = _CAPACITY // 4
 # A ring is sized for the item that makes it: _SLOTS such items (at least _MIN_CAPACITY, at most _CAPACITY), since
-# every page of a ring is zeroed when made and faulted in by each side (~15 ms of CPU per 16 MB ring and worker,
-# measured: a quarter of a 4-worker token epoch's extra CPU here). DataLoader keeps prefetch_factor (2) items in
-# flight per worker, the trainer holds one or two more; a ring found full for _STALL_S is replaced by one twice as big
-_SLOTS = 16
-_MIN_CAPACITY = 4 << 20
+# every page of a ring is zeroed when made, faulted in by each side and freed at the worker's exit: about 1 ms of CPU
+# per MiB and worker per epoch, measured here (DataLoader starts new workers every epoch). A worker's items in flight
+# are DataLoader's prefetch_factor (default 2) plus the one or two the trainer holds: at most 4.1 items' bytes were
+# in use at a reserve at the default, 8.1 at prefetch_factor=6 (benchmark release, 1 and 4 workers), so 8 slots
+# cover prefetch_factor <= 5; a ring found full for _STALL_S (a larger prefetch_factor, or a trainer that keeps
+# batches) is replaced by one twice as big
+_SLOTS = 8
+_MIN_CAPACITY = 1 << 20
 _STALL_S = 0.05  # a ring full for this long is held by batches the trainer keeps: start a new ring
 _MAX_RINGS = 4  # rings one worker may make (each left one pins 16 MB while the trainer keeps its batches)
 _ALIGN = 64

@@ -128,17 +128,18 @@ def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None
     code = "\n".join([
         "from datahub.loader import worker_transport as t",
         "t._STALL_S = 0.01",
-        "ring, _ = t._reserve(256 << 10)",  # 16 items of 256 KB: a 4 MiB ring, not the largest (16 MiB)
+        "ring, _ = t._reserve(256 << 10)",  # 8 items of 256 KB: a 2 MiB ring, not the largest (16 MiB)
         "print(ring.capacity)",
-        "for _ in range(15): assert t._reserve(256 << 10)[0] is ring",
+        "for _ in range(7): assert t._reserve(256 << 10)[0] is ring",
         "full, _ = t._reserve(256 << 10)",  # nothing released: full for _STALL_S, so a new ring twice as big
         "print(full is not ring, full.capacity)",
         "big, _ = t._reserve(3 << 20)",  # more than a quarter of that ring: one sized for it
         "print(big is not full, big.capacity, len(t._retired))",
+        "print(t._capacity_for(4 << 10))",  # tiny items (token batches of a short seq_len): the smallest, 1 MiB
     ])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2])).stdout.split()
-    assert out == [str(4 << 20), "True", str(8 << 20), "True", str(16 << 20), "2"], out
+    assert out == [str(2 << 20), "True", str(4 << 20), "True", str(16 << 20), "2", str(1 << 20)], out
 
 
 def test_a_batch_whose_ring_is_gone_is_an_error_that_says_so(tmp_path: Path) -> None:
@@ -190,3 +191,36 @@ def test_batches_the_trainer_drops_free_the_ring_for_the_next(text_release: str,
     assert sorted(seen) == sorted(by_id(arrow_batches(text_release, 0)))
     pids = [path.split(worker_transport._PREFIX)[1].split("-")[0] for path in worker_transport._views]
     assert len(pids) == len(set(pids)) == 2, f"one ring per worker: {list(worker_transport._views)}"
+
+
+def test_a_trainer_keeping_every_batch_outgrows_the_default_rings(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # rings sized for _SLOTS batches (~112 KB batches: 1 MiB rings of 9) and a trainer that keeps them all (list,
+    # 15 batches per worker): a worker finds its ring full, leaves it to the kept batches and starts a bigger one;
+    # every batch stays intact
+    write_release(tmp_path / "export", samples_per_shard=(80,) * 6, text_bytes=7000)
+    path = str(tmp_path / "export" / "manifest.json")
+    monkeypatch.setattr(worker_transport, "_STALL_S", 0.01)
+    monkeypatch.setattr(worker_transport, "_views", {})
+    kept = arrow_batches(path, 2)
+    assert worker_transport._SLOTS * kept[0].nbytes < 1 << 20 < 10 * kept[0].nbytes
+    assert by_id(kept) == by_id(arrow_batches(path, 0))
+    pids = [name.split(worker_transport._PREFIX)[1].split("-")[0] for name in worker_transport._views]
+    assert len(set(pids)) == 2 and len(pids) > 2, f"a worker started another ring: {list(worker_transport._views)}"
+
+
+def test_arrow_batches_do_not_import_pandas(text_release: str) -> None:
+    # pyarrow imports pandas on its first pa.array call: ~25 MB and ~240 mappings in the trainer that every
+    # DataLoader worker's fork copies and its exit tears down; arrow batches are made from buffers instead
+    code = "\n".join([
+        "import sys",
+        "from torch.utils.data import DataLoader",
+        "from datahub.loader import ReleaseDataset",
+        f"dataset = ReleaseDataset({text_release!r}, rank=0, world_size=1, batch_size=16, batch_format='arrow')",
+        "rows = sum(b.num_rows for b in dataset) + sum(b.num_rows for b in DataLoader(dataset, batch_size=None, "
+        "num_workers=2))",
+        "print(rows, 'pandas' in sys.modules)",
+    ])
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[2])).stdout.split()
+    assert out == [str(2 * 187), "False"], out
