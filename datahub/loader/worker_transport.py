@@ -227,7 +227,7 @@ class _RingView:
         self.pending: deque[list[Any]] = deque()  # [end, freed] per item in the worker's order
         self.lock = threading.RLock()  # a finalizer may run in the thread that holds it (a collection mid-call)
 
-    def region(self, offset: int, size: int, end: int) -> pa.Buffer:
+    def region(self, offset: int, size: int, end: int) -> memoryview:
         if _HEADER + offset + size > len(self.view):
             raise WorkerBatchLostError(f"shared-memory ring {self.path}: a batch at {offset}+{size} lies past its end")
         window = self.view[_HEADER + offset : _HEADER + offset + size]
@@ -235,7 +235,7 @@ class _RingView:
         with self.lock:
             self.pending.append(entry)
         weakref.finalize(window, self._free, entry)  # fires when the last view of the item is gone
-        return pa.py_buffer(window)
+        return window
 
     def _free(self, entry: list[Any]) -> None:
         with self.lock:
@@ -254,8 +254,9 @@ class _RingView:
 _views: dict[str, _RingView] = {}  # the trainer's mappings, by ring path
 
 
-def _region(path: str, offset: int, size: int, end: int) -> pa.Buffer:
-    """The item's bytes in the ring at ``path``, viewed in place (see ``_RingView``)."""
+def _region(path: str, offset: int, size: int, end: int) -> memoryview:
+    """The item's bytes in the ring at ``path``, viewed in place (see ``_RingView``): every view of them (numpy
+    arrays, pyarrow buffers) keeps this memoryview alive."""
     view = _views.get(path)
     if view is None:
         for old in [v for v in _views.values() if v.idle() and not os.path.exists(v.path)]:
@@ -268,7 +269,7 @@ def _region(path: str, offset: int, size: int, end: int) -> pa.Buffer:
 
 
 def _record_batch_from_ring(path: str, offset: int, size: int, end: int) -> pa.RecordBatch:
-    return pa.ipc.open_stream(_region(path, offset, size, end)).read_next_batch()  # views of the ring
+    return pa.ipc.open_stream(pa.py_buffer(_region(path, offset, size, end))).read_next_batch()  # views of the ring
 
 
 def _reduce_record_batch(batch: pa.RecordBatch) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -286,13 +287,27 @@ def _reduce_record_batch(batch: pa.RecordBatch) -> tuple[Callable[..., Any], tup
 # --- array bundles (e.g. packed token batches) -----------------------------------------------------------------
 
 
-def _bundle_from_ring(kind: type[ArrayBundle], meta: Any, layout: list[tuple[str, str, tuple[int, ...], int]],
-                      path: str, offset: int, size: int, end: int) -> Any:
+Layout = tuple[tuple[str, str, tuple[int, ...], int], ...]  # per array: name, dtype, shape, offset in the region
+_layouts: dict[Layout, list[tuple[str, np.dtype[Any], int, tuple[int, ...], int]]] = {}  # parsed, in the trainer
+
+
+def _parsed(layout: Layout) -> list[tuple[str, np.dtype[Any], int, tuple[int, ...], int]]:
+    """``layout`` with dtypes and element counts made once per distinct layout (a worker sends the same few)."""
+    parsed = _layouts.get(layout)
+    if parsed is None:
+        if len(_layouts) >= 256:
+            _layouts.clear()
+        parsed = _layouts[layout] = [(name, np.dtype(dtype), math.prod(shape), shape, at)
+                                     for name, dtype, shape, at in layout]
+    return parsed
+
+
+def _bundle_from_ring(kind: type[ArrayBundle], meta: Any, layout: Layout, path: str, offset: int, size: int,
+                      end: int) -> Any:
     data = _region(path, offset, size, end)
-    arrays = {}
-    for name, dtype, shape, at in layout:  # views of the ring, writable (the worker leaves them until released)
-        count = math.prod(shape)
-        arrays[name] = np.frombuffer(data, dtype=np.dtype(dtype), count=count, offset=at).reshape(shape)
+    # views of the ring, writable (the worker leaves them until released)
+    arrays = {name: np.frombuffer(data, dtype=dtype, count=count, offset=at).reshape(shape)
+              for name, dtype, count, shape, at in _parsed(layout)}
     return kind.from_transfer(meta, arrays)
 
 
@@ -303,12 +318,13 @@ def _bundle_inline(kind: type[ArrayBundle], meta: Any, arrays: dict[str, np.ndar
 def _reduce_bundle(item: ArrayBundle) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     meta, arrays = item.to_transfer()
     if os.getpid() not in _failed:
-        layout, size = [], 0
+        places, size = [], 0
         for name, array in arrays.items():
             array = np.ascontiguousarray(array)
             arrays[name] = array
-            layout.append((name, array.dtype.str, tuple(array.shape), size))
+            places.append((name, array.dtype.str, tuple(array.shape), size))
             size += max(_ALIGN, -(-array.nbytes // _ALIGN) * _ALIGN)
+        layout = tuple(places)
         reserved = _reserve(size)
         if reserved is not None:
             ring, (offset, end) = reserved

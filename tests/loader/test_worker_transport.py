@@ -224,3 +224,32 @@ def test_arrow_batches_do_not_import_pandas(text_release: str) -> None:
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2])).stdout.split()
     assert out == [str(2 * 187), "False"], out
+
+
+def test_bundles_rebuild_from_ring_with_each_layout_parsed_once(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # the trainer parses a layout (dtypes, counts) once; a batch with another shape (an epoch's short last batch)
+    # gets its own entry; arrays are views of the ring, equal to the sent ones
+    monkeypatch.setattr(worker_transport, "_rings", {})
+    monkeypatch.setattr(worker_transport, "_made", {})
+    monkeypatch.setattr(worker_transport, "_views", {})
+    monkeypatch.setattr(worker_transport, "_layouts", {})
+    prefixes, _ = write_tokens(tmp_path / "tok", files=2, documents=40, max_len=50)
+    batches = list(PackedDataset(prefixes, seq_len=32, batch_size=4, rank=0, world_size=1, seed=1))
+    assert len(batches) > 3 and len(batches[-1]) < len(batches[0])
+    try:
+        sent = [worker_transport._reduce_bundle(batch) for batch in batches]
+        got = [rebuild(*args) for rebuild, args in sent]
+        assert len(worker_transport._layouts) == 2, "one parse for the full batches' layout, one for the last batch's"
+        ring = worker_transport._rings[os.getpid()]
+        view = worker_transport._views[ring.path]
+        start = view.released.ctypes.data
+        for mine, theirs in zip(batches, got):
+            for key in mine.keys():
+                assert np.array_equal(theirs[key], mine[key]), key
+            assert start < theirs["tokens"].ctypes.data < start + len(view.view), "a view of the trainer's mapping"
+        ends = [args[-1] for _, args in sent]
+        got.clear()
+        assert int(ring.released[0]) == ends[-1] and view.idle()
+    finally:
+        worker_transport._unlink(worker_transport._rings[os.getpid()].path)
