@@ -139,8 +139,8 @@ class TokenFiles:
                  release: str = "") -> None:
         self.files = list(files)
         self.digest, self.release, self.append_eod = digest, release, append_eod
-        self.doc_starts: list[np.ndarray] = []
-        self.doc_lengths: list[np.ndarray] = []
+        starts_of: list[np.ndarray] = []
+        lengths_of: list[np.ndarray] = []
         for data in self.files:
             itemsize = data.dtype.itemsize
             docs = data.document_indices
@@ -154,9 +154,17 @@ class TokenFiles:
                 starts = data.sequence_pointers[first] // itemsize if len(data.sequence_pointers) else np.zeros(0, np.int64)
             if append_eod is not None:
                 lengths = lengths + 1
-            self.doc_starts.append(np.asarray(starts, dtype=np.int64))
-            self.doc_lengths.append(np.asarray(lengths, dtype=np.int64))
-        self.documents = [len(lengths) for lengths in self.doc_lengths]
+            starts_of.append(np.asarray(starts, dtype=np.int64))
+            lengths_of.append(np.asarray(lengths, dtype=np.int64))
+        self.documents = [len(lengths) for lengths in lengths_of]
+        # every file's documents in one array (file f's at first_document[f]:first_document[f + 1]), so a block's
+        # documents are gathered with one fancy index whatever the number of files; the per-file lists are views
+        self.first_document = np.concatenate([[0], np.cumsum(self.documents, dtype=np.int64)])
+        self.all_doc_starts = np.concatenate(starts_of) if starts_of else np.zeros(0, dtype=np.int64)
+        self.all_doc_lengths = np.concatenate(lengths_of) if lengths_of else np.zeros(0, dtype=np.int64)
+        bounds = self.first_document.tolist()
+        self.doc_starts = [self.all_doc_starts[a:b] for a, b in zip(bounds, bounds[1:])]
+        self.doc_lengths = [self.all_doc_lengths[a:b] for a, b in zip(bounds, bounds[1:])]
         self.file_tokens = np.array([int(lengths.sum()) for lengths in self.doc_lengths], dtype=np.int64)
         self.num_tokens = int(self.file_tokens.sum())
 
@@ -221,12 +229,9 @@ class TokenLayout:
         if cached is None:
             lo, hi = int(self.order.boundaries[block]), int(self.order.boundaries[block + 1])
             file_of, doc = self.order.lookup(np.arange(lo, hi, dtype=np.int64))
-            lengths = np.empty(hi - lo, dtype=np.int64)
-            starts = np.empty(hi - lo, dtype=np.int64)
-            for f in np.unique(file_of).tolist():
-                mask = file_of == f
-                lengths[mask] = self.files.doc_lengths[f][doc[mask]]
-                starts[mask] = self.files.doc_starts[f][doc[mask]]
+            # one gather over all files' documents (each DataLoader worker builds every block its batches touch)
+            index = self.files.first_document[file_of] + doc
+            lengths, starts = self.files.all_doc_lengths[index], self.files.all_doc_starts[index]
             cumulative = np.concatenate([[0], np.cumsum(lengths)])
             if len(self._blocks) >= 4:
                 self._blocks.clear()

@@ -206,3 +206,33 @@ def test_reads_a_token_manifest(corpus: tuple[list[str], int], tmp_path: Path) -
 
     with pytest.raises(SpecError, match="no local replica"):
         PackedDataset(manifest, seq_len=8, tier_preference=["ceph"])
+
+
+def test_layout_blocks_gather_every_files_documents_as_file_by_file(tmp_path: Path) -> None:
+    # a block's documents come from several files; they are gathered from all files' documents at once (each
+    # DataLoader worker builds every block its batches touch): the same offsets, files and starts as reading
+    # each file's documents on its own, and every document of the epoch once
+    from datahub.loader.packing import TokenFiles, TokenLayout
+
+    prefixes, _ = write_tokens(tmp_path / "tok", files=7, documents=23, max_len=30)
+    for append_eod in (None, 0):
+        files = TokenFiles.open(prefixes, append_eod=append_eod)
+        layout = TokenLayout(files, seed=5, epoch=2, shuffle=True, shuffle_buffer=50)
+        blocks = len(layout.block_starts) - 1
+        assert blocks > 1 and len(set(files.documents)) == 1
+        seen, several = [], 0
+        for block in range(blocks):
+            cumulative, file_of, starts = layout._block(block)
+            lo, hi = int(layout.order.boundaries[block]), int(layout.order.boundaries[block + 1])
+            want_file, want_doc = layout.order.lookup(np.arange(lo, hi, dtype=np.int64))
+            several += len(set(want_file.tolist())) > 1
+            lengths = [int(files.files[f].sequence_lengths[d]) + (append_eod is not None)
+                       for f, d in zip(want_file.tolist(), want_doc.tolist())]
+            first = [int(files.files[f].sequence_pointers[d]) // files.files[f].dtype.itemsize
+                     for f, d in zip(want_file.tolist(), want_doc.tolist())]
+            assert file_of.tolist() == want_file.tolist() and starts.tolist() == first
+            assert cumulative.tolist() == np.concatenate([[0], np.cumsum(lengths)]).tolist()
+            assert int(layout.block_starts[block + 1] - layout.block_starts[block]) == cumulative[-1]
+            seen.extend(zip(want_file.tolist(), want_doc.tolist()))
+        assert several >= 2, "blocks of several files (whole files of >= 50 documents: 3 of 23)"
+        assert sorted(seen) == [(f, d) for f in range(7) for d in range(23)]
