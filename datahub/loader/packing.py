@@ -21,6 +21,7 @@ size, ``num_workers`` and even ``seq_len``: no token is repeated or skipped (N r
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -220,6 +221,7 @@ class TokenLayout:
         per_slot = files.file_tokens[self.order.shard_order]
         slot_tokens = np.concatenate([[0], np.cumsum(per_slot)])
         self.block_starts = slot_tokens[slots]  # token offset of each block (and the total at the end)
+        self._block_offsets: list[int] = self.block_starts.tolist()
         self.num_tokens = int(self.block_starts[-1])
         self._blocks: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
@@ -241,23 +243,26 @@ class TokenLayout:
     def pieces(self, begin: int, end: int) -> list[tuple[int, int, int, int, bool]]:
         """The documents' pieces covering tokens [begin, end) of the stream: (file, first token in the file,
         length, offset in the output, whether the piece ends with an appended EOD)."""
+        # called once per packed sequence: plain ints (bisect over the block offsets, the few documents' bounds as
+        # lists), not numpy scalars per document
         out: list[tuple[int, int, int, int, bool]] = []
-        block = int(np.searchsorted(self.block_starts, begin, side="right")) - 1
+        block_starts = self._block_offsets
+        block = bisect.bisect_right(block_starts, begin) - 1
         eod = self.files.append_eod is not None
-        while begin < end and block < len(self.block_starts) - 1:
-            base, stop = int(self.block_starts[block]), min(end, int(self.block_starts[block + 1]))
+        while begin < end and block < len(block_starts) - 1:
+            base, stop = block_starts[block], min(end, block_starts[block + 1])
             if stop > begin:
                 cumulative, file_of, starts = self._block(block)
-                first = int(np.searchsorted(cumulative, begin - base, side="right")) - 1
-                last = int(np.searchsorted(cumulative, stop - base - 1, side="right")) - 1
-                for d in range(first, last + 1):
-                    lo = max(int(cumulative[d]), begin - base)
-                    hi = min(int(cumulative[d + 1]), stop - base)
+                first = int(cumulative.searchsorted(begin - base, "right")) - 1
+                last = int(cumulative.searchsorted(stop - base - 1, "right")) - 1
+                bounds = cumulative[first:last + 2].tolist()
+                for doc_file, doc_start, doc_lo, doc_hi in zip(file_of[first:last + 1].tolist(),
+                                                               starts[first:last + 1].tolist(), bounds, bounds[1:]):
+                    lo = max(doc_lo, begin - base)
+                    hi = min(doc_hi, stop - base)
                     if hi <= lo:
                         continue
-                    ends_doc = eod and hi == int(cumulative[d + 1])
-                    out.append((int(file_of[d]), int(starts[d]) + lo - int(cumulative[d]), hi - lo,
-                                base + lo, ends_doc))
+                    out.append((doc_file, doc_start + lo - doc_lo, hi - lo, base + lo, eod and hi == doc_hi))
                 begin = stop
             block += 1
         return out

@@ -236,3 +236,31 @@ def test_layout_blocks_gather_every_files_documents_as_file_by_file(tmp_path: Pa
             seen.extend(zip(want_file.tolist(), want_doc.tolist()))
         assert several >= 2, "blocks of several files (whole files of >= 50 documents: 3 of 23)"
         assert sorted(seen) == [(f, d) for f in range(7) for d in range(23)]
+
+
+def test_layout_pieces_cover_any_token_range_across_blocks(tmp_path: Path) -> None:
+    # pieces(begin, end) against a direct walk over every document of the epoch: ranges inside a document, across
+    # documents and across blocks, with and without an appended EOD
+    from datahub.loader.packing import TokenFiles, TokenLayout
+
+    prefixes, _ = write_tokens(tmp_path / "tok", files=5, documents=17, max_len=30)
+    rng = np.random.default_rng(4)
+    for append_eod in (None, 0):
+        layout = TokenLayout(TokenFiles.open(prefixes, append_eod=append_eod), seed=1, epoch=0, shuffle=True,
+                             shuffle_buffer=30)
+        documents = []  # (stream offset, length, file, first token) of every document in stream order
+        for block in range(len(layout.block_starts) - 1):
+            cumulative, file_of, starts = layout._block(block)
+            base = int(layout.block_starts[block])
+            documents += [(base + int(a), int(b - a), int(f), int(s))
+                          for a, b, f, s in zip(cumulative[:-1], cumulative[1:], file_of, starts)]
+        assert len(layout.block_starts) > 3
+        for _ in range(300):
+            begin = int(rng.integers(0, layout.num_tokens))
+            end = min(layout.num_tokens, begin + int(rng.integers(1, 120)))
+            want = []
+            for at, length, f, first in documents:
+                lo, hi = max(at, begin), min(at + length, end)
+                if lo < hi:
+                    want.append((f, first + lo - at, hi - lo, lo, append_eod is not None and hi == at + length))
+            assert layout.pieces(begin, end) == want, (begin, end)
