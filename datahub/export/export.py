@@ -45,7 +45,8 @@ from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, export_ordering, index_reserve,
                                  member_bytes, plan_sizes)
-from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, export_columns
+from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, encoded_rows,
+                                    export_columns)
 from datahub.export.source import TableSource
 from datahub.export.spill import RowSpill
 from datahub.shards.index import ShardIndex, index_member
@@ -199,16 +200,13 @@ def export_table_version(
 
 def _plan(source: TableSource, settings: dict[str, Any], running: Engine | None = None,
           workers: int | None = None) -> ExportPlan:
-    """The planning pass: ids, the small columns and the byte lengths of large ones, in batches; on an engine its
+    """The planning pass: ids, the small columns and the byte lengths of large ones, in batches; on Spark its
     tasks read the files and send back only ids and sizes."""
     sizes = SizesReader.of(source)
     batches: Iterable[pa.RecordBatch | pa.Table]
     if running is None:
         batches = (sizes.sizes(batch) for batch in source.scan(sizes.projection()))
-    elif running.name == "ray":
-        batches = importlib.import_module("datahub.engines.ray.export").read_tasks(running, source.files(), read=sizes,
-                                                                                   workers=workers)
-    else:
+    else:  # Spark (a Ray export plans from its runs: ``_plan_runs``)
         batches = running.read_files(source.files(), sizes).iter_batches()
     id_chunks: list[pa.Array] = []
     size_chunks: list[np.ndarray] = []
@@ -283,10 +281,95 @@ class _LocalRows:
                           member_offset=offset, member_size=size)
 
 
+@dataclass(frozen=True)
+class SortedRunReader:
+    """A Ray export's read task: one data file of the version encoded once, its rows (order hash, id, tar members)
+    sorted in export order, and their ids and shard bytes for the plan (picklable)."""
+
+    source: TableSource
+    columns: tuple[str, ...]
+    shuffle_seed: int | None
+
+    def __call__(self, file: str) -> tuple[pa.Table, pa.Table]:
+        where = self.source.where
+        id_chunks: list[pa.Array] = []
+        member_chunks: list[pa.Array] = []
+        for batch in self.source.scan(list(self.columns), files=[file]):
+            if batch.num_rows:
+                id_chunks.append(checked_ids(batch.column(KEY_COLUMN), where=where))
+                member_chunks.append(encoded_rows(batch))
+        ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
+        members = pa.chunked_array(member_chunks, pa.large_binary()) if member_chunks else \
+            pa.chunked_array([], pa.large_binary())
+        del id_chunks, member_chunks
+        ordered, hashes, positions = export_ordering(ids, shuffle_seed=self.shuffle_seed, where=where)
+        members = members.take(pa.array(positions))
+        bits = hashes.view(np.int64) if hashes is not None else np.zeros(len(ordered), dtype=np.int64)
+        rows = pa.table([pa.array(bits, pa.int64()), ordered, members], schema=RUN_ROWS)
+        return rows, pa.table({KEY_COLUMN: ordered, "size": pc.binary_length(members).cast(pa.int64())})
+
+
+RUN_ROWS = pa.schema([f for f in ROUTED if f.name != "shard"])
+
+
+@dataclass(frozen=True)
+class _EngineRuns:
+    """A Ray export's encoded rows: sorted runs on the workers' disks, and per run the row where each shard's
+    rows begin (runs x (shards + 1): a run is in export order, so a shard's rows of it are contiguous)."""
+
+    runs: tuple[Any, ...]  # datahub.engines.ray.export.Run
+    bounds: np.ndarray
+
+    def slices(self, index: int) -> list[tuple[int, int, int]]:
+        begin, end = self.bounds[:, index], self.bounds[:, index + 1]
+        return [(run, int(begin[run]), int(end[run])) for run in np.flatnonzero(end > begin).tolist()]
+
+
+def _plan_runs(source: TableSource, settings: dict[str, Any], *, running: Engine, scope: ExitStack,
+               spill_dir: str | None, workers: int | None) -> tuple[ExportPlan, _EngineRuns]:
+    """The Ray export's one read of the version: tasks encode their files into sorted runs on local disk and send
+    back ids and sizes; the plan is cut from those, and each run's rows are split between the shards."""
+    ray_export = importlib.import_module("datahub.engines.ray.export")
+    where = source.where
+    directory = scope.enter_context(tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir))
+    runs: list[Any] = []
+    scope.callback(lambda: ray_export.remove_runs(running, runs, directory))  # other nodes' runs (before the folder)
+    reader = SortedRunReader(source, tuple(export_columns(source.schema(), where=where)), settings["shuffle_seed"])
+    id_chunks: list[pa.Array] = []
+    size_chunks: list[np.ndarray] = []
+    for run, summary in ray_export.spill_runs(running, source.files(), read=reader, directory=directory,
+                                              workers=workers):
+        runs.append(run)
+        id_chunks.append(summary.column(KEY_COLUMN).combine_chunks())
+        size_chunks.append(np.asarray(summary.column("size"), dtype=np.int64))
+    ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
+    sizes = np.concatenate(size_chunks) if size_chunks else np.zeros(0, dtype=np.int64)
+    del id_chunks, size_chunks
+    ordered, hashes, positions = export_ordering(ids, shuffle_seed=settings["shuffle_seed"], where=where)
+    del ids
+    sizes = sizes[positions]
+    spans = cut_shards(sizes, shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
+    ranks = np.empty(len(positions), dtype=np.int64)
+    ranks[positions] = np.arange(len(positions), dtype=np.int64)
+    shard_of = np.searchsorted(np.array([s.start for s in spans], dtype=np.int64), ranks, side="right") - 1
+    bounds = np.zeros((len(runs), len(spans) + 1), dtype=np.int64)
+    base = 0
+    for number, run in enumerate(runs):
+        owned = shard_of[base:base + run.rows]
+        if len(owned) > 1 and bool(np.any(owned[1:] < owned[:-1])):
+            raise IntegrityError(f"{where}: a read task's rows came back out of export order; re-run the export")
+        bounds[number] = np.searchsorted(owned, np.arange(len(spans) + 1, dtype=np.int64), side="left")
+        base += run.rows
+    return ExportPlan(ordered, hashes, sizes, spans), _EngineRuns(tuple(runs), bounds)
+
+
 def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine | None, spill_dir: str | None,
-               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, _LocalRows | None]:
+               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, _LocalRows | _EngineRuns | None]:
     """The plan; in this process also every row's encoded members, spilled by export rank (the large columns
-    read once; the spill's folder removed when ``scope`` closes). Engine tasks read and encode their own rows."""
+    read once; the spill's folder removed when ``scope`` closes). Ray tasks read and encode their files once,
+    into sorted runs on local disk (``_plan_runs``); Spark tasks read sizes first and encode their rows later."""
+    if running is not None and running.name == "ray":
+        return _plan_runs(source, settings, running=running, scope=scope, spill_dir=spill_dir, workers=workers)
     if running is not None:
         return _plan(source, settings, running, workers), None
     where = source.where
@@ -338,11 +421,23 @@ def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | No
                        tier_source=target.source, journal_dir=journal_dir)
 
 
-def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan, local: _LocalRows | None,
-           running: Engine | None, workers: int | None, upload_workers: int) -> Iterator[ShardDone]:
-    """Write the shards ``todo``, in this process (from ``local``'s spill) or on an engine; yields them as they are
-    published."""
+def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan,
+           local: _LocalRows | _EngineRuns | None, running: Engine | None, workers: int | None,
+           upload_workers: int) -> Iterator[ShardDone]:
+    """Write the shards ``todo``, in this process (from ``local``'s spill), from a Ray export's runs, or on an
+    engine; yields them as they are published."""
     if not todo:
+        return
+    if isinstance(local, _EngineRuns):
+        assert running is not None, "runs are written by the engine that spilled them"
+        writer.start()
+        written: list[ShardDone] = []
+        groups = [(index, local.slices(index)) for index in todo]
+        for done in importlib.import_module("datahub.engines.ray.export").write_slices(
+                running, local.runs, groups, key="shard", sink=writer, workers=workers):
+            written.append(done)
+            yield done
+        writer.commit(written)
         return
     if local is not None:
         built = _build_shards(local, plan, writer, todo, buffers=upload_workers + 1)

@@ -14,7 +14,8 @@ from datahub.export import export_table_version, read_lake_manifest
 from datahub.export.plan import cut_shards, order_hash
 from datahub.export.tiering import apply_tiers, plan_tiers
 from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
-from tests.export.helpers import cfs_storage, make_lake
+from datahub.lake import Lake
+from tests.export.helpers import cfs_storage, make_lake, samples_table
 
 
 def _reference_hash(key: str, seed: int) -> int:
@@ -74,6 +75,27 @@ def test_ray_export_writes_the_bytes_of_a_local_export_with_one_or_two_workers(t
     assert len(rows) == 150 and len({r["sample_id"] for r in rows}) == 150
     assert read_lake_manifest(lake, "rel-ray2") == two
     assert not (tmp_path / "ray2/rel-ray2/_partial").exists()
+
+
+def test_ray_export_of_many_data_files_matches_a_local_export_and_removes_its_runs(tmp_path, ray_engine) -> None:
+    """Each read task sorts its file's rows into a run on local disk; every shard takes a slice of each run."""
+    lake = Lake(tmp_path / "lake")
+    for part in range(4):
+        version = lake.commit("samples", samples_table(40, start=40 * part, with_binary=True), txn=f"seed/{part}")
+    assert len(lake.dataset("samples", version).files) >= 4
+    storage = cfs_storage(("local", tmp_path / "local"), ("ray", tmp_path / "ray"))
+    spill = tmp_path / "spill"
+    spill.mkdir()
+
+    def run(release: str, tier: str, **kw):
+        return export_table_version(lake, table="samples", version=version, release_name=release, tier=tier,
+                                    storage=storage, shard_size=30000, shuffle_seed=3, **kw)
+
+    local = run("rel-local", "local")
+    ray = run("rel-ray", "ray", engine=ray_engine, workers=2, spill_dir=str(spill))
+    assert len(local.shards) > 4 and local.num_samples == ray.num_samples == 160
+    assert _shards(local, "local") == _shards(ray, "ray")
+    assert list(spill.iterdir()) == []
 
 
 def test_export_again_rewrites_damaged_shards_and_says_so(tmp_path, caplog) -> None:

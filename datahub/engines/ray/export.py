@@ -1,16 +1,26 @@
-"""Grouped writes on Ray: tasks read and route rows, a one-round shuffle hands every group to one write task.
+"""Grouped writes on Ray, two ways.
 
-Used by export (a group is one shard, or one token file): the driver sends the task list and the writer and gets
-back the writers' small result rows. The shuffle is Ray core tasks, not Ray Data's sort-based ``groupby``: a read
-task splits its rows into ``partitions`` tables by ``key % partitions`` (Ray returns them as separate objects),
-and each write task gets its partition's table from every read task (zero-copy from the object store on the same
-node) and writes its groups one at a time, in key order. Measured on a 2-core machine: the ``groupby`` (sample,
-sort, merge, map_groups: three all-to-all stages) cost about 7 s for 77 MB of shards, this round a fraction of it.
+``spill_runs`` + ``write_slices`` (the text export): a sort-based shuffle through local disk. Each read task encodes
+one data file, sorts its rows in the caller's order and writes them as one Arrow IPC file (a *run*) on its node's
+disk, sending back only a small summary (ids and sizes); the driver plans the groups (shards) from the summaries,
+and each write task reads its group's slice of every run (memory-mapped on the same node; through a task on the
+run's node otherwise) and hands the rows to the sink. The release is read and encoded once, and nothing large goes
+through the object store: with the embedded Ray's capped store the previous shuffle spilled every encoded row
+through Ray's IO worker (L of benchmarks/release_scale.py: 2.5 GB of shards, the write phase 28 s of 43 s).
+
+``write_groups`` (token files): a one-round shuffle through the object store. A read task splits its routed rows into
+``partitions`` tables by ``key % partitions`` (Ray returns them as separate objects), and each write task gets its
+partition's table from every read task and writes its groups one at a time, in key order. Measured on a 2-core
+machine: Ray Data's ``groupby`` (sample, sort, merge, map_groups: three all-to-all stages) cost about 7 s for
+77 MB of shards, this round a fraction of it.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -18,9 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.allocator import arrow_pool
 from datahub.engines.base import Engine
 from datahub.engines.ray.tasks import map_tasks
-from datahub.engines.sink import Sink, WriteTask, task_results
+from datahub.engines.sink import RESULT, Sink, WriteTask, task_results
 
 R = TypeVar("R")
 MAX_PARTITIONS = 256  # objects per read task; a write task then writes groups/256 groups one at a time
@@ -95,13 +106,143 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
     return results
 
 
-def _read_all(task: Any, read: Callable[[Any], Iterator[pa.Table]]) -> list[pa.Table]:
-    return [table for table in read(task) if table.num_rows]
+# ---- sorted runs on the workers' local disks -----------------------------------------------------------------
 
 
-def read_tasks(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], Iterator[pa.Table]],
-               workers: int | None = None) -> Iterator[pa.Table]:
-    """``read(task)`` for every task in Ray tasks, ``workers`` at once; their (small) tables stream back in task
-    order. Plain Ray tasks: Ray Data's first execution in a process costs seconds this pass does not need."""
-    for tables in map_tasks(engine, tasks, partial(_read_all, read=read), workers=workers):
-        yield from tables
+@dataclass(frozen=True)
+class Run:
+    """One read task's rows, sorted by the caller, in an Arrow IPC file on the local disk of the node that ran it."""
+
+    node: str  # Ray node id
+    path: str
+    rows: int
+
+
+def _node() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def _spill_run(task: Any, index: int, read: Callable[[Any], tuple[pa.Table, pa.Table]], directory: str,
+               ) -> tuple[Run, pa.Table]:
+    # Arrow's own pool while the task decodes, encodes and sorts (the workers run malloc with a 128 kB mmap
+    # threshold: every large buffer would be a fresh mapping, faulted in page by page); released after
+    with arrow_pool():
+        rows, summary = read(task)
+        os.makedirs(directory, exist_ok=True)  # another node of a cluster: the driver made it only on its own
+        path = os.path.join(directory, f"run-{index:06d}.arrow")
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        run = Run(_node(), path, rows.num_rows)
+        del rows
+    return run, summary
+
+
+def spill_runs(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], tuple[pa.Table, pa.Table]],
+               directory: str, workers: int | None = None) -> Iterator[tuple[Run, pa.Table]]:
+    """The read pass of a sort-based shuffle: ``read(task)`` in a Ray task per task, ``workers`` at once, returns
+    (rows sorted by the caller's key, a small summary of them); the task keeps the rows in ``directory`` on its node's
+    disk (a ``Run``) and only the summary travels back. Yields (run, summary) in task order, so the driver can plan
+    which slice of each run every group takes (``write_slices``). Nothing goes through the object store but the
+    summaries: a capped store never spills, and memory is a few tasks' rows, not the data set's."""
+    for run, summary in map_tasks(engine, list(enumerate(tasks)), partial(_spill_run_item, read=read,
+                                                                           directory=directory), workers=workers):
+        yield run, summary
+
+
+def _spill_run_item(item: tuple[int, Any], read: Callable[[Any], tuple[pa.Table, pa.Table]],
+                    directory: str) -> tuple[Run, pa.Table]:
+    index, task = item
+    return _spill_run(task, index, read, directory)
+
+
+def _open_run(path: str) -> pa.Table:
+    """A run's rows, memory-mapped (a slice touches only its own pages)."""
+    with pa.memory_map(path, "r") as source:
+        return pa.ipc.open_file(source).read_all()
+
+
+def _fetch_slice(path: str, start: int, stop: int) -> pa.Table:
+    """Rows ``[start, stop)`` of a run, copied out of the file (they travel to another node's task)."""
+    return _open_run(path).slice(start, stop - start).combine_chunks()
+
+
+Slice = tuple[int, int, int]  # run index, first row, end row
+
+
+def _write_slices(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run], slices: Sequence[Slice],
+                  local_reads: bool) -> pa.Table:
+    """One write task: its group's rows from every run (a zero-copy slice of a run on this node, else a task on
+    the run's node sends them), with the ``key`` column, written whole by the sink."""
+    with arrow_pool():  # as in ``_spill_run``
+        return _write_group(task, key, value, runs, slices, local_reads)
+
+
+def _write_group(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run], slices: Sequence[Slice],
+                 local_reads: bool) -> pa.Table:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = _node()
+    parts: list[Any] = []
+    for run_index, start, stop in slices:
+        run = runs[run_index]
+        if local_reads and run.node == here:
+            parts.append(_open_run(run.path).slice(start, stop - start))
+        else:
+            fetch = ray.remote(_fetch_slice).options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(run.node, soft=False), num_cpus=0)
+            parts.append(fetch.remote(run.path, start, stop))
+    fetched = iter(ray.get([p for p in parts if not isinstance(p, pa.Table)]))
+    tables = [p if isinstance(p, pa.Table) else next(fetched) for p in parts]
+    keyed = [t.add_column(0, key, pa.array(np.full(t.num_rows, value, dtype=np.int64))) for t in tables if t.num_rows]
+    if not keyed:
+        return RESULT.empty_table()
+    result = task.over(keyed)
+    del tables, keyed, parts
+    pa.default_memory_pool().release_unused()
+    return result
+
+
+def write_slices(engine: Engine, runs: Sequence[Run], groups: Sequence[tuple[int, Sequence[Slice]]], *, key: str,
+                 sink: Sink[R, Any], workers: int | None = None, local_reads: bool = True) -> Iterator[R]:
+    """The write pass: per group (its ``key`` value and its slices of the runs), a Ray task hands the sink's
+    ``write`` all its rows with an int64 ``key`` column in front (a group without rows is not written);
+    ``workers`` tasks at once. Yields the tasks' results as they finish. ``local_reads=False`` sends every slice through the object store, as between
+    nodes (tests run that path on one machine)."""
+    import ray
+
+    parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    write = ray.remote(_write_slices)
+    write_task = WriteTask(sink)
+    runs_ref: Any = ray.put(list(runs))
+    pending: list[Any] = []
+    for value, slices in groups:
+        if len(pending) >= parallel:
+            done, pending = ray.wait(pending, num_returns=1)
+            for table in ray.get(done):
+                yield from task_results(table)
+        pending.append(write.remote(write_task, key, value, runs_ref, list(slices), local_reads))
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for table in ray.get(done):
+            yield from task_results(table)
+
+
+def _remove(directory: str) -> None:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def remove_runs(engine: Engine, runs: Sequence[Run], directory: str) -> None:
+    """Remove ``directory`` on every node that holds a run (this node's too; best effort)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = _node()
+    _remove(directory)
+    others = sorted({run.node for run in runs} - {here})
+    remove = ray.remote(_remove)
+    refs = [remove.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True), num_cpus=0)
+            .remote(directory) for node in others]
+    ray.wait(refs, num_returns=len(refs), timeout=60)
