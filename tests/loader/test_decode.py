@@ -49,3 +49,25 @@ def test_sample_without_text_member_is_an_integrity_error(tmp_path: Path) -> Non
     path.write_bytes(bytes(data))
     with pytest.raises(IntegrityError, match=rf"{manifest['shards'][0]['name']}: sample {all_ids(manifest)[0]} has no .txt"):
         _samples(tmp_path, verify=False)
+
+
+def test_arrow_batch_columns_from_buffers_keep_non_ascii_ids_padding_and_utf8_checks() -> None:
+    # the columns are made from buffers (no pa.array, which imports pandas): byte lengths of non-ASCII sample ids,
+    # the padding bitmap past one byte, and invalid UTF-8 text still refused
+    import numpy as np
+
+    from datahub.loader.decode import arrow_batch_from_columns
+
+    ids = ["a", "é-1", "", "日本", *(f"s{i}" for i in range(9))]
+    texts = [f"text {i} ü".encode() for i in range(len(ids))]
+    padding = np.array([i % 3 == 0 for i in range(len(ids))])
+    batch = arrow_batch_from_columns(ids, [memoryview(t) for t in texts], np.array([len(t) for t in texts]), padding)
+    batch.validate(full=True)
+    assert batch.schema.names == ["sample_id", "text", "is_padding"]
+    assert batch.column("sample_id").to_pylist() == ids
+    assert batch.column("text").to_pylist() == [t.decode() for t in texts]
+    assert batch.column("is_padding").to_pylist() == padding.tolist()
+    empty = arrow_batch_from_columns([], [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+    assert empty.num_rows == 0 and empty.schema == batch.schema
+    with pytest.raises(Exception, match="(?i)utf-?8"):
+        arrow_batch_from_columns(["x"], [memoryview(b"\xff")], np.array([1]), np.array([False]))
