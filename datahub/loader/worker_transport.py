@@ -157,6 +157,7 @@ class _Ring:
 
 _rings: dict[int, _Ring] = {}  # this process's ring (by pid: a forked child makes its own)
 _made: dict[int, int] = {}  # rings each pid made
+_outgrown: dict[int, int] = {}  # of those, rings each pid left because an item was too large for them
 _retired: list[_Ring] = []  # rings left to the batches that pin them (unlinked at exit)
 _failed: set[int] = set()  # pids that could not make a ring: they send through the pipe
 _least: dict[int, int] = {}  # the smallest capacity each pid's next ring may have (doubled after a stall)
@@ -197,11 +198,14 @@ def _reserve(size: int) -> tuple[_Ring, tuple[int, int]] | None:
             # full for _STALL_S: the trainer keeps batches that pin this ring (DataLoader has at most
             # prefetch_factor items in flight per worker): the next ring is twice as big
             _least[ring.pid] = 2 * ring.capacity
-        # leave the ring to the batches that pin it and start a new one, or, past _MAX_RINGS, use the pipe for the
-        # rest of this worker's life. The old file stays until the worker exits: descriptors still in the pipe may
-        # name it before the trainer has mapped it
+        else:  # outgrown, not kept full: the next ring holds _SLOTS of these items, over twice this one's capacity,
+            # so this happens at most log2(_CAPACITY / _MIN_CAPACITY) times and does not count toward _MAX_RINGS
+            _outgrown[ring.pid] = _outgrown.get(ring.pid, 0) + 1
+        # leave the ring to the batches that pin it and start a new one, or, past _MAX_RINGS rings kept full, use the
+        # pipe for the rest of this worker's life. The old file stays until the worker exits: descriptors still in
+        # the pipe may name it before the trainer has mapped it
         _retired.append(_rings.pop(ring.pid))
-        if _made.get(ring.pid, 0) >= _MAX_RINGS:
+        if _made.get(ring.pid, 0) - _outgrown.get(ring.pid, 0) >= _MAX_RINGS:
             _failed.add(ring.pid)
         ring = _ring(size)
     return None

@@ -142,6 +142,26 @@ def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None
     assert out == [str(2 << 20), "True", str(4 << 20), "True", str(16 << 20), "2", str(1 << 20)], out
 
 
+def test_rings_outgrown_by_larger_items_do_not_count_toward_the_ring_limit() -> None:
+    # items that keep growing (a worker's first batches small, later ones large) make rings 1, 3, 7 and 16 MiB: those
+    # are outgrown, not held by the trainer, so a trainer keeping batches afterwards still fills _MAX_RINGS rings
+    # (the 16 MiB one and _MAX_RINGS - 1 new ones) before the pipe, as without the outgrown ones
+    code = "\n".join([
+        "from datahub.loader import worker_transport as t",
+        "t._STALL_S = 0.01",
+        "sizes = [100 << 10, 300 << 10, 800 << 10, 2 << 20]",
+        "rings = [t._reserve(size)[0] for size in sizes]",
+        "print([ring.capacity >> 20 for ring in rings], t._outgrown)",
+        "kept = 0",
+        "while t._reserve(2 << 20) is not None: kept += 1",  # nothing released: stalls, new rings, then the pipe
+        "print(len(t._retired) - 3, kept > 8)",
+    ])
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[2])).stdout.split("\n")
+    assert out[0].startswith("[1, 3, 7, 16]") and out[0].endswith(": 3}"), out
+    assert out[1] == f"{worker_transport._MAX_RINGS} True", out
+
+
 def test_a_batch_whose_ring_is_gone_is_an_error_that_says_so(tmp_path: Path) -> None:
     with pytest.raises(WorkerBatchLostError, match="shared-memory ring"):
         worker_transport._record_batch_from_ring(str(tmp_path / "datahub-ring-1-gone"), 0, 128, 128)
