@@ -218,6 +218,7 @@ class RayEngine(Engine):
         self.spec = spec
         self._started_ray = False
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._data_configured = False  # by the first frame (``_data``): an export's plain tasks never import Ray Data
 
     def start(self) -> None:
         import ray
@@ -258,11 +259,20 @@ class RayEngine(Engine):
         log_once("ray_data_progress_manager_disabled")  # "Progress bars disabled": we turn them off on purpose
         if not self.spec.address:  # our own running tasks hold the CPUs we gave the embedded Ray
             log_once("cpu_warning")  # "the Ray cluster currently does not have any available CPUs"
+
+    def _data(self) -> None:
+        """Ray Data's settings for this engine's frames, once (importing ``ray.data`` costs ~0.6 s of start-up that
+        commands running plain Ray tasks, such as an export, do not need)."""
+        if self._data_configured:
+            return
+        import ray.data
+
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False  # datahub draws its own progress
         ctx.print_on_execution_start = False
         # one INFO line per executed dataset (a dedup run executes dozens) drowns the run's own summary
         logging.getLogger("ray.data").setLevel(logging.WARNING)
+        self._data_configured = True
 
     def _start_watchdog(self, ray_processes: set[int]) -> None:
         """A child process that kills the embedded Ray's processes if this driver dies without ``stop``
@@ -291,6 +301,7 @@ class RayEngine(Engine):
     def read_files(self, files: Sequence[Any], read: ReadFn) -> RayFrame:
         import ray.data
 
+        self._data()
         index = ray.data.from_items([{"index": i} for i in range(len(files))], override_num_blocks=max(1, len(files)))
         dataset = index.map_batches(_ReadFiles(read, files), batch_format="pyarrow", batch_size=1)
         return RayFrame(dataset, parallelism=self.parallelism)
@@ -298,4 +309,5 @@ class RayEngine(Engine):
     def from_arrow(self, table: pa.Table) -> RayFrame:
         import ray.data
 
+        self._data()
         return RayFrame(ray.data.from_arrow(table), schema=table.schema, parallelism=self.parallelism)
