@@ -347,7 +347,11 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
                 upcoming = next(chunks, None)
                 later = set(upcoming[0].tolist()) if upcoming is not None else set()
                 if upcoming is not None:
-                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0].tolist()) if views[s] is None)
+                    # skip this chunk's own shards too: they are already scheduled (maybe not yet opened) and stay
+                    # open into the next chunk; scheduled twice, the copy would be read again and never taken
+                    current = set(shards.tolist())
+                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0].tolist())
+                                        if views[s] is None and s not in current)
                 count = len(shards)
                 # a shard is released after its last use in this chunk, unless the next chunk needs it too
                 distinct, last_reversed = np.unique(shards[::-1], return_index=True)
@@ -410,7 +414,9 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
                 upcoming = next(chunks, None)
                 later = set(upcoming[0]) if upcoming is not None else set()
                 if upcoming is not None:
-                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0]) if s not in readers)
+                    # skip this chunk's own shards too (see _iterate_arrow)
+                    in_chunk = set(shards)
+                    prefetcher.schedule(s for s in dict.fromkeys(upcoming[0]) if s not in readers and s not in in_chunk)
                 # a shard is released at the first switch after its last use in this chunk, unless the
                 # next chunk needs it too: at most the shards of one shuffle block stay in memory
                 last_use = dict(zip(shards, range(len(shards))))

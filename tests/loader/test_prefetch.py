@@ -79,3 +79,37 @@ def test_shuffled_epoch_stays_within_one_block_plus_read_ahead(tmp_path: Path, s
     assert len(list(dataset)) == 10 * SHARDS
     # a block of 7 samples touches at most 2 shards of 10 (it can straddle a boundary), plus 2 read ahead
     assert source.peak <= 2 + 2 and Counter(source.started) == Counter(range(SHARDS))
+
+
+@pytest.mark.parametrize("batch_format", ["list", "arrow"])
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_shard_shared_by_two_plan_chunks_is_read_once_and_leaves_no_future(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch_format: str, depth: int) -> None:
+    """The next plan chunk's shards are scheduled when a chunk starts; a shard both chunks use (one straddling the
+    chunk boundary, or a shuffle block's shards) must not be queued a second time: that copy was read again after the
+    first take and its future, never taken, held the bytes and a prefetch slot for the rest of the epoch."""
+    import datahub.loader.dataset as dataset_module
+    from datahub.loader.prefetch import Prefetcher
+
+    monkeypatch.setattr(dataset_module, "_CHUNK_ITEMS", 5)  # many chunk boundaries inside shards and blocks
+    never_taken: list[list[int]] = []
+    close = Prefetcher.close
+
+    def recording_close(self: Prefetcher) -> None:
+        never_taken.append(sorted(self._futures))
+        close(self)
+
+    monkeypatch.setattr(Prefetcher, "close", recording_close)
+    sizes = (7, 3, 12, 1, 9, 4, 11, 6)
+    write_release(tmp_path, samples_per_shard=sizes, text_bytes=24)
+    for shuffle, shuffle_buffer in [(False, 0), (True, 10), (True, 0)]:
+        dataset = ReleaseDataset(str(tmp_path / "manifest.json"), shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                                 verify=False, prefetch_shards=depth, batch_format=batch_format,  # type: ignore[arg-type]
+                                 batch_size=2 if batch_format == "arrow" else None)
+        never_taken.clear()
+        items = list(dataset)
+        assert (sum(len(item) for item in items) if batch_format == "arrow" else len(items)) == sum(sizes)
+        reads = Counter(name for (_, name) in dataset.source.reads.elements())
+        assert reads == Counter(shard.name for shard in dataset.manifest.shards), \
+            f"each shard read once (shuffle={shuffle}, buffer={shuffle_buffer})"
+        assert never_taken == [[]], "every prefetched shard was taken"
