@@ -301,6 +301,8 @@ class PackedDataset(StridedDataset):
         super().__init__(rank=rank, world_size=world_size, batch_size=batch_size)
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1; got {seq_len}")
+        if not np.can_cast(np.min_scalar_type(int(pad_token)), np.int32):
+            raise ValueError(f"pad_token must fit the batches' int32 tokens; got {pad_token}")
         self.files = source if isinstance(source, TokenFiles) else TokenFiles.open(
             source, tier_preference=tier_preference, append_eod=append_eod)
         self.seq_len, self.seed, self.epoch = int(seq_len), int(seed), int(epoch)
@@ -341,6 +343,8 @@ class PackedDataset(StridedDataset):
         total = layout.num_tokens
         dtype = np.result_type(*[t.dtype for t in tokens]) if tokens else np.dtype(np.int32)
         if eod is not None and not np.can_cast(np.min_scalar_type(eod), dtype):
+            dtype = np.dtype(np.int32)
+        if not np.can_cast(np.min_scalar_type(self.pad_token), dtype):  # e.g. Megatron's -1 on uint16 files
             dtype = np.dtype(np.int32)
 
         def read(offsets: np.ndarray, padding: np.ndarray) -> dict[str, np.ndarray]:

@@ -264,3 +264,23 @@ def test_layout_pieces_cover_any_token_range_across_blocks(tmp_path: Path) -> No
                 if lo < hi:
                     want.append((f, first + lo - at, hi - lo, lo, append_eod is not None and hi == at + length))
             assert layout.pieces(begin, end) == want, (begin, end)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_pad_token_minus_1_pads_uint16_and_int32_files(tmp_path: Path, dtype: Any) -> None:
+    """Megatron-LM pads with -1 and writes uint16 files for vocabularies < 65500: the compact batch buffer must
+    widen to the batches' int32 tokens instead of overflowing the files' dtype."""
+    from datahub.shards.indexed import IndexedWriter
+
+    prefix = str(tmp_path / "tok")
+    with IndexedWriter(prefix, dtype=dtype) as writer:
+        writer.add_documents(np.arange(1, 16).astype(dtype), [5, 3, 7], ["d0", "d1", "d2"])
+    for batch_size in (None, 2):
+        batches = [{k: np.asarray(v) for k, v in b.items()}
+                   for b in PackedDataset([prefix], seq_len=4, pad_token=-1, shuffle=False, batch_size=batch_size)]
+        last = batches[-1]["tokens"].reshape(-1, 4)[-1]
+        mask = batches[-1]["loss_mask"].reshape(-1, 4)[-1]
+        assert last.tolist() == [13, 14, 15, -1] and mask.tolist() == [True, True, True, False]
+        assert sorted(t for b in batches for t in real_tokens(b)) == list(range(1, 16))
+    with pytest.raises(ValueError, match="pad_token"):
+        PackedDataset([prefix], seq_len=4, pad_token=2**40)
