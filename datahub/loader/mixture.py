@@ -194,6 +194,11 @@ class MixtureDataset(StridedDataset):
             lengths = {s.seq_len for s in sources.values()}  # type: ignore[union-attr]
             if len(lengths) > 1:
                 raise ValueError(f"token sources must share one seq_len to be mixed; got {sorted(lengths)}")
+            # a batch holds one set of arrays: position_ids/segment_ids for every row or for none
+            boundaries = {name: bool(s.document_boundaries) for name, s in sources.items()}  # type: ignore[union-attr]
+            if len(set(boundaries.values())) > 1:
+                raise ValueError(f"token sources must share one document_boundaries setting to be mixed; got "
+                                 f"{boundaries}: construct every PackedDataset with the same value")
         else:
             raise ValueError("MixtureDataset mixes either ReleaseDatasets (text) or PackedDatasets (tokens), not both; "
                              f"got {sorted(k.__name__ for k in kinds)}")

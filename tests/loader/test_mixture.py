@@ -153,3 +153,23 @@ def test_mixing_text_and_tokens_is_refused(text: dict[str, tuple[str, list[str]]
                        {"a": 1, "t": 1}, rank=0, world_size=1)
     with pytest.raises(ValueError, match="missing"):
         MixtureDataset({"a": ReleaseDataset(text["a"][0])}, {"b": 1}, rank=0, world_size=1)
+
+
+def test_token_sources_with_different_document_boundaries_are_refused(tmp_path: Path) -> None:
+    """A source without document boundaries has no ``starts``: mixed with one that has them, a batch raised KeyError
+    or left that source's rows of position/segment ids uninitialized."""
+    a, total_a = write_tokens(tmp_path / "a", files=1, documents=10, name="a")
+    b, total_b = write_tokens(tmp_path / "b", files=1, documents=10, first_id=10**6, name="b")
+    for first in (True, False):
+        with pytest.raises(ValueError, match="document_boundaries"):
+            MixtureDataset({"a": PackedDataset(a, seq_len=8, document_boundaries=first),
+                            "b": PackedDataset(b, seq_len=8, document_boundaries=not first)},
+                           {"a": 1, "b": 1}, rank=0, world_size=1, batch_size=4)
+    mixture = MixtureDataset({"a": PackedDataset(a, seq_len=8, document_boundaries=False),
+                              "b": PackedDataset(b, seq_len=8, document_boundaries=False)},
+                             {"a": 1, "b": 1}, rank=0, world_size=1, batch_size=4)
+    seen: list[int] = []
+    for batch in mixture:
+        assert "segment_ids" not in batch.keys()
+        seen.extend(real_tokens({k: np.asarray(v) for k, v in batch.items()}))
+    assert sorted(seen) == list(range(1, total_a + 1)) + list(range(10**6, 10**6 + total_b))
