@@ -56,8 +56,9 @@ EXACT_TYPES = frozenset({
 
 
 def value_hashes(values: pa.Array) -> np.ndarray:
-    """uint64 per (non-null) value: integers as they are, floats by their bits, short strings by FNV-1a 64,
-    long ones by blake2b-64."""
+    """uint64 per (non-null) value: integers as they are, floats by their bits, strings up to ``_SHORT`` bytes by
+    FNV-1a 64, longer ones by blake2b-64. The function is chosen per value, never per batch, so a value has one hash
+    whatever batch or file it sits in (duplicates across batches are found)."""
     if pa.types.is_integer(values.type) or pa.types.is_boolean(values.type):
         return np.asarray(pc.cast(values, pa.int64()), dtype=np.int64).view(np.uint64)
     if pa.types.is_floating(values.type):
@@ -65,19 +66,27 @@ def value_hashes(values: pa.Array) -> np.ndarray:
         return (numbers + 0.0).view(np.uint64)  # + 0.0: -0.0 and 0.0 are one value
     binary = pc.cast(values, pa.large_binary())
     lengths = np.asarray(pc.binary_length(binary), dtype=np.int64)
-    if len(lengths) and int(lengths.max()) > _SHORT:
-        return np.fromiter((int.from_bytes(hashlib.blake2b(v, digest_size=8).digest(), "little")
-                            for v in binary.to_pylist()), dtype=np.uint64, count=len(binary))
     hashes = np.full(len(binary), _FNV_OFFSET, dtype=np.uint64)
     if not len(binary):
         return hashes
-    offsets = np.frombuffer(binary.buffers()[1], dtype=np.int64)[binary.offset:binary.offset + len(binary) + 1]
-    data = np.frombuffer(binary.buffers()[2], dtype=np.uint8) if binary.buffers()[2] is not None else np.zeros(1, np.uint8)
-    begins = offsets[:-1]
-    for column in range(int(lengths.max()) if len(lengths) else 0):
-        active = np.flatnonzero(lengths > column)
-        hashes[active] = (hashes[active] ^ data[begins[active] + column]) * _FNV_PRIME
-    return hashes ^ lengths.astype(np.uint64)  # the length tells "a" from "a\0"
+    long = lengths > _SHORT
+    short = np.flatnonzero(~long)
+    if len(short):
+        offsets = np.frombuffer(binary.buffers()[1], dtype=np.int64)[binary.offset:binary.offset + len(binary) + 1]
+        data = (np.frombuffer(binary.buffers()[2], dtype=np.uint8) if binary.buffers()[2] is not None
+                else np.zeros(1, np.uint8))
+        begins, short_lengths = offsets[:-1][short], lengths[short]
+        folded = hashes[short]
+        for column in range(int(short_lengths.max())):
+            active = np.flatnonzero(short_lengths > column)
+            folded[active] = (folded[active] ^ data[begins[active] + column]) * _FNV_PRIME
+        hashes[short] = folded ^ short_lengths.astype(np.uint64)  # the length tells "a" from "a\0"
+    if long.any():
+        chosen = np.flatnonzero(long)
+        hashes[chosen] = np.fromiter(
+            (int.from_bytes(hashlib.blake2b(v, digest_size=8).digest(), "little")
+             for v in pc.take(binary, pa.array(chosen)).to_pylist()), dtype=np.uint64, count=len(chosen))
+    return hashes
 
 
 @dataclass

@@ -103,3 +103,24 @@ def test_spilled_hashes_are_given_back_whole_and_merged_with_counts(monkeypatch)
     first.merge(later)  # two parts of the table, each spilled
     assert first._hash_counts() == expected
     assert check(parts).result()[1]["unexpected_count"] == expected[2]
+
+
+def test_a_value_has_one_hash_whatever_else_its_batch_holds(tmp_path) -> None:
+    """The hash function is chosen per value (FNV-1a up to 256 bytes, blake2b past), so a duplicate across two
+    batches of different length mixes is found, and the verdict does not depend on the batch size."""
+    short, mixed = pa.array(["hello world", "x"]), pa.array(["hello world", "y" * 300])
+    assert aggregates.value_hashes(short)[0] == aggregates.value_hashes(mixed)[0]
+    assert aggregates.value_hashes(mixed)[1] == aggregates.value_hashes(pa.array(["y" * 300]))[0]
+    unique = Check({"type": "expect_column_values_to_be_unique", "kwargs": {"column": "text"}})
+    unique.update(2, short)
+    unique.update(2, mixed)
+    assert unique.result()[0] is False and unique.result()[1]["unexpected_count"] == 2
+    texts = ["dup text", "a0", "a1", "a2", "dup text", "long " * 80, "b0", "b1"]
+    pa.dataset.write_dataset(pa.table({"sample_id": [str(i) for i in range(8)], "text": texts}), tmp_path / "t",
+                             format="parquet")
+    suite = Suite("t", "1", [{"type": "expect_column_values_to_be_unique", "kwargs": {"column": "text_id"}}], "t")
+    for batch_rows in (100, 4, 3):
+        [(success, [entry])] = run_suites_streaming(ds.dataset(tmp_path / "t", format="parquet"), [suite],
+                                                    total_rows=8, batch_rows=batch_rows)
+        assert success is False and entry["observed"]["unexpected_count"] == 2, batch_rows
+
