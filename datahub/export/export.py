@@ -5,10 +5,12 @@ Flow (memory bounded by the plan, ~100 bytes per sample, plus a few shards; neve
   once (its tar members) and appended to a local spill file (``datahub.export.spill.RowSpill``); shard sizes come
   from the encoded rows, and each shard is gathered from the spill in export order into a reused buffer, framed
   and uploaded while the next one is gathered;
-- on an engine: the plan on the driver (``datahub.export.plan``: one pass over ids and sizes orders the samples and
-  cuts shards), then engine tasks (``datahub.engines.ray.export`` / ``spark.export``) encode and route rows to
-  their shards by the shards' first keys and each publish whole shards (``datahub.export.write``), returning
-  small results.
+- on Ray: tasks read and encode each data file once into a run sorted in export order on their node's disk
+  (``datahub.engines.ray.export.spill_runs``) and send back ids and sizes; the driver orders the samples and cuts
+  shards (``datahub.export.plan``), and write tasks each read their shard's slice of every run and publish the
+  whole shard (``write_slices``, ``datahub.export.write``), returning small results;
+- on Spark: the plan on the driver from one pass over ids and sizes, then tasks encode and route rows to their
+  shards by the shards' first keys and each publish whole shards.
 
 Order of effects (each step idempotent, so a crashed export is simply re-run):
 1. each shard is published atomically and journalled under ``{release}/_partial/{export_key}/``;
