@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -12,7 +13,18 @@ from datahub.settings import progress_forced
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, default=str, sort_keys=True) + "\n")
+    """``data`` as strict JSON: NaN and infinities (not JSON; jq, JSON.parse and Go refuse them) print as null."""
+    sys.stdout.write(json.dumps(_finite(data), indent=2, default=str, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 # Piped output (cron, Airflow, `| less`) has no width: Rich's default of 80 columns wrapped tables and cut

@@ -30,6 +30,7 @@ hash with probability about n^2 / 2^65 (1e-8 at 10^5 rows), which can only hide 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,8 @@ class Check:
         self.rows += batch_rows
         if values is None:
             return
+        if pa.types.is_floating(values.type):  # NaN is missing, as in Great Expectations on pandas
+            values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
         valid = pc.drop_null(values)
         self.nonnull += len(valid)
         kind, kwargs = self.kind, self.kwargs
@@ -247,6 +250,8 @@ def hash_counts(hashes: list[np.ndarray]) -> tuple[int, int, int]:
 
 
 def _within(value: float, kwargs: dict[str, Any]) -> bool:
+    if isinstance(value, float) and math.isnan(value):  # NaN is within no range (it compares false with both bounds)
+        return False
     low, high = kwargs.get("min_value"), kwargs.get("max_value")
     if low is not None and (value <= low if kwargs.get("strict_min") else value < low):
         return False

@@ -59,6 +59,9 @@ def validation_batch(batch: pa.RecordBatch | pa.Table, wanted: set[str]) -> pa.T
     texts share it), so it streams; ``validation_frame``'s dictionary ids say the same for one frame."""
     table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
     columns = _flat_columns(table, wanted)
+    for name, column in columns.items():  # NaN is missing, as in GX on pandas (Spark's GX would count it)
+        if pa.types.is_floating(column.type):
+            columns[name] = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
     if "text" in table.column_names:
         text = table.column("text").combine_chunks()
         if "text_length" in wanted:
@@ -284,7 +287,18 @@ def _entry(expectation: dict[str, Any], *, success: bool | None, observed: Any, 
         entry["skipped"] = skipped
     if error:
         entry["error"] = error
-    return json.loads(json.dumps(entry, default=_jsonable))
+    return _finite(json.loads(json.dumps(entry, default=_jsonable)))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as None: JSON has no such numbers (``qa --json``, the results table)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _observed(result: dict[str, Any]) -> Any:

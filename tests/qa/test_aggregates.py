@@ -124,3 +124,37 @@ def test_a_value_has_one_hash_whatever_else_its_batch_holds(tmp_path) -> None:
                                                     total_rows=8, batch_rows=batch_rows)
         assert success is False and entry["observed"]["unexpected_count"] == 2, batch_rows
 
+
+def test_nan_is_missing_as_in_great_expectations(tmp_path, capsys) -> None:
+    """A NaN quality score is a missing value (GX on pandas): the mean of the rest, not_null counts it, between
+    skips it; observed values are strict JSON (``qa --json``)."""
+    import json
+
+    from datahub.cli.output import print_json
+
+    scores = [0.1, float("nan"), 0.2, None]
+    table = pa.table({"sample_id": list("abcd"), "text": list("wxyz"),
+                      "quality": pa.array([{"score": s} for s in scores], pa.struct([("score", pa.float64())]))})
+    pa.dataset.write_dataset(table, tmp_path / "t", format="parquet")
+    suite = Suite("t", "1", [
+        {"type": "expect_column_mean_to_be_between", "kwargs": {"column": "quality_score", "min_value": 0.6}},
+        {"type": "expect_column_mean_to_be_between", "kwargs": {"column": "quality_score", "max_value": 0.2}},
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "quality_score", "mostly": 0.6}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "quality_score", "max_value": 0.15}},
+        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "quality_score"}},
+    ], "t")
+    [(_, got)] = run_suites_streaming(ds.dataset(tmp_path / "t", format="parquet"), [suite], total_rows=4,
+                                      batch_rows=2)
+    _, expected = run_expectations(validation_frame(table), suite)
+    assert [e["success"] for e in got] == [False, True, False, False, True]
+    assert sorted(map(json.dumps, ((e["expectation"], e["kwargs"], e["success"]) for e in got))) == \
+        sorted(map(json.dumps, ((e["expectation"], e["kwargs"], e["success"]) for e in expected)))
+    assert got[0]["observed"]["observed_value"] == pytest.approx(0.15)
+    assert got[2]["observed"]["unexpected_count"] == 2
+    # a NaN observed value (a mean of NaN, the mean of infinities) prints as null: strict JSON
+    print_json({"observed": float("nan"), "values": [float("inf"), 1.5]})
+    assert json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(c)) == \
+        {"observed": None, "values": [None, 1.5]}
+    assert not Check({"type": "expect_column_mean_to_be_between", "kwargs": {"min_value": 0}}).result()[0]
+    assert aggregates._within(float("nan"), {"min_value": 0.0}) is False
+

@@ -86,3 +86,37 @@ def test_spark_falls_back_to_the_local_pass_where_gx_raises(lake):
     assert "no Spark implementation" in merged[raised]["spark_fallback"] and "error" not in merged[raised]
     assert {k: v for k, v in merged[raised].items() if k != "spark_fallback"} == local[raised]
     assert merged[kept]["observed"] == {"from": "spark"}  # entries GX ran on Spark are kept as they are
+
+
+def test_duplicates_across_files_and_nan_scores_give_gx_verdicts_on_every_engine(tmp_path, ray_engine,
+                                                                                  spark_engine):  # noqa: F811
+    """Two files: 'dup text' in both, the second with a long text (blake2b) and a NaN score. The duplicate is found
+    and NaN is missing (mean of the rest fails the gate) on local, Ray and Spark, as GX on the whole frame."""
+    import pyarrow as pa
+
+    from datahub.config.suites import Suite
+    from datahub.qa import run_suites
+    from datahub.qa.validate import run_expectations, validation_frame
+
+    quality = pa.struct([("score", pa.float64())])
+
+    def part(ids, texts, scores):
+        return pa.table({"sample_id": ids, "text": texts, "quality": pa.array([{"score": s} for s in scores], quality)})
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("samples", part(["a", "b"], ["dup text", "short"], [0.1, 0.2]), txn="s/1")
+    lake.commit("samples", part(["c", "d"], ["dup text", "long " * 100], [float("nan"), 0.3]), txn="s/2")
+    expectations = [
+        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "text_id"}},
+        {"type": "expect_column_mean_to_be_between", "kwargs": {"column": "quality_score", "min_value": 0.6}},
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "quality_score"}},
+    ]
+    (tmp_path / "t.json").write_text(json.dumps({"name": "t", "meta": {"version": "1"}, "expectations": expectations}))
+    _, whole = run_expectations(validation_frame(lake.read("samples")), Suite("t", "1", expectations, "t"))
+    assert sorted((_key(e), e["success"]) for e in whole) == sorted((_key(e), False) for e in whole)
+    for engine in ("local", ray_engine, spark_engine):
+        [result] = run_suites(lake, suites=[str(tmp_path / "t.json")], commit=False, engine=engine)
+        assert sorted((_key(e), e["success"]) for e in result.results) == \
+            sorted((_key(e), e["success"]) for e in whole), engine
+        mean = next(e for e in result.results if e["expectation"] == "expect_column_mean_to_be_between")
+        assert mean["observed"]["observed_value"] == pytest.approx(0.2), engine
