@@ -103,6 +103,7 @@ class Check:
     hashes: list[np.ndarray] = field(default_factory=list)
     hash_counts: tuple[int, int, int] | None = None  # (distinct, hashed rows, rows of repeated values), engine-counted
     spilled: SortedRuns | None = field(default=None, repr=False, compare=False)  # (hash, count) past HELD_HASHES
+    error: str | None = None  # the kwargs do not fit the column's type: the check fails with this, the rest go on
 
     @property
     def kind(self) -> str:
@@ -118,12 +119,20 @@ class Check:
 
     def update(self, batch_rows: int, values: pa.Array | None) -> None:
         self.rows += batch_rows
-        if values is None:
+        if values is None or self.error is not None:
             return
         if pa.types.is_floating(values.type):  # NaN is missing, as in Great Expectations on pandas
             values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
+        try:
+            self._update(values)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError, ValueError) as exc:
+            # GX marks such an expectation failed and judges the others: so do we, naming what to fix
+            self.error = (f"{self.kind} on column {self.column!r} ({values.type}): {exc}; "
+                          f"fix the suite's kwargs for this column's type")
+            self.hashes, self.examples = [], []
+
+    def _update(self, values: pa.Array) -> None:
         valid = pc.drop_null(values)
-        self.nonnull += len(valid)
         kind, kwargs = self.kind, self.kwargs
         if kind == "expect_column_values_to_not_be_null":
             self.unexpected += len(values) - len(valid)
@@ -139,6 +148,7 @@ class Check:
             self.hashes.append(value_hashes(valid))
             if sum(len(h) for h in self.hashes) > HELD_HASHES:
                 self._spill_hashes()
+        self.nonnull += len(valid)
 
     def _spill_hashes(self) -> None:
         """The held hashes counted per hash and added to the spilled sorted runs (one run each time)."""
@@ -166,6 +176,7 @@ class Check:
         """Add the aggregates of a later part of the table (an engine task's file): counts and sums add, examples
         keep scan order, hash lists join; the result is the one a single pass over both parts gives."""
         self.rows += later.rows
+        self.error = self.error or later.error
         self.nonnull += later.nonnull
         self.unexpected += later.unexpected
         self.total += later.total

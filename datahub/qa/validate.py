@@ -216,6 +216,10 @@ def finish_pass(plan: PassPlan, done: Partial) -> list[tuple[bool, list[dict[str
                                       error=f"column {check.column!r} is not in the table (columns: "
                                             f"{', '.join(sorted(plan.sources))}); fix the suite or mark it optional"))
                 continue
+            if check.error is not None:
+                entries.append(_entry(check.expectation, success=False, observed=None,
+                                      error=f"{run.suite.name}: {check.error}"))
+                continue
             success, result = check.result()
             entries.append(_entry(check.expectation, success=success, observed=_observed(result)))
         out.append((all(e["success"] is not False for e in entries), entries))

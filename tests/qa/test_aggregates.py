@@ -158,3 +158,23 @@ def test_nan_is_missing_as_in_great_expectations(tmp_path, capsys) -> None:
     assert not Check({"type": "expect_column_mean_to_be_between", "kwargs": {"min_value": 0}}).result()[0]
     assert aggregates._within(float("nan"), {"min_value": 0.0}) is False
 
+
+def test_an_expectation_that_does_not_fit_the_column_type_fails_alone_naming_it(tmp_path) -> None:
+    """GX marks such an expectation failed with its error and judges the rest; the streamed pass does the same
+    (it raised a bare Arrow error naming neither the expectation nor the column)."""
+    table = pa.table({"sample_id": ["a", "b"], "text": ["x", "y"], "source_offset": pa.array([1, 2], pa.int64())})
+    pa.dataset.write_dataset(table, tmp_path / "t", format="parquet")
+    suite = Suite("bad.v1", "1", [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "sample_id", "min_value": 1}},
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "source_offset", "value_set": ["1", "2"]}},
+        {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}},
+        {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "sample_id"}},
+    ], "t")
+    [(success, entries)] = run_suites_streaming(ds.dataset(tmp_path / "t", format="parquet"), [suite],
+                                                total_rows=2, batch_rows=1)
+    assert success is False
+    assert [e["success"] for e in entries] == [False, False, True, True]
+    assert "bad.v1: expect_column_values_to_be_between on column 'sample_id' (string)" in entries[0]["error"]
+    assert "expect_column_values_to_be_in_set on column 'source_offset' (int64)" in entries[1]["error"]
+    assert "fix the suite's kwargs" in entries[1]["error"]
+    assert not entries[2].get("error") and not entries[3].get("error")
