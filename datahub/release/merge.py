@@ -16,6 +16,7 @@ lineage records the same.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -110,7 +111,11 @@ def _check_weights(weights: dict[str, float], sources: list[str]) -> dict[str, f
     missing = [s for s in sources if s not in weights]
     if unknown or missing:
         raise ReleaseError(f"--weights must name each --from release exactly: unknown {unknown}, missing {missing}")
-    if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+    odd = [f"{s}={w}" for s, w in weights.items() if not (math.isfinite(w) and w >= 0)]
+    if odd:  # NaN passed both checks below and failed after the whole dedup pass
+        raise ReleaseError(f"--weights {','.join(odd)}: weights must be finite numbers >= 0, "
+                           f"e.g. --weights A=0.7,B=0.3")
+    if sum(weights.values()) <= 0:
         raise ReleaseError(f"--weights {weights}: weights must be >= 0 and not all 0")
     total = sum(weights.values())
     return {s: weights[s] / total for s in sources}

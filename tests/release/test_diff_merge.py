@@ -137,6 +137,18 @@ def test_merge_weights_are_exact_and_seeded(tmp_path):
     assert get_release(lake, "w-a").row_count == 13
 
 
+@pytest.mark.parametrize("text", ["web-1=nan,books-1=1", "web-1=inf,books-1=1", "web-1=-inf,books-1=1"])
+def test_merge_refuses_non_finite_weights_before_the_dedup(tmp_path, monkeypatch, text):
+    """NaN passed the `>= 0` and `not all 0` checks and the merge died after the dedup pass on `min()` of nothing."""
+    import datahub.release.merge as merge
+
+    lake = Lake(tmp_path / "lake")
+    _two_datasets(lake)
+    monkeypatch.setattr(merge, "_merge_rows", lambda *a, **k: pytest.fail("the dedup ran"))
+    with pytest.raises(ReleaseError, match=r"--weights web-1=-?(nan|inf): weights must be finite numbers >= 0"):
+        merge_releases(lake, "w-nan", sources=["web-1", "books-1"], weights=parse_weights(text))
+
+
 def _near_datasets(lake):
     """Release news-1 and forum-1; forum holds near copies (last two words changed) of news 0-2,
     the very same sample as news 3, and a document sharing only its first half with news 4."""
