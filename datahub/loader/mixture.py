@@ -367,8 +367,9 @@ class MixtureDataset(StridedDataset):
             sources[name] = {"unit": source.unit, "start": start, "items": self_done,
                              "cursor": self._cursor(s, self_done), "total": source.total,
                              "upsample": self.upsample[name], **source.identity()}
-        return {"format": STATE_FORMAT, "kind": self.kind, "epoch": self.epoch, "weights": dict(self.weights),
-                "world_size": self.world_size, "sources": sources}
+        return self._add_worker_state({"format": STATE_FORMAT, "kind": self.kind, "epoch": self.epoch,
+                                       "weights": dict(self.weights), "world_size": self.world_size,
+                                       "sources": sources}, consumed)
 
     def load_state_dict(self, state: Mapping[str, Any], *, weights: Mapping[str, float] | None = None) -> None:
         """Continue at the state. With the state's weights (and ``weights`` not given) the merge continues exactly;
@@ -392,6 +393,10 @@ class MixtureDataset(StridedDataset):
         self.epoch, self._yielded = int(state["epoch"]), 0
         new = self._check_weights(weights) if weights is not None else self.weights
         same = all(abs(new[name] - float(state["weights"][name])) <= 1e-12 for name in self.names)
+        if "worker" in state and not same:
+            raise ValueError("cannot resume a StatefulDataLoader worker state with other weights; save "
+                             "MixtureDataset.state_dict(consumed=...) to change weights at a resume")
+        self._load_worker_state(state)
         if same:
             self.weights = {name: float(state["weights"][name]) for name in self.names}
             self._start = [int(saved[name]["start"]) for name in self.names]

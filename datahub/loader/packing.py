@@ -394,9 +394,9 @@ class PackedDataset(StridedDataset):
         with ``num_workers=0`` this process's count is used)."""
         sequences = self.consumed_global(consumed)
         tokens = min(self.num_tokens, self._start + sequences * self.seq_len)
-        return {"format": STATE_FORMAT, "release": self.files.release, **self._identity(), "epoch": self.epoch,
-                "tokens": tokens, "num_tokens": self.num_tokens, "seq_len": self.seq_len,
-                "world_size": self.world_size}
+        return self._add_worker_state({"format": STATE_FORMAT, "release": self.files.release, **self._identity(),
+                                       "epoch": self.epoch, "tokens": tokens, "num_tokens": self.num_tokens,
+                                       "seq_len": self.seq_len, "world_size": self.world_size}, consumed)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue at the state's token offset; world size, ``num_workers``, ``seq_len`` and ``batch_size`` may differ."""
@@ -407,4 +407,8 @@ class PackedDataset(StridedDataset):
         if clashes:
             raise ValueError("cannot resume: the checkpoint was taken over other tokens or another order ("
                              + "; ".join(clashes) + "); construct the PackedDataset with the checkpoint's settings")
+        if "worker" in state and int(state["seq_len"]) != self.seq_len:
+            raise ValueError(f"cannot resume a StatefulDataLoader worker state with another seq_len (checkpoint "
+                             f"{state['seq_len']}, dataset {self.seq_len}); save state_dict(consumed=...) instead")
+        self._load_worker_state(state)
         self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["tokens"]), 0

@@ -15,7 +15,7 @@ repeated or skipped. The subclass says what an item is and how a position in the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,8 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self.batch_size = batch_size
         self._yielded = 0  # items yielded by the live iterator in this process (num_workers=0)
         self._worker_use = WorkerUse()
+        self._worker: tuple[int, int] | None = None  # (worker_id, num_workers) when inside a DataLoader worker
+        self._worker_resume: dict[str, int] | None = None  # a StatefulDataLoader worker's own position, loaded
 
     # --- subclass hooks ---------------------------------------------------------------------------------
 
@@ -84,16 +86,24 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         else:
             self._worker_use.mark(num_workers)
             worker_transport.install(self._transfer_types)  # batches to the trainer through shared memory
-        self._yielded = 0
-        return self._iterate(worker_id, num_workers)
+        self._worker = (worker_id, num_workers) if info is not None else None
+        first, resume, self._worker_resume = 0, self._worker_resume, None  # a loaded worker position is used once
+        if resume is not None:
+            if (resume["worker_id"], resume["num_workers"]) != (worker_id, num_workers):
+                raise ValueError(f"worker state is for worker {resume['worker_id']} of {resume['num_workers']}, "
+                                 f"loaded into worker {worker_id} of {num_workers}; keep num_workers when resuming")
+            first = int(resume["items"])
+        self._yielded = first
+        return self._iterate(worker_id + first * num_workers, num_workers)
 
-    def _iterate(self, worker_id: int, num_workers: int) -> Iterator[Any]:
+    def _iterate(self, first_batch: int, step: int) -> Iterator[Any]:
+        """The rank's batches ``first_batch``, ``first_batch + step``, ... (a worker's share)."""
         total = self._global_items()
         rank_items = -(-total // self.world_size)
         size = self.batch_size or 1
         batches = -(-rank_items // size)
         read = self._reader()
-        for batch in range(worker_id, batches, num_workers):
+        for batch in range(first_batch, batches, step):
             first = batch * size
             offsets, padding = self._offsets(first, min(size, rank_items - first), total)
             out = read(offsets, padding)
@@ -101,7 +111,12 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
             yield out
 
     def consumed_global(self, consumed: int | None) -> int:
-        """Global items consumed when every rank received ``consumed`` items (default: this process's count)."""
+        """Global items consumed when every rank received ``consumed`` items (default: this process's count).
+
+        Inside a DataLoader worker (torchdata's StatefulDataLoader asks each worker's copy for ``state_dict()``) the
+        shared part of the state stays at the resume point and ``_add_worker_state`` records the worker's own position."""
+        if consumed is None and self._worker is not None:
+            consumed = 0
         if consumed is None and self._worker_use.seen():
             raise ConsumedCountRequiredError(
                 f"{type(self).__name__}.state_dict(): DataLoader worker processes read this dataset, so this process "
@@ -111,3 +126,28 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         items = self._yielded if consumed is None else int(consumed)
         rank_items = min(items * (self.batch_size or 1), self._rank_items())
         return min(self._global_items(), rank_items * self.world_size)
+
+    # --- StatefulDataLoader workers ---------------------------------------------------------------------
+
+    def _add_worker_state(self, state: dict[str, Any], consumed: int | None) -> dict[str, Any]:
+        """Inside a DataLoader worker (``consumed`` not given): add the worker's own position, which
+        StatefulDataLoader hands back to the same worker on resume."""
+        if self._worker is not None and consumed is None:
+            worker_id, num_workers = self._worker
+            state["worker"] = {"worker_id": worker_id, "num_workers": num_workers, "items": self._yielded,
+                               "rank": self.rank, "batch_size": self.batch_size}
+        return state
+
+    def _load_worker_state(self, state: Mapping[str, Any]) -> None:
+        """Keep a StatefulDataLoader worker's position; it continues the same striding, so the topology must match."""
+        worker = state.get("worker")
+        if worker is None:
+            self._worker_resume = None
+            return
+        mine = {"world_size": self.world_size, "rank": self.rank, "batch_size": self.batch_size}
+        theirs = {"world_size": state.get("world_size"), "rank": worker.get("rank"), "batch_size": worker.get("batch_size")}
+        if mine != theirs:
+            raise ValueError(f"cannot resume a StatefulDataLoader worker state with another topology (checkpoint "
+                             f"{theirs}, dataset {mine}); save {type(self).__name__}.state_dict(consumed=...) for "
+                             "elastic resumes")
+        self._worker_resume = {key: int(worker[key]) for key in ("worker_id", "num_workers", "items")}

@@ -173,3 +173,34 @@ def test_token_sources_with_different_document_boundaries_are_refused(tmp_path: 
         assert "segment_ids" not in batch.keys()
         seen.extend(real_tokens({k: np.asarray(v) for k, v in batch.items()}))
     assert sorted(seen) == list(range(1, total_a + 1)) + list(range(10**6, 10**6 + total_b))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_stateful_dataloader_workers_mix_and_resume_exactly(tmp_path: Path, workers: int) -> None:
+    """StatefulDataLoader asks each worker's copy for state_dict() without consumed=: no ConsumedCountRequiredError
+    in the worker, and the per-worker positions resume the same merge."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    a, total_a = write_tokens(tmp_path / "a", files=2, documents=20, name="a")
+    b, total_b = write_tokens(tmp_path / "b", files=1, documents=25, first_id=10**6, name="b")
+
+    def loader() -> Any:
+        mixture = MixtureDataset({"a": PackedDataset(a, seq_len=16, shuffle_buffer=30),
+                                  "b": PackedDataset(b, seq_len=16, shuffle_buffer=30)},
+                                 {"a": 0.6, "b": 0.4}, rank=0, world_size=1, batch_size=3)
+        return stateful.StatefulDataLoader(mixture, batch_size=None, num_workers=workers)
+
+    def tokens(batches: Any) -> list[list[int]]:
+        return [real_tokens({k: np.asarray(v) for k, v in batch.items()}) for batch in batches]
+
+    full = tokens(loader())
+    want = list(range(1, total_a + 1)) + list(range(10**6, 10**6 + total_b))
+    assert sorted(t for batch in full for t in batch) == want
+    for head_items in (1, 4, len(full) - 1):
+        first = loader()
+        iterator = iter(first)
+        head = tokens(next(iterator) for _ in range(head_items))
+        state = first.state_dict()
+        del iterator
+        fresh = loader()
+        fresh.load_state_dict(state)
+        assert head + tokens(fresh) == full, f"resume after {head_items} batches"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -284,3 +285,30 @@ def test_pad_token_minus_1_pads_uint16_and_int32_files(tmp_path: Path, dtype: An
         assert sorted(t for b in batches for t in real_tokens(b)) == list(range(1, 16))
     with pytest.raises(ValueError, match="pad_token"):
         PackedDataset([prefix], seq_len=4, pad_token=2**40)
+
+
+@pytest.mark.parametrize("workers", [0, 2, 3])
+def test_stateful_dataloader_workers_read_an_epoch_and_resume_token_exact(
+        corpus: tuple[list[str], int], workers: int) -> None:
+    """torchdata's StatefulDataLoader asks each worker's dataset copy for state_dict() (no consumed=): that must not
+    raise ConsumedCountRequiredError in the worker, and the saved per-worker positions resume the same sequence."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    prefixes, total = corpus
+
+    def loader() -> Any:
+        return stateful.StatefulDataLoader(PackedDataset(prefixes, **SETTINGS), batch_size=None, num_workers=workers)
+
+    def tokens(batches: Any) -> list[list[int]]:
+        return [real_tokens({k: np.asarray(v) for k, v in batch.items()}) for batch in batches]
+
+    full = tokens(loader())
+    assert sorted(t for batch in full for t in batch) == list(range(1, total + 1))
+    for head_items in (1, 5, len(full) - 1):
+        first = loader()
+        iterator = iter(first)
+        head = tokens(itertools.islice(iterator, head_items))
+        state = first.state_dict()
+        del iterator
+        fresh = loader()
+        fresh.load_state_dict(state)
+        assert head + tokens(fresh) == full, f"resume after {head_items} batches"
