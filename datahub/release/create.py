@@ -10,9 +10,9 @@ import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
-from datahub.release.freeze import freeze, history_runs, refuse_taken
+from datahub.release.freeze import committed_params, freeze, history_runs, refuse_taken
 from datahub.release.qa_gate import qa_command, qa_verdict
-from datahub.release.records import Release, check_name
+from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name
 from datahub.release.redact import exclude_redacted
 
 if TYPE_CHECKING:  # the eval-set check (operators, pandas) is imported when a release is created, not with the package
@@ -48,6 +48,8 @@ def create_release(
     if not lake.exists(table):
         raise ReleaseError(f"{lake.table_uri(table)}: no table {table!r} to release; run a job first")
     latest = int(lake.table(table).version())
+    if version is None:  # a re-run after a crash finishes the first try's version, not a newer one
+        version = _half_created_version(lake, name, table)
     version = latest if version is None else version
     if not 0 <= version <= latest:
         raise ReleaseError(f"{table} has versions 0..{latest}; --version {version} does not exist")
@@ -75,7 +77,10 @@ def create_release(
     details: dict[str, Any] = {"qa_suites": verdict.suites}
     if found.evalsets:
         details["contamination"] = {**found.as_dict(), "allowed": allow_contamination if found.count else None}
-    frozen, frozen_version, excluded, dropped = exclude_redacted(lake, name, table=table, version=version)
+    params = {"kind": "create", "table": table, "version": version, "allow_contamination": allow_contamination}
+    fix = "the first try's --version and --allow-contamination"
+    frozen, frozen_version, excluded, dropped = exclude_redacted(lake, name, table=table, version=version,
+                                                                 params=params, fix=fix)
     details.update(excluded)
     run_ids, jobs = history_runs(lake, table, version)
     reason_of = None  # freeze scans the version's ids in bounded batches; an allowed contamination is their reason
@@ -87,7 +92,17 @@ def create_release(
 
     return freeze(lake, name, table=frozen, version=frozen_version, kind="create",
                   qa_status=verdict.status, creator=creator, details=details, released_reason_of=reason_of,
-                  extra_lineage=dropped, run_ids=run_ids, jobs=jobs)
+                  extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix)
+
+
+def _half_created_version(lake: Lake, name: str, table: str) -> int | None:
+    """The version of ``table`` an earlier, crashed try of release ``name`` committed (lineage or the materialized
+    table), or None."""
+    for written in ("lineage", MATERIALIZED_PREFIX + name):
+        recorded = committed_params(lake, written, name) if lake.exists(written) else None
+        if recorded and recorded.get("kind") == "create" and recorded.get("table") == table:
+            return int(recorded["version"])
+    return None
 
 
 def _allowed_reasons(ids: pa.ChunkedArray | pa.Array, found: Contamination, reason: str) -> pa.Array:

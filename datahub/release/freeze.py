@@ -1,7 +1,11 @@
 """Freezing a release: ``released`` lineage rows, then the ``releases`` row (committed last).
 
 Both commits carry the app transaction ``release/<name>``, so a crash between them is
-repaired by running the same command again, and a name can be committed once only.
+repaired by running the same command again, and a name can be committed once only. Every commit
+under that txn also records what it stands for (``datahub.release_params``: the table and version,
+the command's arguments, the released ids' digest): a re-run whose arguments or data differ from the
+first try's is refused (``refuse_other_try``), since its commits would be skipped as applied and the
+record would describe other rows than the committed ones.
 """
 
 from __future__ import annotations
@@ -41,6 +45,51 @@ def refuse_taken(lake: Lake, name: str) -> None:
             f"{existing.created:%Y-%m-%d %H:%M} by {existing.creator}); release names are immutable: "
             "choose a new name (e.g. bump the version suffix)"
         )
+
+
+PARAMS_KEY = "datahub.release_params"  # commit metadata: what a commit under txn release/<name> stands for
+
+
+def params_text(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+def committed_params(lake: Lake, table: str, name: str) -> dict[str, Any] | None:
+    """What release ``name``'s commit to ``table`` recorded (None: no such commit; {}: a commit of an older datahub
+    that recorded nothing)."""
+    txn = release_txn(name)
+    if not lake.applied(table, txn):
+        return None
+    for entry in lake.history(table):
+        if entry.get("datahub.txn") == txn:
+            try:
+                recorded = json.loads(entry.get(PARAMS_KEY) or "{}")
+            except ValueError:
+                return {}
+            return recorded if isinstance(recorded, dict) else {}
+    return {}
+
+
+_CONTENT = ("frozen", "rows", "digest", "excluded")  # recorded from the data, not given by the command
+
+
+def refuse_other_try(lake: Lake, name: str, table: str, params: dict[str, Any], *, fix: str = "") -> None:
+    """Refuse a re-run of a half-created release ``name`` (its ``table`` commit is in, its record is not) whose
+    ``params`` differ from the first try's: that commit would be skipped and the record would not describe it."""
+    recorded = committed_params(lake, table, name)
+    if not recorded:  # not committed yet (or by a datahub that recorded nothing: nothing to compare)
+        return
+    mine = json.loads(params_text(params))
+    differ = sorted(k for k in set(recorded) | set(mine) if k in mine and recorded.get(k) != mine.get(k))
+    if not differ:
+        return
+    differ = [k for k in differ if k not in _CONTENT] or differ  # the arguments that differ say why the rows do
+    first = ", ".join(f"{k}={json.dumps(recorded.get(k))}" for k in differ)
+    this = ", ".join(f"{k}={json.dumps(mine.get(k))}" for k in differ)
+    raise ReleaseError(
+        f"release {name!r} was half-created by an earlier try (its {table} commit is in, its release record is "
+        f"not) with {first}; this run has {this}. Re-run with the first try's arguments to finish it"
+        f"{' (' + fix + ')' if fix else ''}, or choose a new release name")
 
 
 def history_runs(lake: Lake, table: str, version: int) -> tuple[list[str], list[str]]:
@@ -245,6 +294,8 @@ def freeze(
     reason_column: str | None = None,
     reason_prefix: str = "",
     released_reason_of: Callable[[pa.Array], pa.Array] | None = None,
+    params: dict[str, Any] | None = None,
+    fix: str = "",
 ) -> Release:
     """Record ``name`` -> (``table``, ``version``) with its digest and one lineage row per sample.
 
@@ -254,7 +305,9 @@ def freeze(
     is held is bounded: the distinct ids are sorted in runs spilled to local disk (``datahub.lake.external_sort``).
     ``extra_lineage`` (e.g. ``dropped`` rows) is merged in by sample_id: a table (sorted here), or a stream of
     tables or record batches already sorted by sample_id (e.g. ``SortedRuns.merged()`` over spilled rows), read
-    once, a chunk's share at a time.
+    once, a chunk's share at a time. ``params`` (the command's arguments) are recorded with the lineage commit
+    together with the frozen table, version and digest; a re-run after a crash between the lineage and the
+    ``releases`` commit that would record other ones is refused, naming ``fix`` (``refuse_other_try``).
     """
     # The release is read by time travel: the frozen table must keep its log even when another
     # writer (Spark add-actions, an older datahub) created it without the property.
@@ -267,9 +320,13 @@ def freeze(
                                         released_reason if released_reason is not None else default_reason,
                                         reason_column, reason_prefix, released_reason_of), runs)
         extra = _extra_blocks(extra_lineage)
+        frozen = {**(params or {}), "frozen": f"{table}@v{version}", "rows": released.rows,
+                  "digest": f"{released.digest:032x}"}
+        refuse_other_try(lake, name, "lineage", frozen, fix=fix)
         if released.ids or extra is not None:
             commit_rows(lake, "lineage", _lineage_chunks(name, released, runs.merged(), ts, extra),
-                        schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS, metadata={"datahub.release": name})
+                        schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS,
+                        metadata={"datahub.release": name, PARAMS_KEY: params_text(frozen)})
     if run_ids is None or jobs is None:
         found_runs, found_jobs = history_runs(lake, table, version)
         run_ids = found_runs if run_ids is None else run_ids

@@ -31,7 +31,7 @@ from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.lake.tables import LINEAGE
 from datahub.release.digest import id_keys
-from datahub.release.freeze import freeze, refuse_taken, release_txn
+from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import (ROW, SOURCE_COLUMN, DedupMode, Duplicates, Inputs, RowCursor,
                                          exact_duplicates, near_duplicates)
@@ -242,6 +242,11 @@ def merge_releases(
     if dedup not in ("exact", "near", "none"):
         raise ReleaseError(f"--dedup {dedup!r}: expected exact, near or none")
     share = _check_weights(weights, sources) if weights else None
+    params: dict[str, Any] = {"kind": "merge", "sources": sources, "dedup": dedup, "seed": seed,
+                              "weights": {s: float(w) for s, w in weights.items()} if weights else None}
+    if dedup == "near":
+        params.update(threshold=threshold, verify=verify)
+    refuse_other_try(lake, new, MATERIALIZED_PREFIX + new, params, fix=_FIX)
     parents = [get_release(lake, s) for s in sources]
     ts = datetime.now(timezone.utc)
     table = MATERIALIZED_PREFIX + new
@@ -249,7 +254,7 @@ def merge_releases(
     inputs = Inputs(sources, datasets)
     with _Drops(new, ts) as drops:
         _merge_rows(lake, new, parents, datasets, inputs, drops, share=share, seed=seed, dedup=dedup,
-                    threshold=threshold, verify=verify)
+                    threshold=threshold, verify=verify, params=params)
         version = int(lake.table(table).version())
         details: dict[str, Any] = {
             "sources": sources, "rows_read": dict(zip(sources, inputs.counts or [])), "dedup": dedup,
@@ -263,13 +268,16 @@ def merge_releases(
             lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
             creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
             reason_prefix="merged_from:", run_ids=sorted({r for p in parents for r in p.run_ids}),
-            jobs=sorted({j for p in parents for j in p.jobs}),
+            jobs=sorted({j for p in parents for j in p.jobs}), params=params, fix=_FIX,
         )
+
+
+_FIX = "the same --from, --weights, --dedup, --seed, --threshold"
 
 
 def _merge_rows(lake: Lake, new: str, parents: list[Release], datasets: list[Any], inputs: Inputs, drops: _Drops,
                 *, share: dict[str, float] | None, seed: int, dedup: DedupMode, threshold: float,
-                verify: bool) -> None:
+                verify: bool, params: dict[str, Any]) -> None:
     """The dedup (drops to ``drops``) and the sampling, then the kept rows written to ``release_<new>``."""
     with _Kept(inputs.names, share, seed) as kept:
         if dedup == "exact":
@@ -284,4 +292,5 @@ def _merge_rows(lake: Lake, new: str, parents: list[Release], datasets: list[Any
         chosen, drops.quotas = kept.chosen()
         # written here and committed as add actions: delta-rs's writer buffers up to a target-size file of rows
         commit_rows(lake, MATERIALIZED_PREFIX + new, _kept_rows(parents, datasets, chosen), txn=release_txn(new),
-                    schema=_merged_schema(datasets), row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new})
+                    schema=_merged_schema(datasets), row_group_rows=ROW_BATCH_ROWS,
+                    metadata={"datahub.release": new, PARAMS_KEY: params_text(params)})

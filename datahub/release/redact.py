@@ -10,6 +10,7 @@ release record keeps their count (records written before that table hold them in
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -23,7 +24,8 @@ from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
-from datahub.release.freeze import freeze, refuse_taken, release_txn
+from datahub.release.digest import digest_sum
+from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
 from datahub.release.materialize import commit_rows
 from datahub.release.records import (
     MATERIALIZED_PREFIX,
@@ -93,6 +95,10 @@ def redact(
     if not ids and source_uri is None:
         raise ReleaseError("redact needs what to remove: --sample ID (repeatable), --ids-file F or --source URI")
     refuse_taken(lake, new)
+    params = {"kind": "redact", "source": source, "reason": reason, "source_uri": source_uri,
+              "sample_ids": f"{len(ids)} ids, sha256 {hashlib.sha256(chr(10).join(ids).encode()).hexdigest()[:16]}"}
+    table = MATERIALIZED_PREFIX + new
+    refuse_other_try(lake, new, table, params, fix="the same --from, --reason and samples")
     parent = get_release(lake, source)
     dataset = lake.dataset(parent.table, parent.version)
     has_source = "source_uri" in dataset.schema.names
@@ -129,10 +135,10 @@ def redact(
         for batch in scan_batches(dataset, batch_rows=ROW_BATCH_ROWS):
             yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
 
-    table = MATERIALIZED_PREFIX + new
     # written here and committed as add actions: delta-rs's writer buffers up to a target-size file of rows
     commit_rows(lake, table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema),
-                row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new, "datahub.redact_reason": reason})
+                row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new, "datahub.redact_reason": reason,
+                                                         PARAMS_KEY: params_text(params)})
     version = int(lake.table(table).version())
     commit_rows(lake, REDACTED_TABLE, _redacted_rows(removed_ids, new), txn=release_txn(new), schema=REDACTED,
                 row_group_rows=BATCH_ROWS * 8, metadata={"datahub.release": new})
@@ -140,7 +146,7 @@ def redact(
                "requested_ids": len(ids), "source_uri": source_uri, "contained_in": contained_in}
     return freeze(lake, new, table=table, version=version, kind="redact", qa_status="inherited", parents=[source],
                   creator=creator, details=details, extra_lineage=dropped, run_ids=list(parent.run_ids),
-                  jobs=list(parent.jobs))
+                  jobs=list(parent.jobs), params=params, fix="the same --from, --reason and samples")
 
 
 def _redacted_rows(ids: pa.Array, release: str) -> Iterator[pa.Table]:
@@ -196,15 +202,16 @@ def redactions(lake: Lake) -> tuple[pa.Array, pa.Array, dict[str, str], dict[str
     return ids.filter(first), releases.filter(first), by_source, why
 
 
-def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tuple[str, int, dict[str, Any],
-                                                                                     pa.Table | None]:
+def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params: dict[str, Any] | None = None,
+                     fix: str = "") -> tuple[str, int, dict[str, Any], pa.Table | None]:
     """What release ``name`` of ``table`` at ``version`` freezes, once the samples of earlier take-downs
     (``release redact``: their ids and source files) are left out.
 
     Returns (table, version, details, dropped lineage rows): the input itself when it holds none of them; else
     ``release_<name>``, the version minus those rows, streamed into its own table (two narrow passes: ids and
     ``source_uri`` first, then whole rows only when something goes), the count and the redactions applied, and one
-    ``dropped`` lineage row per excluded sample. A re-run after a crash finds the materialized commit by its txn.
+    ``dropped`` lineage row per excluded sample. A re-run after a crash finds the materialized commit by its txn;
+    one that would exclude other rows or read another version (``params``) is refused (``refuse_other_try``).
     """
     ids, id_by, by_source, why = redactions(lake)  # id_by: the redact release of each id
     if not len(ids) and not by_source:
@@ -245,9 +252,13 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int) -> tupl
             yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
 
     out = MATERIALIZED_PREFIX + name
+    excluded = {**(params or {}), "table": table, "version": version,
+                "excluded": f"{digest_sum(pa.chunked_array(hit_ids, pa.string())):032x}"}
+    refuse_other_try(lake, name, out, excluded, fix=fix)
     commit_rows(lake, out, kept(), schema=pa.schema(dataset.schema), txn=release_txn(name),
                 row_group_rows=ROW_BATCH_ROWS,
-                metadata={"datahub.release": name, "datahub.redactions_excluded_from": f"{table}@v{version}"})
+                metadata={"datahub.release": name, "datahub.redactions_excluded_from": f"{table}@v{version}",
+                          PARAMS_KEY: params_text(excluded)})
     releases = pa.concat_arrays(hit_by)
     applied = sorted(pc.unique(releases).to_pylist())
     details = {"from_table": table, "from_version": version,
