@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,9 @@ from datahub.export.plan import cut_shards, order_hash
 from datahub.export.tiering import apply_tiers, plan_tiers
 from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
 from datahub.lake import Lake
+from datahub.settings import KILL_AT_ENV
 from tests.export.helpers import cfs_storage, make_lake, samples_table
+from tests.pipeline.corpus import run_cli
 
 
 def _reference_hash(key: str, seed: int) -> int:
@@ -96,6 +99,38 @@ def test_ray_export_of_many_data_files_matches_a_local_export_and_removes_its_ru
     assert len(local.shards) > 4 and local.num_samples == ray.num_samples == 160
     assert _shards(local, "local") == _shards(ray, "ray")
     assert list(spill.iterdir()) == []
+
+
+def test_ray_export_killed_after_a_shard_resumes_to_the_bytes_of_a_local_export(tmp_path) -> None:
+    """kill -9 of the driver mid-write (its Ray goes with it): the re-run keeps the journalled shards and writes the
+    rest from a fresh read into runs; shards, manifest and exported lineage are those of a clean export."""
+    make_lake(tmp_path / "lake", 120)
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n"
+                       f"  local:\n    kind: cfs\n    path: {tmp_path / 'local'}\n")
+
+    def export(release: str, tier: str, *extra: str, kill_at: str | None = None):
+        return run_cli(["export", release, "--lake", str(tmp_path / "lake"), "--tier", tier, "--storage", str(storage),
+                        "--table", "samples", "--shard-samples", "25", "--shuffle-seed", "4", "--json", *extra],
+                       env={KILL_AT_ENV: kill_at, "RAY_AUTH_MODE": "disabled"} if kill_at else {"RAY_AUTH_MODE": "disabled"},
+                       timeout=300)
+
+    ray = ("--engine", "ray", "--workers", "2")
+    killed = export("r1", "cfs", *ray, kill_at="export:after_shard:1")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    journal = list((tmp_path / "cfs" / "r1" / "_partial").rglob("*.json"))
+    assert journal and not list((tmp_path / "lake").rglob("manifest.json"))
+    assert export("r1", "cfs", *ray).returncode == 0
+    assert export("r1-local", "local").returncode == 0
+    lake = Lake(tmp_path / "lake")
+    resumed, local = read_lake_manifest(lake, "r1"), read_lake_manifest(lake, "r1-local")
+    assert resumed is not None and local is not None and len(resumed.shards) == 5
+    assert [(s.sha256, s.samples) for s in resumed.shards] == [(s.sha256, s.samples) for s in local.shards]
+    # no journal, temp file or stray shard left
+    assert sorted(p.name for p in (tmp_path / "cfs" / "r1").iterdir()) == sorted([*(s.name for s in resumed.shards),
+                                                                                  "manifest.json"])
+    exported = [r for r in lake.read("lineage").to_pylist() if r["run_id"] == "export/r1/cfs"]
+    assert len(exported) == 120 and len({r["sample_id"] for r in exported}) == 120
 
 
 def test_export_again_rewrites_damaged_shards_and_says_so(tmp_path, caplog) -> None:
