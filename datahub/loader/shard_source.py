@@ -123,6 +123,7 @@ class ShardSource:
         self._cooling: dict[str, float] = {}  # tier -> monotonic time until which it is tried last
         self._outages: set[str] = set()  # tiers that failed transiently and have not answered since (logged once)
         self._logged_unusable: set[str] = set()  # tiers whose first bad replica was logged
+        self._logged_cache: set[str] = set()  # kinds of cache entry errors logged
         self.hashed: Counter[str] = Counter()  # shard name -> times its bytes were hashed
         self.cache_evictions = 0  # cached shards found corrupt and removed
         if self.cache_dir is not None:
@@ -299,17 +300,39 @@ class ShardSource:
             data, identity = _map_file(path, mapped=mapped)
         except FileNotFoundError:
             return None
+        except OSError as error:  # another user's entry (0600), EIO, ESTALE on an NFS cache: the tiers still serve it
+            self._cache_trouble(shard, path, "cannot read", error, "reading the tiers")
+            return None
         problem = self._check(shard, data, identity)
         if problem is not None:
-            path.unlink(missing_ok=True)  # a live mapping elsewhere keeps its bytes; the next put replaces the file
+            try:
+                path.unlink(missing_ok=True)  # a live mapping elsewhere keeps its bytes; the next put replaces the file
+            except OSError as error:
+                self._cache_trouble(shard, path, "cannot remove the corrupt", error, "reading the tiers")
             self.cache_evictions += 1
             log.warning("shard %s: cached copy %s is corrupt (%s); evicted it, fetching the shard again",
                         shard.name, path, problem)
             return None
-        os.utime(path, ns=(time.time_ns(), identity[3]))  # LRU clock is the access time; mtime stays
-        self._remember_verified(shard, path, replaces=identity)  # utime moved the ctime; the bytes are those checked
+        try:
+            os.utime(path, ns=(time.time_ns(), identity[3]))  # LRU clock is the access time; mtime stays
+            self._remember_verified(shard, path, replaces=identity)  # utime moved the ctime; the bytes are those checked
+        except OSError as error:
+            # not our file (utime needs the owner) or evicted by another process since we mapped it: the mapped bytes
+            # passed the check and outlive an unlink, so use them; only the LRU age and the verdict update are lost
+            self._cache_trouble(shard, path, "cannot update the access time of", error,
+                                "using the bytes mapped and checked")
         self.reads[("cache", shard.name)] += 1
         return data
+
+    def _cache_trouble(self, shard: ShardEntry, path: Path, what: str, error: OSError, then: str) -> None:
+        """Log a cache entry this process cannot use or update, once per kind of error (a shared cache may hold many)."""
+        key = f"{what} {type(error).__name__} {error.errno}"
+        with self._lock:
+            first = key not in self._logged_cache
+            self._logged_cache.add(key)
+        if first and not isinstance(error, FileNotFoundError):
+            log.warning("shard %s: %s cached copy %s (%s); %s; further such cache errors are not logged",
+                        shard.name, what, path, error, then)
 
     def _remember_verified(self, shard: ShardEntry, path: Path, *, replaces: tuple[int, ...] | None = None) -> None:
         """Record ``path``'s current identity as holding ``shard``'s verified bytes (this process put them there or
@@ -322,14 +345,16 @@ class ShardSource:
         if path is None or (self.cache_limit_bytes is not None and len(data) > self.cache_limit_bytes):
             return
         assert self.cache_dir is not None
-        handle, temp = tempfile.mkstemp(dir=self.cache_dir, prefix=".partial-")
+        temp = None
         try:
+            handle, temp = tempfile.mkstemp(dir=self.cache_dir, prefix=".partial-")  # fails in a dir not ours to write
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
             os.replace(temp, path)  # atomic: concurrent workers never see a half-written shard
             self._remember_verified(shard, path)  # the bytes just passed _check (after rename: it moves the ctime)
         except OSError as error:
-            Path(temp).unlink(missing_ok=True)
+            if temp is not None:
+                Path(temp).unlink(missing_ok=True)
             log.warning("cache dir %s: cannot store shard %s (%s); reading without cache", self.cache_dir, shard.name, error)
             return
         self._evict()
@@ -340,13 +365,19 @@ class ShardSource:
         entries = []
         for entry in os.scandir(self.cache_dir):
             if entry.is_file() and not entry.name.startswith(".partial-"):
-                stat = entry.stat()
+                try:
+                    stat = entry.stat()
+                except OSError:  # evicted by another process since the scan
+                    continue
                 entries.append((stat.st_atime_ns, stat.st_size, entry.path, _identity(stat)))
         total = sum(size for _, size, _, _ in entries)
         for _, size, path, identity in sorted(entries):
             if total <= self.cache_limit_bytes:
                 break
-            Path(path).unlink(missing_ok=True)
+            try:
+                Path(path).unlink(missing_ok=True)
+            except OSError:  # another user's entry in a shared cache: it stays; its owner's runs evict it
+                continue
             self._verified.forget(Path(path).name.split("-", 1)[0], identity)  # the name starts with the sha256's
             total -= size
 

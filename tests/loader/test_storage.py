@@ -7,6 +7,7 @@ import os
 import shutil
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -425,3 +426,56 @@ def test_store_without_file_locks_hashes_instead(tmp_path: Path, monkeypatch: py
     assert store.check("cd" * 32, (3, 1, 10, 1, 1), lambda: hashed.append(1) or True) is True
     assert store.check("ef" * 32, (3, 2, 10, 1, 1), lambda: hashed.append(1) or False) is False
     assert hashed == [1, 1]
+
+
+def _cache_entries(cache: Path) -> list[Path]:
+    return sorted(p for p in cache.iterdir() if p.is_file())
+
+
+@pytest.mark.parametrize("trouble", ["unreadable", "not_owner", "evicted_after_map", "dir_not_writable"])
+def test_cache_entry_errors_fall_back_instead_of_failing_the_read(
+    tmp_path: Path, two_tiers: dict, trouble: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache shared with other users or processes: an entry another user wrote (0600: unreadable; or readable but
+    not ours, so utime fails), one another process evicts between our map and our utime, or a cache dir we cannot
+    write must not end the iteration: the tiers (or the bytes already mapped and checked) serve the shard."""
+    import datahub.loader.shard_source as shard_source_module
+
+    cache = tmp_path / "cache"
+    read_all(tmp_path, cache_dir=cache, tier_preference=["cfs"], prefetch_shards=0)  # fill the cache
+    entries = _cache_entries(cache)
+    assert len(entries) == 3
+    real_map = shard_source_module._map_file
+
+    def map_file(path: str | os.PathLike[str], *, mapped: bool = True) -> tuple[ShardBytes, tuple[int, ...]]:
+        in_cache = Path(path).parent == cache
+        if in_cache and trouble == "unreadable":  # as for a non-root reader of another user's 0600 entry
+            raise PermissionError(13, "Permission denied", str(path))
+        out = real_map(path, mapped=mapped)
+        if in_cache and trouble == "evicted_after_map":
+            os.unlink(path)  # another process's _evict, between our map and our utime
+        return out
+
+    def utime(path: Any, *args: Any, **kwargs: Any) -> None:
+        raise PermissionError(1, "Operation not permitted", str(path))  # utime on a file we do not own
+
+    def mkstemp(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError(13, "Permission denied", str(cache / ".partial-x"))
+
+    monkeypatch.setattr(shard_source_module, "_map_file", map_file)
+    if trouble == "not_owner":
+        monkeypatch.setattr(shard_source_module.os, "utime", utime)
+    if trouble in ("unreadable", "dir_not_writable"):  # the tier read then tries to store the shard
+        monkeypatch.setattr(shard_source_module.tempfile, "mkstemp", mkstemp)
+        if trouble == "dir_not_writable":
+            for entry in entries:
+                entry.unlink()
+    with caplog.at_level(logging.WARNING, logger="datahub.loader"):
+        dataset, ids = read_all(tmp_path, cache_dir=cache, tier_preference=["cfs"], prefetch_shards=0)
+    assert ids == all_ids(two_tiers)
+    names = [shard["name"] for shard in two_tiers["shards"]]
+    from_cache = trouble in ("not_owner", "evicted_after_map")  # the mapped bytes passed the check: used as they are
+    assert all(dataset.source.reads[("cache", name)] == (1 if from_cache else 0) for name in names)
+    assert all(dataset.source.reads[("cfs", name)] == (0 if from_cache else 1) for name in names)
+    lines = [r.getMessage() for r in caplog.records if r.name == "datahub.loader" and "cached copy" in r.getMessage()]
+    assert len(lines) == (1 if trouble in ("unreadable", "not_owner") else 0), lines  # once, not once per shard
