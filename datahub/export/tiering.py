@@ -197,8 +197,8 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
             _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap)
         elif move.action == "repair":
             _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap)
-        else:
-            _delete(lake, manifest, move.tier, storage=storage)
+        elif not _delete(lake, manifest, move.tier, storage=storage):
+            continue
         done.append(move)
         report("moves", step + 1, len(ordered))
     return done
@@ -354,15 +354,27 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
     dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
 
 
-def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> None:
+def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> bool:
+    """Delete the release's replicas on a tier (the manifest drops them first); False when a leftover directory (the
+    manifest does not name the tier) is spared because a writer is at work in it: a second-tier export journals there
+    before its manifest names the tier, and deleting under it published a manifest of deleted replicas."""
     tier = storage.tier(tier_name)
-    if tier_name in {t for s in manifest.shards for t in s.replicas}:
+    held = tier_name in {t for s in manifest.shards for t in s.replicas}
+    if not held:
+        live = tier.live_writes(tier.uri(manifest.release), within=STALE_PARTIAL_S)
+        if live:
+            log.warning("tier %s: %s/ is not in the manifest of %r but was written to in the last %d s (%s: a "
+                        "running export or copy?); left alone, a later apply deletes it once abandoned", tier_name,
+                        manifest.release, manifest.release, int(STALE_PARTIAL_S), live[0])
+            return False
+    if held:
         remaining = {s.name: {t: u for t, u in s.replicas.items() if t != tier_name} for s in manifest.shards}
         if any(not r for r in remaining.values()):
             raise IntegrityError(f"release {manifest.release!r}: deleting tier {tier_name} would leave a shard with "
                                  "no replica; copy it to another tier first")
         publish_manifest(lake, manifest.with_replicas(remaining), storage=storage)  # readers move off first
     tier.delete(tier.uri(manifest.release), recursive=True)
+    return True
 
 
 def _read_verified(manifest: Manifest, shard: ShardRecord, storage: StorageConfig, *,

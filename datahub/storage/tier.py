@@ -438,6 +438,40 @@ class Tier:
                 return newest
             markers = {"PartNumberMarker": int(page["NextPartNumberMarker"])}
 
+    def live_writes(self, directory_uri: str, *, within: float) -> list[str]:
+        """The files under ``directory_uri`` (at any depth) that show a writer at work: an export's journal (a path
+        through a ``_partial`` folder) or a publish's temp file, written to in the last ``within`` seconds. A tier
+        apply must not delete such a directory as a leftover: a second-tier export (or token export) writes its
+        shards and journal there before the manifest names the tier."""
+        cutoff = time.time() - within
+        found: list[tuple[str, float]] = []
+        try:
+            if isinstance(self.spec, CfsTier):
+                for folder, _, names in os.walk(directory_uri):
+                    for name in names:
+                        path = os.path.join(folder, name)
+                        try:
+                            found.append((path, os.stat(path).st_mtime))
+                        except FileNotFoundError:
+                            continue
+            else:
+                fs = self.filesystem()
+                root = self._path(directory_uri)
+                if isinstance(self.spec, CephTier):
+                    fs.invalidate_cache(root)
+                for path, info in fs.find(root, detail=True).items():
+                    modified = info.get("LastModified") or info.get("mtime")
+                    stamp = (modified.timestamp() if hasattr(modified, "timestamp")
+                             else info.get("modificationTime", 0) / 1000 if modified is None else float(modified))
+                    found.append((path, stamp))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot list {directory_uri}: {exc}") from exc
+        root = self._path(directory_uri).rstrip("/")
+        return sorted(path for path, stamp in found if stamp > cutoff and (
+            "_partial" in path[len(root):].split("/") or _PARTIAL.match(path.rsplit("/", 1)[-1])))
+
     def exists(self, uri: str) -> bool:
         if isinstance(self.spec, CfsTier):
             return os.path.exists(uri)

@@ -124,3 +124,18 @@ def test_cli_release_export_and_inspect_an_s3_lake_with_options_from_a_lake_file
     assert info["lake"] == root
     assert info["tables"]["samples"]["rows"] == 40 and info["tables"]["releases"]["rows"] == 1
     assert info["tables"]["lineage"]["rows"] == 80  # released + exported, one each per sample
+
+
+def test_live_writes_on_ceph_see_a_fresh_journal_not_published_shards(tmp_path, ceph_s3, monkeypatch) -> None:
+    """What spares a running second-tier export from tier apply's leftover delete, on S3 (LastModified)."""
+    from datahub.storage import Tier
+
+    bucket = ceph_s3.new_bucket("live")
+    storage = _storage(tmp_path, ceph_s3, bucket, monkeypatch)
+    tier = Tier.from_config(storage, "ceph")
+    tier.publish(tier.uri("R", "R-000000.tar"), b"shard")
+    assert tier.live_writes(tier.uri("R"), within=3600) == []
+    tier.publish(tier.uri("R", "_partial", "key", "000000.json"), b"{}")
+    assert [p.rsplit("/", 1)[-1] for p in tier.live_writes(tier.uri("R"), within=3600)] == ["000000.json"]
+    assert tier.live_writes(tier.uri("R"), within=-60) == []  # written over a minute "ago": abandoned
+    assert tier.live_writes(tier.uri("nothing"), within=3600) == []

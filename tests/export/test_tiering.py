@@ -413,3 +413,54 @@ def test_whole_shard_fallback_read_is_charged_to_the_cap_chunk_by_chunk(tmp_path
     data = _read_verified(manifest, shard, storage, cap=BandwidthCap(1e12))
     assert bytes(data) == Path(shard.replicas["b"]).read_bytes()
     assert charged[0] == read[0] == 2 * shard.size > 2 * 1024
+
+
+def test_leftover_delete_spares_a_running_second_tier_export(tmp_path, monkeypatch) -> None:
+    """A second-tier export (``export R --tier cold``) journals its shards under cold/R/ before its manifest names
+    cold: an apply meanwhile (``tier apply --tiers hot``) saw a leftover and deleted it, and the export then published
+    a manifest of deleted replicas. The live journal spares it; once abandoned (an hour unwritten) it goes."""
+    import datahub.export.export as export_module
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 60)
+    storage = cfs_storage(("cold", str(tmp_path / "cold")), ("hot", str(tmp_path / "hot")))
+    export_table_version(lake, table="samples", version=version, release_name="R", tier="hot", storage=storage,
+                         shard_samples=20)
+    original, plans = export_module.checkpoint, []
+
+    def concurrent_apply(name: str) -> None:
+        if name == "export:after_shard:0" and not plans:
+            plans.append(plan_tiers(lake, storage=storage, releases=["R"], targets={"R": ["hot"]}))
+            assert apply_tiers(lake, plans[0], storage=storage) == []  # the delete was skipped
+        original(name)
+
+    monkeypatch.setattr(export_module, "checkpoint", concurrent_apply)
+    export_table_version(lake, table="samples", version=version, release_name="R", tier="cold", storage=storage,
+                         shard_samples=20, upload_workers=1)
+    assert [(m.action, m.tier, m.leftover) for m in plans[0].moves] == [("delete", "cold", True)]
+    manifest = read_lake_manifest(lake, "R")
+    assert manifest.tiers == ["cold", "hot"]
+    assert all(Path(s.replicas["cold"]).stat().st_size == s.size for s in manifest.shards)
+    # an abandoned second-tier export (killed, its journal unwritten for an hour) is a leftover again
+    monkeypatch.setattr(export_module, "checkpoint", original)
+    (tmp_path / "cold2" / "R" / "_partial" / "k").mkdir(parents=True)
+    journal = tmp_path / "cold2" / "R" / "_partial" / "k" / "000000.json"
+    journal.write_text("{}")
+    both = cfs_storage(("cold2", str(tmp_path / "cold2")), ("hot", str(tmp_path / "hot")),
+                       ("cold", str(tmp_path / "cold")))
+    plan = plan_tiers(lake, storage=both, releases=["R"], targets={"R": ["hot", "cold"]})
+    assert [(m.action, m.tier) for m in plan.moves] == [("delete", "cold2")]
+    assert apply_tiers(lake, plan, storage=both) == [] and journal.exists()
+    old = time.time() - STALE_PARTIAL_S - 60
+    os.utime(journal, (old, old))
+    assert len(apply_tiers(lake, plan, storage=both)) == 1 and not (tmp_path / "cold2" / "R").exists()
+
+
+def test_live_writes_on_hdfs_see_a_fresh_journal_not_published_shards(tmp_path, webhdfs) -> None:
+    tier = Tier.from_config(_storage(tmp_path, webhdfs), "hdfs")
+    tier.publish(tier.uri("R", "R-000000.tar"), b"shard")
+    assert tier.live_writes(tier.uri("R"), within=3600) == []
+    tier.publish(tier.uri("R", "_partial", "key", "000000.json"), b"{}")
+    assert [p.rsplit("/", 1)[-1] for p in tier.live_writes(tier.uri("R"), within=3600)] == ["000000.json"]
+    assert tier.live_writes(tier.uri("R"), within=-60) == []
+    assert tier.live_writes(tier.uri("nothing"), within=3600) == []
