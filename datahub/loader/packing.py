@@ -26,7 +26,7 @@ import hashlib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -171,7 +171,8 @@ class TokenFiles:
 
     @classmethod
     def open(cls, source: TokenSourceArg, *, tier_preference: Sequence[str] | None = None,
-             append_eod: int | None = None) -> TokenFiles:
+             append_eod: int | None = None, verify: bool | Literal["always"] = True,
+             verdicts_dir: str | os.PathLike[str] | None = None) -> TokenFiles:
         """From a ``TokenManifest`` (or its JSON path: local replicas, first tier of ``tier_preference`` holding
         one), or a list of local indexed prefixes or ``IndexedDataset``s."""
         from datahub.shards.token_manifest import TokenManifest
@@ -182,8 +183,9 @@ class TokenFiles:
             where = str(source)
             source = TokenManifest.from_dict(json.loads(Path(where).read_text()), where=where)
         if isinstance(source, TokenManifest):
-            files = [IndexedDataset(_local_replica(record.replicas, record.prefix, tier_preference))
-                     for record in source.files]
+            from datahub.loader.token_replicas import open_replicas
+
+            files = open_replicas(source.files, tier_preference, verify=verify, verdicts_dir=verdicts_dir)
             digest = hashlib.sha256(f"{source.release_digest}/{source.tokenizer.sha256}".encode()).hexdigest()
             return cls(files, digest=digest, append_eod=append_eod, release=source.release)
         if isinstance(source, (str, os.PathLike, IndexedDataset)):
@@ -193,20 +195,6 @@ class TokenFiles:
             raise SpecError("PackedDataset: no token files given; pass a token manifest or indexed file prefixes")
         identity = "\n".join(f"{Path(f.prefix).name} {f.num_documents} {f.num_tokens}" for f in files)
         return cls(files, digest=hashlib.sha256(identity.encode()).hexdigest(), append_eod=append_eod)
-
-
-def _local_replica(replicas: Mapping[str, str], prefix: str, tier_preference: Sequence[str] | None) -> str:
-    tiers = list(tier_preference) if tier_preference else sorted(replicas)
-    for tier in tiers:
-        uri = replicas.get(tier)
-        if uri is None:
-            continue
-        if uri.startswith("file://"):
-            uri = uri[len("file://"):]
-        if "://" not in uri:
-            return uri
-    raise SpecError(f"token file {prefix}: no local replica among tiers {tiers} (replicas: {dict(replicas)}); "
-                    "PackedDataset memory-maps token files, so copy them to a cfs tier or a local disk first")
 
 
 class TokenLayout:
@@ -276,7 +264,10 @@ class PackedDataset(StridedDataset):
     ``batch_size=B``), ``loss_mask`` (bool: False on padding), and with ``document_boundaries=True`` (default)
     ``position_ids`` and ``segment_ids`` (int32); ``batch.to_torch()`` gives tensors without a copy. Use
     ``DataLoader(dataset, batch_size=None, num_workers=N)``: batches cross the worker boundary in shared memory.
-    ``source``: a ``TokenManifest``, the path of a ``tokens-manifest.json``, or indexed file prefixes.
+    ``source``: a ``TokenManifest``, the path of a ``tokens-manifest.json``, or indexed file prefixes. A manifest's
+    replicas are tried in ``tier_preference`` order, each part checked against the manifest's size and (``verify``)
+    sha256 (True: once per file per verdict store ``verdicts_dir``; "always"; False: sizes only); a missing or
+    damaged replica fails over to the next tier (``datahub.loader.token_replicas``).
     """
 
     _transfer_types = (TokenBatch,)  # made in the worker, sent through shared memory (worker_transport)
@@ -297,6 +288,8 @@ class PackedDataset(StridedDataset):
         pad_token: int = 0,
         append_eod: int | None = None,
         tier_preference: Sequence[str] | None = None,
+        verify: bool | Literal["always"] = True,
+        verdicts_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__(rank=rank, world_size=world_size, batch_size=batch_size)
         if seq_len < 1:
@@ -304,7 +297,7 @@ class PackedDataset(StridedDataset):
         if not np.can_cast(np.min_scalar_type(int(pad_token)), np.int32):
             raise ValueError(f"pad_token must fit the batches' int32 tokens; got {pad_token}")
         self.files = source if isinstance(source, TokenFiles) else TokenFiles.open(
-            source, tier_preference=tier_preference, append_eod=append_eod)
+            source, tier_preference=tier_preference, append_eod=append_eod, verify=verify, verdicts_dir=verdicts_dir)
         self.seq_len, self.seed, self.epoch = int(seq_len), int(seed), int(epoch)
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer or 0)
         self.document_boundaries, self.pad_token = document_boundaries, int(pad_token)

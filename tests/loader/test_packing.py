@@ -312,3 +312,104 @@ def test_stateful_dataloader_workers_read_an_epoch_and_resume_token_exact(
         fresh = loader()
         fresh.load_state_dict(state)
         assert head + tokens(fresh) == full, f"resume after {head_items} batches"
+
+
+def _two_tier_token_manifest(corpus: tuple[list[str], int], root: Path) -> tuple[Path, list[str]]:
+    """A token manifest whose files have full replicas on two local tiers: cfs (the corpus) and a copy on nvme."""
+    import hashlib
+    import shutil
+
+    from datahub.shards.token_manifest import FilePart, TokenFileRecord, TokenizerInfo, TokenManifest
+
+    prefixes, _ = corpus
+    (root / "nvme").mkdir(parents=True)
+    records, first, copies = [], 0, []
+    for prefix in prefixes:
+        copy = str(root / "nvme" / Path(prefix).name)
+        for suffix in (".bin", ".idx", ".ids"):
+            shutil.copy(prefix + suffix, copy + suffix)
+        copies.append(copy)
+
+        def part(path: str) -> FilePart:
+            data = Path(path).read_bytes()
+            return FilePart(len(data), hashlib.sha256(data).hexdigest())
+
+        documents = len(Path(prefix + ".ids").read_text().splitlines())
+        records.append(TokenFileRecord(prefix=Path(prefix).name, documents=documents,
+                                       tokens=Path(prefix + ".bin").stat().st_size // 4, first_document=first,
+                                       bin=part(prefix + ".bin"), idx=part(prefix + ".idx"), ids=part(prefix + ".ids"),
+                                       replicas={"cfs": prefix, "nvme": f"file://{copy}"}))
+        first += documents
+    manifest = TokenManifest(release="tok-v1", created="2026-12-04T00:00:00Z", table="samples", table_version=1,
+                             release_digest="ab" * 32, shuffle_seed=0, dtype="int32", files=tuple(records),
+                             tokenizer=TokenizerInfo(sha256="cd" * 32, vocab_size=10**6, eod_id=0, eod_token="</s>"))
+    path = root / "tokens-manifest.json"
+    path.write_bytes(manifest.to_json())
+    return path, copies
+
+
+@pytest.mark.parametrize("damage", ["same_size_bytes", "missing_bin", "truncated_idx", "missing_ids"])
+def test_token_manifest_damaged_or_missing_replica_fails_over_to_the_next_tier(
+        corpus: tuple[list[str], int], tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A token file's replica is checked against the manifest (size, sha256) like a shard: a damaged one was read
+    silently (wrong token ids in training batches) and a missing one raised FileNotFoundError although the next
+    tier held a good copy."""
+    import logging
+
+    from datahub.loader.errors import NoReadableReplicaError
+
+    prefixes, total = corpus
+    path, copies = _two_tier_token_manifest(corpus, tmp_path / "tiers")
+    target = prefixes[1]
+    if damage == "same_size_bytes":
+        data = bytearray(Path(target + ".bin").read_bytes())
+        data[0:4] = np.int32(999_999).tobytes()  # a valid token id, same size: only the sha256 tells
+        Path(target + ".bin").write_bytes(bytes(data))
+    elif damage == "missing_bin":
+        os.unlink(target + ".bin")
+    elif damage == "truncated_idx":
+        os.truncate(target + ".idx", os.path.getsize(target + ".idx") - 8)
+    else:
+        os.unlink(target + ".ids")
+    with caplog.at_level(logging.WARNING, logger="datahub.loader"):
+        dataset = PackedDataset(str(path), tier_preference=["cfs", "nvme"], **SETTINGS)
+    assert [f.prefix for f in dataset.files.files] == [p if p != target else copies[1] for p in prefixes]
+    tokens, _ = read_all(dataset)
+    assert sorted(tokens) == list(range(1, total + 1))
+    lines = [r.getMessage() for r in caplog.records if "token file" in r.getMessage()]
+    assert len(lines) == 1 and "cfs" in lines[0] and Path(target).name in lines[0]
+    # sizes are checked without verify; a same-size change needs the sha256
+    unverified = PackedDataset(str(path), tier_preference=["cfs", "nvme"], verify=False, **SETTINGS)
+    used = [f.prefix for f in unverified.files.files][1]
+    assert used == (target if damage == "same_size_bytes" else copies[1])
+    # no good replica anywhere: one error naming each tier's problem
+    os.unlink(copies[1] + ".bin")
+    with pytest.raises(NoReadableReplicaError) as error:
+        PackedDataset(str(path), tier_preference=["cfs", "nvme"], **SETTINGS)
+    assert "cfs (" in str(error.value) and "nvme (" in str(error.value) and Path(target).name in str(error.value)
+
+
+def test_token_manifest_replicas_are_hashed_once_per_verdict_store(
+        corpus: tuple[list[str], int], tmp_path: Path, verdict_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    import datahub.loader.token_replicas as token_replicas
+
+    path, _ = _two_tier_token_manifest(corpus, tmp_path / "tiers")
+    hashed: list[int] = []
+    real_sha256 = hashlib.sha256
+
+    def counting_sha256(data: Any = b"") -> Any:
+        hashed.append(len(data))
+        return real_sha256(data)
+
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(token_replicas, "hashlib", SimpleNamespace(sha256=counting_sha256))  # this module's hashes only
+    PackedDataset(str(path), **SETTINGS)
+    assert len(hashed) == 3 * len(corpus[0])  # .bin, .idx, .ids of each file, on the first use
+    assert len(list(verdict_store.iterdir())) >= 3 * len(corpus[0])
+    PackedDataset(str(path), **SETTINGS)
+    assert len(hashed) == 3 * len(corpus[0]), "a later dataset trusts the verdicts"
+    PackedDataset(str(path), verify="always", **SETTINGS)
+    assert len(hashed) == 6 * len(corpus[0])

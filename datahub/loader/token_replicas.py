@@ -1,0 +1,115 @@
+"""Open a token file of a token manifest for ``PackedDataset``: the first tier whose replica matches the manifest.
+
+Each part (``.bin``, ``.idx``, ``.ids``) is memory-mapped once and checked against the manifest's size and, with
+``verify``, sha256, a local file being hashed once per file identity per verdict store (``verified.VerifiedFiles``,
+as ``ReleaseDataset`` does for shards). A missing or damaged replica fails over to the next tier (logged once per
+tier); ``NoReadableReplicaError`` names each tier's problem when none is good.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import os
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from datahub.errors import IntegrityError, SpecError
+from datahub.loader.errors import NoReadableReplicaError
+from datahub.loader.shard_source import default_verdicts_dir
+from datahub.loader.verified import Identity, VerifiedFiles
+from datahub.shards.indexed import IndexedDataset
+from datahub.shards.token_manifest import PARTS, TokenFileRecord
+
+log = logging.getLogger("datahub.loader")
+
+SUFFIXES = {"bin": ".bin", "idx": ".idx", "ids": ".ids"}
+
+
+def local_path(uri: str) -> str | None:
+    """The POSIX path of a local or cfs replica; None for a remote URI (token files are memory-mapped)."""
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    return None if "://" in uri else uri
+
+
+def _map(path: str) -> tuple[Any, Identity]:
+    """The file's bytes (read-only map) and its identity, both from one open file."""
+    with open(path, "rb") as handle:
+        stat = os.fstat(handle.fileno())
+        identity = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        if stat.st_size == 0:
+            return b"", identity
+        return mmap.mmap(handle.fileno(), stat.st_size, prot=mmap.PROT_READ), identity
+
+
+class TokenReplicas:
+    """``open(record)``: an ``IndexedDataset`` over the first good replica among ``tiers`` (all tiers when None)."""
+
+    def __init__(self, tiers: Sequence[str] | None, *, verify: bool | Literal["always"] = True,
+                 verified: VerifiedFiles | None = None) -> None:
+        if verify not in (True, False, "always"):
+            raise ValueError(f"verify must be True, False or 'always'; got {verify!r}")
+        self.tiers = list(tiers) if tiers else None
+        self.verify = verify
+        self.verified = verified if verified is not None else VerifiedFiles(None, shared=False)
+        self.hashed = 0  # parts hashed (the rest were known good by their identity, or not verified)
+        self._logged: set[str] = set()
+
+    def open(self, record: TokenFileRecord) -> IndexedDataset:
+        tiers = self.tiers or sorted(record.replicas)
+        problems: dict[str, str] = {}
+        local = [tier for tier in tiers if local_path(record.replicas.get(tier, "x://")) is not None]
+        if not local:
+            raise SpecError(f"token file {record.prefix}: no local replica among tiers {tiers} (replicas: "
+                            f"{dict(record.replicas)}); PackedDataset memory-maps token files, so copy them to a cfs "
+                            "tier or a local disk first")
+        for n, tier in enumerate(local):
+            path = local_path(record.replicas[tier])
+            assert path is not None
+            try:
+                return self._open(record, path)
+            except (OSError, IntegrityError) as error:
+                problems[tier] = str(error) if isinstance(error, IntegrityError) else f"{type(error).__name__}: {error}"
+                if tier not in self._logged:
+                    self._logged.add(tier)
+                    log.warning("token file %s: replica on tier %s unusable (%s); %s; further failures on %s are "
+                                "not logged", record.prefix, tier, problems[tier],
+                                "no other tier left" if n == len(local) - 1 else "failing over to the next tier", tier)
+        tried = "; ".join(f"{tier} ({problem})" for tier, problem in problems.items())
+        raise NoReadableReplicaError(f"no readable replica of token file {record.prefix}: {tried}. Re-run "
+                                     "`datahub export` (tokens) or `datahub tier` to repair it.")
+
+    def _open(self, record: TokenFileRecord, path: str) -> IndexedDataset:
+        data: dict[str, Any] = {}
+        for part in PARTS:
+            data[part], identity = _map(path + SUFFIXES[part])
+            self._check(record, part, path + SUFFIXES[part], data[part], identity)
+        return IndexedDataset.from_buffers(data["bin"], data["idx"], bytes(data["ids"]), where=path)
+
+    def _check(self, record: TokenFileRecord, part: str, where: str, data: Any, identity: Identity) -> None:
+        expected = record.part(part)
+        if len(data) != expected.size:
+            raise IntegrityError(f"{where}: size {len(data)} bytes, manifest says {expected.size}")
+        if not (self.verify and expected.sha256):
+            return
+        digests: list[str] = []
+
+        def matches() -> bool:
+            self.hashed += 1
+            digests.append(hashlib.sha256(data).hexdigest())  # releases the GIL
+            return digests[-1] == expected.sha256
+
+        if matches() if self.verify == "always" else self.verified.check(expected.sha256, identity, matches):
+            return
+        raise IntegrityError(f"{where}: sha256 {digests[-1][:12]}... does not match manifest {expected.sha256[:12]}...")
+
+
+def open_replicas(records: Sequence[TokenFileRecord], tiers: Sequence[str] | None, *,
+                  verify: bool | Literal["always"], verdicts_dir: str | os.PathLike[str] | None) -> list[IndexedDataset]:
+    """Every record's good replica; the verdict store is ``verdicts_dir`` (default: the user's, as for shards)."""
+    directory = verdicts_dir if verdicts_dir is not None else default_verdicts_dir(None)
+    replicas = TokenReplicas(tiers, verify=verify, verified=VerifiedFiles(directory, shared=verify is True))
+    return [replicas.open(record) for record in records]
+
