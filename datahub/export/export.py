@@ -13,10 +13,12 @@ Flow (memory bounded by the plan, ~100 bytes per sample, plus a few shards; neve
   shards by the shards' first keys and each publish whole shards.
 
 Order of effects (each step idempotent, so a crashed export is simply re-run):
-1. each shard is published atomically and journalled under ``{release}/_partial/{export_key}/``;
+1. each shard is published atomically and journalled under ``{release}/_partial/{export_key}-{table id}/``
+   (``TableSource.journal_key``: another lake's journal on a shared tier is never taken);
    a re-run verifies journalled shards (size + sha256 at the destination) and skips them;
 2. the shard index goes to the lineage table (action ``exported``) in one commit with txn
-   ``export/{release}/{tier}``;
+   ``export/{release}/{tier}`` and the export key in its metadata; a re-run with other settings after that
+   commit is refused (``exported_lineage.refuse_other_export``);
 3. the manifest is published last: in the tier's export directory, then under the lake.
 """
 
@@ -49,6 +51,7 @@ from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, exp
                                  member_bytes, plan_sizes)
 from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, encoded_rows,
                                     export_columns)
+from datahub.export.exported_lineage import refuse_other_export
 from datahub.export.source import TableSource
 from datahub.export.spill import RowSpill
 from datahub.shards.index import ShardIndex, index_member
@@ -152,7 +155,11 @@ def export_table_version(
                 spill_dir=spill_dir, upload_workers=upload_workers, report=report)
         return existing  # already exported to this tier: applying twice is a no-op (after repairs)
 
-    journal = _Journal(target, release_name, export_key)
+    # the lineage of a first try killed after its lineage commit names that try's shards: other settings now would
+    # publish other shards, and the lineage commit (applied) would be skipped
+    refuse_other_export(lake, f"export/{release_name}/{target.name}", export_key, release=release_name,
+                        tier=target.name)
+    journal = _Journal(target, release_name, source.journal_key(export_key))
     with ExitStack() as scope:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-journal") as early:
             # reading the journal (and opening the tier's connection) overlaps the planning pass

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.errors import ReleaseError
 from datahub.lake.lake import SORTED_LAYOUT, Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
@@ -35,7 +36,7 @@ def commit_exported(lake: Lake, events: Iterable[tuple[pa.Array, pa.Array]], *, 
             yield lineage_rows(keys, run_id=txn, op=op, action="exported", params_hash=params_hash, ref=ref, ts=now)
 
     return commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=txn, row_group_rows=SORTED_LAYOUT["lineage"][1],
-                       metadata=metadata)
+                       metadata={**metadata, EXPORT_KEY: params_hash})
 
 
 def commit_shard_index(lake: Lake, release: str, tier: Tier, shards: Iterable[tuple[str, pa.Array]], *, op: str,
@@ -51,3 +52,26 @@ def commit_shard_index(lake: Lake, release: str, tier: Tier, shards: Iterable[tu
 
     return commit_exported(lake, events(), txn=f"export/{release}/{tier.name}", op=op, params_hash=params_hash,
                            metadata={"datahub.export": release, "datahub.tier": tier.name})
+
+
+EXPORT_KEY = "datahub.export_key"  # lineage commit metadata: the export key (settings) the exported rows stand for
+
+
+def refuse_other_export(lake: Lake, txn: str, export_key: str, *, release: str, tier: str) -> None:
+    """Refuse an export whose ``exported`` lineage commit (``txn``) is already in with another export key: a first
+    try killed after that commit (before its manifest), re-run with other settings, would publish other shards while
+    the lineage (its commit skipped as applied) names the first try's."""
+    if not lake.exists("lineage") or not lake.applied("lineage", txn):
+        return
+    recorded = next((h.get(EXPORT_KEY) for h in lake.history("lineage") if h.get("datahub.txn") == txn), None)
+    if recorded is None:  # committed by an older datahub: the key is on the rows
+        import pyarrow.dataset as ds
+
+        rows = lake.dataset("lineage").to_table(columns=["params_hash"], filter=ds.field("run_id") == txn)
+        recorded = rows.column("params_hash")[0].as_py() if rows.num_rows else None
+    if recorded is not None and recorded != export_key:
+        raise ReleaseError(
+            f"release {release!r} was half-exported to tier {tier} with other settings (export key {recorded}, this "
+            f"run's is {export_key}): its lineage names that try's shards. Re-run the export with the first try's "
+            "settings (table version, --shard-size/--shard-samples, --shuffle-seed; tokenizer and --file-tokens) to "
+            "finish it, or export under a new release name")

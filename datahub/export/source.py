@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +36,13 @@ class TableSource:
 
     def dataset(self) -> Any:
         return self.lake.dataset(self.table, self.version)
+
+    def journal_key(self, export_key: str) -> str:
+        """``export_key`` (table name, version, settings) plus the Delta table's own id: an export resumes only its
+        own lake's journal. Two lakes sharing a tier (staging and prod) export releases of the same name, table and
+        version: with the bare key one took the other's journalled shards (the other lake's samples) as its own."""
+        table_id = str(self.lake.table(self.table).metadata().id)
+        return f"{export_key}-{hashlib.sha256(table_id.encode()).hexdigest()[:8]}"
 
     def schema(self) -> pa.Schema:
         return pa.schema(self.dataset().schema)

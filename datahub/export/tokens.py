@@ -17,7 +17,8 @@ Flow (the release is never held in one process; the driver holds ids and token c
 4. the manifest, last: in the tier's token folder, then under the lake; the ``_partial`` folder is removed.
 
 Same table version + tokenizer bytes + settings -> byte-identical files on every engine (tested). A killed export
-is re-run: files journalled under ``tokens-{sha12}/_partial/{key}/`` and verified at the destination are kept.
+is re-run: files journalled under ``tokens-{sha12}/_partial/{key}-{table id}/`` and verified at the destination are
+kept (never another lake's); a re-run with other settings after the lineage commit is refused.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from datahub.engines.base import Engine
 from datahub.engines.registry import make_engine
 from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, MissingDependencyError, ReleaseError, SpecError
-from datahub.export.exported_lineage import commit_exported
+from datahub.export.exported_lineage import commit_exported, refuse_other_export
 from datahub.export.plan import ORDER, ExportPlan, ShardRouter, ShardSpan, order_hash
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN
 from datahub.export.source import TableSource
@@ -518,7 +519,9 @@ def export_table_tokens(
         raise ReleaseError(f"release {release_name!r} was tokenized with this tokenizer before with other settings "
                            f"({existing.export.get('settings')}); token files are immutable: export under a new release "
                            "name")
-    journal = f"{target.uri(release_name, folder)}/_partial/{export_key}"
+    lineage_txn = f"export-tokens/{release_name}/{target.name}/{folder}"
+    refuse_other_export(lake, lineage_txn, export_key, release=release_name, tier=target.name)
+    journal = f"{target.uri(release_name, folder)}/_partial/{source.journal_key(export_key)}"
     if existing is not None and target.name in existing.tiers:
         intact = _intact(existing, target, folder, verify=verify)
         if len(intact) == len(existing.files):

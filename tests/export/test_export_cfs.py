@@ -208,3 +208,77 @@ def test_completed_export_leaves_a_concurrent_writers_temp_file_alone(tmp_path) 
         _export(lake, version, storage, shard_samples=10)
         assert live[0].exists()
     assert (release_dir / "other.tar").read_bytes() == data
+
+
+def test_rerun_after_the_lineage_commit_with_other_settings_is_refused(tmp_path, monkeypatch) -> None:
+    """Killed after its `exported` lineage commit, before the manifest: a re-run with other shard settings published
+    other shards while the lineage (commit skipped as applied) named the first try's; it is refused now, and the
+    same settings finish the export with lineage naming the shards that hold each sample."""
+    import tarfile
+
+    import pyarrow.compute as pc
+
+    import datahub.export.export as export_module
+
+    lake, version = make_lake(tmp_path / "lake", 60)
+    storage = cfs_storage(("hot", tmp_path / "hot"))
+    original = export_module.checkpoint
+
+    def killed(name: str) -> None:
+        if name == "export:before_manifest":
+            raise KeyboardInterrupt("killed before the manifest")
+        original(name)
+
+    monkeypatch.setattr(export_module, "checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_table_version(lake, table="samples", version=version, release_name="R", tier="hot", storage=storage,
+                             shard_samples=10)
+    monkeypatch.setattr(export_module, "checkpoint", original)
+    with pytest.raises(ReleaseError, match="'R' was half-exported to tier hot with other settings .*first try's"):
+        export_table_version(lake, table="samples", version=version, release_name="R", tier="hot", storage=storage,
+                             shard_samples=30)
+    manifest = export_table_version(lake, table="samples", version=version, release_name="R", tier="hot",
+                                    storage=storage, shard_samples=10)
+    held = {}
+    for shard in manifest.shards:
+        with tarfile.open(shard.replicas["hot"]) as tar:
+            held.update({member.split(".")[0]: shard.name for member in tar.getnames() if not member.startswith("_")})
+    lineage = lake.read("lineage")
+    exported = lineage.filter(pc.equal(lineage.column("action"), "exported"))
+    assert exported.num_rows == 60
+    assert all(held[sample_id] == json.loads(ref)["shard"].rsplit("/", 1)[-1]
+               for sample_id, ref in zip(exported.column("sample_id").to_pylist(), exported.column("ref").to_pylist()))
+
+
+def test_resume_takes_no_journal_of_another_lake_on_a_shared_tier(tmp_path, monkeypatch) -> None:
+    """Two lakes (staging, prod) export release R of the same table, version and settings to one tier; lake 1's
+    export is killed after shard 0. Lake 2's export took that journal as its own and published lake 1's samples."""
+    import tarfile
+
+    import datahub.export.export as export_module
+    from datahub.lake import Lake
+
+    storage = cfs_storage(("shared", tmp_path / "shared"))
+    first, second = Lake(tmp_path / "lake1"), Lake(tmp_path / "lake2")
+    first.commit("samples", samples_table(40), txn="s/1")
+    second.commit("samples", samples_table(40, start=1000), txn="s/1")
+    version = int(first.table("samples").version())
+    assert version == int(second.table("samples").version())
+    original = export_module.checkpoint
+
+    def killed(name: str) -> None:
+        if name == "export:after_shard:0":
+            raise KeyboardInterrupt("lake 1's export killed")
+        original(name)
+
+    monkeypatch.setattr(export_module, "checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export_table_version(first, table="samples", version=version, release_name="R", tier="shared",
+                             storage=storage, shard_samples=10, upload_workers=1)
+    monkeypatch.setattr(export_module, "checkpoint", original)
+    manifest = export_table_version(second, table="samples", version=version, release_name="R", tier="shared",
+                                    storage=storage, shard_samples=10)
+    mine = set(second.read("samples").column("sample_id").to_pylist())
+    for shard in manifest.shards:
+        with tarfile.open(shard.replicas["shared"]) as tar:
+            assert {m.split(".")[0] for m in tar.getnames() if not m.startswith("_")} <= mine, shard.name

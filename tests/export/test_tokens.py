@@ -292,3 +292,53 @@ def test_missing_tokenizers_package_says_what_to_install(tmp_path, monkeypatch) 
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers -> ImportError
     with pytest.raises(MissingDependencyError, match=r"pip install 'datahub\[tokens\]'"):
         load_tokenizer(path)
+
+
+def test_token_export_takes_no_journal_of_another_lake_and_refuses_other_settings_after_lineage(tmp_path,
+                                                                                               monkeypatch) -> None:
+    """Two lakes share a tier: lake 1's token export of r is killed after file 0; lake 2's export of r (same table,
+    version, settings) wrote lake 1's tokens as its own. And a first try killed after its lineage commit, re-run
+    with other --file-tokens, is refused (its lineage names the first try's files)."""
+    import datahub.export.tokens as tokens_module
+
+    first, version = make_lake(tmp_path / "lake1", 90)
+    second = Lake(tmp_path / "lake2")
+    table = first.read("samples")
+    ids = [f"{i[:-1]}x" for i in table.column("sample_id").to_pylist()]  # other samples, the same texts (plan)
+    other = table.set_column(table.schema.get_field_index("sample_id"), "sample_id", pa.array(ids))
+    for part in range(3):
+        second.commit("samples", other.slice(part * 30, 30), txn=f"seed/{part}")
+    assert int(second.table("samples").version()) == version
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("shared", tmp_path / "shared"), ("clean", tmp_path / "clean"))
+    original = tokens_module.checkpoint
+    kill_at = ["export-tokens:after_file:0"]
+
+    def killed(name: str) -> None:
+        if name == kill_at[0]:
+            raise KeyboardInterrupt(name)
+        original(name)
+
+    def export(lake, tier, release="r", file_tokens=300):
+        return export_table_tokens(lake, table="samples", version=version, release_name=release, tokenizer=path,
+                                   tier=tier, storage=storage, file_tokens=file_tokens)
+
+    monkeypatch.setattr(tokens_module, "checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export(first, "shared")
+    monkeypatch.setattr(tokens_module, "checkpoint", original)
+    shared = export(second, "shared")
+    clean = export(second, "clean", release="r")
+    for mine, reference in zip(shared.files, clean.files):
+        for suffix in ("bin", "idx", "ids"):
+            assert Path(mine.replicas["shared"] + "." + suffix).read_bytes() == \
+                Path(reference.replicas["clean"] + "." + suffix).read_bytes()
+
+    kill_at[0] = "export-tokens:before_manifest"
+    monkeypatch.setattr(tokens_module, "checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        export(first, "shared", release="r3")
+    monkeypatch.setattr(tokens_module, "checkpoint", original)
+    with pytest.raises(ReleaseError, match="'r3' was half-exported to tier shared with other settings"):
+        export(first, "shared", release="r3", file_tokens=500)
+    assert len(export(first, "shared", release="r3").files) >= 1
