@@ -188,6 +188,13 @@ def export_table_version(
             if (old.name, old.sha256) != (new.name, new.sha256):
                 raise IntegrityError(f"{new.name}: re-export differs from the published shard (sha256 "
                                      f"{new.sha256[:12]} vs {str(old.sha256)[:12]}); the table version changed underneath?")
+        # the tier is not in the manifest until it is published: a tier apply meanwhile may take the directory for a
+        # leftover; never publish replicas that are gone (one size look-up per shard)
+        vanished = [s.name for s in done if target.size(target.uri(release_name, s.name)) != s.size]
+        if vanished:
+            raise IntegrityError(f"release {release_name!r}: shards {vanished[:3]}{' ...' if len(vanished) > 3 else ''} "
+                                 f"vanished from tier {target.name} during the export (a concurrent `datahub tier "
+                                 "apply`?); re-run the export")
     commit_export_lineage(lake, release_name, target, done, lambda s: plan.shard_ids(s.index), export_key)
     checkpoint("export:before_manifest")
     replicas = {s.name: {**(dict(existing.shards[s.index].replicas) if existing else {}),

@@ -153,6 +153,8 @@ class Tier:
         try:
             if isinstance(self.spec, CfsTier):
                 return os.stat(uri).st_size
+            if isinstance(self.spec, CephTier):  # s3fs answers from a cached listing: a write since then is missed
+                self.filesystem().invalidate_cache(self._path(uri))
             info = self.filesystem().info(self._path(uri))
         except FileNotFoundError:
             return None

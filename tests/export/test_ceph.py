@@ -139,3 +139,15 @@ def test_live_writes_on_ceph_see_a_fresh_journal_not_published_shards(tmp_path, 
     assert [p.rsplit("/", 1)[-1] for p in tier.live_writes(tier.uri("R"), within=3600)] == ["000000.json"]
     assert tier.live_writes(tier.uri("R"), within=-60) == []  # written over a minute "ago": abandoned
     assert tier.live_writes(tier.uri("nothing"), within=3600) == []
+
+
+def test_second_tier_export_to_ceph_publishes_after_checking_its_shards(tmp_path, ceph_s3, monkeypatch) -> None:
+    """The size check before a second tier's manifest reads fresh S3 state (not a listing s3fs cached earlier)."""
+    bucket = ceph_s3.new_bucket("second")
+    storage = _storage(tmp_path, ceph_s3, bucket, monkeypatch)
+    lake, version = make_lake(tmp_path / "lake", 60)
+    export_table_version(lake, table="samples", version=version, release_name="s1", tier="cfs", storage=storage,
+                         shard_samples=20)
+    manifest = export_table_version(lake, table="samples", version=version, release_name="s1", tier="ceph",
+                                    storage=storage, shard_samples=20)
+    assert manifest.tiers == ["ceph", "cfs"] and len(manifest.shards) == 3

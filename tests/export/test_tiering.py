@@ -464,3 +464,32 @@ def test_live_writes_on_hdfs_see_a_fresh_journal_not_published_shards(tmp_path, 
     assert [p.rsplit("/", 1)[-1] for p in tier.live_writes(tier.uri("R"), within=3600)] == ["000000.json"]
     assert tier.live_writes(tier.uri("R"), within=-60) == []
     assert tier.live_writes(tier.uri("nothing"), within=3600) == []
+
+
+def test_second_tier_export_refuses_to_publish_shards_that_vanished(tmp_path, monkeypatch) -> None:
+    """Whatever deletes the second tier's directory during the export (an apply of an older datahub, by hand),
+    the export checks its shards are there before the manifest names the tier."""
+    import datahub.export.export as export_module
+    from datahub.errors import IntegrityError
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 60)
+    storage = cfs_storage(("cold", str(tmp_path / "cold")), ("hot", str(tmp_path / "hot")))
+    export_table_version(lake, table="samples", version=version, release_name="R", tier="hot", storage=storage,
+                         shard_samples=20)
+    original = export_module.checkpoint
+
+    def deleted(name: str) -> None:
+        if name == "export:after_shard:1":
+            for shard in (tmp_path / "cold" / "R").glob("R-*.tar"):
+                shard.unlink()
+        original(name)
+
+    monkeypatch.setattr(export_module, "checkpoint", deleted)
+    with pytest.raises(IntegrityError, match="vanished from tier cold during the export .*re-run the export"):
+        export_table_version(lake, table="samples", version=version, release_name="R", tier="cold", storage=storage,
+                             shard_samples=20, upload_workers=1)
+    assert read_lake_manifest(lake, "R").tiers == ["hot"]
+    monkeypatch.setattr(export_module, "checkpoint", original)
+    assert export_table_version(lake, table="samples", version=version, release_name="R", tier="cold",
+                                storage=storage, shard_samples=20).tiers == ["cold", "hot"]
