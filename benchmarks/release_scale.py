@@ -11,7 +11,7 @@ Prints per command the peak on S and L and their ratio, then ``rss_growth_max: X
 a plain ``cp -r`` of the produced shard bytes to the same tier (a local directory here) followed by ``sync``
 (the export fsyncs its shards), the median of three copies.
 
-    .venv/bin/python benchmarks/release_scale.py --small-mb 100 --shard-size 32MB
+    .venv/bin/python benchmarks/release_scale.py --small-mb 100 --shard-size 32MB [--doc-bytes 5000] [--skip-ray]
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _procmem import run_measured  # noqa: E402
 
-DOC_BYTES = 5000
+# --doc-bytes (passed to the lake-building child through the environment): short documents put per-row costs
+# (the export plan's ~100 bytes per row, tar headers) in front of per-byte ones
+DOC_BYTES = int(os.environ.get("DATAHUB_BENCH_DOC_BYTES", "5000"))
 CHUNK_DOCS = 5000
 # Parquet row groups of the generated lakes: a reader decodes a whole row group's column chunk, so both lakes get
 # the same (the lake's default for streamed commits is 32,768 rows, ~160 MB of 5 KB texts; a small lake's commits
@@ -90,6 +92,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small-mb", type=float, default=100, help="text of the small lake (MB); the large is 4x")
     parser.add_argument("--shard-size", default="32MB")
+    parser.add_argument("--doc-bytes", type=int, default=DOC_BYTES,
+                        help="bytes of text per generated document (default 5000; e.g. 60 for a release of many "
+                             "short documents, where per-row costs show)")
     parser.add_argument("--skip-ray", action="store_true")
     parser.add_argument("--only", help="comma-separated commands to measure (e.g. 'export,qa'); the ones they need "
                                        "(release create, export before tier apply) still run")
@@ -112,7 +117,9 @@ def main() -> None:
         env["DATAHUB_ALLOCATOR"] = "arrow"
     command_env = {**env, "PYTHONPATH": args.code} if args.code else env
     datahub = str(Path(sys.executable).parent / "datahub")
-    sizes = {"S": int(args.small_mb * 1e6 / DOC_BYTES), "L": int(4 * args.small_mb * 1e6 / DOC_BYTES)}
+    doc_bytes = args.doc_bytes
+    env["DATAHUB_BENCH_DOC_BYTES"] = str(doc_bytes)
+    sizes = {"S": int(args.small_mb * 1e6 / doc_bytes), "L": int(4 * args.small_mb * 1e6 / doc_bytes)}
     peaks: dict[str, dict[str, float]] = {}
     export_mb_s: dict[str, float] = {}
     export_vs_copy = None
@@ -124,7 +131,7 @@ def main() -> None:
                       "from pathlib import Path; build_lake(Path({!r}), {}); import os; os._exit(0)"
                       ).format(str(Path(__file__).resolve().parent), str(work / "lake"), documents)
             subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=str(REPO))
-            print(f"{label}: {documents:,} documents (~{documents * DOC_BYTES / 1e6:,.0f} MB of text) built in "
+            print(f"{label}: {documents:,} documents (~{documents * doc_bytes / 1e6:,.0f} MB of text) built in "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
             storage = work / "storage.yaml"
             storage.write_text(json.dumps({"tiers": {t: {"kind": "cfs", "path": str(work / t)}
