@@ -12,8 +12,9 @@ from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, print_json, progress
 
 
-# the embedded Ray's object store for an export (MB): the shuffle would otherwise hold every encoded row (L of
-# release_scale.py, 1.24 GB of shards: 2,075 MB peak uncapped, 1,508 MB at 512, S 1,159 MB)
+# the embedded Ray's object store for an export (MB). A text export's rows no longer pass through it (read tasks
+# write sorted runs to local disk, write tasks read their pieces: datahub/engines/ray/export.py); a token export's
+# shuffle still does (L of release_scale.py, 1.24 GB of shards: 2,075 MB peak uncapped, 1,508 MB at 512)
 EMBEDDED_RAY_STORE_MB = 256
 
 
