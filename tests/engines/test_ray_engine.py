@@ -28,13 +28,19 @@ engine.stop()
 """
 
 
-def test_embedded_ray_gets_the_cpus_and_object_store_cap_of_the_spec(tmp_path):
-    """...and its workers get the malloc settings that return freed memory to the system."""
-    script = tmp_path / "start_ray.py"
-    script.write_text(SCRIPT)
+def _run_script(tmp_path, name: str, text: str) -> subprocess.CompletedProcess[str]:
+    """``text`` run as a fresh Python process (its own embedded Ray) with the repository importable; must exit 0."""
+    script = tmp_path / name
+    script.write_text(text)
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
+def test_embedded_ray_gets_the_cpus_and_object_store_cap_of_the_spec(tmp_path):
+    """...and its workers get the malloc settings that return freed memory to the system."""
+    done = _run_script(tmp_path, "start_ray.py", SCRIPT)
     *_, mmap_threshold, trim_threshold, cpus, store = done.stdout.split()
     assert int(cpus) == 1 and int(store) == 128 * 2**20
     assert (mmap_threshold, trim_threshold) == ("131072", "131072")
@@ -62,9 +68,5 @@ engine.stop()
 
 def test_ray_data_is_set_up_by_the_first_frame_not_at_start(tmp_path):
     """Commands of plain Ray tasks (an export) do not pay Ray Data's import; frames still get datahub's settings."""
-    script = tmp_path / "data_settings.py"
-    script.write_text(DATA_SCRIPT)
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run_script(tmp_path, "data_settings.py", DATA_SCRIPT)
     assert done.stdout.split()[-4:] == ["False", "3", "False", "False"]
