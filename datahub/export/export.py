@@ -1,16 +1,20 @@
 """Export a frozen table version as deterministic WebDataset shards on one tier, plus its manifest.
 
-Flow (memory bounded by the plan, ~100 bytes per sample, plus a few shards; never the release):
-- in this process: the export order from ``sample_id`` alone, then one read of every column, each row encoded
-  once (its tar members) and appended to a local spill file (``datahub.export.spill.RowSpill``); shard sizes come
-  from the encoded rows, and each shard is gathered from the spill in export order into a reused buffer, framed
-  and uploaded while the next one is gathered;
-- on Ray: tasks read and encode each data file once into a run sorted in export order on their node's disk
-  (``datahub.engines.ray.export.spill_runs``) and send back ids and sizes; the driver orders the samples and cuts
-  shards (``datahub.export.plan``), and write tasks each read their shard's slice of every run and publish the
-  whole shard (``write_slices``, ``datahub.export.write``), returning small results;
-- on Spark: the plan on the driver from one pass over ids and sizes, then tasks encode and route rows to their
-  shards by the shards' first keys and each publish whole shards.
+Flow:
+- in this process (memory: a few shards and one bucket of the plan, whatever the release's size): a pass over
+  ``sample_id`` alone (row count; in id order a sample of ids for the buckets' key ranges), then one read of every
+  column, each row encoded once (its tar members) and appended to its key bucket's spill file
+  (``datahub.export.spill.BucketSpill``), its small record (id, order hash, place, sizes) to the bucket's records;
+  each bucket is then sorted on its own and shards are cut across the buckets in order (``plan.sort_buckets``);
+  each shard is gathered from the spill in export order into a reused buffer, framed and uploaded while the next
+  one is gathered; lineage and the content digest read the sorted records back;
+- on Ray (the plan in memory on the driver, ~100 bytes per sample): tasks read and encode each data file once
+  into a run sorted in export order on their node's disk (``datahub.engines.ray.export.spill_runs``) and send back
+  ids and sizes; the driver orders the samples and cuts shards (``datahub.export.plan``), and write tasks each read
+  their shard's slice of every run and publish the whole shard (``write_slices``, ``datahub.export.write``),
+  returning small results;
+- on Spark: the plan in memory on the driver from one pass over ids and sizes, then tasks encode and route rows to
+  their shards by the shards' first keys and each publish whole shards.
 
 Order of effects (each step idempotent, so a crashed export is simply re-run):
 1. each shard is published atomically and journalled under ``{release}/_partial/{export_key}-{table id}/``
@@ -29,6 +33,7 @@ import importlib
 import json
 import logging
 import re
+import resource
 import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -47,13 +52,14 @@ from datahub.engines.base import Engine
 from datahub.engines.registry import engine_in_scope
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
-from datahub.export.plan import (ORDER, ExportPlan, checked_ids, cut_shards, export_ordering, index_reserve,
-                                 member_bytes, plan_sizes)
+from datahub.export.plan import (ORDER, BucketPlan, ExportPlan, IdSample, KeyBuckets, bucket_count, checked_ids,
+                                 cut_shards, export_ordering, index_reserve, member_bytes, order_hash, plan_sizes,
+                                 sort_buckets)
 from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, encoded_rows,
                                     export_columns)
 from datahub.export.exported_lineage import refuse_other_export
 from datahub.export.source import TableSource
-from datahub.export.spill import RowSpill
+from datahub.export.spill import BUCKET_BYTES, MAX_BUCKETS, BucketSpill, RecordSpill
 from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
@@ -75,6 +81,7 @@ _RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 Progress = Callable[..., None]
+Plan = ExportPlan | BucketPlan  # in memory (engine exports), or on local disk (an export in this process)
 EngineChoice = Literal["local", "ray", "spark"] | Engine
 
 
@@ -114,13 +121,15 @@ def export_table_version(
     workers: int | None = None,
     verify: bool = False,
     spill_dir: str | None = None,
+    bucket_rows: int | None = None,
 ) -> Manifest:
     """Write ``table`` at Delta ``version`` as shards ``{release}-NNNNNN.tar`` on ``tier``; return the manifest.
 
     Same table version + settings -> byte-identical shards, whichever ``engine`` writes them ("local": this
     process, shard N+1 built while shard N uploads, ``upload_workers`` uploads at once; "ray"/"spark" or a
     started ``Engine``: tasks of ``workers`` at once each write whole shards to the tier). Memory is bounded
-    by the plan (about 100 bytes per sample) plus a few shards, not by the release. Exporting again to a tier
+    by a few shards and (in this process) one bucket of the plan's records (``bucket_rows`` rows at most; the
+    plan is sorted on local disk, bucket by bucket), not by the release. Exporting again to a tier
     that holds the release checks its replicas (size; sha256 too with ``verify``) and rewrites damaged ones;
     to another tier it adds that tier's replicas to the manifest.
     """
@@ -152,7 +161,7 @@ def export_table_version(
         )
     if existing is not None and target.name in existing.tiers:
         _repair(existing, target, source, settings, engine=engine, workers=workers, verify=verify,
-                spill_dir=spill_dir, upload_workers=upload_workers, report=report)
+                spill_dir=spill_dir, upload_workers=upload_workers, report=report, bucket_rows=bucket_rows)
         return existing  # already exported to this tier: applying twice is a no-op (after repairs)
 
     # the lineage of a first try killed after its lineage commit names that try's shards: other settings now would
@@ -166,7 +175,7 @@ def export_table_version(
             verifying = early.submit(journal.verified)
             running = engine_in_scope(engine, scope, purpose="export")
             plan, local = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
-                                     workers=workers)
+                                     workers=workers, bucket_rows=bucket_rows)
             done = verifying.result()
         done = [d for d in done if d.index < len(plan.spans)
                 and (d.samples, d.start) == (plan.spans[d.index].samples, plan.spans[d.index].start)]
@@ -178,38 +187,42 @@ def export_table_version(
             done.append(shard)
             report("shards", len(done), len(plan.spans))
             checkpoint(f"export:after_shard:{shard.index}")  # crash tests: published and journalled, more to come
-    done.sort(key=lambda d: d.index)
+        done.sort(key=lambda d: d.index)
+        # still in the scope: the plan's records (on local disk, in this process) give the lineage and the digest
 
-    if existing is not None:  # a second tier: the shards must be the very same bytes
-        if len(existing.shards) != len(done):
-            raise IntegrityError(f"release {release_name!r}: re-export made {len(done)} shards, the manifest has "
-                                 f"{len(existing.shards)}; the table version changed underneath?")
-        for old, new in zip(existing.shards, done):
-            if (old.name, old.sha256) != (new.name, new.sha256):
-                raise IntegrityError(f"{new.name}: re-export differs from the published shard (sha256 "
-                                     f"{new.sha256[:12]} vs {str(old.sha256)[:12]}); the table version changed underneath?")
-        # the tier is not in the manifest until it is published: a tier apply meanwhile may take the directory for a
-        # leftover; never publish replicas that are gone (one size look-up per shard)
-        vanished = [s.name for s in done if target.size(target.uri(release_name, s.name)) != s.size]
-        if vanished:
-            raise IntegrityError(f"release {release_name!r}: shards {vanished[:3]}{' ...' if len(vanished) > 3 else ''} "
-                                 f"vanished from tier {target.name} during the export (a concurrent `datahub tier "
-                                 "apply`?); re-run the export")
-    commit_export_lineage(lake, release_name, target, done, lambda s: plan.shard_ids(s.index), export_key)
-    checkpoint("export:before_manifest")
-    replicas = {s.name: {**(dict(existing.shards[s.index].replicas) if existing else {}),
-                         target.name: target.uri(release_name, s.name)} for s in done}
-    manifest = Manifest(
-        release=release_name,
-        created=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if existing is None else existing.created,
-        table=table, table_version=int(version),
-        release_digest=release_digest or _content_digest(plan.ids, table, version),
-        num_samples=plan.num_samples, shuffle_seed=shuffle_seed,
-        shards=tuple(ShardRecord(name=s.name, size=s.size, sha256=s.sha256, samples=s.samples, replicas=replicas[s.name])
-                     for s in done),
-        export={"key": export_key, "settings": settings},
-    )
-    publish_manifest(lake, manifest, storage=storage, extra_tiers=[target])
+        if existing is not None:  # a second tier: the shards must be the very same bytes
+            if len(existing.shards) != len(done):
+                raise IntegrityError(f"release {release_name!r}: re-export made {len(done)} shards, the manifest has "
+                                     f"{len(existing.shards)}; the table version changed underneath?")
+            for old, new in zip(existing.shards, done):
+                if (old.name, old.sha256) != (new.name, new.sha256):
+                    raise IntegrityError(f"{new.name}: re-export differs from the published shard (sha256 "
+                                         f"{new.sha256[:12]} vs {str(old.sha256)[:12]}); the table version changed "
+                                         "underneath?")
+            # the tier is not in the manifest until it is published: a tier apply meanwhile may take the directory for
+            # a leftover; never publish replicas that are gone (one size look-up per shard)
+            vanished = [s.name for s in done if target.size(target.uri(release_name, s.name)) != s.size]
+            if vanished:
+                more = " ..." if len(vanished) > 3 else ""
+                raise IntegrityError(f"release {release_name!r}: shards {vanished[:3]}{more} "
+                                     f"vanished from tier {target.name} during the export (a concurrent `datahub tier "
+                                     "apply`?); re-run the export")
+        commit_export_lineage(lake, release_name, target, done, lambda s: plan.shard_ids(s.index), export_key)
+        checkpoint("export:before_manifest")
+        replicas = {s.name: {**(dict(existing.shards[s.index].replicas) if existing else {}),
+                             target.name: target.uri(release_name, s.name)} for s in done}
+        manifest = Manifest(
+            release=release_name,
+            created=(datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ") if existing is None
+                     else existing.created),
+            table=table, table_version=int(version),
+            release_digest=release_digest or _content_digest(plan.id_chunks(), table, version),
+            num_samples=plan.num_samples, shuffle_seed=shuffle_seed,
+            shards=tuple(ShardRecord(name=s.name, size=s.size, sha256=s.sha256, samples=s.samples,
+                                     replicas=replicas[s.name]) for s in done),
+            export={"key": export_key, "settings": settings},
+        )
+        publish_manifest(lake, manifest, storage=storage, extra_tiers=[target])
     journal.clear()
     return manifest
 
@@ -268,33 +281,31 @@ class SizesReader:
 
 @dataclass(frozen=True)
 class _LocalRows:
-    """A local export's encoded rows: the spill, and per export rank the data bytes of each of its members (so a
-    shard's ``__index__`` is built from them, not by parsing the gathered bytes)."""
+    """A local export's encoded rows: the spill by key bucket, and the plan whose records say where each row is."""
 
-    spill: RowSpill
-    extensions: tuple[str, ...]  # the members of a row, in row order
-    member_sizes: np.ndarray  # export rank x extension: data bytes, -1 where the row has no such member
+    spill: BucketSpill
+    plan: BucketPlan
 
-    def listing(self, start: int, count: int, keys: list[str]) -> ShardIndex:
-        """The index of ranks ``[start, start + count)`` written back to back from offset 0 (what ``index_rows``
-        finds in those bytes)."""
-        sizes = self.member_sizes[start:start + count]
-        present = sizes >= 0
-        owner, column = np.nonzero(present)  # row by row, members in row order
-        size = sizes[present]
-        used = sorted(set(column.tolist()))
-        names = tuple(dict.fromkeys(self.extensions[c] for c in used))  # a shard lists the extensions it holds
-        codes = np.zeros(len(self.extensions), dtype=np.int64)
-        for c in used:
-            codes[c] = names.index(self.extensions[c])
-        spans = BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
-        offset = np.empty(len(size), dtype=np.int64)
-        if len(size):
-            offset[0] = BLOCK
-            np.cumsum(spans[:-1], out=offset[1:])
-            offset[1:] += BLOCK
-        return ShardIndex(keys=keys, extensions=names, member_sample=owner.astype(np.int64), member_ext=codes[column],
-                          member_offset=offset, member_size=size)
+
+def _listing(extensions: tuple[str, ...], sizes: np.ndarray, keys: list[str]) -> ShardIndex:
+    """The index of rows (``sizes``: rows x extensions, data bytes, -1 where a row has no such member) written
+    back to back from offset 0 (what ``index_rows`` finds in those bytes)."""
+    present = sizes >= 0
+    owner, column = np.nonzero(present)  # row by row, members in row order
+    size = sizes[present]
+    used = sorted(set(column.tolist()))
+    names = tuple(dict.fromkeys(extensions[c] for c in used))  # a shard lists the extensions it holds
+    codes = np.zeros(len(extensions), dtype=np.int64)
+    for c in used:
+        codes[c] = names.index(extensions[c])
+    spans = BLOCK + (size + BLOCK - 1) // BLOCK * BLOCK
+    offset = np.empty(len(size), dtype=np.int64)
+    if len(size):
+        offset[0] = BLOCK
+        np.cumsum(spans[:-1], out=offset[1:])
+        offset[1:] += BLOCK
+    return ShardIndex(keys=keys, extensions=names, member_sample=owner.astype(np.int64), member_ext=codes[column],
+                      member_offset=offset, member_size=size)
 
 
 @dataclass(frozen=True)
@@ -380,7 +391,8 @@ def _plan_runs(source: TableSource, settings: dict[str, Any], *, running: Engine
 
 
 def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine | None, spill_dir: str | None,
-               scope: ExitStack, workers: int | None = None) -> tuple[ExportPlan, _LocalRows | _EngineRuns | None]:
+               scope: ExitStack, workers: int | None = None,
+               bucket_rows: int | None = None) -> tuple[Plan, _LocalRows | _EngineRuns | None]:
     """The plan; in this process also every row's encoded members, spilled by export rank (the large columns
     read once; the spill's folder removed when ``scope`` closes). Ray tasks read and encode their files once,
     into sorted runs on local disk (``_plan_runs``); Spark tasks read sizes first and encode their rows later."""
@@ -388,56 +400,88 @@ def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine
         return _plan_runs(source, settings, running=running, scope=scope, spill_dir=spill_dir, workers=workers)
     if running is not None:
         return _plan(source, settings, running, workers), None
+    return _plan_buckets(source, settings, spill_dir=spill_dir, scope=scope, bucket_rows=bucket_rows)
+
+
+def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: str | None, scope: ExitStack,
+                  bucket_rows: int | None) -> tuple[BucketPlan, _LocalRows]:
+    """An export in this process: a pass over ``sample_id`` (the row count; in id order a sample of the ids for the
+    buckets' splitters), then one read of every column: each row encoded once, its members appended to its key
+    bucket's spill file and its record (id, order hash, place, member sizes) to the bucket's records; then each
+    bucket is sorted on its own and the shards cut across them in order (``plan.sort_buckets``). The driver holds
+    a batch, one bucket's records and one entry per shard: not a thing per row of the release."""
     where = source.where
-    # the export order from sample_id alone (a small column), so rows can be spilled near their shard
-    id_chunks = [checked_ids(batch.column(KEY_COLUMN), where=where)
-                 for batch in source.scan([KEY_COLUMN], batch_rows=65_536) if batch.num_rows]
-    ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
-    del id_chunks
-    ordered, hashes, positions = export_ordering(ids, shuffle_seed=settings["shuffle_seed"], where=where)
-    ranks = np.empty(len(ids), dtype=np.int64)
-    ranks[positions] = np.arange(len(ids), dtype=np.int64)
-    del positions
+    seed = settings["shuffle_seed"]
+    sample = IdSample() if seed is None else None
+    rows = 0
+    for batch in source.scan([KEY_COLUMN], batch_rows=65_536):
+        if batch.num_rows:
+            ids = checked_ids(batch.column(KEY_COLUMN), where=where)
+            rows += len(ids)
+            if sample is not None:
+                sample.add(ids)
     directory = scope.enter_context(tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir))
-    spill = RowSpill(directory, rows=len(ids))
+    spill = BucketSpill(directory)
     scope.callback(spill.close)  # before the folder goes (LIFO)
+    records = RecordSpill(directory)
+    buckets: KeyBuckets | None = None
     read = 0
     extensions: tuple[str, ...] | None = None
-    member_sizes = np.zeros((len(ids), 0), dtype=np.int64)
     with arrow_pool():  # the decoded and encoded batches reuse each other's pages (no fresh page per batch)
         for batch in source.scan(export_columns(source.schema(), where=where)):
             count = batch.num_rows
             if not count:
                 continue
-            if read + count > len(ids) or not pc.all(pc.equal(batch.column(KEY_COLUMN), ids.slice(read, count))).as_py():
-                raise IntegrityError(f"{where}: rows came back in another order or number on a second read; the "
-                                     "table version changed underneath? re-run the export")
-            rows, kinds, sizes = encoded_members(batch)
-            if extensions is None:
+            if read + count > rows:
+                raise IntegrityError(f"{where}: more rows on the second read than the {rows} of the first; the table "
+                                     "version changed underneath? re-run the export")
+            ids = batch.column(KEY_COLUMN).cast(pa.string())
+            members, kinds, member_sizes = encoded_members(batch)
+            if buckets is None:
                 extensions = kinds
-                member_sizes = np.full((len(ids), len(kinds)), -1, dtype=np.int64)
+                count_buckets = bucket_count(rows, bytes_per_row=members.nbytes // count, bucket_bytes=BUCKET_BYTES,
+                                             max_buckets=_open_files_allowed(), bucket_rows=bucket_rows)
+                buckets = KeyBuckets.by_hash(count_buckets) if sample is None else \
+                    KeyBuckets.by_sample(count_buckets, sample)
+                spill.open(buckets.count)
             elif kinds != extensions:
                 raise IntegrityError(f"{where}: batches of one table version encode different members "
-                                     f"({list(kinds)} vs {list(extensions)}); re-run the export")
-            member_sizes[ranks[read:read + count]] = sizes
-            spill.add(ranks[read:read + count], rows)
+                                     f"({list(kinds)} vs {list(extensions or ())}); re-run the export")
+            hashes = order_hash(ids, seed) if seed is not None else None
+            bucket = buckets.of(ids, hashes)
+            offsets, sizes = spill.add(bucket, members)
+            columns: dict[str, Any] = {KEY_COLUMN: ids}
+            if hashes is not None:
+                columns["order_hash"] = pa.array(hashes, pa.uint64())
+            columns["offset"], columns["size"] = pa.array(offsets, pa.int64()), pa.array(sizes, pa.int64())
+            for number in range(len(kinds)):
+                columns[f"m{number}"] = pa.array(member_sizes[:, number], pa.int64())
+            records.add(bucket, pa.table(columns))
             read += count
-    if read != len(ids):
-        raise IntegrityError(f"{where}: {read} rows on the second read, {len(ids)} on the first; re-run the export")
+    if read != rows:
+        raise IntegrityError(f"{where}: {read} rows on the second read, {rows} on the first; re-run the export")
     spill.finish()
-    sizes = spill.sizes  # in export order
-    spans = cut_shards(sizes, shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
-    return ExportPlan(ordered, hashes, sizes, spans), _LocalRows(spill, extensions or (), member_sizes)
+    records.flush()
+    plan = sort_buckets(records.read, buckets.count if buckets is not None else 0, directory=directory,
+                        seeded=seed is not None, extensions=extensions or (), shard_size=settings["shard_size"],
+                        shard_samples=settings["shard_samples"], where=where)
+    return plan, _LocalRows(spill, plan)
 
 
-def _writer(plan: ExportPlan, target: Tier, release: str, shuffle_seed: int | None, *,
+def _open_files_allowed() -> int:
+    """Spill buckets open at once: ``MAX_BUCKETS``, or half the soft limit on open files when that is more."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(MAX_BUCKETS, soft // 2) if soft != resource.RLIM_INFINITY else MAX_BUCKETS
+
+
+def _writer(plan: Plan, target: Tier, release: str, shuffle_seed: int | None, *,
             journal_dir: str | None) -> ShardWriter:
     return ShardWriter(release=release, router=plan.router(), shuffle_seed=shuffle_seed,
                        starts=tuple(s.start for s in plan.spans), tier_name=target.name, tier_spec=target.spec,
                        tier_source=target.source, journal_dir=journal_dir)
 
 
-def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: ExportPlan,
+def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: Plan,
            local: _LocalRows | _EngineRuns | None, running: Engine | None, workers: int | None,
            upload_workers: int) -> Iterator[ShardDone]:
     """Write the shards ``todo``, in this process (from ``local``'s spill), from a Ray export's runs, or on an
@@ -456,7 +500,7 @@ def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: E
         writer.commit(written)
         return
     if local is not None:
-        built = _build_shards(local, plan, writer, todo, buffers=upload_workers + 1)
+        built = _build_shards(local, writer, todo, buffers=upload_workers + 1)
         yield from _write_shards(built, writer, upload_workers=upload_workers)
         return
     assert running is not None, "an engine export writes on its engine"
@@ -494,20 +538,20 @@ class _Built:
     body: memoryview
 
 
-def _build_shards(local: _LocalRows, plan: ExportPlan, writer: ShardWriter, todo: list[int], *,
-                  buffers: int) -> Iterator[_Built]:
+def _build_shards(local: _LocalRows, writer: ShardWriter, todo: list[int], *, buffers: int) -> Iterator[_Built]:
     """Shards in order, each gathered from the spill in export order and framed in place (while the previous one
     uploads). ``buffers`` byte buffers are reused in turn: ``_write_shards`` asks for shard k only when shard
     k - ``buffers`` is published, so its buffer is free (no fresh pages per shard)."""
-    spill = local.spill
+    spill, plan = local.spill, local.plan
     ring: list[bytearray] = []
     # per turn, the lowest rank a later shard of ``todo`` gathers: the spill's buckets below it are removed once the
-    # shard is gathered, so its upload writes into the pages they held (``RowSpill.release``)
+    # shard is gathered, so its upload writes into the pages they held (``BucketSpill.release``)
     needed = np.minimum.accumulate([plan.spans[i].start for i in todo][::-1])[::-1].tolist()[1:] + [plan.num_samples]
+    released = 0
     for turn, index in enumerate(todo):
         span = plan.spans[index]
         name = shard_name(writer.release, index)
-        members = int(plan.sizes[span.start:span.start + span.samples].sum())
+        members = plan.shard_member_bytes(index)
         capacity = members + int(index_reserve(members, span.samples)) + 2 * BLOCK + RECORD
         slot = turn % buffers
         if slot == len(ring):
@@ -515,11 +559,28 @@ def _build_shards(local: _LocalRows, plan: ExportPlan, writer: ShardWriter, todo
         elif len(ring[slot]) < capacity:  # with room to spare: shards of one size differ by a few KB
             ring[slot] = bytearray(capacity + capacity // 16)
         view = memoryview(ring[slot])
-        if spill.gather(span.start, span.samples, view[:members]) != members:
+        keys: list[str] = []
+        member_sizes: list[np.ndarray] = []
+        place = 0
+        for bucket, rows in plan.rows(span.start, span.samples):
+            sizes = np.asarray(rows.column("size"), dtype=np.int64)
+            places = place + np.cumsum(sizes) - sizes
+            if place + int(sizes.sum()) > members:
+                raise IntegrityError(f"{name}: the spill holds more bytes than the plan; re-run the export")
+            spill.gather(bucket, np.asarray(rows.column("offset"), dtype=np.int64), sizes, places, view)
+            place += int(sizes.sum())
+            keys.extend(rows.column(KEY_COLUMN).to_pylist())
+            member_sizes.append(np.column_stack([np.asarray(rows.column(f"m{n}"), dtype=np.int64)
+                                                 for n in range(len(plan.extensions))])
+                                if plan.extensions else np.zeros((rows.num_rows, 0), dtype=np.int64))
+        if place != members:
             raise IntegrityError(f"{name}: the spill gave back fewer bytes than the plan holds; re-run the export")
-        spill.release(needed[turn])
+        while released < plan.buckets and plan.bucket_starts[released + 1] <= needed[turn]:
+            spill.release(released)
+            released += 1
         # the same bytes as ``write.shard_body``: members, the __index__ member, the end blocks
-        embedded = index_member(local.listing(span.start, span.samples, plan.shard_ids(index).to_pylist()), members)
+        sizes_matrix = np.concatenate(member_sizes) if member_sizes else np.zeros((0, len(plan.extensions)), np.int64)
+        embedded = index_member(_listing(plan.extensions, sizes_matrix, keys), members)
         end = members + len(embedded)
         view[members:end] = embedded
         closing = end_of_archive(end)
@@ -554,7 +615,7 @@ def _write_shards(built: Iterator[_Built], writer: ShardWriter, *, upload_worker
 
 def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dict[str, Any], *,
             engine: EngineChoice, workers: int | None, verify: bool, spill_dir: str | None, upload_workers: int,
-            report: Progress) -> list[str]:
+            report: Progress, bucket_rows: int | None = None) -> list[str]:
     """Rewrite the shards whose replica on ``target`` is missing or damaged (size; sha256 with ``verify``)."""
     damaged = [i for i, shard in enumerate(existing.shards)
                if not _intact(target, target.uri(existing.release, shard.name), shard.size, shard.checksum, verify=verify)]
@@ -567,7 +628,7 @@ def _repair(existing: Manifest, target: Tier, source: TableSource, settings: dic
     with ExitStack() as scope:
         running = engine_in_scope(engine, scope, purpose="export")
         plan, local = _plan_pass(source, settings, running=running, spill_dir=spill_dir, scope=scope,
-                                 workers=workers)
+                                 workers=workers, bucket_rows=bucket_rows)
         if [s.samples for s in plan.spans] != [s.samples for s in existing.shards]:
             raise IntegrityError(f"release {existing.release!r}: {source.where} no longer plans the published shards; "
                                  "copy an intact replica with `datahub tier apply` instead")
@@ -650,11 +711,13 @@ def commit_export_lineage(lake: Lake, release: str, tier: Tier, shards: list[Sha
                        params_hash=export_key)
 
 
-def _content_digest(ids: pa.Array | pa.ChunkedArray, table: str, version: int) -> str:
+def _content_digest(id_chunks: Iterable[pa.Array], table: str, version: int) -> str:
     """Stand-in for a release digest when exporting a bare table version: table, version and ids in order
     (sha256 of the lines, fed in slices)."""
     digest = hashlib.sha256(f"{table}@{version}".encode())
-    for start in range(0, len(ids), 65_536):
-        chunk = ids.slice(start, 65_536).to_pylist()
-        digest.update(("\n" + "\n".join(chunk)).encode())
+    for ids in id_chunks:
+        for start in range(0, len(ids), 65_536):
+            chunk = ids.slice(start, 65_536).to_pylist()
+            if chunk:
+                digest.update(("\n" + "\n".join(chunk)).encode())
     return digest.hexdigest()

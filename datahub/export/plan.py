@@ -20,6 +20,8 @@ its shard with a binary search over the shards' first keys (``ExportPlan.route``
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,6 +127,15 @@ class ExportPlan:
         span = self.spans[index]
         return self.ids.slice(span.start, span.samples)
 
+    def shard_member_bytes(self, index: int) -> int:
+        span = self.spans[index]
+        return int(self.sizes[span.start:span.start + span.samples].sum())
+
+    def id_chunks(self) -> Iterator[pa.Array]:
+        """The ids in export order, a slice at a time."""
+        for start in range(0, len(self.ids), 65_536):
+            yield self.ids.slice(start, 65_536)
+
     def router(self) -> ShardRouter:
         starts = [s.start for s in self.spans]
         first_ids = np.asarray(self.ids.take(pa.array(starts, pa.int64())).to_pylist(), dtype=object) if starts else \
@@ -197,11 +208,22 @@ def _check_unique(ordered: pa.Array, where: str) -> None:
     """Equal ids are neighbours in either order (equal ids have equal hashes)."""
     if len(ordered) < 2:
         return
-    repeats = pc.sum(pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))).as_py() or 0
+    repeats = _repeats(ordered)
     if repeats:
-        raise IntegrityError(f"{where}: sample_id is not unique ({len(ordered)} rows, {len(ordered) - repeats} distinct "
-                             "ids): a shard key must name one sample; add exact dedup to the job graph (or release a "
-                             "deduplicated table version) before exporting")
+        raise _not_unique(where, len(ordered), len(ordered) - repeats)
+
+
+def _repeats(ordered: pa.Array | pa.ChunkedArray) -> int:
+    """How many ids equal the one before them (ids in either export order)."""
+    if len(ordered) < 2:
+        return 0
+    return int(pc.sum(pc.equal(ordered.slice(1), ordered.slice(0, len(ordered) - 1))).as_py() or 0)
+
+
+def _not_unique(where: str, rows: int, distinct: int) -> IntegrityError:
+    return IntegrityError(f"{where}: sample_id is not unique ({rows} rows, {distinct} distinct ids): a shard key must "
+                          "name one sample; add exact dedup to the job graph (or release a deduplicated table "
+                          "version) before exporting")
 
 
 def cut_shards(sizes: np.ndarray, *, shard_size: int | None, shard_samples: int | None) -> tuple[ShardSpan, ...]:
@@ -212,12 +234,39 @@ def cut_shards(sizes: np.ndarray, *, shard_size: int | None, shard_samples: int 
     end-of-archive blocks and the padding to a full tar record, so a shard takes samples while their
     members, ``index_reserve(members, count)`` and 1024 bytes of end blocks stay within ``shard_size``
     rounded down to a record. One numpy search per shard over a window of at most ``shard_size / 1 KiB``."""
+    spans: list[ShardSpan] = []
+    start = 0
+    for take in cut_takes(sizes, shard_size=shard_size, shard_samples=shard_samples, final=True):
+        spans.append(ShardSpan(len(spans), start, take))
+        start += take
+    return tuple(spans)
+
+
+def cut_lookahead(*, shard_size: int | None, shard_samples: int | None) -> int | None:
+    """How many samples past a shard's start decide where it ends (None: all of them): a plan cut in pieces
+    (``cut_takes(final=False)``) closes a shard only when that many samples follow its start."""
+    limits = []
+    if shard_samples is not None:
+        limits.append(shard_samples)
+    if shard_size is not None:
+        budget = (shard_size // RECORD) * RECORD - 2 * BLOCK - _INDEX_FIXED
+        limits.append(max(budget, 0) // _MIN_SAMPLE_BYTES + 1)
+    return min(limits) if limits else None
+
+
+def cut_takes(sizes: np.ndarray, *, shard_size: int | None, shard_samples: int | None, final: bool) -> list[int]:
+    """The samples of each shard cut from the start of ``sizes`` (see ``cut_shards``). Not ``final``: more samples
+    follow, so shards stop where fewer than ``cut_lookahead`` samples are left (those wait for the next piece);
+    the shards cut are the ones ``cut_shards`` cuts from the whole."""
     total = len(sizes)
     cumulative = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
     budget = (shard_size // RECORD) * RECORD - 2 * BLOCK - _INDEX_FIXED if shard_size is not None else 0
-    spans: list[ShardSpan] = []
+    lookahead = cut_lookahead(shard_size=shard_size, shard_samples=shard_samples)
+    takes: list[int] = []
     start = 0
     while start < total:
+        if not final and (lookahead is None or total - start < lookahead):
+            break
         take = total - start
         if shard_samples is not None:
             take = min(take, shard_samples)
@@ -227,9 +276,9 @@ def cut_shards(sizes: np.ndarray, *, shard_size: int | None, shard_samples: int 
             needs = written + index_reserve(written, np.arange(1, window + 1)) - _INDEX_FIXED
             take = min(take, int(np.searchsorted(needs, budget, side="right")))
         take = max(take, 1)
-        spans.append(ShardSpan(len(spans), start, take))
+        takes.append(take)
         start += take
-    return tuple(spans)
+    return takes
 
 
 def export_order(source: Any, *, shuffle_seed: int | None, keyed: bool = True) -> pa.Array:
@@ -246,3 +295,200 @@ def export_order(source: Any, *, shuffle_seed: int | None, keyed: bool = True) -
         return ordered.take(pa.array(np.random.default_rng(shuffle_seed).permutation(len(ordered))))
     keyed_ids = pa.table({"h": order_hash(ids, shuffle_seed), "id": ids})
     return ids.take(pc.sort_indices(keyed_ids, sort_keys=[("h", "ascending"), ("id", "ascending")]))
+
+
+# The plan of an export in this process, on local disk (``BucketPlan``): rows are routed by their key (order hash and
+# id, or id) to key-range buckets, each bucket is sorted on its own, and shards are cut across the buckets in order,
+# so the driver holds one bucket's records (``bucket_rows`` at most, ~120 bytes a row) and one small entry per shard,
+# whatever the release's size.
+BUCKET_ROWS = 1 << 18
+SAMPLED_IDS = 32_768  # ids sampled in the first pass, for id-order bucket splitters
+
+
+def _as_keys(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Ids as numpy bytes (``S``): compared as Arrow sorts strings (byte order; ids never hold a NUL)."""
+    return np.asarray(pc.cast(ids, pa.binary()).to_numpy(zero_copy_only=False).astype(bytes))
+
+
+class IdSample:
+    """A uniform sample of ``size`` ids (bottom-k of a seeded random priority per row), for id-order splitters."""
+
+    def __init__(self, size: int = SAMPLED_IDS) -> None:
+        self.size = size
+        self._rng = np.random.default_rng(0)
+        self._keys = np.asarray([], dtype="S1")
+        self._priority = np.zeros(0)
+
+    def add(self, ids: pa.Array | pa.ChunkedArray) -> None:
+        priority = self._rng.random(len(ids))
+        if len(self._keys) >= self.size:  # only rows that beat the sample's largest priority can enter it
+            wanted = np.flatnonzero(priority < self._priority.max())
+            if not len(wanted):
+                return
+            ids, priority = ids.take(pa.array(wanted)), priority[wanted]
+        keys = np.concatenate([self._keys, _as_keys(ids)]) if len(self._keys) else _as_keys(ids)
+        priority = np.concatenate([self._priority, priority])
+        if len(keys) > self.size:
+            keep = np.argpartition(priority, self.size - 1)[:self.size]
+            keys, priority = keys[keep], priority[keep]
+        self._keys, self._priority = keys, priority
+
+    def splitters(self, buckets: int) -> np.ndarray:
+        """``buckets - 1`` ids (sorted) that cut the sample into equal parts."""
+        ordered = np.sort(self._keys)
+        if not len(ordered) or buckets < 2:
+            return np.asarray([], dtype="S1")
+        return ordered[(np.arange(1, buckets) * len(ordered)) // buckets]
+
+
+@dataclass(frozen=True)
+class KeyBuckets:
+    """Key ranges in export order: bucket ``b`` holds the rows whose key is at or past splitter ``b - 1`` and
+    before splitter ``b``. Seeded: the order hash's range cut evenly (equal hashes share a bucket, so ties are
+    ordered by id inside it); id order: splitters sampled from the ids. Equal ids always share a bucket."""
+
+    count: int
+    splitters: np.ndarray  # uint64 (seeded) or bytes (id order), count - 1 of them
+
+    @classmethod
+    def by_hash(cls, count: int) -> KeyBuckets:
+        return cls(count, np.asarray([(b << 64) // count for b in range(1, count)], dtype=np.uint64))
+
+    @classmethod
+    def by_sample(cls, count: int, sample: IdSample) -> KeyBuckets:
+        return cls(count, sample.splitters(count))
+
+    def of(self, ids: pa.Array | pa.ChunkedArray, hashes: np.ndarray | None) -> np.ndarray:
+        """Each row's bucket (int64)."""
+        if not len(self.splitters):
+            return np.zeros(len(ids), dtype=np.int64)
+        keys = hashes if hashes is not None else _as_keys(ids)
+        return np.searchsorted(self.splitters, keys, side="right").astype(np.int64)
+
+
+def bucket_count(rows: int, *, bytes_per_row: int, bucket_bytes: int, max_buckets: int,
+                 bucket_rows: int | None) -> int:
+    """Buckets for ``rows`` rows: about ``bucket_bytes`` of encoded rows each, more when a bucket would hold over
+    ``bucket_rows`` rows (the records sorted at once), ``max_buckets`` at most (files open at once: past
+    ``max_buckets * bucket_rows`` rows a bucket holds more)."""
+    by_bytes = -(-rows * max(bytes_per_row, 1) // max(bucket_bytes, 1))
+    by_rows = -(-rows // max(bucket_rows or BUCKET_ROWS, 1))
+    return max(1, min(max(by_bytes, by_rows), max_buckets))
+
+
+class BucketPlan:
+    """A plan on local disk: per bucket a file of its rows' records sorted in export order (``sample_id``, the
+    order hash when seeded, the row's ``offset`` and ``size`` in its spill bucket and the data bytes of each member
+    ``m0``..), the shard spans, and per shard its member bytes and first key. Read back a shard (or a slice of
+    ranks) at a time (``rows``), for the shards, their lineage and the content digest."""
+
+    def __init__(self, directory: str, *, spans: tuple[ShardSpan, ...], shard_bytes: list[int],
+                 first_ids: list[str], first_hashes: list[int] | None, bucket_starts: np.ndarray,
+                 extensions: tuple[str, ...]) -> None:
+        self.directory = directory
+        self.spans = spans
+        self.extensions = extensions
+        self.bucket_starts = bucket_starts  # buckets + 1: the rank of each bucket's first row
+        self._shard_bytes = shard_bytes
+        self._first_ids = first_ids
+        self._first_hashes = first_hashes
+        self._loaded: tuple[int, pa.Table] | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.bucket_starts[-1])
+
+    @property
+    def buckets(self) -> int:
+        return len(self.bucket_starts) - 1
+
+    def path(self, bucket: int) -> str:
+        return os.path.join(self.directory, f"sorted.{bucket:06d}.arrow")
+
+    def _load(self, bucket: int) -> pa.Table:
+        if self._loaded is None or self._loaded[0] != bucket:
+            self._loaded = None  # the one bucket held is given back before the next is read
+            with pa.OSFile(self.path(bucket)) as handle:
+                self._loaded = (bucket, pa.ipc.open_file(handle).read_all())
+        return self._loaded[1]
+
+    def rows(self, start: int, count: int) -> list[tuple[int, pa.Table]]:
+        """The records of ranks ``[start, start + count)``, in order: (bucket, its records in the range) each."""
+        end, pieces = start + count, []
+        bucket = int(np.searchsorted(self.bucket_starts, start, side="right")) - 1
+        while 0 <= bucket < self.buckets and self.bucket_starts[bucket] < end:
+            low, high = int(self.bucket_starts[bucket]), int(self.bucket_starts[bucket + 1])
+            if high > max(low, start):
+                first = max(low, start)
+                pieces.append((bucket, self._load(bucket).slice(first - low, min(end, high) - first)))
+            bucket += 1
+        return pieces
+
+    def shard_ids(self, index: int) -> pa.Array:
+        span = self.spans[index]
+        chunks = [c for _, rows in self.rows(span.start, span.samples) for c in rows.column(KEY_COLUMN).chunks]
+        return pa.chunked_array(chunks, pa.string()).combine_chunks() if chunks else pa.array([], pa.string())
+
+    def shard_member_bytes(self, index: int) -> int:
+        return self._shard_bytes[index]
+
+    def id_chunks(self) -> Iterator[pa.Array]:
+        for bucket in range(self.buckets):
+            if self.bucket_starts[bucket + 1] > self.bucket_starts[bucket]:
+                yield from self._load(bucket).column(KEY_COLUMN).chunks
+        self._loaded = None
+
+    def router(self) -> ShardRouter:
+        first_ids = np.asarray(self._first_ids, dtype=object).astype(bytes) if self._first_ids else \
+            np.asarray([], dtype="S1")
+        hashes = np.asarray(self._first_hashes, dtype=np.uint64) if self._first_hashes is not None else None
+        return ShardRouter(first_ids, hashes, tuple(s.samples for s in self.spans))
+
+
+def sort_buckets(read: Callable[[int], pa.Table | None], buckets: int, *, directory: str, seeded: bool,
+                 extensions: tuple[str, ...], shard_size: int | None, shard_samples: int | None,
+                 where: str) -> BucketPlan:
+    """Sort each bucket's records (``read(bucket)``: in any order, or None when it has none) in export order into
+    its file, refuse repeated ids (equal ids share a bucket), and cut shards across the buckets in order (a shard
+    may span buckets: the samples not yet cut wait for the next bucket, ``cut_takes``)."""
+    keys = [("order_hash", "ascending"), (KEY_COLUMN, "ascending")] if seeded else [(KEY_COLUMN, "ascending")]
+    spans: list[ShardSpan] = []
+    shard_bytes: list[int] = []
+    first_ids: list[str] = []
+    first_hashes: list[int] | None = [] if seeded else None
+    starts = np.zeros(buckets + 1, dtype=np.int64)
+    pending: pa.Table | None = None  # sorted samples not yet in a shard (id, hash, size)
+    pending_start = total = repeats = 0
+    for bucket in range(buckets):
+        table = read(bucket)
+        count = table.num_rows if table is not None else 0
+        if table is not None and count:
+            table = table.take(pc.sort_indices(table, sort_keys=keys))
+            repeats += _repeats(table.column(KEY_COLUMN))
+            with pa.OSFile(os.path.join(directory, f"sorted.{bucket:06d}.arrow"), "wb") as sink, \
+                    pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+            part = table.select([c for c in (KEY_COLUMN, "order_hash", "size") if c in table.column_names])
+            pending = part if pending is None else pa.concat_tables([pending, part])
+            del table, part
+        total += count
+        starts[bucket + 1] = total
+        if pending is None or not pending.num_rows:
+            continue
+        sizes = np.asarray(pending.column("size"), dtype=np.int64)
+        position = 0
+        for take in cut_takes(sizes, shard_size=shard_size, shard_samples=shard_samples, final=bucket == buckets - 1):
+            spans.append(ShardSpan(len(spans), pending_start + position, take))
+            shard_bytes.append(int(sizes[position:position + take].sum()))
+            first_ids.append(pending.column(KEY_COLUMN)[position].as_py())
+            if first_hashes is not None:
+                first_hashes.append(int(pending.column("order_hash")[position].as_py()))
+            position += take
+        pending = pending.slice(position)
+        pending_start += position
+        if not pending.num_rows:  # no slice keeps the cut buckets' buffers
+            pending = None
+    if repeats:
+        raise _not_unique(where, total, total - repeats)
+    return BucketPlan(directory, spans=tuple(spans), shard_bytes=shard_bytes, first_ids=first_ids,
+                      first_hashes=first_hashes, bucket_starts=starts, extensions=extensions)

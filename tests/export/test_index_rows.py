@@ -48,7 +48,7 @@ def test_index_rows_falls_back_to_the_parse_when_rows_do_not_match() -> None:
 def test_a_local_export_indexes_its_shards_from_the_encoder_sizes() -> None:
     """A local export builds each shard's ``__index__`` from the member sizes its encoder reported: the very bytes
     ``index_rows`` finds in the rows, also for a shard where a member kind never occurs (no png in rows 14-20)."""
-    from datahub.export.export import _LocalRows
+    from datahub.export.export import _listing
     from datahub.export.samples import encoded_members
 
     table, data, offsets = _rows()
@@ -58,11 +58,10 @@ def test_a_local_export_indexes_its_shards_from_the_encoder_sizes() -> None:
     assert extensions == ("txt", "json", "png")
     offsets = np.frombuffer(rows.buffers()[1], dtype=np.int64)[:len(rows) + 1]
     data = rows.buffers()[2].to_pybytes()[:int(offsets[-1])]
-    local = _LocalRows(spill=None, extensions=extensions, member_sizes=sizes)  # type: ignore[arg-type]
     keys = table["sample_id"].to_pylist()
     for start, stop in ((0, len(keys)), (14, 21), (10, 30), (299, 300)):
         part = data[int(offsets[start]):int(offsets[stop])]
         walked = index_rows(part, offsets[start:stop + 1] - offsets[start], keys[start:stop])
-        listed = local.listing(start, stop - start, keys[start:stop])
+        listed = _listing(extensions, sizes[start:stop], keys[start:stop])
         assert listed.extensions == tuple(e for e in extensions if e in walked.extensions)
         assert index_member(listed, len(part)) == index_member(walked, len(part)) != b""
