@@ -125,12 +125,13 @@ class BucketSpill:
         places[order] = placed
         slices = [view[o:o + n] for o, n in zip(starts.tolist(), sizes.tolist())]
         jobs: list[tuple[int, list[memoryview], int]] = []
-        for first, last, bucket in zip(firsts.tolist(), lasts.tolist(), sorted_buckets[firsts].tolist()):
-            parts = [part for part in slices[first:last] if len(part)]
-            if parts:
-                jobs.append((self._fds[bucket], parts, self._ends[bucket]))
-                self._ends[bucket] += sum(len(part) for part in parts)
-        if jobs:
+        run_bytes = np.add.reduceat(sizes, firsts).tolist()
+        for first, last, bucket, written in zip(firsts.tolist(), lasts.tolist(), sorted_buckets[firsts].tolist(),
+                                                run_bytes):
+            if written:  # the rows' slices of the batch's buffer, written with one pwritev (no gathered copy)
+                jobs.append((self._fds[bucket], slices[first:last], self._ends[bucket]))
+                self._ends[bucket] += written
+        if jobs:  # one task per batch: a task per bucket cost ~25 us each of the main thread
             self._pending.append(self._writer.submit(_write_jobs, jobs))
         while len(self._pending) > 2:  # about two batches wait for the disk
             self._pending.popleft().result()
@@ -152,26 +153,37 @@ class BucketSpill:
         if fd < 0:
             raise IntegrityError(f"spill {self.path}: bucket {bucket} was gathered after it was released")
         order = np.argsort(np.asarray(offsets)[keep], kind="stable")
-        offsets, sizes, places = (np.asarray(a)[keep][order] for a in (offsets, sizes, places))
+        offsets, sizes, places = (np.asarray(a, dtype=np.int64)[keep][order] for a in (offsets, sizes, places))
         gaps = offsets[1:] - (offsets[:-1] + sizes[:-1])
-        breaks = np.flatnonzero(gaps > _MAX_GAP)
-        read_through = gaps[gaps <= _MAX_GAP]
-        scratch = memoryview(bytearray(int(read_through.max()))) if len(read_through) and read_through.max() > 0 \
-            else into[:0]
-        firsts = np.concatenate([[0], breaks + 1]).tolist()
-        ends = np.concatenate([breaks + 1, [len(offsets)]]).tolist()
-        gap_list, size_list, place_list, offset_list = gaps.tolist(), sizes.tolist(), places.tolist(), offsets.tolist()
+        through = gaps <= _MAX_GAP
+        scratch_bytes = int(gaps[through].max()) if through.any() else 0
+        scratch = memoryview(bytearray(scratch_bytes)) if scratch_bytes else into[:0]
+        # the buffers of one read, in file order: each row's place in ``into``, and before a row the gap of other
+        # rows read through (into scratch); a gap over _MAX_GAP starts a new read
+        gap_before = np.concatenate([[0], np.where(through, gaps, 0)])
+        new_read = np.concatenate([[True], ~through])
+        with_gap = gap_before > 0
+        count = len(offsets) + int(with_gap.sum())
+        slot = np.arange(len(offsets)) + np.cumsum(with_gap)  # each row's buffer
+        is_row = np.zeros(count, dtype=bool)
+        is_row[slot] = True
+        starts = np.zeros(count, dtype=np.int64)
+        lengths = np.zeros(count, dtype=np.int64)
+        starts[slot], lengths[slot] = places, sizes
+        lengths[slot[with_gap] - 1] = gap_before[with_gap]
+        parts = [into[p:p + n] if row else scratch[:n]
+                 for row, p, n in zip(is_row.tolist(), starts.tolist(), lengths.tolist())]
+        read_starts = np.flatnonzero(new_read)
+        firsts = (slot[read_starts] - with_gap[read_starts]).tolist()  # a read never begins with a gap
+        lasts = np.concatenate([slot[read_starts[1:]] - with_gap[read_starts[1:]], [count]]).tolist()
+        positions = offsets[read_starts].tolist()
+        cumulative = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         preadv = os.preadv
-        for a, b in zip(firsts, ends):
-            parts: list[memoryview] = []
-            for row in range(a, b):
-                if row > a and gap_list[row - 1]:
-                    parts.append(scratch[:gap_list[row - 1]])
-                parts.append(into[place_list[row]:place_list[row] + size_list[row]])
-            position = offset_list[a]
-            for begin in range(0, len(parts), _IOV_MAX):
-                chunk = parts[begin:begin + _IOV_MAX]
-                want = sum(len(part) for part in chunk)
+        for first, last, position in zip(firsts, lasts, positions):
+            for begin in range(first, last, _IOV_MAX):
+                end = min(begin + _IOV_MAX, last)
+                chunk = parts[begin:end]
+                want = cumulative[end] - cumulative[begin]
                 if preadv(fd, chunk, position) != want:  # a short read (rare): again, buffer by buffer
                     cursor = position
                     for part in chunk:
