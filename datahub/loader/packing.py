@@ -294,8 +294,9 @@ class PackedDataset(StridedDataset):
         super().__init__(rank=rank, world_size=world_size, batch_size=batch_size)
         if seq_len < 1:
             raise ValueError(f"seq_len must be >= 1; got {seq_len}")
-        if not np.can_cast(np.min_scalar_type(int(pad_token)), np.int32):
-            raise ValueError(f"pad_token must fit the batches' int32 tokens; got {pad_token}")
+        if not -2**31 <= int(pad_token) < 2**31:
+            raise ValueError(f"pad_token must fit the batches' int32 tokens (-2**31 <= pad_token < 2**31); "
+                             f"got {pad_token}")
         self.files = source if isinstance(source, TokenFiles) else TokenFiles.open(
             source, tier_preference=tier_preference, append_eod=append_eod, verify=verify, verdicts_dir=verdicts_dir)
         self.seq_len, self.seed, self.epoch = int(seq_len), int(seed), int(epoch)

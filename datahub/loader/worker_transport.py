@@ -309,10 +309,22 @@ def _parsed(layout: Layout) -> list[tuple[str, np.dtype[Any], int, tuple[int, ..
 def _bundle_from_ring(kind: type[ArrayBundle], meta: Any, layout: Layout, path: str, offset: int, size: int,
                       end: int) -> Any:
     data = _region(path, offset, size, end)
-    # views of the ring, writable (the worker leaves them until released)
-    arrays = {name: np.frombuffer(data, dtype=dtype, count=count, offset=at).reshape(shape)
+    # np.frombuffer(memoryview) re-wraps it in a new memoryview that does not reference `data`: keep the region
+    # alive through one base array that every array views (the finalizer is moved onto it)
+    base = np.frombuffer(data, dtype=np.uint8)
+    arrays = {name: base[at:at + count * dtype.itemsize].view(dtype).reshape(shape)
               for name, dtype, count, shape, at in _parsed(layout)}
+    _keep_alive(data, base)
     return kind.from_transfer(meta, arrays)
+
+
+def _keep_alive(window: memoryview, base: np.ndarray) -> None:
+    """Tie ``window``'s lifetime (its finalizer releases the region) to ``base``, which every array views."""
+    _alive[id(base)] = window
+    weakref.finalize(base, _alive.pop, id(base), None)
+
+
+_alive: dict[int, memoryview] = {}
 
 
 def _bundle_inline(kind: type[ArrayBundle], meta: Any, arrays: dict[str, np.ndarray]) -> Any:

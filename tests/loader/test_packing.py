@@ -172,6 +172,17 @@ def test_batches_cross_workers_as_arrays_and_wrap_as_tensors(corpus: tuple[list[
     assert batch["tokens"][0, 0] == -5
 
 
+def test_batches_kept_by_the_trainer_are_not_overwritten_by_later_ones(tmp_path: Path) -> None:
+    """Every batch of ``list(loader)`` (all held at once) still holds what its worker sent: the shared-memory ring
+    must not reuse a batch's bytes while any of its arrays is alive (more batches than one ring holds)."""
+    prefixes, _ = write_tokens(tmp_path / "tokens", files=6, documents=300, max_len=600)
+    settings = {"seq_len": 512, "batch_size": 8, "seed": 1}
+    want = [np.array(b["tokens"]) for b in PackedDataset(prefixes, **settings)]
+    kept = list(DataLoader(PackedDataset(prefixes, **settings), batch_size=None, num_workers=2))
+    assert len(kept) == len(want)
+    assert sorted(np.asarray(b["tokens"]).tobytes() for b in kept) == sorted(w.tobytes() for w in want)
+
+
 def test_reads_a_token_manifest(corpus: tuple[list[str], int], tmp_path: Path) -> None:
     import hashlib
 
@@ -283,8 +294,13 @@ def test_pad_token_minus_1_pads_uint16_and_int32_files(tmp_path: Path, dtype: An
         mask = batches[-1]["loss_mask"].reshape(-1, 4)[-1]
         assert last.tolist() == [13, 14, 15, -1] and mask.tolist() == [True, True, True, False]
         assert sorted(t for b in batches for t in real_tokens(b)) == list(range(1, 16))
-    with pytest.raises(ValueError, match="pad_token"):
-        PackedDataset([prefix], seq_len=4, pad_token=2**40)
+    # Llama 3's pad id (128004) is above uint16 and uint32's min_scalar_type but fits the int32 batches
+    wide = [{k: np.asarray(v) for k, v in b.items()}
+            for b in PackedDataset([prefix], seq_len=4, pad_token=128004, shuffle=False, batch_size=2)]
+    assert wide[-1]["tokens"].reshape(-1, 4)[-1].tolist() == [13, 14, 15, 128004]
+    for bad in (2**31, -2**31 - 1, 2**40):
+        with pytest.raises(ValueError, match="pad_token"):
+            PackedDataset([prefix], seq_len=4, pad_token=bad)
 
 
 @pytest.mark.parametrize("workers", [0, 2, 3])

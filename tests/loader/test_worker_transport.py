@@ -270,6 +270,7 @@ def test_bundles_rebuild_from_ring_with_each_layout_parsed_once(tmp_path: Path,
             assert start < theirs["tokens"].ctypes.data < start + len(view.view), "a view of the trainer's mapping"
         ends = [args[-1] for _, args in sent]
         got.clear()
+        del mine, theirs  # the loop variables hold the last batch
         assert int(ring.released[0]) == ends[-1] and view.idle()
     finally:
         worker_transport._unlink(worker_transport._rings[os.getpid()].path)
