@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from datahub.report.data import SignalHistogram
 
 
 def _pyplot() -> Any:
@@ -18,8 +18,10 @@ def _pyplot() -> Any:
     return plt
 
 
-def signal_histograms(signals: dict[str, np.ndarray], path: Path) -> Path | None:
-    names = sorted(n for n, v in signals.items() if len(v))
+def signal_histograms(signals: dict[str, SignalHistogram], path: Path) -> Path | None:
+    """One panel per signal, drawn from its streamed histogram (the bars ``hist`` draws for the values themselves:
+    each bin's left edge weighted by its count)."""
+    names = sorted(n for n, h in signals.items() if h.values)
     if not names:
         return None
     plt = _pyplot()
@@ -27,9 +29,9 @@ def signal_histograms(signals: dict[str, np.ndarray], path: Path) -> Path | None
     rows = (len(names) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(12, 2.6 * rows), squeeze=False)
     for ax, name in zip(axes.flat, names):
-        values = signals[name]
-        ax.hist(values, bins=min(40, max(5, len(np.unique(values)))), color="#4878a8")
-        ax.set_title(f"{name}  (mean {values.mean():.3g})", fontsize=9)
+        histogram = signals[name]
+        ax.hist(histogram.edges[:-1], bins=histogram.edges, weights=histogram.counts, color="#4878a8")
+        ax.set_title(f"{name}  (mean {histogram.mean:.3g})", fontsize=9)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
@@ -52,11 +54,11 @@ def bar_chart(counts: Counter[Any], path: Path, *, title: str, xlabel: str = "sa
     return _save(fig, path)
 
 
-def cluster_size_histogram(sizes: list[int], path: Path) -> Path | None:
-    if not sizes:
+def cluster_size_histogram(counts: Counter[int], path: Path) -> Path | None:
+    """Bars of clusters per cluster size (``counts``: size -> clusters)."""
+    if not counts:
         return None
     plt = _pyplot()
-    counts = Counter(sizes)
     fig, ax = plt.subplots(figsize=(8, 3.5))
     ax.bar([str(k) for k in sorted(counts)], [counts[k] for k in sorted(counts)], color="#6a9f58")
     ax.set_xlabel("cluster size (kept + dropped duplicates)")

@@ -9,7 +9,9 @@ import shutil
 import subprocess
 from datetime import datetime, timezone
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from datahub.lake import Lake
@@ -65,7 +67,7 @@ def test_report_sections_from_lake(lake, tmp_path):
     data = collect(lake)
     # spam, lorem ipsum and the French page have none of Gopher's English stop words
     assert data.drops[("gopher_quality@1", "gopher_not_enough_stop_words")] == 3
-    assert data.cluster_sizes == [2, 3]  # c1: kept + 2 dropped; s5: kept + 1
+    assert data.cluster_sizes == {2: 1, 3: 1}  # c1: kept + 2 dropped; s5: kept + 1
     assert data.languages == {"en": 12}
     assert data.qa and data.qa[0].suite == "samples.v1"
     report = build_report(lake, out_dir=tmp_path / "out")
@@ -111,3 +113,52 @@ def test_report_renders_in_headless_chromium(lake, tmp_path):
     pixels = mpimg.imread(shot)
     assert pixels.shape[:2] == (3000, 1200)
     assert len({tuple(p) for p in pixels[::25, ::25, :3].reshape(-1, 3).round(2)}) > 20  # plots, not a blank page
+
+
+def _whole_column_histogram(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What the report drew before it streamed: one ``numpy.histogram`` over the whole column's finite values."""
+    values = values[np.isfinite(values)]
+    return np.histogram(values, bins=min(40, max(5, len(np.unique(values)))))
+
+
+def _assert_streamed_histograms_match(lake, quality: pa.StructArray) -> None:
+    from datahub.report import collect
+
+    data = collect(lake, batch_rows=7)
+    numeric = [f.name for f in quality.type if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)]
+    assert sorted(data.signals) == sorted(numeric)
+    for name in numeric:
+        column = pc.drop_null(quality.field(name)).to_numpy(zero_copy_only=False)
+        values = np.asarray(column, dtype=np.float32)
+        counts, edges = _whole_column_histogram(values)
+        histogram = data.signals[name]
+        assert histogram.edges.dtype == edges.dtype, name
+        assert np.array_equal(histogram.edges, edges), name
+        assert np.array_equal(histogram.counts, counts), name
+        assert histogram.values == int(np.isfinite(values).sum()), name
+        assert histogram.mean == pytest.approx(float(values[np.isfinite(values)].mean()), rel=1e-6), name
+
+
+def test_streamed_signal_histograms_equal_whole_column_histograms(lake):
+    """Histograms built batch by batch (7 rows a batch) have numpy's edges and counts for the whole column."""
+    quality = lake.read("samples", columns=["quality"]).column("quality").combine_chunks()
+    _assert_streamed_histograms_match(lake, quality)
+
+
+def test_streamed_histograms_many_values_constants_nulls_and_nan(tmp_path):
+    """Over 40 distinct values (40 bins), a constant (numpy widens its range by 0.5 each side), few distinct
+    integers, nulls and non-finite values (left out), across batches of 7 rows."""
+    rng = np.random.default_rng(7)
+    n = 1000
+    spread = rng.normal(3.0, 2.0, n).astype(np.float64)
+    spread[::97] = np.nan
+    spread[5] = np.inf
+    quality = pa.StructArray.from_arrays(
+        [pa.array(spread), pa.array(np.full(n, 0.25)), pa.array(rng.integers(0, 4, n)),
+         pa.array([None if i % 3 else float(i) for i in range(n)], pa.float64()), pa.array(["en"] * n)],
+        names=["spread", "constant", "few", "mostly_null", "language"])
+    lake = Lake(tmp_path / "lake")
+    lake.commit("samples", pa.table({"sample_id": [f"s{i}" for i in range(n)], "text": ["x"] * n,
+                                     "source_uri": ["f.txt"] * n, "ingest_run_id": ["r"] * n, "quality": quality}),
+                txn="t")
+    _assert_streamed_histograms_match(lake, quality)
