@@ -21,12 +21,16 @@ sends through the pipe.
 
 Items of one worker are unpickled in the order it sent them (one FIFO result queue), so one release mark per ring
 suffices. A ring file is unlinked when its worker exits (the trainer's mapping outlives it while views remain);
-files of workers that died without exiting (SIGKILL) are removed by the next ring made on the machine (their pid
-is in the name).
+files of workers that died without exiting (SIGKILL) are removed by the next ring made on the machine. A worker
+holds a shared ``flock`` on its ring file while it lives, and the sweep removes only files it can lock exclusively:
+the kernel drops a dead process's lock whatever its PID namespace, whereas a PID in the name means nothing to a
+job in another container sharing ``/dev/shm`` (``docker --ipc=host``, pods sharing an emptyDir), whose live rings
+a PID check deleted.
 """
 
 from __future__ import annotations
 
+import fcntl
 import math
 import mmap
 import os
@@ -61,7 +65,9 @@ _MIN_CAPACITY = 1 << 20
 _STALL_S = 0.05  # a ring full for this long is held by batches the trainer keeps: start a new ring
 _MAX_RINGS = 4  # rings one worker may make (each left one pins 16 MB while the trainer keeps its batches)
 _ALIGN = 64
-_PREFIX = "datahub-ring-"
+# not "datahub-ring-": datahub before the flock sweep judged "datahub-ring-<pid>-" files by their pid and would
+# delete these rings of another PID namespace
+_PREFIX = "datahub-shm-ring-"
 
 
 class ArrayBundle(Protocol):
@@ -78,24 +84,27 @@ def _ring_directory() -> str:
 
 
 def _sweep(directory: str) -> None:
-    """Remove ring files whose worker process no longer exists (killed before its exit handler ran)."""
+    """Remove ring files no live process holds (their worker was killed before its exit handler ran): a live
+    worker holds a shared flock on its ring, so an exclusive one is granted only on a dead worker's file."""
     try:
         names = [name for name in os.listdir(directory) if name.startswith(_PREFIX)]
     except OSError:
         return
     for name in names:
-        pid = name[len(_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit():
+        path = os.path.join(directory, name)
+        try:
+            handle = os.open(path, os.O_RDONLY)
+        except OSError:  # gone meanwhile, or another user's file: not ours to judge
             continue
         try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            try:
-                os.unlink(os.path.join(directory, name))
-            except OSError:
-                pass
-        except OSError:  # another user's process: not ours to judge
-            pass
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its worker lives (in this PID namespace or another)
+            os.close(handle)
+            continue
+        try:
+            _unlink(path)  # the name has a random part, so it is still the file locked here
+        finally:
+            os.close(handle)  # drops the lock
 
 
 def _unlink(path: str) -> None:
@@ -105,6 +114,33 @@ def _unlink(path: str) -> None:
         pass
 
 
+def _close(path: str, handle: int) -> None:
+    """At the worker's exit: remove its ring file, then drop its lock."""
+    _unlink(path)
+    try:
+        os.close(handle)
+    except OSError:
+        pass
+
+
+def _create_locked(directory: str) -> tuple[str, int]:
+    """A new ring file in ``directory`` and its descriptor, holding a shared flock for this process's life."""
+    while True:
+        path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
+        handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH)  # waits while a sweep holds it: it then unlinks the file
+            if os.fstat(handle).st_ino == os.stat(path).st_ino:
+                return path, handle
+        except FileNotFoundError:  # a sweep took the file between its creation and the lock: make another
+            pass
+        except OSError:
+            os.close(handle)
+            _unlink(path)
+            raise
+        os.close(handle)
+
+
 class _Ring:
     """One worker's ring: ``reserve(size)`` gives (offset, end mark) of a free region, or None."""
 
@@ -112,25 +148,23 @@ class _Ring:
         self.capacity = capacity
         directory = _ring_directory()
         _sweep(directory)
-        self.path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
-        handle = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        self.path, handle = _create_locked(directory)
         try:
             # reserve the pages now: a full /dev/shm (Docker's default is 64 MB) is then an error here, and the
             # worker uses the pipe, instead of a SIGBUS when the mapping is first written
             os.posix_fallocate(handle, 0, _HEADER + capacity)
             self.map = mmap.mmap(handle, _HEADER + capacity)
         except OSError:
-            _unlink(self.path)
+            _close(self.path, handle)
             raise
-        finally:
-            os.close(handle)
         self.view = memoryview(self.map)
         self.bytes = np.frombuffer(self.map, dtype=np.uint8)
         self.released = np.frombuffer(self.map, dtype=np.uint64, count=1)
         self.written = 0  # bytes of the stream handed out, skipped tails at the wrap included
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        mp_util.Finalize(self, _unlink, args=(self.path,), exitpriority=10)
+        # the descriptor keeps the lock (a killed worker's is dropped by the kernel, so the next sweep removes it)
+        mp_util.Finalize(self, _close, args=(self.path, handle), exitpriority=10)
 
     def fits(self, size: int) -> bool:
         """Whether items of ``size`` bytes go to this ring (a quarter of it; up to _MAX_ITEM in the largest ring)."""

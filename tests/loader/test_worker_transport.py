@@ -1,5 +1,6 @@
 """Batches from DataLoader workers through the shared-memory ring: equal to in-process reads, ring wrap and
-full-ring fallback, no ring file left behind, stale rings of dead workers removed, a lost batch named."""
+full-ring fallback, no ring file left behind, stale rings of killed workers removed (and live ones of other PID
+namespaces kept), a lost batch named."""
 
 from __future__ import annotations
 
@@ -103,25 +104,51 @@ def test_token_batches_from_workers_equal_in_process_batches(tmp_path: Path) -> 
         assert tensors["tokens"].dtype == torch.int32 and tensors["loss_mask"].dtype == torch.bool
 
 
-def test_a_ring_removes_the_rings_of_dead_workers(tmp_path: Path) -> None:
-    directory = worker_transport._ring_directory()
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
-    stale = os.path.join(directory, f"{worker_transport._PREFIX}{int(dead.stdout)}-{'0' * 32}")
-    Path(stale).write_bytes(b"left by a killed worker")
-    live = os.path.join(directory, f"{worker_transport._PREFIX}{os.getpid()}-{'1' * 32}")
-    Path(live).write_bytes(b"a live process's ring")
-    try:
-        code = "from datahub.loader import worker_transport as t; r = t._ring(1 << 20); print(r.path)"
-        made = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+def dead_pid() -> int:
+    """A pid no process has: above the kernel's pid_max (as a pid of another PID namespace may look here)."""
+    return int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+
+
+def ring_holder() -> tuple[subprocess.Popen[str], str]:
+    """A second process that made a ring (as a DataLoader worker does) and stays alive until its stdin closes."""
+    code = ("import sys; from datahub.loader import worker_transport as t; r = t._ring(1 << 20); "
+            "print(r.path, flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               cwd=str(Path(__file__).resolve().parents[2]))
-        assert not os.path.exists(stale), "the dead worker's ring is removed"
-        assert os.path.exists(live), "a live process's ring is kept"
+    assert holder.stdout is not None
+    return holder, holder.stdout.readline().strip()
+
+
+def test_the_sweep_keeps_a_live_workers_ring_whatever_pid_it_names_and_removes_a_killed_ones() -> None:
+    # a job in another PID namespace sharing /dev/shm (docker --ipc=host): its live worker's ring names a pid that
+    # does not exist here. Renaming keeps the file (and the worker's hold on it) while its name shows that pid
+    directory = worker_transport._ring_directory()
+    holder, path = ring_holder()
+    other_namespace = os.path.join(directory, f"{worker_transport._PREFIX}{dead_pid()}-{'2' * 32}")
+    os.rename(path, other_namespace)
+    killed, killed_path = ring_holder()
+    killed.kill()  # SIGKILL: its exit handler never runs, so its ring file stays
+    killed.wait()
+    try:
+        assert os.path.exists(killed_path)
+        made = subprocess.run([sys.executable, "-c", "from datahub.loader import worker_transport as t; "
+                               "print(t._ring(1 << 20).path)"], capture_output=True, text=True, check=True,
+                              cwd=str(Path(__file__).resolve().parents[2]))
+        assert os.path.exists(other_namespace), "a live worker's ring is kept, whatever pid its name shows"
+        assert not os.path.exists(killed_path), "a killed worker's ring is removed by the next ring made"
         assert not os.path.exists(made.stdout.strip()), "a ring is unlinked when its process exits"
+        holder.kill()  # now that worker is gone too
+        holder.wait()
+        worker_transport._sweep(directory)
+        assert not os.path.exists(other_namespace), "once its worker is dead, the ring is removed"
     finally:
-        for path in (stale, live):
-            if os.path.exists(path):
-                os.unlink(path)
+        for process in (holder, killed):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        for stale in (other_namespace, killed_path):
+            if os.path.exists(stale):
+                os.unlink(stale)
 
 
 def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None:
