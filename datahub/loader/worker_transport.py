@@ -290,16 +290,20 @@ class _RingView:
 
 
 _views: dict[str, _RingView] = {}  # the trainer's mappings, by ring path
+# several trainer threads unpickle batches (the main thread, each DataLoader's pin_memory thread): one's cleanup
+# below must not iterate _views while another inserts
+_views_lock = threading.Lock()
 
 
 def _region(path: str, offset: int, size: int, end: int) -> memoryview:
     """The item's bytes in the ring at ``path``, viewed in place (see ``_RingView``): every view of them (numpy
     arrays, pyarrow buffers) keeps this memoryview alive."""
-    view = _views.get(path)
-    if view is None:
-        for old in [v for v in _views.values() if v.idle() and not os.path.exists(v.path)]:
-            del _views[old.path]  # its worker is gone and no batch views it: unmapped when collected
-        view = _views[path] = _RingView(path)
+    with _views_lock:
+        view = _views.get(path)
+        if view is None:
+            for old in [v for v in _views.values() if v.idle() and not os.path.exists(v.path)]:
+                del _views[old.path]  # its worker is gone and no batch views it: unmapped when collected
+            view = _views[path] = _RingView(path)
     return view.region(offset, size, end)
 
 

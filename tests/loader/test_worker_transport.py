@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -301,3 +302,38 @@ def test_bundles_rebuild_from_ring_with_each_layout_parsed_once(tmp_path: Path,
         assert int(ring.released[0]) == ends[-1] and view.idle()
     finally:
         worker_transport._unlink(worker_transport._rings[os.getpid()].path)
+
+
+def test_trainer_threads_map_rings_at_once_without_breaking_the_view_table(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # two threads of the trainer unpickle batches of new rings at once (two DataLoaders' pin_memory threads, or one
+    # and the main thread): one's cleanup of gone workers' mappings must not see the other's insert mid-iteration
+    # ("dictionary changed size during iteration" killed a pin_memory thread)
+    monkeypatch.setattr(worker_transport, "_views", {})
+    errors: list[str] = []
+    kept: list[memoryview] = []
+
+    def unpickle(tag: str) -> None:
+        try:
+            for i in range(800):
+                path = tmp_path / f"{tag}-{i}"
+                path.write_bytes(bytes(worker_transport._HEADER + 64))
+                region = worker_transport._region(str(path), 0, 8, 8)
+                if i % 2:
+                    kept.append(region)  # a batch kept: its mapping stays; the others' become idle (stat'ed)
+        except Exception as error:  # noqa: BLE001 - the test reports what the thread hit
+            errors.append(f"{type(error).__name__}: {error}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often, as a busy trainer's would
+    try:
+        threads = [threading.Thread(target=unpickle, args=(tag,)) for tag in "ab"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert len(worker_transport._views) == 1600
+    kept.clear()
