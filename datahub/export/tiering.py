@@ -10,6 +10,8 @@ is a no-op; a finished copy or repair then removes what a killed one left in the
 incomplete Ceph multipart uploads) once abandoned (cfs: unlocked; hdfs, ceph: unwritten for ``STALE_PARTIAL_S``, an
 hour), so the uploads of an apply or export running at the same time (overlapping cron runs; nothing locks a
 release) survive it. A tier from a second storage config (another region) is just one more tier name.
+Token files (``{release}/tokens-SHA12/``, written per tier by ``datahub export --tokenizer``) are not moved: a delete
+of the release's directory on a tier keeps every token folder that a token manifest names on that tier.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import EXPORT_OP, publish_manifest
 from datahub.export.exported_lineage import commit_shard_index
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
+from datahub.shards.token_manifest import read_lake_token_manifests, token_dir
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.index import embedded_keys, index_tar
@@ -145,6 +148,7 @@ def plan_tiers(
     moves: list[Move] = []
     for name in names:
         manifest = manifests[name]
+        tokens = token_folders(lake, name)
         state = states.get(name, ReleaseState(name))
         klass = None if name in targets else storage_class(state, storage.policy, now=now)
         wanted = targets.get(name) if name in targets else desired_tiers(state, storage.policy, now=now)
@@ -172,7 +176,7 @@ def plan_tiers(
             if tier not in wanted and tier in storage.tiers:
                 moves.append(Move(name, "delete", tier, None, len(manifest.shards), total, klass))
         for tier in sorted(storage.tiers):
-            if tier not in held and tier not in wanted and storage.tier(tier).exists(storage.tier(tier).uri(name)):
+            if tier not in held and tier not in wanted and _leftovers(storage.tier(tier), name, tokens.get(tier, set())):
                 moves.append(Move(name, "delete", tier, None, 0, 0, klass, leftover=True))
     return TierPlan(tuple(moves))
 
@@ -354,11 +358,28 @@ def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageCon
     dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
 
 
+def token_folders(lake: Lake, release: str) -> dict[str, set[str]]:
+    """Per tier, the token folders (``tokens-SHA12``) of ``release`` that its token manifests name replicas in."""
+    held: dict[str, set[str]] = {}
+    for manifest in read_lake_token_manifests(lake, release):
+        tiers = set(manifest.tiers).union(*(record.replicas for record in manifest.files))
+        for tier in tiers:
+            held.setdefault(tier, set()).add(token_dir(manifest.tokenizer.sha256))
+    return held
+
+
+def _leftovers(tier: Tier, release: str, keep: set[str]) -> list[str]:
+    """What a delete of the release's directory on ``tier`` would remove: its entries but the token folders kept."""
+    return [name for name in tier.children(tier.uri(release)) if name not in keep]
+
+
 def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> bool:
     """Delete the release's replicas on a tier (the manifest drops them first); False when a leftover directory (the
     manifest does not name the tier) is spared because a writer is at work in it: a second-tier export journals there
-    before its manifest names the tier, and deleting under it published a manifest of deleted replicas."""
+    before its manifest names the tier, and deleting under it published a manifest of deleted replicas.
+    The token folders that a token manifest names on the tier stay (their manifest still points readers there)."""
     tier = storage.tier(tier_name)
+    keep = token_folders(lake, manifest.release).get(tier_name, set())
     held = tier_name in {t for s in manifest.shards for t in s.replicas}
     if not held:
         live = tier.live_writes(tier.uri(manifest.release), within=STALE_PARTIAL_S)
@@ -373,7 +394,13 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
             raise IntegrityError(f"release {manifest.release!r}: deleting tier {tier_name} would leave a shard with "
                                  "no replica; copy it to another tier first")
         publish_manifest(lake, manifest.with_replicas(remaining), storage=storage)  # readers move off first
-    tier.delete(tier.uri(manifest.release), recursive=True)
+    if not keep:
+        tier.delete(tier.uri(manifest.release), recursive=True)
+        return True
+    for name in _leftovers(tier, manifest.release, keep):
+        tier.delete(tier.uri(manifest.release, name), recursive=True)
+    log.info("tier %s: kept the token files of %r (%s): tier apply does not move token files; `datahub export "
+             "--tokenizer` writes them to a tier", tier_name, manifest.release, ", ".join(sorted(keep)))
     return True
 
 

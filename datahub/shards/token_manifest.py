@@ -157,6 +157,29 @@ def read_lake_token_manifest(lake: Lake, release: str, tokenizer_sha256: str | N
     return TokenManifest.from_dict(json.loads(data), where=f"{folder}/{names[0]}")
 
 
+def read_lake_token_manifests(lake: Lake, release: str) -> list[TokenManifest]:
+    """Every token manifest of ``release`` (one per tokenizer), in folder order; empty when it was never tokenized."""
+    import fsspec
+
+    folder = f"{lake.root}/_exports/{release}"
+    fs, path = fsspec.core.url_to_fs(folder, **fsspec_options(lake.storage_options))
+    try:
+        if "s3" in str(fs.protocol):
+            fs.invalidate_cache(path)
+        names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise LakeError(f"{folder}: cannot list the token manifests: {exc}") from exc
+    found = []
+    for name in names:
+        if name.startswith("tokens-") and name.endswith(".json"):
+            manifest = read_lake_token_manifest(lake, release, name[len("tokens-"):-len(".json")])
+            if manifest is not None:
+                found.append(manifest)
+    return found
+
+
 def publish_lake_token_manifest(lake: Lake, manifest: TokenManifest) -> str:
     """Write the manifest under the lake root atomically (rename on POSIX, one PUT on S3)."""
     import fsspec

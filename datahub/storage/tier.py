@@ -474,6 +474,22 @@ class Tier:
         return sorted(path for path, stamp in found if stamp > cutoff and (
             "_partial" in path[len(root):].split("/") or _PARTIAL.match(path.rsplit("/", 1)[-1])))
 
+    def children(self, directory_uri: str) -> list[str]:
+        """The names directly in a directory (files and folders), sorted; empty when it is missing."""
+        try:
+            if isinstance(self.spec, CfsTier):
+                return sorted(os.listdir(directory_uri)) if os.path.isdir(directory_uri) else []
+            fs = self.filesystem()
+            path = self._path(directory_uri).rstrip("/")
+            if isinstance(self.spec, CephTier):
+                fs.invalidate_cache(path)
+            return sorted({entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)
+                           if entry.rstrip("/") != path})
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StorageError(f"tier {self.name}: cannot list {directory_uri}: {exc}") from exc
+
     def exists(self, uri: str) -> bool:
         if isinstance(self.spec, CfsTier):
             return os.path.exists(uri)

@@ -493,3 +493,46 @@ def test_second_tier_export_refuses_to_publish_shards_that_vanished(tmp_path, mo
     monkeypatch.setattr(export_module, "checkpoint", original)
     assert export_table_version(lake, table="samples", version=version, release_name="R", tier="cold",
                                 storage=storage, shard_samples=20).tiers == ["cold", "hot"]
+
+
+@pytest.mark.parametrize("token_tier", ["cfs", "hdfs"])
+def test_tier_apply_keeps_the_token_files_a_token_manifest_names(tmp_path, webhdfs, token_tier) -> None:
+    """``export --tokenizer`` writes R/tokens-SHA12/ on a tier the text manifest may not name: apply took that
+    directory for a leftover (or, for a tier it moved the text shards off, deleted it whole) and removed the token
+    files their manifest still named; the loader then found no replica. Token folders a token manifest names stay;
+    the rest of the directory still goes."""
+    from datahub.export.tokens import export_table_tokens
+    from datahub.shards.token_manifest import read_lake_token_manifest
+    from tests.export.test_tokens import make_lake as make_text_lake, train_tokenizer
+
+    lake, version = make_text_lake(tmp_path / "lake")
+    storage = _storage(tmp_path, webhdfs)
+    text_tier = "hdfs" if token_tier == "cfs" else "cfs"
+    export_table_version(lake, table="samples", version=version, release_name="r", tier=text_tier, storage=storage,
+                         shard_samples=30)
+    tokens = export_table_tokens(lake, table="samples", version=version, release_name="r", storage=storage,
+                                 tokenizer=train_tokenizer(tmp_path / "tok.json"), tier=token_tier, file_tokens=400)
+    tier = storage.tier(token_tier)
+
+    def token_files_intact() -> bool:
+        manifest = read_lake_token_manifest(lake, "r")
+        return manifest == tokens and all(tier.size(f"{record.replicas[token_tier]}.{part}") == record.part(part).size
+                                          for record in tokens.files for part in ("bin", "idx", "ids"))
+
+    # only token files there: nothing to delete
+    assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
+    # a leftover text shard beside them (an interrupted apply): it goes, the token folder stays
+    tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
+    plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
+    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, True)]
+    assert len(apply_tiers(lake, plan, storage=storage)) == 1
+    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
+    # the text shards copied there and moved off again: the planned delete takes the shards, not the token files
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": [text_tier, token_tier]}), storage=storage)
+    assert read_lake_manifest(lake, "r").tiers == sorted([text_tier, token_tier])
+    plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
+    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, False)]
+    assert len(apply_tiers(lake, plan, storage=storage)) == 1
+    assert read_lake_manifest(lake, "r").tiers == [text_tier]
+    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
+    assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()

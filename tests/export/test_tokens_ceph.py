@@ -38,3 +38,36 @@ def test_ray_token_export_to_ceph_matches_a_local_export(tmp_path, ceph_s3, ray_
             assert fs.cat(record.replicas["ceph"] + "." + suffix) == Path(record.replicas["cfs"] + "." + suffix).read_bytes()
     folder = remote.files[0].replicas["ceph"].rsplit("/", 1)[0]
     assert fs.exists(f"{folder}/tokens-manifest.json") and not fs.exists(f"{folder}/_partial")
+
+
+def test_tier_apply_keeps_token_files_on_ceph(tmp_path, ceph_s3) -> None:
+    """A leftover delete on Ceph (S3: no directories, one listing) takes the stale text shard and keeps the token
+    folder that the token manifest names there."""
+    from datahub.export import export_table_version, read_lake_manifest
+    from datahub.export.tiering import apply_tiers, plan_tiers
+    from datahub.shards.token_manifest import read_lake_token_manifest
+
+    bucket = ceph_s3.new_bucket("token-tiers")
+    credentials = tmp_path / "ceph.credentials"
+    credentials.write_text(f"access_key_id = {ceph_s3.key}\nsecret_access_key = {ceph_s3.secret}\n")
+    storage = validate_storage_config({"tiers": {
+        "cfs": {"kind": "cfs", "path": str(tmp_path / "cfs")},
+        "ceph": {"kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": bucket, "prefix": "releases",
+                 "region": ceph_s3.region, "credentials": {"file": str(credentials)}},
+    }}, source="storage.yaml")
+    lake, version = make_lake(tmp_path / "lake", 60)
+    export_table_version(lake, table="samples", version=version, release_name="r", tier="cfs", storage=storage,
+                         shard_samples=30)
+    tokens = export_table_tokens(lake, table="samples", version=version, release_name="r", storage=storage,
+                                 tokenizer=train_tokenizer(tmp_path / "tok.json"), tier="ceph", file_tokens=400)
+    ceph = storage.tier("ceph")
+    ceph.publish(ceph.uri("r", "r-000000.tar"), b"an old replica")
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["cfs"]})
+    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", "ceph", True)]
+    assert len(apply_tiers(lake, plan, storage=storage)) == 1
+    folder = f"tokens-{tokens.tokenizer.sha256[:12]}"
+    assert ceph.children(ceph.uri("r")) == [folder] and read_lake_token_manifest(lake, "r") == tokens
+    assert all(ceph.size(f"{record.replicas['ceph']}.{part}") == record.part(part).size
+               for record in tokens.files for part in ("bin", "idx", "ids"))
+    assert read_lake_manifest(lake, "r").tiers == ["cfs"]
+    assert plan_tiers(lake, storage=storage, targets={"r": ["cfs"]}).moves == ()
