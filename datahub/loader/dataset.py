@@ -29,7 +29,7 @@ from datahub.loader.storage_options import StorageArg, as_storage, readable_tier
 from datahub.loader.storage_options import manifest_options as manifest_options_for
 from datahub.shards.index import index_tar
 from datahub.loader import worker_transport
-from datahub.loader.worker_use import WorkerUse
+from datahub.loader.worker_use import TrainerPosition, WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)
     from torch.utils.data import IterableDataset as _Base
@@ -144,6 +144,18 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self._worker: tuple[int, int] | None = None  # (worker_id, num_workers) when inside a DataLoader worker
         self._worker_items = 0  # items yielded before the live iterator, plus its batches (samples count via _consumed)
         self._worker_use = WorkerUse()  # set by DataLoader workers: then this process's own count means nothing
+        self._position = TrainerPosition()  # set_epoch/load_state_dict here, for persistent DataLoader workers
+
+    # the attributes set_epoch and load_state_dict set: a persistent DataLoader worker's copy takes them at __iter__
+    _position_fields = ("epoch", "_segments", "_start", "_pending", "_worker_resume", "_consumed", "_items")
+
+    def _position_changed(self) -> None:
+        """After set_epoch/load_state_dict: in the owner, publish the position to persistent workers; in a worker
+        (StatefulDataLoader loading the worker's state), keep it over what the owner published before."""
+        if _get_worker_info() is None:
+            self._position.publish({name: getattr(self, name) for name in self._position_fields})
+        else:
+            self._position.catch_up()
 
     # --- plan -------------------------------------------------------------------------------------------
 
@@ -152,6 +164,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self.epoch = int(epoch)
         self._segments, self._start, self._worker_resume, self._consumed = [], 0, None, 0
         self._pending, self._items = None, 0
+        self._position_changed()
 
     def _order(self) -> EpochOrder:
         return EpochOrder([shard.samples for shard in self.manifest.shards], digest=self.manifest.release_digest,
@@ -274,6 +287,7 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
                                  "save ReleaseDataset.state_dict(consumed=...) per rank for elastic resumes")
             self._segments.append((int(state["world_size"]), int(state["consumed"]), *(pending or (1, 0))))
             self._start, self._pending = 0, None
+        self._position_changed()
 
     # --- iteration --------------------------------------------------------------------------------------
 
@@ -284,6 +298,10 @@ class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         if info is None:
             self._worker_use.clear()  # iterated here: this process's count is the trainer's again
         else:
+            fields = self._position.take()  # a persistent worker: the owner's set_epoch/load_state_dict since
+            if fields is not None:
+                for name, value in fields.items():
+                    setattr(self, name, value)
             self._worker_use.mark(num_workers)
             worker_transport.install()  # arrow batches to the trainer through shared memory, not the result pipe
         stream, pieces, following, done, order = self._pieces(num_workers)

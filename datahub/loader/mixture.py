@@ -164,6 +164,7 @@ class MixtureDataset(StridedDataset):
     """
 
     _transfer_types = (TokenBatch,)  # made in the worker, sent through shared memory (worker_transport)
+    _position_fields = (*StridedDataset._position_fields, "weights", "_done")
 
     def __init__(
         self,
@@ -344,6 +345,7 @@ class MixtureDataset(StridedDataset):
         self.epoch, self._yielded = int(epoch), 0
         self._start = [0] * len(self.names)
         self._done = np.zeros(len(self.names), dtype=np.int64)
+        self._position_changed()
 
     def _done_after(self, items: int) -> np.ndarray:
         weights = np.array([self.weights[name] for name in self.names], dtype=np.float64)
@@ -405,3 +407,4 @@ class MixtureDataset(StridedDataset):
             self.weights = new
             self._start = [int(saved[name]["cursor"]) for name in self.names]
             self._done = np.zeros(len(self.names), dtype=np.int64)
+        self._position_changed()

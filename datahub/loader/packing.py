@@ -377,6 +377,7 @@ class PackedDataset(StridedDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first token (clears a loaded resume point)."""
         self.epoch, self._start, self._yielded = int(epoch), 0, 0
+        self._position_changed()
 
     def _identity(self) -> dict[str, Any]:
         return {"digest": self.files.digest, "seed": self.seed, "shuffle": self.shuffle,
@@ -406,3 +407,4 @@ class PackedDataset(StridedDataset):
                              f"{state['seq_len']}, dataset {self.seq_len}); save state_dict(consumed=...) instead")
         self._load_worker_state(state)
         self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["tokens"]), 0
+        self._position_changed()

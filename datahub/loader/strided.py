@@ -23,7 +23,7 @@ import numpy as np
 from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.plan import resolve_topology
 from datahub.loader import worker_transport
-from datahub.loader.worker_use import WorkerUse
+from datahub.loader.worker_use import TrainerPosition, WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers)
     from torch.utils.data import IterableDataset as _Base
@@ -52,10 +52,13 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         self._worker_use = WorkerUse()
         self._worker: tuple[int, int] | None = None  # (worker_id, num_workers) when inside a DataLoader worker
         self._worker_resume: dict[str, int] | None = None  # a StatefulDataLoader worker's own position, loaded
+        self._position = TrainerPosition()  # set_epoch/load_state_dict here, for persistent DataLoader workers
 
     # --- subclass hooks ---------------------------------------------------------------------------------
 
     _transfer_types: tuple[type[worker_transport.ArrayBundle], ...] = ()  # item types sent through shared memory
+    # the attributes set_epoch and load_state_dict set: a persistent DataLoader worker's copy takes them at __iter__
+    _position_fields: tuple[str, ...] = ("epoch", "_start", "_yielded", "_worker_resume")
 
     def _global_items(self) -> int:
         raise NotImplementedError
@@ -78,12 +81,24 @@ class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is tor
         padding = offsets >= total
         return np.where(padding, 0, offsets), padding
 
+    def _position_changed(self) -> None:
+        """After set_epoch/load_state_dict: in the owner, publish the position to persistent workers; in a worker
+        (StatefulDataLoader loading the worker's state), keep it over what the owner published before."""
+        if _get_worker_info() is None:
+            self._position.publish({name: getattr(self, name) for name in self._position_fields})
+        else:
+            self._position.catch_up()
+
     def __iter__(self) -> Iterator[Any]:
         info = _get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
             self._worker_use.clear()
         else:
+            fields = self._position.take()  # a persistent worker: the owner's set_epoch/load_state_dict since
+            if fields is not None:
+                for name, value in fields.items():
+                    setattr(self, name, value)
             self._worker_use.mark(num_workers)
             worker_transport.install(self._transfer_types)  # batches to the trainer through shared memory
         self._worker = (worker_id, num_workers) if info is not None else None

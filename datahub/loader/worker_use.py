@@ -1,4 +1,5 @@
-"""Whether DataLoader worker processes iterate a dataset, as seen from the process that owns it.
+"""Whether DataLoader worker processes iterate a dataset, as seen from the process that owns it, and the owner's
+position (epoch, resume point) for persistent workers (``TrainerPosition``).
 
 A plain torch DataLoader with workers gives each worker a copy of the dataset (fork or pickle), so the
 owner's copy never yields anything and its count of consumed samples stays 0. Workers create a marker file
@@ -9,9 +10,11 @@ because a path survives both fork and pickling (``multiprocessing_context="spawn
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 import uuid
 import weakref
+from typing import Any
 
 
 def _remove(path: str, owner: int) -> None:
@@ -60,3 +63,55 @@ class WorkerUse:
             os.unlink(self.path)
         except OSError:  # not there (the usual case)
             pass
+
+
+class TrainerPosition:
+    """The owner's ``set_epoch``/``load_state_dict`` for its persistent DataLoader workers.
+
+    A worker's copy of the dataset is made once when ``persistent_workers=True``: without this, each epoch the
+    worker repeated the position it was copied with (the first epoch's order; after a resume, that epoch's tail).
+    The owner writes the position attributes those calls set, with a generation number, to a private file
+    (``publish``); a worker's copy takes them at each ``__iter__`` when newer than its own (``take``), so it starts
+    where a fresh copy would. A copy made after the last ``publish`` has that generation already and takes nothing.
+    """
+
+    def __init__(self) -> None:
+        self.path = os.path.join(tempfile.gettempdir(), f"datahub-loader-position-{uuid.uuid4().hex}")
+        self.generation = 0
+        weakref.finalize(self, _remove, self.path, os.getpid())
+
+    def publish(self, fields: dict[str, Any]) -> None:
+        """In the owner: ``fields`` (attribute name to value) are the position its workers' next iteration uses."""
+        self.generation += 1
+        partial = f"{self.path}-{os.getpid()}.partial"
+        try:
+            with open(partial, "wb") as handle:
+                pickle.dump((self.generation, fields), handle, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(partial, self.path)  # a worker reads the old or the new position, never half of one
+        except OSError as error:
+            _remove(partial, os.getpid())
+            raise OSError(f"cannot write the dataset position for persistent DataLoader workers to {self.path} "
+                          f"({error}); free space in {tempfile.gettempdir()} (TMPDIR)") from error
+
+    def _read(self) -> tuple[int, dict[str, Any]] | None:
+        try:
+            with open(self.path, "rb") as handle:
+                generation, fields = pickle.load(handle)  # our own private file (0600 in the user's temp dir)
+        except FileNotFoundError:
+            return None
+        return int(generation), fields
+
+    def take(self) -> dict[str, Any] | None:
+        """In a worker: the owner's position if published after this copy's, else None."""
+        read = self._read()
+        if read is None or read[0] <= self.generation:
+            return None
+        self.generation = read[0]
+        return read[1]
+
+    def catch_up(self) -> None:
+        """In a worker that loads its own state (torchdata's StatefulDataLoader): what the owner published so far
+        is older than that state, so ``take`` skips it."""
+        read = self._read()
+        if read is not None:
+            self.generation = max(self.generation, read[0])

@@ -1,0 +1,85 @@
+"""Persistent DataLoader workers (``persistent_workers=True``) follow the owner's ``set_epoch`` and
+``load_state_dict``: each epoch (and each resume) reads what a DataLoader with fresh workers reads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader  # noqa: E402
+
+from datahub.loader import PackedDataset, ReleaseDataset  # noqa: E402
+from datahub.loader.mixture import MixtureDataset  # noqa: E402
+from tests.loader.shards import write_release  # noqa: E402
+from tests.loader.tokens import write_tokens  # noqa: E402
+
+
+def tokens(batch: Any) -> tuple[tuple[str, bytes], ...]:
+    return tuple((key, np.asarray(value).tobytes()) for key, value in batch.items())
+
+
+def samples(batch: Any) -> tuple[tuple[str, str, bool], ...]:
+    return tuple((s.get("source", ""), s["sample_id"], s["is_padding"]) for s in batch)
+
+
+def read(loader: DataLoader, as_key: Callable[[Any], Any], stop: int | None = None) -> list[Any]:
+    out = []
+    for batch in loader:
+        out.append(as_key(batch))
+        if len(out) == stop:
+            break
+    return out
+
+
+def follows_the_owner(make: Callable[[], Any], as_key: Callable[[Any], Any], **load: Any) -> None:
+    """Epochs, a mid-epoch resume (``load`` as keyword arguments of load_state_dict) and the next epoch through one
+    persistent DataLoader equal the same steps through DataLoaders with fresh workers."""
+    persistent_dataset, fresh_dataset = make(), make()
+    persistent = DataLoader(persistent_dataset, batch_size=None, num_workers=2, persistent_workers=True)
+
+    def both(step: Callable[[Any], None], stop: int | None = None) -> list[Any]:
+        step(persistent_dataset)
+        step(fresh_dataset)
+        got = read(persistent, as_key, stop)
+        want = read(DataLoader(fresh_dataset, batch_size=None, num_workers=2), as_key, stop)
+        assert got == want
+        return got
+
+    first = both(lambda dataset: None)
+    second = both(lambda dataset: dataset.set_epoch(1), stop=3)
+    assert second != first[:3], "epoch 1 is another order than epoch 0"
+    state = persistent_dataset.state_dict(consumed=3)
+    rest = both(lambda dataset: dataset.load_state_dict(state, **load))
+    assert rest and rest[0] not in second, "the resume continues after the 3 batches received"
+    third = both(lambda dataset: dataset.set_epoch(2))
+    assert third != first
+
+
+def test_persistent_workers_follow_set_epoch_and_load_state_dict_of_packed_dataset(tmp_path: Path) -> None:
+    prefixes, _ = write_tokens(tmp_path / "tok", files=4, documents=60, max_len=60)
+    follows_the_owner(lambda: PackedDataset(prefixes, seq_len=32, batch_size=3, rank=0, world_size=1, seed=3),
+                      tokens)
+
+
+def test_persistent_workers_follow_set_epoch_and_load_state_dict_of_release_dataset(tmp_path: Path) -> None:
+    write_release(tmp_path / "export", samples_per_shard=(10, 9, 11, 10, 8, 12))
+    path = str(tmp_path / "export" / "manifest.json")
+    follows_the_owner(lambda: ReleaseDataset(path, rank=0, world_size=1, seed=5, shuffle_buffer=10, batch_size=4),
+                      samples)
+
+
+def test_persistent_workers_follow_a_token_mixture_resumed_with_other_weights(tmp_path: Path) -> None:
+    a, _ = write_tokens(tmp_path / "a", files=3, documents=20, name="a")
+    b, _ = write_tokens(tmp_path / "b", files=2, documents=25, first_id=10**6, name="b")
+    settings: dict[str, Any] = {"seq_len": 16, "shuffle_buffer": 30}
+
+    def make() -> MixtureDataset:
+        return MixtureDataset({"a": PackedDataset(a, **settings), "b": PackedDataset(b, **settings)},
+                              {"a": 0.75, "b": 0.25}, rank=0, world_size=1, batch_size=2)
+
+    follows_the_owner(make, tokens, weights={"a": 0.25, "b": 0.75})  # weights and cursors reach the workers
