@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,3 +71,69 @@ def test_a_run_is_sorted_as_the_reader_gave_it(tmp_path: Path, ray_engine) -> No
         values = pa.ipc.open_file(source).read_all()["value"]
     assert values.to_pylist() == [41, 43, 45, 47, 49, 40, 42, 44, 46, 48]
     assert pc.max(values).as_py() == 49
+
+
+def _fail_once_running(folder: str, task: int) -> None:
+    """Task 0 raises once task 1 runs; every other task holds a lock on ``lock-N`` while it runs (a minute), so a
+    test can tell whether it still runs."""
+    if task == 0:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(f"{folder}/running-1") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise ValueError("task 0 fails")
+    with open(f"{folder}/lock-{task}", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        Path(f"{folder}/running-{task}").touch()
+        time.sleep(60)
+
+
+def _still_running(folder: Path) -> list[str]:
+    running = []
+    for lock in sorted(folder.glob("lock-*")):
+        with open(lock) as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                running.append(lock.name)
+    return running
+
+
+@dataclass(frozen=True)
+class _FailingReader:
+    folder: str
+
+    def __call__(self, task: int) -> tuple[pa.Table, pa.Table]:
+        _fail_once_running(self.folder, task)
+        return _SortedNumbers()(task)
+
+
+@dataclass(frozen=True)
+class _FailingSink(Sink[int, list]):
+    folder: str
+
+    def write(self, batches: Iterable[pa.Table]) -> int:
+        group = pa.concat_tables(list(batches))["group"][0].as_py()
+        _fail_once_running(self.folder, group)
+        return group
+
+    def commit(self, results: list) -> list:
+        return results
+
+
+def test_a_failed_read_or_write_pass_leaves_no_task_running(tmp_path: Path, ray_engine) -> None:
+    """A task failed while others ran: they went on after the export removed its runs (a failed Ray export left
+    72 MB runs in the spill folder 15 s later). The pass now cancels its tasks in flight and waits for them."""
+    from datahub.engines.ray.export import spill_runs, write_slices
+
+    reads, writes = tmp_path / "reads", tmp_path / "writes"
+    reads.mkdir(), writes.mkdir()
+    with pytest.raises(ValueError, match="task 0 fails"):
+        list(spill_runs(ray_engine, [0, 1, 2], read=_FailingReader(str(reads)), directory=str(tmp_path / "runs"),
+                        workers=2))
+    assert (reads / "lock-1").exists() and _still_running(reads) == []
+    runs = [run for run, _ in spill_runs(ray_engine, [0, 1], read=_SortedNumbers(), directory=str(tmp_path / "runs"),
+                                         workers=2)]
+    with pytest.raises(ValueError, match="task 0 fails"):
+        list(write_slices(ray_engine, runs, [(0, [(0, 0, 5)]), (1, [(1, 0, 5)]), (2, [(0, 5, 10)])], key="group",
+                          sink=_FailingSink(str(writes)), workers=2))
+    assert (writes / "lock-1").exists() and _still_running(writes) == []

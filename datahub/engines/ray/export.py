@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from datahub.allocator import arrow_pool
 from datahub.engines.base import Engine
-from datahub.engines.ray.tasks import map_tasks
+from datahub.engines.ray.tasks import cancel_and_wait, map_tasks
 from datahub.engines.sink import RESULT, Sink, WriteTask, task_results
 
 R = TypeVar("R")
@@ -146,9 +146,9 @@ def spill_runs(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], tu
     disk (a ``Run``) and only the summary travels back. Yields (run, summary) in task order, so the driver can plan
     which slice of each run every group takes (``write_slices``). Nothing goes through the object store but the
     summaries: a capped store never spills, and memory is a few tasks' rows, not the data set's."""
-    for run, summary in map_tasks(engine, list(enumerate(tasks)), partial(_spill_run_item, read=read,
-                                                                           directory=directory), workers=workers):
-        yield run, summary
+    # ``yield from``: closing this generator closes map_tasks', which cancels and waits for the tasks in flight
+    yield from map_tasks(engine, list(enumerate(tasks)), partial(_spill_run_item, read=read, directory=directory),
+                         workers=workers)
 
 
 def _spill_run_item(item: tuple[int, Any], read: Callable[[Any], tuple[pa.Table, pa.Table]],
@@ -218,16 +218,19 @@ def write_slices(engine: Engine, runs: Sequence[Run], groups: Sequence[tuple[int
     write_task = WriteTask(sink)
     runs_ref: Any = ray.put(list(runs))
     pending: list[Any] = []
-    for value, slices in groups:
-        if len(pending) >= parallel:
+    try:
+        for value, slices in groups:
+            if len(pending) >= parallel:
+                done, pending = ray.wait(pending, num_returns=1)
+                for table in ray.get(done):
+                    yield from task_results(table)
+            pending.append(write.remote(write_task, key, value, runs_ref, list(slices), local_reads))
+        while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for table in ray.get(done):
                 yield from task_results(table)
-        pending.append(write.remote(write_task, key, value, runs_ref, list(slices), local_reads))
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        for table in ray.get(done):
-            yield from task_results(table)
+    finally:  # a failed or abandoned write pass: no task may read the runs once the caller removes them
+        cancel_and_wait(pending)
 
 
 def _remove(directory: str) -> None:

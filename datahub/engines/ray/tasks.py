@@ -21,43 +21,32 @@ def map_tasks(engine: Engine, items: Sequence[Any], fn: Callable[[Any], Any], *,
     parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     remote = ray.remote(_call)
     pending: list[Any] = []
-    for item in items:
-        pending.append(remote.remote(fn, item))
-        if len(pending) > parallel:
-            yield ray.get(pending.pop(0))
-    for ref in pending:
-        yield ray.get(ref)
+    try:
+        for item in items:
+            pending.append(remote.remote(fn, item))
+            if len(pending) > parallel:
+                yield ray.get(pending.pop(0))
+        while pending:
+            yield ray.get(pending[0])
+            pending.pop(0)
+    finally:  # a task failed, or the caller stopped early: none may still run when the caller cleans up
+        cancel_and_wait(pending)
 
 
-def _map_split(fn: Callable[[Any], tuple[Any, Sequence[Any]]], item: Any) -> tuple[Any, ...]:
-    small, parts = fn(item)
-    return (small, *parts)
-
-
-def _reduce(fn: Callable[[list[Any]], Any], *parts: Any) -> Any:
-    return fn(list(parts))
-
-
-def map_reduce(engine: Engine, items: Sequence[Any], map_fn: Callable[[Any], tuple[Any, Sequence[Any]]],
-               reduce_fn: Callable[[list[Any]], Any], *, partitions: int,
-               workers: int | None = None) -> tuple[list[Any], list[Any]]:
-    """``map_fn(item)`` -> (a small result, ``partitions`` parts) in a Ray task per item, ``workers`` at once; the
-    parts stay in the object store and ``reduce_fn`` gets part p of every item in the p-th reduce task. Returns the
-    small results in item order and the reduce results in partition order; no part passes through the driver."""
+def cancel_and_wait(refs: Sequence[Any], *, grace_s: float = 1.0, wait_s: float = 60.0) -> None:
+    """Cancel tasks no longer wanted and return once none of them runs: a task left running keeps writing after its
+    caller cleaned up (a failed Ray export's read tasks wrote their runs after the run folder was removed).
+    Queued tasks never start; a running one gets Ray's KeyboardInterrupt and, still running after ``grace_s``, its
+    worker is killed (Ray 2.60 did not interrupt a task blocked in a call within 30 s); ``wait_s`` bounds the wait
+    for the kills."""
     import ray
 
-    parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    mapper = ray.remote(_map_split).options(num_returns=partitions + 1)
-    smalls: list[Any] = []
-    parts: list[list[Any]] = [[] for _ in range(partitions)]
-    pending: list[Any] = []
-    for item in items:
-        refs: list[Any] = mapper.remote(map_fn, item)  # type: ignore[assignment]  # num_returns > 1: a list
-        pending.append(refs[0])
-        for p in range(partitions):
-            parts[p].append(refs[p + 1])
-        if len(pending) > parallel:
-            smalls.append(ray.get(pending.pop(0)))
-    smalls.extend(ray.get(pending))
-    reducer = ray.remote(_reduce)
-    return smalls, ray.get([reducer.remote(reduce_fn, *parts[p]) for p in range(partitions)])
+    if not refs:
+        return
+    for ref in refs:
+        ray.cancel(ref)
+    _, running = ray.wait(list(refs), num_returns=len(refs), timeout=grace_s, fetch_local=False)
+    for ref in running:
+        ray.cancel(ref, force=True)
+    if running:
+        ray.wait(running, num_returns=len(running), timeout=wait_s, fetch_local=False)
