@@ -50,3 +50,37 @@ def cancel_and_wait(refs: Sequence[Any], *, grace_s: float = 1.0, wait_s: float 
         ray.cancel(ref, force=True)
     if running:
         ray.wait(running, num_returns=len(running), timeout=wait_s, fetch_local=False)
+
+
+def _map_split(fn: Callable[[Any], tuple[Any, Sequence[Any]]], item: Any) -> tuple[Any, ...]:
+    small, parts = fn(item)
+    return (small, *parts)
+
+
+def _reduce(fn: Callable[[list[Any]], Any], *parts: Any) -> Any:
+    return fn(list(parts))
+
+
+def map_reduce(engine: Engine, items: Sequence[Any], map_fn: Callable[[Any], tuple[Any, Sequence[Any]]],
+               reduce_fn: Callable[[list[Any]], Any], *, partitions: int,
+               workers: int | None = None) -> tuple[list[Any], list[Any]]:
+    """``map_fn(item)`` -> (a small result, ``partitions`` parts) in a Ray task per item, ``workers`` at once; the
+    parts stay in the object store and ``reduce_fn`` gets part p of every item in the p-th reduce task. Returns the
+    small results in item order and the reduce results in partition order; no part passes through the driver."""
+    import ray
+
+    parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    mapper = ray.remote(_map_split).options(num_returns=partitions + 1)
+    smalls: list[Any] = []
+    parts: list[list[Any]] = [[] for _ in range(partitions)]
+    pending: list[Any] = []
+    for item in items:
+        refs: list[Any] = mapper.remote(map_fn, item)  # type: ignore[assignment]  # num_returns > 1: a list
+        pending.append(refs[0])
+        for p in range(partitions):
+            parts[p].append(refs[p + 1])
+        if len(pending) > parallel:
+            smalls.append(ray.get(pending.pop(0)))
+    smalls.extend(ray.get(pending))
+    reducer = ray.remote(_reduce)
+    return smalls, ray.get([reducer.remote(reduce_fn, *parts[p]) for p in range(partitions)])
