@@ -34,7 +34,6 @@ import json
 import logging
 import re
 import resource
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -58,6 +57,7 @@ from datahub.export.plan import (ORDER, BucketPlan, ExportPlan, IdSample, KeyBuc
 from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, encoded_rows,
                                     export_columns)
 from datahub.export.exported_lineage import refuse_other_export
+from datahub.export.scratch import EXPORT_PREFIX, scratch_dir, sweep_stale
 from datahub.export.source import TableSource
 from datahub.export.spill import BUCKET_BYTES, MAX_BUCKETS, BucketSpill, RecordSpill
 from datahub.shards.index import ShardIndex, index_member
@@ -152,6 +152,7 @@ def export_table_version(
     export_key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     report = progress or (lambda stage, done, total=None: None)
     source = TableSource(lake, table, int(version))
+    sweep_stale(EXPORT_PREFIX, parent=spill_dir)  # what killed exports left (their runs: the release's size)
 
     existing = read_lake_manifest(lake, release_name)
     if existing is not None and existing.export.get("key") != export_key:
@@ -358,7 +359,7 @@ def _plan_runs(source: TableSource, settings: dict[str, Any], *, running: Engine
     back ids and sizes; the plan is cut from those, and each run's rows are split between the shards."""
     ray_export = importlib.import_module("datahub.engines.ray.export")
     where = source.where
-    directory = scope.enter_context(tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir))
+    directory = scope.enter_context(scratch_dir(EXPORT_PREFIX, parent=spill_dir))
     runs: list[Any] = []
     scope.callback(lambda: ray_export.remove_runs(running, runs, directory))  # other nodes' runs (before the folder)
     reader = SortedRunReader(source, tuple(export_columns(source.schema(), where=where)), settings["shuffle_seed"])
@@ -420,7 +421,7 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
             rows += len(ids)
             if sample is not None:
                 sample.add(ids)
-    directory = scope.enter_context(tempfile.TemporaryDirectory(prefix="datahub-export-", dir=spill_dir))
+    directory = scope.enter_context(scratch_dir(EXPORT_PREFIX, parent=spill_dir))
     spill = BucketSpill(directory)
     scope.callback(spill.close)  # before the folder goes (LIFO)
     records = RecordSpill(directory)

@@ -47,6 +47,7 @@ from datahub.errors import IntegrityError, MissingDependencyError, ReleaseError,
 from datahub.export.exported_lineage import commit_exported, refuse_other_export
 from datahub.export.plan import ORDER, ExportPlan, ShardRouter, ShardSpan, order_hash
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN
+from datahub.export.scratch import TOKENS_PREFIX, scratch_dir, sweep_stale
 from datahub.export.source import TableSource
 from datahub.export.spill import ShardSpill
 from datahub.lake.lake import Lake
@@ -526,9 +527,10 @@ def export_table_tokens(
         intact = _intact(existing, target, folder, verify=verify)
         if len(intact) == len(existing.files):
             return existing  # already exported to this tier: applying twice is a no-op
+    sweep_stale(TOKENS_PREFIX, parent=spill_dir)  # what killed token exports left
     running, owned = _engine(engine)
     try:
-        with tempfile.TemporaryDirectory(prefix="datahub-tokens-", dir=spill_dir) as scratch:
+        with scratch_dir(TOKENS_PREFIX, parent=spill_dir) as scratch:
             staged_on = target if running is not None else Tier("staging", CfsTier(kind="cfs", path=scratch))
             staging = Staging(staged_on.name, staged_on.spec, staged_on.source,
                               f"{journal}/staged" if running is not None else staged_on.uri("staged"))

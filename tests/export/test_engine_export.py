@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -109,18 +111,28 @@ def test_ray_export_killed_after_a_shard_resumes_to_the_bytes_of_a_local_export(
     storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n"
                        f"  local:\n    kind: cfs\n    path: {tmp_path / 'local'}\n")
 
+    scratch = Path(tempfile.mkdtemp(prefix="dh-", dir="/tmp"))  # TMPDIR; short: Ray's socket paths live under it
+
     def export(release: str, tier: str, *extra: str, kill_at: str | None = None):
+        env = {"RAY_AUTH_MODE": "disabled", "TMPDIR": str(scratch), **({KILL_AT_ENV: kill_at} if kill_at else {})}
         return run_cli(["export", release, "--lake", str(tmp_path / "lake"), "--tier", tier, "--storage", str(storage),
                         "--table", "samples", "--shard-samples", "25", "--shuffle-seed", "4", "--json", *extra],
-                       env={KILL_AT_ENV: kill_at, "RAY_AUTH_MODE": "disabled"} if kill_at else {"RAY_AUTH_MODE": "disabled"},
-                       timeout=300)
+                       env=env, timeout=300)
+
+    def runs_left() -> list[str]:
+        return sorted(p.name for p in scratch.glob("datahub-export-*/*.arrow"))
 
     ray = ("--engine", "ray", "--workers", "2")
-    killed = export("r1", "cfs", *ray, kill_at="export:after_shard:1")
-    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    journal = list((tmp_path / "cfs" / "r1" / "_partial").rglob("*.json"))
-    assert journal and not list((tmp_path / "lake").rglob("manifest.json"))
-    assert export("r1", "cfs", *ray).returncode == 0
+    try:
+        killed = export("r1", "cfs", *ray, kill_at="export:after_shard:1")
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        journal = list((tmp_path / "cfs" / "r1" / "_partial").rglob("*.json"))
+        assert journal and not list((tmp_path / "lake").rglob("manifest.json"))
+        assert runs_left()  # kill -9: no cleanup ran
+        assert export("r1", "cfs", *ray).returncode == 0
+        assert runs_left() == [] and not list(scratch.glob("datahub-export-*"))  # the re-run swept the killed one's
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert export("r1-local", "local").returncode == 0
     lake = Lake(tmp_path / "lake")
     resumed, local = read_lake_manifest(lake, "r1"), read_lake_manifest(lake, "r1-local")
