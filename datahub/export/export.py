@@ -182,7 +182,9 @@ def export_table_version(
                 and (d.samples, d.start) == (plan.spans[d.index].samples, plan.spans[d.index].start)]
         report("shards", len(done), len(plan.spans))
         writer = _writer(plan, target, release_name, shuffle_seed, journal_dir=journal.dir)
-        todo = [span.index for span in plan.spans[len(done):]]
+        # by index: the filter above may drop a middle entry (another plan's boundary) and keep later ones
+        finished = {d.index for d in done}
+        todo = [span.index for span in plan.spans if span.index not in finished]
         for shard in _write(source, writer, todo, plan=plan, local=local, running=running, workers=workers,
                             upload_workers=upload_workers):
             done.append(shard)

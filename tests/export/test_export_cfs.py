@@ -282,3 +282,35 @@ def test_resume_takes_no_journal_of_another_lake_on_a_shared_tier(tmp_path, monk
     for shard in manifest.shards:
         with tarfile.open(shard.replicas["shared"]) as tar:
             assert {m.split(".")[0] for m in tar.getnames() if not m.startswith("_")} <= mine, shard.name
+
+
+def test_resume_matches_journal_entries_to_shards_by_index_not_by_count(tmp_path, monkeypatch) -> None:
+    """A journal whose middle entry does not match the plan (written by a datahub that cut that shard elsewhere) is
+    dropped while later entries are kept: the resume rewrote shards from len(done) on, so one kept shard came
+    twice and the dropped one never (manifest [0, 2, 3, 4, 4, 5], 10 of 60 samples missing from the lineage)."""
+    import datahub.export.export as export_module
+
+    lake, version = make_lake(tmp_path / "lake", 60)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+    original = export_module.checkpoint
+
+    def killed(name: str) -> None:
+        if name == "export:after_shard:3":
+            raise KeyboardInterrupt("killed after shard 3")
+        original(name)
+
+    monkeypatch.setattr(export_module, "checkpoint", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _export(lake, version, storage, release="rel", shard_samples=10, upload_workers=1)
+    monkeypatch.setattr(export_module, "checkpoint", original)
+    (journal,) = (tmp_path / "cfs/rel/_partial").iterdir()
+    entry = journal / "000001.json"
+    row = json.loads(entry.read_text())
+    entry.write_text(json.dumps({**row, "start": row["start"] + 1}))  # another plan's boundary, same verified bytes
+    assert (journal / "000002.json").exists()
+
+    manifest = _export(lake, version, storage, release="rel", shard_samples=10, upload_workers=1)
+    assert [s.name for s in manifest.shards] == [f"rel-{i:06d}.tar" for i in range(6)]
+    exported = lake.read("lineage").to_pandas()
+    exported = exported[exported.action == "exported"]
+    assert len(exported) == 60 and exported.sample_id.nunique() == 60
