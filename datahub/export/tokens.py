@@ -568,6 +568,16 @@ def export_table_tokens(
                     (new.prefix, new.bin[1], new.idx[1], new.ids[1]):
                 raise IntegrityError(f"{new.prefix}: re-export differs from the published token file; the table version "
                                      "changed underneath? export under a new release name")
+        # the tier is not in the manifest until it is published: a tier apply (or anyone) may delete its files
+        # meanwhile; never publish replicas that are gone (three size look-ups per file, as the text export does)
+        vanished = [d.prefix for d in done
+                    if any(target.size(writer.uri(target, d.index, suffix)) != part[0]
+                           for suffix, part in ((BIN_SUFFIX, d.bin), (IDX_SUFFIX, d.idx), (IDS_SUFFIX, d.ids)))]
+        if vanished:
+            more = " ..." if len(vanished) > 3 else ""
+            raise IntegrityError(f"release {release_name!r}: token files {vanished[:3]}{more} vanished from tier "
+                                 f"{target.name} during the export (a concurrent `datahub tier apply`?); re-run the "
+                                 "export")
     _commit_lineage(lake, release_name, target, writer, done, plan, export_key)
     checkpoint("export-tokens:before_manifest")
     replicas = {d.prefix: {**(existing.files[d.index].replicas if existing else {}),

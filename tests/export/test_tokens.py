@@ -342,3 +342,39 @@ def test_token_export_takes_no_journal_of_another_lake_and_refuses_other_setting
     with pytest.raises(ReleaseError, match="'r3' was half-exported to tier shared with other settings"):
         export(first, "shared", release="r3", file_tokens=500)
     assert len(export(first, "shared", release="r3").files) >= 1
+
+
+def test_second_tier_token_export_refuses_to_publish_files_that_vanished(tmp_path, monkeypatch) -> None:
+    """Files deleted on the second tier during the export (an apply of an older datahub, by hand): the token export
+    published a manifest naming that tier for them (as the text export did before 2e440d0); now it checks each
+    file's parts are there at their size before the manifest names the tier, and a re-run publishes."""
+    import datahub.export.tokens as tokens_module
+
+    lake, version = make_lake(tmp_path / "lake", 90)
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("hot", tmp_path / "hot"), ("cold", tmp_path / "cold"))
+
+    def export(tier: str):
+        return export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path,
+                                   tier=tier, storage=storage, file_tokens=300)
+
+    hot = export("hot")
+    assert len(hot.files) > 2
+    original = tokens_module.checkpoint
+
+    def deleted(name: str) -> None:
+        if name == "export-tokens:after_file:1":
+            for part in (tmp_path / "cold" / "r").rglob("r-*.*"):
+                part.unlink()
+        original(name)
+
+    monkeypatch.setattr(tokens_module, "checkpoint", deleted)
+    with pytest.raises(IntegrityError, match=r"vanished from tier cold during the export .*re-run the export"):
+        export("cold")
+    assert read_lake_token_manifest(lake, "r", hot.tokenizer.sha256).tiers == ["hot"]
+    monkeypatch.setattr(tokens_module, "checkpoint", original)
+    cold = export("cold")
+    assert cold.tiers == ["cold", "hot"]
+    for record in cold.files:
+        for suffix in ("bin", "idx", "ids"):
+            assert Path(record.replicas["cold"] + "." + suffix).stat().st_size == record.part(suffix).size
