@@ -43,7 +43,7 @@ BatchReader = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
 class TokenBatch:
     """Packed sequences by name: ``batch["tokens"]`` (int32), ``loss_mask`` (bool), ``position_ids`` and
     ``segment_ids`` (int32, when document boundaries are kept), ``source`` (mixtures); ``keys()``, ``items()``,
-    ``to_torch()`` (tensors sharing the arrays' memory).
+    ``to_torch()`` (tensors sharing the arrays' memory), ``pin_memory()`` (what ``DataLoader(pin_memory=True)`` calls).
 
     Deliberately not a ``Mapping``: DataLoader's ``default_convert`` then passes it through untouched. Made in the
     process that reads it from its compact form (tokens in the files' dtype, each row's real length, a bool per
@@ -53,18 +53,19 @@ class TokenBatch:
     per array (a file descriptor handed over per tensor measured ~6x slower per batch, ``benchmarks/loader.py``).
     """
 
-    __slots__ = ("raw", "single", "_made")
+    __slots__ = ("raw", "single", "_made", "_pinned")
 
     def __init__(self, raw: dict[str, np.ndarray], *, single: bool = False) -> None:
         self.raw, self.single = raw, single
         self._made: dict[str, np.ndarray] = {}
+        self._pinned: dict[str, Any] | None = None  # pin_memory()'s torch tensors, which to_torch() returns
 
     def __getstate__(self) -> tuple[dict[str, np.ndarray], bool]:
         return self.raw, self.single
 
     def __setstate__(self, state: tuple[dict[str, np.ndarray], bool]) -> None:
         self.raw, self.single = state
-        self._made = {}
+        self._made, self._pinned = {}, None
 
     def keys(self) -> list[str]:
         names = ["tokens", "loss_mask"]
@@ -126,7 +127,25 @@ class TokenBatch:
         """The arrays as torch tensors sharing their memory (tokens, position and segment ids are int32)."""
         import torch
 
+        if self._pinned is not None:
+            return dict(self._pinned)
         return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in self.items()}
+
+    def pin_memory(self) -> TokenBatch:
+        """This batch in page-locked memory: called by ``DataLoader(pin_memory=True)``'s pin thread (torch's
+        ``pin_memory`` calls an item's own method; it passed a TokenBatch through untouched otherwise), so that
+        ``to_torch()`` tensors copy to the GPU with ``non_blocking=True`` asynchronously. ``to_torch()`` returns the
+        pinned tensors themselves (their host blocks are freed only after such a copy ends); the arrays are numpy
+        views of them. Without an accelerator torch pins nothing: the batch itself."""
+        import torch
+
+        if not torch.accelerator.is_available():
+            return self
+        pinned = TokenBatch(self.raw, single=self.single)
+        pinned._pinned = {key: torch.from_numpy(np.ascontiguousarray(value)).pin_memory()
+                          for key, value in self.items()}
+        pinned._made = {key: tensor.numpy() for key, tensor in pinned._pinned.items()}
+        return pinned
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{key}{list(self.raw[key].shape)}" for key in self.raw)

@@ -172,6 +172,43 @@ def test_batches_cross_workers_as_arrays_and_wrap_as_tensors(corpus: tuple[list[
     assert batch["tokens"][0, 0] == -5
 
 
+def test_pin_memory_copies_token_batches_into_the_pinned_tensors_to_torch_returns(
+        corpus: tuple[list[str], int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """DataLoader(pin_memory=True)'s pin thread applies torch's ``pin_memory`` to each batch, which returned a
+    TokenBatch unchanged (not a tensor, Mapping nor Sequence, no ``pin_memory()``): the flag did nothing. There is no
+    accelerator here, so torch's own pinning is stood in for (``Tensor.pin_memory``: a recorded clone) to check what
+    datahub builds from it; a real pinned copy was not run. Without an accelerator the batch passes through."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    from datahub.loader.packing import TokenBatch
+
+    prefixes, _ = corpus
+    batches = list(itertools.islice(DataLoader(PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS),
+                                               batch_size=None, num_workers=1), 2))
+    single = next(iter(PackedDataset(prefixes, rank=0, world_size=1, **{**SETTINGS, "batch_size": None})))
+    assert not torch.accelerator.is_available() and pin_memory(batches[0]) is batches[0]
+
+    pinned_tensors: list[Any] = []
+
+    def pinned_copy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        pinned_tensors.append(tensor.clone())
+        return pinned_tensors[-1]
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pinned_copy)
+    for batch in [*batches, single]:
+        pinned = pin_memory(batch)
+        assert isinstance(pinned, TokenBatch) and pinned is not batch
+        assert pinned.keys() == batch.keys() and len(pinned) == len(batch)
+        tensors = pinned.to_torch()
+        assert list(tensors) == batch.keys()
+        for key, tensor in tensors.items():
+            # the pinned tensors themselves (a non_blocking copy records its stream on their host blocks)
+            assert any(tensor is made for made in pinned_tensors), key
+            assert np.array_equal(pinned[key], batch[key]) and pinned[key].shape == batch[key].shape
+            assert np.shares_memory(pinned[key], tensor.numpy()) and not np.shares_memory(pinned[key], batch[key])
+
+
 def test_batches_kept_by_the_trainer_are_not_overwritten_by_later_ones(tmp_path: Path) -> None:
     """Every batch of ``list(loader)`` (all held at once) still holds what its worker sent: the shared-memory ring
     must not reuse a batch's bytes while any of its arrays is alive (more batches than one ring holds)."""
