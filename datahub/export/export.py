@@ -8,13 +8,14 @@ Flow:
   each bucket is then sorted on its own and shards are cut across the buckets in order (``plan.sort_buckets``);
   each shard is gathered from the spill in export order into a reused buffer, framed and uploaded while the next
   one is gathered; lineage and the content digest read the sorted records back;
-- on Ray (the plan in memory on the driver, ~100 bytes per sample): tasks read and encode each data file once
-  into a run sorted in export order on their node's disk (``datahub.engines.ray.export.spill_runs``) and send back
-  ids and sizes; the driver orders the samples and cuts shards (``datahub.export.plan``), and write tasks each read
-  their shard's slice of every run and publish the whole shard (``write_slices``, ``datahub.export.write``),
-  returning small results;
-- on Spark: the plan in memory on the driver from one pass over ids and sizes, then tasks encode and route rows to
-  their shards by the shards' first keys and each publish whole shards.
+- on Ray: tasks read and encode each data file once into a run sorted in export order on their node's disk
+  (``datahub.engines.ray.export.spill_runs``) and send back ids, order hashes and sizes; the driver plans on its
+  local disk as an export in this process does (``plan.SummaryPlan``: key buckets sorted one at a time, shards cut
+  across them) and writes, per shard, the row of each run where its rows begin; write tasks each read their
+  shard's slice of every run and publish the whole shard (``write_slices``, ``datahub.export.write``), returning
+  small results;
+- on Spark: the same plan on local disk from one pass of tasks over ids and sizes, then tasks encode and route rows
+  to their shards by the shards' first keys and each publish whole shards.
 
 Order of effects (each step idempotent, so a crashed export is simply re-run):
 1. each shard is published atomically and journalled under ``{release}/_partial/{export_key}-{table id}/``
@@ -32,6 +33,7 @@ import hashlib
 import importlib
 import json
 import logging
+import os
 import re
 import resource
 from collections import deque
@@ -51,9 +53,8 @@ from datahub.engines.base import Engine
 from datahub.engines.registry import engine_in_scope
 from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
-from datahub.export.plan import (ORDER, BucketPlan, ExportPlan, IdSample, KeyBuckets, bucket_count, checked_ids,
-                                 cut_shards, export_ordering, index_reserve, member_bytes, order_hash, plan_sizes,
-                                 sort_buckets)
+from datahub.export.plan import (ORDER, BucketPlan, IdSample, KeyBuckets, SummaryPlan, bucket_count, checked_ids,
+                                 export_ordering, index_reserve, member_bytes, order_hash, sort_buckets)
 from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, encoded_rows,
                                     export_columns)
 from datahub.export.exported_lineage import refuse_other_export
@@ -81,7 +82,6 @@ _RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
 Progress = Callable[..., None]
-Plan = ExportPlan | BucketPlan  # in memory (engine exports), or on local disk (an export in this process)
 EngineChoice = Literal["local", "ray", "spark"] | Engine
 
 
@@ -230,24 +230,17 @@ def export_table_version(
     return manifest
 
 
-def _plan(source: TableSource, settings: dict[str, Any], running: Engine | None = None,
-          workers: int | None = None) -> ExportPlan:
-    """The planning pass: ids, the small columns and the byte lengths of large ones, in batches; on Spark its
-    tasks read the files and send back only ids and sizes."""
-    sizes = SizesReader.of(source)
-    batches: Iterable[pa.RecordBatch | pa.Table]
-    if running is None:
-        batches = (sizes.sizes(batch) for batch in source.scan(sizes.projection()))
-    else:  # Spark (a Ray export plans from its runs: ``_plan_runs``)
-        batches = running.read_files(source.files(), sizes).iter_batches()
-    id_chunks: list[pa.Array] = []
-    size_chunks: list[np.ndarray] = []
-    for batch in batches:
-        if batch.num_rows:
-            id_chunks.append(checked_ids(batch.column(KEY_COLUMN), where=source.where))
-            size_chunks.append(np.asarray(batch.column("size"), dtype=np.int64))
-    return plan_sizes(id_chunks, size_chunks, shuffle_seed=settings["shuffle_seed"], shard_size=settings["shard_size"],
-                      shard_samples=settings["shard_samples"], where=source.where)
+def _plan_engine(source: TableSource, settings: dict[str, Any], *, running: Engine, scope: ExitStack,
+                 spill_dir: str | None, bucket_rows: int | None) -> BucketPlan:
+    """The planning pass on an engine (Spark; a Ray export plans from its runs: ``_plan_runs``): its tasks read the
+    files and send back only ids, order hashes and sizes, planned on local disk (``SummaryPlan``)."""
+    directory = scope.enter_context(scratch_dir(EXPORT_PREFIX, parent=spill_dir))
+    planner = SummaryPlan(directory, shuffle_seed=settings["shuffle_seed"], where=source.where,
+                          bucket_rows=bucket_rows, max_buckets=_open_files_allowed())
+    scope.callback(planner.close)  # before the folder goes (LIFO)
+    for batch in running.read_files(source.files(), SizesReader.of(source, settings["shuffle_seed"])).iter_batches():
+        planner.add(batch)
+    return planner.plan(shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
 
 
 @dataclass(frozen=True)
@@ -257,12 +250,14 @@ class SizesReader:
     source: TableSource
     columns: tuple[str, ...]  # the export columns
     binary: tuple[str, ...]  # those written as members of their own
+    shuffle_seed: int | None = None  # seeded: the rows' order hashes too (``order_hash``, uint64)
 
     @classmethod
-    def of(cls, source: TableSource) -> SizesReader:
+    def of(cls, source: TableSource, shuffle_seed: int | None = None) -> SizesReader:
         schema = source.schema()
         columns = export_columns(schema, where=source.where)
-        return cls(source, tuple(columns), tuple(binary_columns(pa.schema([schema.field(c) for c in columns]))))
+        return cls(source, tuple(columns), tuple(binary_columns(pa.schema([schema.field(c) for c in columns]))),
+                   shuffle_seed)
 
     def projection(self) -> dict[str, Any]:
         """The small columns as they are, the large ones as byte lengths (computed in the scan)."""
@@ -274,7 +269,11 @@ class SizesReader:
     def sizes(self, batch: pa.RecordBatch) -> pa.Table:
         json_columns = [c for c in self.columns if c != TEXT_COLUMN and c not in self.binary]
         size = member_bytes(batch, json_columns=json_columns, binary=list(self.binary))
-        return pa.table({KEY_COLUMN: batch.column(KEY_COLUMN), "size": pa.array(size, pa.int64())})
+        ids = checked_ids(batch.column(KEY_COLUMN), where=self.source.where)
+        columns: dict[str, Any] = {KEY_COLUMN: ids, "size": pa.array(size, pa.int64())}
+        if self.shuffle_seed is not None:
+            columns["order_hash"] = pa.array(order_hash(ids, self.shuffle_seed), pa.uint64())
+        return pa.table(columns)
 
     def __call__(self, file: str) -> Iterator[pa.Table]:
         for batch in self.source.scan(self.projection(), files=[file]):
@@ -314,7 +313,7 @@ def _listing(extensions: tuple[str, ...], sizes: np.ndarray, keys: list[str]) ->
 @dataclass(frozen=True)
 class SortedRunReader:
     """A Ray export's read task: one data file of the version encoded once, its rows (order hash, id, tar members)
-    sorted in export order, and their ids and shard bytes for the plan (picklable)."""
+    sorted in export order, and their ids, shard bytes and order hashes (seeded) for the plan (picklable)."""
 
     source: TableSource
     columns: tuple[str, ...]
@@ -336,7 +335,10 @@ class SortedRunReader:
         members = members.take(pa.array(positions))
         bits = hashes.view(np.int64) if hashes is not None else np.zeros(len(ordered), dtype=np.int64)
         rows = pa.table([pa.array(bits, pa.int64()), ordered, members], schema=RUN_ROWS)
-        return rows, pa.table({KEY_COLUMN: ordered, "size": pc.binary_length(members).cast(pa.int64())})
+        summary: dict[str, Any] = {KEY_COLUMN: ordered, "size": pc.binary_length(members).cast(pa.int64())}
+        if hashes is not None:
+            summary["order_hash"] = pa.array(hashes, pa.uint64())
+        return rows, pa.table(summary)
 
 
 RUN_ROWS = pa.schema([f for f in ROUTED if f.name != "shard"])
@@ -344,65 +346,94 @@ RUN_ROWS = pa.schema([f for f in ROUTED if f.name != "shard"])
 
 @dataclass(frozen=True)
 class _EngineRuns:
-    """A Ray export's encoded rows: sorted runs on the workers' disks, and per run the row where each shard's
-    rows begin (runs x (shards + 1): a run is in export order, so a shard's rows of it are contiguous)."""
+    """A Ray export's encoded rows: sorted runs on the workers' disks, and a file on the driver's disk (``bounds``)
+    of shards + 1 rows of one int64 per run: the row of the run where each shard's rows begin (a run is in export
+    order, so a shard's rows of it are contiguous). Read two rows per shard, never held whole (runs x shards)."""
 
     runs: tuple[Any, ...]  # datahub.engines.ray.export.Run
-    bounds: np.ndarray
+    bounds: str
 
     def slices(self, index: int) -> list[tuple[int, int, int]]:
-        begin, end = self.bounds[:, index], self.bounds[:, index + 1]
+        count = len(self.runs)
+        begin, end = np.fromfile(self.bounds, dtype=np.int64, count=2 * count, offset=8 * index * count).reshape(2, count)
         return [(run, int(begin[run]), int(end[run])) for run in np.flatnonzero(end > begin).tolist()]
 
 
 def _plan_runs(source: TableSource, settings: dict[str, Any], *, running: Engine, scope: ExitStack,
-               spill_dir: str | None, workers: int | None) -> tuple[ExportPlan, _EngineRuns]:
+               spill_dir: str | None, workers: int | None,
+               bucket_rows: int | None) -> tuple[BucketPlan, _EngineRuns]:
     """The Ray export's one read of the version: tasks encode their files into sorted runs on local disk and send
-    back ids and sizes; the plan is cut from those, and each run's rows are split between the shards."""
+    back ids, order hashes and sizes, each row tagged here with its run and row in it; the plan is made on local
+    disk from those (``SummaryPlan``), then each run's rows are split between the shards (``_write_run_bounds``)."""
     ray_export = importlib.import_module("datahub.engines.ray.export")
     where = source.where
     directory = scope.enter_context(scratch_dir(EXPORT_PREFIX, parent=spill_dir))
     runs: list[Any] = []
     scope.callback(lambda: ray_export.remove_runs(running, runs, directory))  # other nodes' runs (before the folder)
+    planning = os.path.join(directory, "plan")  # the driver's files, beside this node's runs
+    os.makedirs(planning)
+    planner = SummaryPlan(planning, shuffle_seed=settings["shuffle_seed"], where=where, bucket_rows=bucket_rows,
+                          max_buckets=_open_files_allowed())
+    scope.callback(planner.close)
     reader = SortedRunReader(source, tuple(export_columns(source.schema(), where=where)), settings["shuffle_seed"])
-    id_chunks: list[pa.Array] = []
-    size_chunks: list[np.ndarray] = []
     for run, summary in ray_export.spill_runs(running, source.files(), read=reader, directory=directory,
                                               workers=workers):
+        if summary.num_rows != run.rows:
+            raise IntegrityError(f"{where}: a read task sent {summary.num_rows} ids for a run of {run.rows} rows; "
+                                 "re-run the export")
+        summary = summary.append_column("run", pa.array(np.full(run.rows, len(runs), dtype=np.int32)))
         runs.append(run)
-        id_chunks.append(summary.column(KEY_COLUMN).combine_chunks())
-        size_chunks.append(np.asarray(summary.column("size"), dtype=np.int64))
-    ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
-    sizes = np.concatenate(size_chunks) if size_chunks else np.zeros(0, dtype=np.int64)
-    del id_chunks, size_chunks
-    ordered, hashes, positions = export_ordering(ids, shuffle_seed=settings["shuffle_seed"], where=where)
-    del ids
-    sizes = sizes[positions]
-    spans = cut_shards(sizes, shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
-    ranks = np.empty(len(positions), dtype=np.int64)
-    ranks[positions] = np.arange(len(positions), dtype=np.int64)
-    shard_of = np.searchsorted(np.array([s.start for s in spans], dtype=np.int64), ranks, side="right") - 1
-    bounds = np.zeros((len(runs), len(spans) + 1), dtype=np.int64)
-    base = 0
-    for number, run in enumerate(runs):
-        owned = shard_of[base:base + run.rows]
-        if len(owned) > 1 and bool(np.any(owned[1:] < owned[:-1])):
-            raise IntegrityError(f"{where}: a read task's rows came back out of export order; re-run the export")
-        bounds[number] = np.searchsorted(owned, np.arange(len(spans) + 1, dtype=np.int64), side="left")
-        base += run.rows
-    return ExportPlan(ordered, hashes, sizes, spans), _EngineRuns(tuple(runs), bounds)
+        planner.add(summary.append_column("row", pa.array(np.arange(run.rows, dtype=np.int64))))
+    plan = planner.plan(shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
+    bounds = os.path.join(planning, "bounds.int64")
+    _write_run_bounds(plan, [run.rows for run in runs], bounds, where=where)
+    return plan, _EngineRuns(tuple(runs), bounds)
+
+
+def _write_run_bounds(plan: BucketPlan, run_rows: list[int], path: str, *, where: str) -> None:
+    """Per shard (and once at the end) the row of every run where the shard's rows begin, as int64 rows of
+    ``len(run_rows)`` to ``path``: the plan's records in export order, counted per run up to each shard's start.
+    A run's rows must come in export order, row after row (its task sorted them as the plan does)."""
+    count = len(run_rows)
+    seen = np.zeros(count, dtype=np.int64)  # rows of each run ranked so far
+    starts = [s.start for s in plan.spans]
+    shard = 0
+    with open(path, "wb") as out:
+        for first, records in plan.records():
+            run = np.asarray(records.column("run"), dtype=np.int64)
+            row = np.asarray(records.column("row"), dtype=np.int64)
+            order = np.argsort(run, kind="stable")  # by run, export order within one
+            grouped = run[order]
+            cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+            firsts = np.concatenate([[0], cuts]).astype(np.int64)
+            within = np.arange(len(run), dtype=np.int64) - np.repeat(firsts, np.diff(np.append(firsts, len(run))))
+            if not np.array_equal(row[order], seen[grouped] + within):
+                raise IntegrityError(f"{where}: a read task's rows came back out of export order; re-run the export")
+            position = 0
+            while shard < len(starts) and starts[shard] < first + len(run):
+                cut = starts[shard] - first
+                seen += np.bincount(run[position:cut], minlength=count)
+                seen.tofile(out)
+                position, shard = cut, shard + 1
+            seen += np.bincount(run[position:], minlength=count)
+        if shard != len(starts) or not np.array_equal(seen, np.asarray(run_rows, dtype=np.int64)):
+            raise IntegrityError(f"{where}: the plan holds {int(seen.sum())} rows, the runs {sum(run_rows)}; "
+                                 "re-run the export")
+        seen.tofile(out)
 
 
 def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine | None, spill_dir: str | None,
                scope: ExitStack, workers: int | None = None,
-               bucket_rows: int | None = None) -> tuple[Plan, _LocalRows | _EngineRuns | None]:
-    """The plan; in this process also every row's encoded members, spilled by export rank (the large columns
-    read once; the spill's folder removed when ``scope`` closes). Ray tasks read and encode their files once,
-    into sorted runs on local disk (``_plan_runs``); Spark tasks read sizes first and encode their rows later."""
+               bucket_rows: int | None = None) -> tuple[BucketPlan, _LocalRows | _EngineRuns | None]:
+    """The plan, on local disk (its folder removed when ``scope`` closes); in this process also every row's encoded
+    members, spilled by key bucket (the large columns read once). Ray tasks read and encode their files once, into
+    sorted runs on local disk (``_plan_runs``); Spark tasks read sizes first and encode their rows later."""
     if running is not None and running.name == "ray":
-        return _plan_runs(source, settings, running=running, scope=scope, spill_dir=spill_dir, workers=workers)
+        return _plan_runs(source, settings, running=running, scope=scope, spill_dir=spill_dir, workers=workers,
+                          bucket_rows=bucket_rows)
     if running is not None:
-        return _plan(source, settings, running, workers), None
+        return _plan_engine(source, settings, running=running, scope=scope, spill_dir=spill_dir,
+                            bucket_rows=bucket_rows), None
     return _plan_buckets(source, settings, spill_dir=spill_dir, scope=scope, bucket_rows=bucket_rows)
 
 
@@ -477,14 +508,14 @@ def _open_files_allowed() -> int:
     return max(MAX_BUCKETS, soft // 2) if soft != resource.RLIM_INFINITY else MAX_BUCKETS
 
 
-def _writer(plan: Plan, target: Tier, release: str, shuffle_seed: int | None, *,
+def _writer(plan: BucketPlan, target: Tier, release: str, shuffle_seed: int | None, *,
             journal_dir: str | None) -> ShardWriter:
     return ShardWriter(release=release, router=plan.router(), shuffle_seed=shuffle_seed,
                        starts=tuple(s.start for s in plan.spans), tier_name=target.name, tier_spec=target.spec,
                        tier_source=target.source, journal_dir=journal_dir)
 
 
-def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: Plan,
+def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: BucketPlan,
            local: _LocalRows | _EngineRuns | None, running: Engine | None, workers: int | None,
            upload_workers: int) -> Iterator[ShardDone]:
     """Write the shards ``todo``, in this process (from ``local``'s spill), from a Ray export's runs, or on an
@@ -495,7 +526,7 @@ def _write(source: TableSource, writer: ShardWriter, todo: list[int], *, plan: P
         assert running is not None, "runs are written by the engine that spilled them"
         writer.start()
         written: list[ShardDone] = []
-        groups = [(index, local.slices(index)) for index in todo]
+        groups = ((index, local.slices(index)) for index in todo)  # read as the tasks start
         for done in importlib.import_module("datahub.engines.ray.export").write_slices(
                 running, local.runs, groups, key="shard", sink=writer, workers=workers):
             written.append(done)

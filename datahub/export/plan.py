@@ -2,8 +2,10 @@
 
 The sizes come from the rows' encoded members (an export in one process) or from a pass of the engine's tasks over
 ``sample_id``, the small columns that make the ``.json`` member and the byte lengths of ``text`` and binary columns
-(``pc.binary_length`` in the scan; ``member_bytes``). Held per sample: the id, its order key and its size in the
-shard, about 100 bytes for a 64-character id, never the text.
+(``pc.binary_length`` in the scan; ``member_bytes``): per sample the id, its order key and its size in the shard,
+never the text. An ``ExportPlan`` holds those in memory (~100 bytes a sample for a 64-character id: the token
+export, and the reference the tests compare with); the text exports plan on local disk instead, bucket by bucket
+(``BucketPlan``: in one process from the rows, on an engine from its tasks' summaries, ``SummaryPlan``).
 
 Export order:
 - no seed: by ``sample_id`` (byte order), as every export has been;
@@ -31,6 +33,7 @@ import pyarrow.compute as pc
 
 from datahub.errors import IntegrityError
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN, json_records
+from datahub.export.spill import RecordSpill
 from datahub.shards.tar import BLOCK, RECORD, check_key
 
 ORDER = "keyed-fnv1a64-v1"
@@ -433,9 +436,14 @@ class BucketPlan:
         return self._shard_bytes[index]
 
     def id_chunks(self) -> Iterator[pa.Array]:
+        for _, records in self.records():
+            yield from records.column(KEY_COLUMN).chunks
+
+    def records(self) -> Iterator[tuple[int, pa.Table]]:
+        """Every bucket's sorted records with the rank of its first, in export order (one bucket held at a time)."""
         for bucket in range(self.buckets):
             if self.bucket_starts[bucket + 1] > self.bucket_starts[bucket]:
-                yield from self._load(bucket).column(KEY_COLUMN).chunks
+                yield int(self.bucket_starts[bucket]), self._load(bucket)
         self._loaded = None
 
     def router(self) -> ShardRouter:
@@ -492,3 +500,67 @@ def sort_buckets(read: Callable[[int], pa.Table | None], buckets: int, *, direct
         raise _not_unique(where, total, total - repeats)
     return BucketPlan(directory, spans=tuple(spans), shard_bytes=shard_bytes, first_ids=first_ids,
                       first_hashes=first_hashes, bucket_starts=starts, extensions=extensions)
+
+
+class SummaryPlan:
+    """An engine export's plan on local disk, from the small summaries its tasks send back (``sample_id``, ``size``,
+    ``order_hash`` (uint64) when seeded, and any other small columns the caller keeps per row, e.g. where a Ray run
+    holds it), in any order: each summary is appended to a local file as it comes (counting the rows and, in id
+    order, sampling ids for the buckets' splitters, which only the whole release gives), then routed to key buckets
+    (``RecordSpill``) and sorted bucket by bucket (``sort_buckets``). The driver holds a summary, one bucket's
+    records and an entry per shard: not the ~100 bytes per row of an in-memory plan (``plan_sizes``)."""
+
+    def __init__(self, directory: str, *, shuffle_seed: int | None, where: str, bucket_rows: int | None = None,
+                 max_buckets: int) -> None:
+        self.directory = directory
+        self.shuffle_seed = shuffle_seed
+        self.where = where
+        self.bucket_rows = bucket_rows
+        self.max_buckets = max_buckets
+        self.rows = 0
+        self._path = os.path.join(directory, "summaries.arrow")
+        self._sample = IdSample() if shuffle_seed is None else None
+        self._sink: Any = None
+        self._writer: Any = None
+
+    def add(self, summary: pa.Table | pa.RecordBatch) -> None:
+        """One task's summary (ids already checked by the task, ``checked_ids``)."""
+        table = pa.Table.from_batches([summary]) if isinstance(summary, pa.RecordBatch) else summary
+        if not table.num_rows:
+            return
+        if self.shuffle_seed is not None and "order_hash" not in table.column_names:
+            table = table.append_column("order_hash", pa.array(order_hash(table.column(KEY_COLUMN), self.shuffle_seed),
+                                                               pa.uint64()))
+        if self._writer is None:
+            self._sink = pa.OSFile(self._path, "wb")
+            self._writer = pa.ipc.new_stream(self._sink, table.schema)
+        self._writer.write_table(table, max_chunksize=65_536)
+        self.rows += table.num_rows
+        if self._sample is not None:
+            self._sample.add(table.column(KEY_COLUMN))
+
+    def plan(self, *, shard_size: int | None, shard_samples: int | None) -> BucketPlan:
+        """Route the summaries to key buckets, sort each and cut the shards (the summaries' file is removed)."""
+        count = max(1, min(-(-self.rows // max(self.bucket_rows or BUCKET_ROWS, 1)), self.max_buckets))
+        buckets = KeyBuckets.by_hash(count) if self._sample is None else KeyBuckets.by_sample(count, self._sample)
+        records = RecordSpill(self.directory)
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = self._sink = None
+            with pa.OSFile(self._path) as handle:
+                for batch in pa.ipc.open_stream(handle):
+                    table = pa.Table.from_batches([batch])
+                    hashes = (np.asarray(table.column("order_hash"), dtype=np.uint64)
+                              if self.shuffle_seed is not None else None)
+                    records.add(buckets.of(table.column(KEY_COLUMN), hashes), table)
+            os.unlink(self._path)
+        records.flush()
+        return sort_buckets(records.read, count, directory=self.directory, seeded=self.shuffle_seed is not None,
+                            extensions=(), shard_size=shard_size, shard_samples=shard_samples, where=self.where)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = self._sink = None

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from datahub.export import export_table_version, read_lake_manifest
-from datahub.export.plan import cut_shards, order_hash
+from datahub.export.plan import SummaryPlan, cut_shards, order_hash
 from datahub.export.tiering import apply_tiers, plan_tiers
 from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
 from datahub.lake import Lake
@@ -100,6 +100,42 @@ def test_ray_export_of_many_data_files_matches_a_local_export_and_removes_its_ru
     ray = run("rel-ray", "ray", engine=ray_engine, workers=2, spill_dir=str(spill))
     assert len(local.shards) > 4 and local.num_samples == ray.num_samples == 160
     assert _shards(local, "local") == _shards(ray, "ray")
+    assert list(spill.iterdir()) == []
+
+
+@pytest.mark.parametrize("settings", [{"shard_size": 30000, "shuffle_seed": 3}, {"shard_samples": 11}])
+def test_ray_export_planned_in_many_buckets_writes_the_bytes_of_one_bucket(tmp_path, ray_engine, settings,
+                                                                          monkeypatch) -> None:
+    """The driver plans from the runs' summaries on local disk, key bucket by key bucket (``bucket_rows``): with a
+    bucket of 5 rows (shards span buckets, a bucket's rows come from every run) the shards, lineage and digest are
+    those of a one-bucket plan and of an export in one process."""
+    lake = Lake(tmp_path / "lake")
+    for part in range(4):
+        version = lake.commit("samples", samples_table(40, start=40 * part, with_binary=True), txn=f"seed/{part}")
+    tiers = ("local", "one", "many")
+    storage = cfs_storage(*((name, tmp_path / name) for name in tiers))
+    spill = tmp_path / "spill"
+    spill.mkdir()
+
+    def run(tier: str, **kw):
+        return export_table_version(lake, table="samples", version=version, release_name=f"rel-{tier}", tier=tier,
+                                    storage=storage, **settings, **kw)
+
+    local = run("local")
+    plans = []
+    planned = SummaryPlan.plan
+    monkeypatch.setattr(SummaryPlan, "plan", lambda self, **kw: plans.append(planned(self, **kw)) or plans[-1])
+    one = run("one", engine=ray_engine, workers=2)
+    many = run("many", engine=ray_engine, workers=2, bucket_rows=5, spill_dir=str(spill))
+    assert [p.buckets for p in plans[:1]] == [1] and plans[1].buckets >= 20
+    starts = set(plans[1].bucket_starts.tolist())
+    assert any(starts & set(range(s.start + 1, s.start + s.samples)) for s in plans[1].spans)  # shards span buckets
+    assert len(local.shards) > 4 and local.num_samples == many.num_samples == 160
+    assert _shards(local, "local") == _shards(one, "one") == _shards(many, "many")
+    assert local.release_digest == one.release_digest == many.release_digest
+    lineage = {tier: sorted((r["sample_id"], r["ref"].split('"member": ')[1]) for r in lake.read("lineage").to_pylist()
+                            if r["run_id"] == f"export/rel-{tier}/{tier}") for tier in tiers}
+    assert lineage["local"] == lineage["one"] == lineage["many"] and len(lineage["many"]) == 160
     assert list(spill.iterdir()) == []
 
 
@@ -198,16 +234,20 @@ def test_tier_apply_copies_damaged_replicas_again_from_an_intact_tier(tmp_path, 
 
 
 def test_spark_export_writes_the_bytes_of_a_local_export(tmp_path, spark_engine) -> None:
-    """Spark plans through its own read tasks (ids and sizes only) and writes the same shards as one process."""
+    """Spark plans through its own read tasks (ids, order hashes and sizes only; on the driver's disk, in one key
+    bucket or several) and writes the same shards as one process."""
     lake, version = make_lake(tmp_path / "lake", 120, with_binary=True)
-    storage = cfs_storage(("local", tmp_path / "local"), ("spark", tmp_path / "spark"))
+    storage = cfs_storage(("local", tmp_path / "local"), ("spark", tmp_path / "spark"), ("many", tmp_path / "many"))
     settings = {"shard_size": 20000, "shuffle_seed": 5}
     local = export_table_version(lake, table="samples", version=version, release_name="rel", tier="local",
                                  storage=storage, **settings)
     spark = export_table_version(lake, table="samples", version=version, release_name="rel-spark", tier="spark",
                                  storage=storage, engine=spark_engine, workers=2, **settings)
-    assert len(local.shards) > 3 and local.num_samples == spark.num_samples == 120
-    assert _shards(local, "local") == _shards(spark, "spark")
+    many = export_table_version(lake, table="samples", version=version, release_name="rel-many", tier="many",
+                                storage=storage, engine=spark_engine, workers=2, bucket_rows=7, **settings)
+    assert len(local.shards) > 3 and local.num_samples == spark.num_samples == many.num_samples == 120
+    assert _shards(local, "local") == _shards(spark, "spark") == _shards(many, "many")
+    assert local.release_digest == spark.release_digest == many.release_digest
 
 
 def test_ray_export_again_rewrites_only_missing_shards_with_the_same_bytes(tmp_path, ray_engine) -> None:
