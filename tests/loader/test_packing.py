@@ -69,6 +69,32 @@ def test_order_is_deterministic_and_documents_are_marked(corpus: tuple[list[str]
                 assert positions[where].tolist() == list(range(len(where)))
 
 
+def test_rows_that_start_mid_document_number_its_tail_segment_0_and_the_next_document_1(tmp_path: Path) -> None:
+    """Segments and positions against the documents the token ids come from, through DataLoader workers (arrays made
+    in the worker) and after a resume mid-document: a row's leading piece of a document is its own segment, so no
+    two documents share one (deriving the piece starts from clipped segment ids would merge them)."""
+    from datahub.shards.indexed import IndexedDataset
+
+    prefixes, _ = write_tokens(tmp_path / "tokens", files=2, documents=12, max_len=25)
+    ends = np.cumsum(np.concatenate([IndexedDataset(p).sequence_lengths for p in prefixes]).astype(np.int64))
+    firsts = np.concatenate([[0], ends[:-1]]) + 1  # each document's first token id
+    dataset = PackedDataset(prefixes, rank=0, world_size=1, seq_len=11, shuffle_buffer=5, batch_size=4)
+    state = dataset.state_dict(consumed=0)
+    dataset.load_state_dict({**state, "tokens": 3})
+    mid_document_rows = 0
+    for batch in DataLoader(dataset, batch_size=None, num_workers=2):
+        for tokens, mask, segments, positions in zip(batch["tokens"], batch["loss_mask"], batch["segment_ids"],
+                                                     batch["position_ids"]):
+            ids = tokens[mask].astype(np.int64)
+            documents = np.searchsorted(ends, ids - 1, "right")
+            piece_starts = np.flatnonzero(np.concatenate([[True], documents[1:] != documents[:-1]]))
+            mid_document_rows += int(ids[0] != firsts[documents[0]] and len(piece_starts) > 1)
+            lengths = np.diff(np.append(piece_starts, len(ids)))
+            assert segments[mask].tolist() == np.repeat(np.arange(len(piece_starts)), lengths).tolist()
+            assert positions[mask].tolist() == (np.arange(len(ids)) - np.repeat(piece_starts, lengths)).tolist()
+    assert mid_document_rows > 3
+
+
 def test_resume_3_ranks_to_2_ranks_token_exact(corpus: tuple[list[str], int]) -> None:
     prefixes, total = corpus
     seen: Counter[int] = Counter()
