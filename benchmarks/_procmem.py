@@ -56,19 +56,21 @@ class Measured:
     stderr: str
     wall_s: float
     peak_mb: float
+    driver_peak_mb: float = 0.0  # the command's own process alone (an engine's driver, without its workers)
 
 
 def run_measured(args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None) -> Measured:
-    """Run ``args`` to completion; wall time and the peak tree PSS while it ran."""
+    """Run ``args`` to completion; wall time and the peak tree PSS while it ran (and its own process's)."""
     start = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
-    peak = 0
+    peak = driver_peak = 0
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak
+        nonlocal peak, driver_peak
         while not done.is_set():
             peak = max(peak, tree_pss(proc.pid))
+            driver_peak = max(driver_peak, _pss_bytes(proc.pid))
             time.sleep(0.1)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -77,4 +79,4 @@ def run_measured(args: list[str], *, env: dict[str, str] | None = None, cwd: str
     wall = time.perf_counter() - start
     done.set()
     sampler.join()
-    return Measured(proc.returncode, out, err, wall, peak / 2**20)
+    return Measured(proc.returncode, out, err, wall, peak / 2**20, driver_peak / 2**20)

@@ -179,8 +179,8 @@ def main() -> None:
                                          f"expected all {documents} documents")
                 key = name if name != "release create" else "release create"
                 peaks.setdefault(key, {})[label] = max(peaks.get(key, {}).get(label, 0.0), measured.peak_mb)
-                print(f"  {label} {name:<15} wall {measured.wall_s:7.1f} s  peak PSS {measured.peak_mb:8.1f} MB",
-                      flush=True)
+                print(f"  {label} {name:<15} wall {measured.wall_s:7.1f} s  peak PSS {measured.peak_mb:8.1f} MB  "
+                      f"(driver process alone {measured.driver_peak_mb:.1f} MB)", flush=True)
                 if name.startswith("export") and label == "L":
                     tier = work / ("cfs" if name == "export" else "cfs2") / "full"
                     shard_bytes = sum(p.stat().st_size for p in tier.glob("*.tar"))
