@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import re
-import resource
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,7 +59,7 @@ from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, enc
 from datahub.export.exported_lineage import refuse_other_export
 from datahub.export.scratch import EXPORT_PREFIX, scratch_dir, sweep_stale
 from datahub.export.source import TableSource
-from datahub.export.spill import BUCKET_BYTES, MAX_BUCKETS, BucketSpill, RecordSpill
+from datahub.export.spill import BUCKET_BYTES, BucketSpill, RecordSpill, buckets_allowed
 from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
@@ -236,7 +235,7 @@ def _plan_engine(source: TableSource, settings: dict[str, Any], *, running: Engi
     files and send back only ids, order hashes and sizes, planned on local disk (``SummaryPlan``)."""
     directory = scope.enter_context(scratch_dir(EXPORT_PREFIX, parent=spill_dir))
     planner = SummaryPlan(directory, shuffle_seed=settings["shuffle_seed"], where=source.where,
-                          bucket_rows=bucket_rows, max_buckets=_open_files_allowed())
+                          bucket_rows=bucket_rows, max_buckets=buckets_allowed())
     scope.callback(planner.close)  # before the folder goes (LIFO)
     for batch in running.read_files(source.files(), SizesReader.of(source, settings["shuffle_seed"])).iter_batches():
         planner.add(batch)
@@ -373,7 +372,7 @@ def _plan_runs(source: TableSource, settings: dict[str, Any], *, running: Engine
     planning = os.path.join(directory, "plan")  # the driver's files, beside this node's runs
     os.makedirs(planning)
     planner = SummaryPlan(planning, shuffle_seed=settings["shuffle_seed"], where=where, bucket_rows=bucket_rows,
-                          max_buckets=_open_files_allowed())
+                          max_buckets=buckets_allowed())
     scope.callback(planner.close)
     reader = SortedRunReader(source, tuple(export_columns(source.schema(), where=where)), settings["shuffle_seed"])
     for run, summary in ray_export.spill_runs(running, source.files(), read=reader, directory=directory,
@@ -474,7 +473,7 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
             if buckets is None:
                 extensions = kinds
                 count_buckets = bucket_count(rows, bytes_per_row=members.nbytes // count, bucket_bytes=BUCKET_BYTES,
-                                             max_buckets=_open_files_allowed(), bucket_rows=bucket_rows)
+                                             max_buckets=buckets_allowed(), bucket_rows=bucket_rows)
                 buckets = KeyBuckets.by_hash(count_buckets) if sample is None else \
                     KeyBuckets.by_sample(count_buckets, sample)
                 spill.open(buckets.count)
@@ -500,12 +499,6 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
                         seeded=seed is not None, extensions=extensions or (), shard_size=settings["shard_size"],
                         shard_samples=settings["shard_samples"], where=where)
     return plan, _LocalRows(spill, plan)
-
-
-def _open_files_allowed() -> int:
-    """Spill buckets open at once: ``MAX_BUCKETS``, or half the soft limit on open files when that is more."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return max(MAX_BUCKETS, soft // 2) if soft != resource.RLIM_INFINITY else MAX_BUCKETS
 
 
 def _writer(plan: BucketPlan, target: Tier, release: str, shuffle_seed: int | None, *,

@@ -455,10 +455,11 @@ class BucketPlan:
 
 def sort_buckets(read: Callable[[int], pa.Table | None], buckets: int, *, directory: str, seeded: bool,
                  extensions: tuple[str, ...], shard_size: int | None, shard_samples: int | None,
-                 where: str) -> BucketPlan:
+                 where: str, cut: Callable[[np.ndarray, bool], list[int]] | None = None) -> BucketPlan:
     """Sort each bucket's records (``read(bucket)``: in any order, or None when it has none) in export order into
     its file, refuse repeated ids (equal ids share a bucket), and cut shards across the buckets in order (a shard
-    may span buckets: the samples not yet cut wait for the next bucket, ``cut_takes``)."""
+    may span buckets: the samples not yet cut wait for the next bucket, ``cut_takes``; ``cut(sizes, final)``: another
+    rule with the same contract, e.g. the token export's files)."""
     keys = [("order_hash", "ascending"), (KEY_COLUMN, "ascending")] if seeded else [(KEY_COLUMN, "ascending")]
     spans: list[ShardSpan] = []
     shard_bytes: list[int] = []
@@ -485,7 +486,10 @@ def sort_buckets(read: Callable[[int], pa.Table | None], buckets: int, *, direct
             continue
         sizes = np.asarray(pending.column("size"), dtype=np.int64)
         position = 0
-        for take in cut_takes(sizes, shard_size=shard_size, shard_samples=shard_samples, final=bucket == buckets - 1):
+        final = bucket == buckets - 1
+        takes = cut(sizes, final) if cut is not None else \
+            cut_takes(sizes, shard_size=shard_size, shard_samples=shard_samples, final=final)
+        for take in takes:
             spans.append(ShardSpan(len(spans), pending_start + position, take))
             shard_bytes.append(int(sizes[position:position + take].sum()))
             first_ids.append(pending.column(KEY_COLUMN)[position].as_py())
@@ -539,8 +543,10 @@ class SummaryPlan:
         if self._sample is not None:
             self._sample.add(table.column(KEY_COLUMN))
 
-    def plan(self, *, shard_size: int | None, shard_samples: int | None) -> BucketPlan:
-        """Route the summaries to key buckets, sort each and cut the shards (the summaries' file is removed)."""
+    def plan(self, *, shard_size: int | None = None, shard_samples: int | None = None,
+             cut: Callable[[np.ndarray, bool], list[int]] | None = None) -> BucketPlan:
+        """Route the summaries to key buckets, sort each and cut the shards (``sort_buckets``; the summaries' file is
+        removed)."""
         count = max(1, min(-(-self.rows // max(self.bucket_rows or BUCKET_ROWS, 1)), self.max_buckets))
         buckets = KeyBuckets.by_hash(count) if self._sample is None else KeyBuckets.by_sample(count, self._sample)
         records = RecordSpill(self.directory)
@@ -557,7 +563,8 @@ class SummaryPlan:
             os.unlink(self._path)
         records.flush()
         return sort_buckets(records.read, count, directory=self.directory, seeded=self.shuffle_seed is not None,
-                            extensions=(), shard_size=shard_size, shard_samples=shard_samples, where=self.where)
+                            extensions=(), shard_size=shard_size, shard_samples=shard_samples, where=self.where,
+                            cut=cut)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -11,6 +11,7 @@ only while appending). Memory: the budget plus one shard read back; disk: the en
 from __future__ import annotations
 
 import os
+import resource
 from collections import defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -24,6 +25,15 @@ DEFAULT_BUDGET = 64 * 2**20
 # files open at once allowed (a common soft limit on open files is 1024; half the soft limit when that is more)
 BUCKET_BYTES = 8 * 2**20
 MAX_BUCKETS = 256
+
+
+def buckets_allowed() -> int:
+    """Buckets of a plan at most: ``MAX_BUCKETS``, or half the soft limit on open files when that is more (an export
+    in this process keeps every spill bucket open)."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return max(MAX_BUCKETS, soft // 2) if soft != resource.RLIM_INFINITY else MAX_BUCKETS
+
+
 _MAX_GAP = 1 << 20  # bytes of other rows read through (into scratch) rather than skipped by a new read
 _IOV_MAX = 1024  # Linux's limit on buffers per pwritev
 

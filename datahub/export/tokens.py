@@ -6,10 +6,11 @@ ids of a sample's ``text`` (``encode_batch``, ``add_special_tokens`` off by defa
 documents follow the release's export order (``datahub.export.plan``: by sample_id, or the keyed hash of
 ``shuffle_seed``), the very order of the text export, and a file holds a contiguous range of it.
 
-Flow (the release is never held in one process; the driver holds ids and token counts, ~100 bytes a document):
+Flow (the release is never held in one process, nor its ids: the driver plans on local disk):
 1. count: every data file of the version is tokenized once (engine tasks, or this process); its tokens are
    staged (``Staging``: a local temp folder, or the tier's ``_partial`` folder that every engine task reaches)
-   and only ``(sample_id, tokens)`` comes back; the driver orders the documents and cuts files at ``file_tokens``;
+   and only ``(sample_id, tokens)`` comes back; the driver orders the documents and cuts files at ``file_tokens``
+   on local disk, key bucket by key bucket (``datahub.export.plan.SummaryPlan``, as the text export);
 2. write: every staged data file is read back and each document routed to its file by the files' first keys
    (``ShardRouter``); a file's documents are grouped (an engine shuffle, or local spill files), ordered, and
    written whole by one task through the write seam (``TokenFileWriter``), which returns sizes and sha256s;
@@ -31,6 +32,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -45,11 +47,11 @@ from datahub.engines.registry import make_engine
 from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, MissingDependencyError, ReleaseError, SpecError
 from datahub.export.exported_lineage import commit_exported, refuse_other_export
-from datahub.export.plan import ORDER, ExportPlan, ShardRouter, ShardSpan, order_hash
+from datahub.export.plan import ORDER, BucketPlan, ShardRouter, ShardSpan, SummaryPlan, order_hash
 from datahub.export.samples import KEY_COLUMN, TEXT_COLUMN
 from datahub.export.scratch import TOKENS_PREFIX, scratch_dir, sweep_stale
 from datahub.export.source import TableSource
-from datahub.export.spill import ShardSpill
+from datahub.export.spill import ShardSpill, buckets_allowed
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.release.records import get_release
@@ -276,42 +278,51 @@ class StageTokens:
         yield from counted
 
 
-def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_tokens: int, where: str) -> ExportPlan:
+def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_tokens: int, where: str,
+               directory: str, bucket_rows: int | None = None) -> BucketPlan:
     """Order documents as the text export does and cut files: a file closes before the document that would take
-    it past ``file_tokens`` (a larger document gets a file of its own). ``sizes`` are tokens per document."""
-    tables = [t for t in counted if t.num_rows]
-    table = pa.concat_tables(tables).combine_chunks() if tables else COUNTED.empty_table()
-    ids = table.column(KEY_COLUMN).combine_chunks() if table.num_rows else pa.array([], pa.string())
-    if ids.null_count:
-        raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
-    lengths = np.asarray(table.column("tokens").combine_chunks(), dtype=np.int64) if table.num_rows \
-        else np.zeros(0, dtype=np.int64)
-    hashes = order_hash(ids, shuffle_seed) if shuffle_seed is not None else None
-    if hashes is None:
-        order = pc.sort_indices(ids)
-    else:
-        order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
-    ids = ids.take(order)
-    if len(ids) > 1 and pc.any(pc.equal(ids.slice(1), ids.slice(0, len(ids) - 1))).as_py():
-        raise IntegrityError(f"{where}: sample_id is not unique: a document must name one sample; add exact dedup to "
-                             "the job graph (or release a deduplicated table version) before exporting")
-    positions = np.asarray(order)
-    lengths = lengths[positions]
-    hashes = hashes[positions] if hashes is not None else None
-    return ExportPlan(ids, hashes, lengths, cut_files(lengths, file_tokens=file_tokens))
+    it past ``file_tokens`` (a larger document gets a file of its own); the plan's ``sizes`` are tokens per
+    document. Planned in ``directory`` on local disk, bucket by bucket (``SummaryPlan``): the driver holds a batch
+    and one bucket of ids and counts, not the release's."""
+    os.makedirs(directory, exist_ok=True)
+    planner = SummaryPlan(directory, shuffle_seed=shuffle_seed, where=where, bucket_rows=bucket_rows,
+                          max_buckets=buckets_allowed())
+    try:
+        for table in counted:
+            if not table.num_rows:
+                continue
+            if table.column(KEY_COLUMN).null_count:
+                raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
+            planner.add(pa.table({KEY_COLUMN: table.column(KEY_COLUMN), "size": table.column("tokens")}))
+        return planner.plan(cut=partial(cut_file_takes, file_tokens=file_tokens))
+    finally:
+        planner.close()
 
 
 def cut_files(lengths: np.ndarray, *, file_tokens: int) -> tuple[ShardSpan, ...]:
     """Contiguous files of at most ``file_tokens`` tokens (a longer document alone), one search per file."""
-    cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
     spans: list[ShardSpan] = []
     start = 0
-    while start < len(lengths):
-        end = int(np.searchsorted(cumulative, cumulative[start] + file_tokens, side="right")) - 1
-        take = max(end - start, 1)
+    for take in cut_file_takes(lengths, True, file_tokens=file_tokens):
         spans.append(ShardSpan(len(spans), start, take))
         start += take
     return tuple(spans)
+
+
+def cut_file_takes(lengths: np.ndarray, final: bool, *, file_tokens: int) -> list[int]:
+    """The documents of each file cut from the start of ``lengths`` (see ``cut_files``). Not ``final``: more
+    documents follow, so a file is cut only where a document past it does not fit (the rest waits for them)."""
+    cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    takes: list[int] = []
+    start = 0
+    while start < len(lengths):
+        end = int(np.searchsorted(cumulative, cumulative[start] + file_tokens, side="right")) - 1
+        if not final and end >= len(lengths):  # every document left fits: a later one may too
+            break
+        take = max(end - start, 1)
+        takes.append(take)
+        start += take
+    return takes
 
 
 # ---- writing -------------------------------------------------------------------------------------------
@@ -484,13 +495,15 @@ def export_table_tokens(
     workers: int | None = None,
     verify: bool = False,
     spill_dir: str | None = None,
+    bucket_rows: int | None = None,
 ) -> TokenManifest:
     """Write ``table`` at Delta ``version`` as Megatron token files on ``tier``; return the token manifest.
 
     Same table version, tokenizer bytes and settings -> byte-identical files whichever ``engine`` writes them
     ("local": this process; "ray"/"spark" or a started ``Engine``: tasks, ``workers`` at once). Exporting
     again to a tier that holds them checks the files (size; sha256 too with ``verify``) and rewrites damaged
-    ones; to another tier it adds that tier's replicas.
+    ones; to another tier it adds that tier's replicas. The plan is made on local disk (``bucket_rows`` documents a
+    bucket at most, for tests), so the driver's memory does not grow with the release.
     """
     import re
 
@@ -537,11 +550,12 @@ def export_table_tokens(
             files = source.files()
             report("count", 0, len(files))
             plan = plan_files(_count(source, loaded, files, staging, running, report), shuffle_seed=shuffle_seed,
-                              file_tokens=file_tokens, where=source.where)
+                              file_tokens=file_tokens, where=source.where, directory=os.path.join(scratch, "plan"),
+                              bucket_rows=bucket_rows)
             report("count", len(files), len(files))
             writer = TokenFileWriter(release=release_name, tokenizer=loaded, router=plan.router(),
                                      shuffle_seed=shuffle_seed, starts=tuple(s.start for s in plan.spans),
-                                     tokens=tuple(int(plan.sizes[s.start:s.start + s.samples].sum()) for s in plan.spans),
+                                     tokens=tuple(plan.shard_member_bytes(s.index) for s in plan.spans),
                                      tier_name=target.name, tier_spec=target.spec, tier_source=target.source,
                                      folder=folder, journal_dir=journal)
             if existing is not None and target.name in existing.tiers:
@@ -555,48 +569,53 @@ def export_table_tokens(
                 done.append(written)
                 report("files", len(done), len(plan.spans))
                 checkpoint(f"export-tokens:after_file:{written.index}")
+            # still in the scratch folder: lineage and the digest read the plan's sorted records back
+            done.sort(key=lambda d: d.index)
+            if existing is not None:  # another tier, or repairs: the very same bytes
+                if len(existing.files) != len(done):
+                    raise IntegrityError(f"release {release_name!r}: re-export made {len(done)} token files, the "
+                                         f"manifest has {len(existing.files)}; the table version changed underneath?")
+                for old, new in zip(existing.files, done):
+                    if (old.prefix, old.bin.sha256, old.idx.sha256, old.ids.sha256) != \
+                            (new.prefix, new.bin[1], new.idx[1], new.ids[1]):
+                        raise IntegrityError(f"{new.prefix}: re-export differs from the published token file; the "
+                                             "table version changed underneath? export under a new release name")
+                # the tier is not in the manifest until it is published: a tier apply (or anyone) may delete its
+                # files meanwhile; never publish replicas that are gone (three size look-ups per file, as the text
+                # export does)
+                vanished = [d.prefix for d in done
+                            if any(target.size(writer.uri(target, d.index, suffix)) != part[0]
+                                   for suffix, part in ((BIN_SUFFIX, d.bin), (IDX_SUFFIX, d.idx),
+                                                        (IDS_SUFFIX, d.ids)))]
+                if vanished:
+                    more = " ..." if len(vanished) > 3 else ""
+                    raise IntegrityError(f"release {release_name!r}: token files {vanished[:3]}{more} vanished from "
+                                         f"tier {target.name} during the export (a concurrent `datahub tier apply`?); "
+                                         "re-run the export")
+            _commit_lineage(lake, release_name, target, writer, done, plan, export_key)
+            checkpoint("export-tokens:before_manifest")
+            replicas = {d.prefix: {**(existing.files[d.index].replicas if existing else {}),
+                                   target.name: writer.uri(target, d.index)} for d in done}
+            manifest = TokenManifest(
+                release=release_name,
+                created=(existing.created if existing
+                         else datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
+                table=table, table_version=int(version),
+                release_digest=release_digest or _content_digest(plan.id_chunks(), table, int(version)),
+                shuffle_seed=shuffle_seed, tokenizer=loaded.info, dtype=str(loaded.dtype),
+                files=tuple(d.record(replicas[d.prefix]) for d in done),
+                export={"key": export_key, "settings": settings},
+            )
+            if existing is not None:
+                manifest = replace(manifest, tokenizer=replace(loaded.info, source=existing.tokenizer.source))
+            _publish(lake, manifest, [target, *_other_tiers(manifest, target, storage)])
+            target.delete(f"{target.uri(release_name, folder)}/_partial", recursive=True)
+            # not a live writer's temp files
+            target.sweep_partials(target.uri(release_name, folder), older_than=STALE_PARTIAL_S)
+            return manifest
     finally:
         if owned and running is not None:
             running.stop()
-    done.sort(key=lambda d: d.index)
-    if existing is not None:  # another tier, or repairs: the very same bytes
-        if len(existing.files) != len(done):
-            raise IntegrityError(f"release {release_name!r}: re-export made {len(done)} token files, the manifest has "
-                                 f"{len(existing.files)}; the table version changed underneath?")
-        for old, new in zip(existing.files, done):
-            if (old.prefix, old.bin.sha256, old.idx.sha256, old.ids.sha256) != \
-                    (new.prefix, new.bin[1], new.idx[1], new.ids[1]):
-                raise IntegrityError(f"{new.prefix}: re-export differs from the published token file; the table version "
-                                     "changed underneath? export under a new release name")
-        # the tier is not in the manifest until it is published: a tier apply (or anyone) may delete its files
-        # meanwhile; never publish replicas that are gone (three size look-ups per file, as the text export does)
-        vanished = [d.prefix for d in done
-                    if any(target.size(writer.uri(target, d.index, suffix)) != part[0]
-                           for suffix, part in ((BIN_SUFFIX, d.bin), (IDX_SUFFIX, d.idx), (IDS_SUFFIX, d.ids)))]
-        if vanished:
-            more = " ..." if len(vanished) > 3 else ""
-            raise IntegrityError(f"release {release_name!r}: token files {vanished[:3]}{more} vanished from tier "
-                                 f"{target.name} during the export (a concurrent `datahub tier apply`?); re-run the "
-                                 "export")
-    _commit_lineage(lake, release_name, target, writer, done, plan, export_key)
-    checkpoint("export-tokens:before_manifest")
-    replicas = {d.prefix: {**(existing.files[d.index].replicas if existing else {}),
-                           target.name: writer.uri(target, d.index)} for d in done}
-    manifest = TokenManifest(
-        release=release_name,
-        created=existing.created if existing else datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        table=table, table_version=int(version),
-        release_digest=release_digest or _content_digest(plan.ids, table, int(version)),
-        shuffle_seed=shuffle_seed, tokenizer=loaded.info, dtype=str(loaded.dtype),
-        files=tuple(d.record(replicas[d.prefix]) for d in done),
-        export={"key": export_key, "settings": settings},
-    )
-    if existing is not None:
-        manifest = replace(manifest, tokenizer=replace(loaded.info, source=existing.tokenizer.source))
-    _publish(lake, manifest, [target, *_other_tiers(manifest, target, storage)])
-    target.delete(f"{target.uri(release_name, folder)}/_partial", recursive=True)
-    target.sweep_partials(target.uri(release_name, folder), older_than=STALE_PARTIAL_S)  # not a live writer's
-    return manifest
 
 
 def _tier(name: str, storage: StorageConfig | None) -> Tier:
@@ -660,7 +679,7 @@ def _write(files: list[str], staging: Staging, writer: TokenFileWriter, todo: li
                                           workers=workers))
 
 
-def _journalled(writer: TokenFileWriter, target: Tier, plan: ExportPlan) -> list[TokenFileDone]:
+def _journalled(writer: TokenFileWriter, target: Tier, plan: BucketPlan) -> list[TokenFileDone]:
     """Files a killed run of this export published and journalled, verified at the destination (size, sha256)."""
     done: list[TokenFileDone] = []
     for span in plan.spans:
@@ -693,7 +712,7 @@ def _intact(existing: TokenManifest, target: Tier, folder: str, *, verify: bool)
 
 
 def _commit_lineage(lake: Lake, release: str, tier: Tier, writer: TokenFileWriter, done: list[TokenFileDone],
-                    plan: ExportPlan, export_key: str) -> None:
+                    plan: BucketPlan, export_key: str) -> None:
     """``exported`` events, one per document: ref = {"tokens": PREFIX URI, "tier", "tokenizer": sha256,
     "document": index in the file}; ``params_hash`` is the export key (table version, tokenizer, settings)."""
     def events() -> Iterator[tuple[pa.Array, pa.Array]]:
@@ -723,9 +742,13 @@ def _publish(lake: Lake, manifest: TokenManifest, tiers: list[Tier]) -> None:
     publish_lake_token_manifest(lake, manifest)
 
 
-def _content_digest(ids: pa.Array, table: str, version: int) -> str:
-    """Stand-in for a release digest when exporting a bare table version: table, version and ids in order."""
+def _content_digest(id_chunks: Iterable[pa.Array], table: str, version: int) -> str:
+    """Stand-in for a release digest when exporting a bare table version: table, version and ids in order (the
+    same bytes however the ids are chunked)."""
     digest = hashlib.sha256(f"{table}@{version}".encode())
-    for start in range(0, len(ids), 65_536):
-        digest.update(("\n" + "\n".join(ids.slice(start, 65_536).to_pylist())).encode())
+    for ids in id_chunks:
+        for start in range(0, len(ids), 65_536):
+            chunk = ids.slice(start, 65_536).to_pylist()
+            if chunk:
+                digest.update(("\n" + "\n".join(chunk)).encode())
     return digest.hexdigest()

@@ -378,3 +378,50 @@ def test_second_tier_token_export_refuses_to_publish_files_that_vanished(tmp_pat
     for record in cold.files:
         for suffix in ("bin", "idx", "ids"):
             assert Path(record.replicas["cold"] + "." + suffix).stat().st_size == record.part(suffix).size
+
+
+def test_cut_file_takes_in_pieces_cuts_the_files_of_the_whole() -> None:
+    """The plan cuts files bucket by bucket (``final=False`` until the last): the files are those cut from the whole."""
+    from datahub.export.tokens import cut_file_takes, cut_files
+
+    rng = np.random.default_rng(4)
+    for file_tokens in (1, 7, 50, 10_000):
+        lengths = rng.integers(1, 40, size=500)
+        lengths[rng.integers(0, 500, size=5)] = 3 * file_tokens + 1  # documents larger than a file
+        whole = [s.samples for s in cut_files(lengths, file_tokens=file_tokens)]
+        pieces: list[int] = []
+        pending = np.zeros(0, dtype=np.int64)
+        for begin in range(0, 500, 37):  # buckets of 37 documents
+            pending = np.concatenate([pending, lengths[begin:begin + 37]])
+            takes = cut_file_takes(pending, begin + 37 >= 500, file_tokens=file_tokens)
+            pieces += takes
+            pending = pending[sum(takes):]
+        assert pieces == whole and sum(whole) == 500
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_token_export_planned_in_many_buckets_writes_the_files_of_one_bucket(tmp_path, seed) -> None:
+    """The driver plans on local disk, key bucket by key bucket: with 4 documents a bucket (files span buckets) the
+    files, digest and lineage are those of a one-bucket plan, cut as ``cut_files`` cuts the whole."""
+    from datahub.export.tokens import cut_files
+
+    lake, version = make_lake(tmp_path / "lake")
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("one", tmp_path / "one"), ("many", tmp_path / "many"))
+
+    def run(tier: str, **kw):
+        return export_table_tokens(lake, table="samples", version=version, release_name=f"r-{tier}", tokenizer=path,
+                                   tier=tier, storage=storage, file_tokens=300, shuffle_seed=seed, **kw)
+
+    one, many = run("one"), run("many", bucket_rows=4)
+    assert len(one.files) > 3 and [f.documents for f in one.files] == [f.documents for f in many.files]
+    assert [(f.bin.sha256, f.idx.sha256, f.ids.sha256) for f in one.files] == \
+        [(f.bin.sha256, f.idx.sha256, f.ids.sha256) for f in many.files]
+    assert one.release_digest == many.release_digest
+    order, docs = expected(lake, version, path, seed)
+    assert [s.samples for s in cut_files(np.array([len(docs[i]) for i in order]), file_tokens=300)] == \
+        [f.documents for f in many.files]
+    lineage = {tier: sorted((r["sample_id"], json.loads(r["ref"])["document"]) for r in lake.read("lineage").to_pylist()
+                            if r["action"] == "exported" and r["run_id"].startswith(f"export-tokens/r-{tier}/"))
+               for tier in ("one", "many")}
+    assert lineage["one"] == lineage["many"] and len(lineage["many"]) == 90
