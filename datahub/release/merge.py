@@ -233,7 +233,8 @@ def merge_releases(
     ``dedup``: ``exact`` (normalized content hash), ``near`` (MinHash-LSH at Jaccard ``threshold``,
     each drop confirmed by exact shingle Jaccard unless ``verify=False``) or ``none``. Every pass streams the
     inputs in batches; what is held is bounded (``release.merge_dedup`` says what grows: for ``near``, a few bytes
-    per input row); the drops' lineage rows are spilled as found and streamed to ``freeze``.
+    per row that shares a band key with another row); the drops' lineage rows are spilled as found and streamed
+    to ``freeze``.
     """
     check_name(new)
     refuse_taken(lake, new)

@@ -10,14 +10,15 @@ except as said below.
   the distinct rows sorted by (key, row); the first row of a key is kept, the others are its duplicates.
 - ``near``: MinHash signatures and LSH band keys of the ``MinhashDedup`` operator (its hasher and banding, so
   merge and pipeline dedup alike), a batch of texts at a time; (band key, row) pairs sorted by key, and each group
-  of equal keys links its rows in a union-find over one integer per input row (4 bytes; 8 past 2**31 rows), whose
-  roots are the components' smallest rows: the keepers. The texts of the components' members are read again and
+  of equal keys links its rows in a union-find over the linked rows only (``_Links``: their row numbers and
+  parents, 8 bytes a row; 16 past 2**31 rows), whose roots are the components' smallest rows: the keepers. The texts of the components' members are read again and
   sorted by component, so each candidate's exact shingle Jaccard to its keeper is measured
   (``operators.dedup.verify.JaccardCheck``); with ``verify`` (default) a candidate below the threshold is kept.
 
 The drops are handed to a ``drop`` callback as they are found (a ``Duplicates`` per group of drops: merge spills
-their lineage rows to local disk); what stays in memory for ``near``: the union-find array and one cluster id per
-component (the drops' row numbers, for the keep pass, are sorted in spilled runs too).
+their lineage rows to local disk); what stays in memory for ``near``: the union-find of the linked rows and one
+cluster id per component, which grow with the near copies, not with the inputs (the drops' row numbers, for the
+keep pass, are sorted in spilled runs too).
 """
 
 from __future__ import annotations
@@ -243,6 +244,51 @@ def _roots(parent: np.ndarray) -> np.ndarray:
         parent = up
 
 
+LINK_BATCH_PAIRS = 1 << 20  # linked (row, row) pairs buffered before they join the union-find: 8-16 MB
+
+
+class _Links:
+    """A union-find over the rows that share a band key with another row (every other row is its own component):
+    their row numbers held sorted and distinct, parents as positions among them, so what is held grows with the
+    linked rows, not with the inputs. Positions keep row order, so a root is its component's smallest row."""
+
+    def __init__(self, dtype: type) -> None:
+        self.dtype = dtype
+        self.rows: np.ndarray = np.empty(0, dtype=dtype)  # sorted, distinct row numbers
+        self.parent: np.ndarray = np.empty(0, dtype=dtype)  # position -> parent position (never above the child)
+        self._pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._pending_pairs = 0
+
+    def link(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Rows a[i] and b[i] are in one component."""
+        self._pending.append((a.astype(self.dtype), b.astype(self.dtype)))
+        self._pending_pairs += len(a)
+        if self._pending_pairs >= LINK_BATCH_PAIRS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        a = np.concatenate([p[0] for p in self._pending])
+        b = np.concatenate([p[1] for p in self._pending])
+        self._pending, self._pending_pairs = [], 0
+        rows: np.ndarray = np.union1d(self.rows, np.concatenate([a, b])).astype(self.dtype)
+        if len(rows) != len(self.rows):  # new rows: the held ones move to their places among them
+            moved: np.ndarray = np.searchsorted(rows, self.rows).astype(self.dtype)
+            parent: np.ndarray = np.arange(len(rows), dtype=self.dtype)
+            parent[moved] = moved[self.parent]
+            self.rows, self.parent = rows, parent
+        _union(self.parent, np.searchsorted(self.rows, a).astype(self.dtype),
+               np.searchsorted(self.rows, b).astype(self.dtype))
+
+    def components(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, the root row of each): the linked rows, sorted, and their components' smallest rows."""
+        self._flush()
+        rows, roots = self.rows, self.rows[_roots(self.parent)]
+        self.rows = self.parent = np.empty(0, dtype=self.dtype)
+        return rows, roots
+
+
 NEAR_METHOD = "minhash"
 
 
@@ -271,7 +317,7 @@ def near_duplicates(inputs: Inputs, keep: Keep, drop: Drop, *, threshold: float,
             by_id.add(pa.table([_ids(batch), _rows(first, batch.num_rows)], schema=_IDS))
         for block in by_id.merged():  # each sample id's first row, sorted back into row order
             distinct.add(block)
-        parent = np.arange(inputs.rows, dtype=np.int32 if inputs.rows < 2**31 else np.int64)
+        links = _Links(np.int32 if inputs.rows < 2**31 else np.int64)
         # signatures of the distinct rows, a batch at a time; the band keys' (key, row) pairs sorted by key
         cursor = RowCursor(distinct.merged(), _IDS)
         for _, first, batch in inputs.batches(["sample_id", "text"], TEXT_BATCH_ROWS):
@@ -291,20 +337,22 @@ def near_duplicates(inputs: Inputs, keep: Keep, drop: Drop, *, threshold: float,
             linked = index[leader[index] != index]
             if len(linked):
                 rows = table.column(ROW).to_numpy()
-                _union(parent, rows[leader[linked]].astype(parent.dtype), rows[linked].astype(parent.dtype))
-        roots = _roots(parent)
-        del parent
-        candidates = np.flatnonzero(roots != np.arange(len(roots), dtype=roots.dtype))
-        if len(candidates):
-            members = np.union1d(candidates, roots[candidates]).astype(np.int64)
+                links.link(rows[leader[linked]], rows[linked])
+        linked_rows, roots = links.components()
+        del links
+        # linked rows that are not their component's root: the candidates; members: they and their keepers (roots)
+        members = linked_rows[linked_rows != roots].astype(np.int64)
+        if len(members):
+            members = np.union1d(members, roots[linked_rows != roots]).astype(np.int64)
+            member_roots = roots[np.searchsorted(linked_rows, members)].astype(np.int64)
 
             def dropped(found: Duplicates, rows: np.ndarray) -> None:
                 drop(found)
                 drop_rows.add(pa.table([pa.array(rows, pa.int64())], schema=_DROP_ROWS))
 
-            _verified(inputs, members, roots, check, dropped, threshold=threshold, verify=verify,
+            _verified(inputs, members, member_roots, check, dropped, threshold=threshold, verify=verify,
                       columns=(ANCHOR, ANCHOR_TEXT, JACCARD))
-        del roots
+        del linked_rows, roots
         drops = RowCursor(drop_rows.merged(), _DROP_ROWS)
         for block in distinct_again.merged():
             rows = block.column(ROW).to_numpy()
@@ -318,11 +366,12 @@ def near_duplicates(inputs: Inputs, keep: Keep, drop: Drop, *, threshold: float,
     return NEAR_METHOD
 
 
-def _verified(inputs: Inputs, members: np.ndarray, roots: np.ndarray, check: Any,
+def _verified(inputs: Inputs, members: np.ndarray, member_roots: np.ndarray, check: Any,
               dropped: Callable[[Duplicates, np.ndarray], None], *, threshold: float, verify: bool,
               columns: tuple[str, str, str]) -> None:
-    """The candidates (``members`` that are not their component's root) measured against their keepers: the texts
-    of ``members`` read again and sorted by component, so a keeper's text comes just before its candidates'.
+    """The candidates (``members`` that are not their component's root, ``member_roots``) measured against their
+    keepers: the texts of ``members`` read again and sorted by component, so a keeper's text comes just before its
+    candidates'.
     ``dropped`` is given each component's drops and their row numbers."""
     anchor, anchor_text, jaccard_column = columns
     smallest: list[pa.Table] = []  # per batch, each component's smallest sample id: the cluster id
@@ -335,7 +384,7 @@ def _verified(inputs: Inputs, members: np.ndarray, roots: np.ndarray, check: Any
             rows = members[low:high]
             local = pa.array(rows - first)
             texts = batch.column("text") if "text" in batch.schema.names else pa.nulls(batch.num_rows, pa.string())
-            part = pa.table([pa.array(roots[rows].astype(np.int64)), pa.array(rows), _ids(batch).take(local),
+            part = pa.table([pa.array(member_roots[low:high]), pa.array(rows), _ids(batch).take(local),
                              texts.take(local)], schema=_MEMBERS)
             by_component.add(part)
             smallest.append(part.group_by(_COMPONENT, use_threads=False).aggregate([("sample_id", "min")]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -73,6 +74,7 @@ def test_spilled_merge_equals_in_memory_merge(tmp_path, monkeypatch, name):
     monkeypatch.setattr(merge_dedup, "MEMBER_READ_ROWS", 2)
     monkeypatch.setattr(merge_dedup, "TEXT_BATCH_ROWS", 16)
     monkeypatch.setattr(merge_dedup, "ID_BATCH_ROWS", 16)
+    monkeypatch.setattr(merge_dedup, "LINK_BATCH_PAIRS", 3)  # near: the union-find takes its linked rows in steps
     monkeypatch.setattr(merge_module, "DROP_RUN_ROWS", 7)  # the dropped rows' lineage spilled in many runs
     monkeypatch.setattr(merge_module, "DROP_READ_ROWS", 3)
     monkeypatch.setattr(freeze_module, "LINEAGE_CHUNK_ROWS", 50)  # drops merged into many released chunks
@@ -107,3 +109,31 @@ def test_exact_merge_keeps_first_copy_of_each_id_then_each_key(tmp_path, monkeyp
     lineage = lake.read("lineage").to_pylist()
     refs = {e["sample_id"]: e["ref"] for e in lineage if e["run_id"] == "release/exact" and e["action"] == "dropped"}
     assert {sid: (json.loads(ref)["dup_of"], json.loads(ref)["dup_release"]) for sid, ref in refs.items()} == dropped
+
+
+@pytest.mark.parametrize("batch_pairs", [1, 7, 1 << 20])
+def test_links_give_each_linked_row_its_components_smallest_row(monkeypatch, batch_pairs):
+    """The near dedup's union-find over the linked rows only: the roots of a plain union-find over every row."""
+    monkeypatch.setattr(merge_dedup, "LINK_BATCH_PAIRS", batch_pairs)
+    rng = random.Random(5)
+    rows = 5000
+    pairs = [(rng.randrange(rows), rng.randrange(rows)) for _ in range(400)]
+    pairs += [(i, i + 1) for i in range(4000, 4030)]  # one long chain
+    parent = list(range(rows))
+
+    def find(row: int) -> int:
+        while parent[row] != row:
+            row = parent[row]
+        return row
+
+    for a, b in pairs:
+        low, high = sorted((find(a), find(b)))
+        parent[high] = low
+    links = merge_dedup._Links(np.int32)
+    for start in range(0, len(pairs), 13):
+        chunk = pairs[start:start + 13]
+        links.link(np.array([a for a, _ in chunk]), np.array([b for _, b in chunk]))
+    linked, roots = links.components()
+    expected = sorted({r for pair in pairs for r in pair})
+    assert linked.tolist() == expected
+    assert roots.tolist() == [find(r) for r in expected]
