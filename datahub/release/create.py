@@ -13,7 +13,7 @@ from datahub.lake.lake import Lake
 from datahub.release.freeze import committed_params, freeze, history_runs, refuse_taken
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name
-from datahub.release.redact import exclude_redacted
+from datahub.release.exclude import exclude_redacted
 
 if TYPE_CHECKING:  # the eval-set check (operators, pandas) is imported when a release is created, not with the package
     from datahub.evalset.check import Contamination

@@ -17,7 +17,6 @@ import shutil
 import tempfile
 import weakref
 from collections.abc import Iterator
-from typing import Any
 from datetime import datetime, timezone
 
 import numpy as np
@@ -29,7 +28,6 @@ from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
-from datahub.release.digest import digest_sum
 from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
 from datahub.release.materialize import commit_rows
 from datahub.release.records import (
@@ -348,96 +346,3 @@ def _redacted(lake: Lake, records: list[Release]) -> tuple[pa.Array, pa.Array]:
     if not ids:
         return pa.array([], pa.string()), pa.array([], pa.string())
     return pa.concat_arrays(releases), pa.concat_arrays(ids)
-
-
-def redactions(lake: Lake) -> tuple[pa.Array, pa.Array, dict[str, str], dict[str, str]]:
-    """Every take-down recorded so far: (sample ids, the redact release of each, source_uri -> redact release,
-    redact release -> its lineage reason); the first redaction of a sample wins."""
-    by_source: dict[str, str] = {}
-    why: dict[str, str] = {}
-    records = [r for r in list_releases(lake) if r.kind == "redact"]
-    for release in records:
-        why[release.name] = f"redacted: {release.details.get('reason', '')} (release redact {release.name})"
-        if release.details.get("source_uri"):
-            by_source.setdefault(str(release.details["source_uri"]), release.name)
-    releases, ids = _redacted(lake, records)
-    first = _first_of_each(ids)
-    return ids.filter(first), releases.filter(first), by_source, why
-
-
-def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params: dict[str, Any] | None = None,
-                     fix: str = "") -> tuple[str, int, dict[str, Any], pa.Table | None]:
-    """What release ``name`` of ``table`` at ``version`` freezes, once the samples of earlier take-downs
-    (``release redact``: their ids and source files) are left out.
-
-    Returns (table, version, details, dropped lineage rows): the input itself when it holds none of them; else
-    ``release_<name>``, the version minus those rows, streamed into its own table (two narrow passes: ids and
-    ``source_uri`` first, then whole rows only when something goes), the count and the redactions applied, and one
-    ``dropped`` lineage row per excluded sample. A re-run after a crash finds the materialized commit by its txn;
-    one that would exclude other rows or read another version (``params``) is refused (``refuse_other_try``).
-    """
-    ids, id_by, by_source, why = redactions(lake)  # id_by: the redact release of each id
-    if not len(ids) and not by_source:
-        return table, version, {}, None
-    dataset = lake.dataset(table, version)
-    has_source = "source_uri" in dataset.schema.names
-    if not has_source:
-        by_source = {}
-    sources = pa.array(sorted(by_source), pa.string())
-    source_by = pa.array([by_source[u] for u in sources.to_pylist()], pa.string())
-
-    def target_of(batch: pa.RecordBatch) -> pa.Array:
-        target = pc.is_in(batch.column("sample_id"), value_set=ids)
-        if len(sources):
-            target = pc.or_(target, pc.fill_null(pc.is_in(batch.column("source_uri"), value_set=sources), False))
-        return pc.fill_null(target, False)
-
-    columns = ["sample_id", "source_uri"] if has_source else ["sample_id"]
-    hit_ids: list[pa.Array] = []
-    hit_by: list[pa.Array] = []  # the redact release of each excluded row: by its id, else by its source
-    for batch in scan_batches(dataset, columns=columns, batch_rows=BATCH_ROWS):
-        target = target_of(batch)
-        if not pc.any(target).as_py():
-            continue
-        hits = pa.Table.from_batches([batch]).filter(target).combine_chunks()
-        hit_ids.append(hits.column("sample_id").chunk(0))
-        by = pc.take(id_by, pc.index_in(hits.column("sample_id"), value_set=ids))
-        if len(sources):
-            by = pc.coalesce(by, pc.take(source_by, pc.index_in(hits.column("source_uri"), value_set=sources)))
-        hit_by.append(by.combine_chunks() if isinstance(by, pa.ChunkedArray) else by)
-    rows = sum(len(a) for a in hit_ids)
-    if not rows:
-        return table, version, {}, None
-    from datahub.release.materialize import commit_rows
-
-    def kept() -> Iterator[pa.Table]:
-        for batch in scan_batches(dataset, batch_rows=ROW_BATCH_ROWS):
-            yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
-
-    out = MATERIALIZED_PREFIX + name
-    excluded = {**(params or {}), "table": table, "version": version,
-                "excluded": f"{digest_sum(pa.chunked_array(hit_ids, pa.string())):032x}"}
-    refuse_other_try(lake, name, out, excluded, fix=fix)
-    commit_rows(lake, out, kept(), schema=pa.schema(dataset.schema), txn=release_txn(name),
-                row_group_rows=ROW_BATCH_ROWS,
-                metadata={"datahub.release": name, "datahub.redactions_excluded_from": f"{table}@v{version}",
-                          PARAMS_KEY: params_text(excluded)})
-    releases = pa.concat_arrays(hit_by)
-    applied = sorted(pc.unique(releases).to_pylist())
-    details = {"from_table": table, "from_version": version,
-               "redacted_excluded": {"rows": rows, "by": applied}}
-    dropped_ids = pa.chunked_array(hit_ids, pa.string()).combine_chunks()
-    first = _first_of_each(dropped_ids)
-    reasons = pc.take(pa.array([why[r] for r in applied], pa.string()),
-                      pc.index_in(releases, value_set=pa.array(applied, pa.string())))
-    dropped = lineage_rows(dropped_ids.filter(first), run_id=release_txn(name), op=REDACT_OP, action="dropped",
-                           reason=reasons.filter(first),
-                           ref=json.dumps({"release": name, "from_table": table, "redactions": applied}),
-                           ts=datetime.now(timezone.utc))
-    return out, int(lake.table(out).version()), details, dropped
-
-
-def _first_of_each(ids: pa.Array) -> pa.Array:
-    """True at the first occurrence of each id (a sample may be in the table more than once)."""
-    # index_in over the array itself finds each value's first position
-    return pc.equal(pc.index_in(ids, value_set=ids), pa.array(np.arange(len(ids), dtype=np.int32)))
