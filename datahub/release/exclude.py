@@ -97,9 +97,9 @@ class _Found:
 
 
 def _find(dataset: Any, redactions: _Redactions, partitions: Iterator[pa.Table], hit_rows: SortedRuns,
-          hit_ids: SortedRuns, partition_ids: int) -> _Found:
-    """Scan ``dataset`` once per partition of the redacted ids; the rows that go to ``hit_rows`` (row numbers) and
-    ``hit_ids`` (id, row, redaction). A row whose id is in no partition is looked at for its source in one pass
+          hit_ids: SortedRuns) -> _Found:
+    """Scan ``dataset`` once per partition of the redacted ids (once when there are none: sources only); the rows
+    that go to ``hit_rows`` (row numbers) and ``hit_ids`` (id, row, redaction). A row whose id is in no partition is looked at for its source in one pass
     only: the one whose share of the (sorted) id range holds it (rows without an id: the last one)."""
     has_source = "source_uri" in dataset.schema.names
     by_source = redactions.by_source if has_source else {}
@@ -180,8 +180,8 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
                 hit_rows.close()
                 hit_ids.close()
                 return table, version, {}, None
-            found = _find(dataset, redactions, iter([first]) if first is None else _with_first(first, partitions),
-                          hit_rows, hit_ids, partition_ids)
+            found = _find(dataset, redactions, _with_first(first, partitions) if first is not None else iter(()),
+                          hit_rows, hit_ids)
         if not found.rows:
             hit_rows.close()
             hit_ids.close()
