@@ -22,6 +22,10 @@ Last lines:
   speedup_vs_webdataset_first_read_0_workers / _2_workers  the same for a release's first read (fresh verdict
                                                            store: every shard hashed once, on the prefetch threads)
   workers_scaling                                          ReleaseDataset 4 workers / 1 worker (goal >= 1.5)
+  workers_scaling_persistent_workers                       the same with ``persistent_workers=True`` (one DataLoader
+                                                           per worker count, made and run once before the rounds;
+                                                           each timed epoch is ``set_epoch(e)`` and one pass: no
+                                                           fork per epoch, as a trainer with persistent workers runs)
   workers_scaling_cpu_ceiling_2_cores                      informational: 1-worker time / (4-worker CPU of
                                                            trainer + workers / 2): what the scaling would be if the
                                                            4 workers kept both cores busy (before it, the CPU
@@ -41,6 +45,7 @@ through ``DataLoader`` with 0 and 2 workers (interleaved rounds, medians):
   tokens_vs_streaming                                      packed tokens/s ratio, 2 workers (goal >= 2)
   tokens_vs_streaming_0_workers                            the same with 0 workers
   workers_scaling_tokens                                   PackedDataset 4 workers / 1 worker (goal >= 1.5)
+  workers_scaling_tokens_persistent_workers                the same with ``persistent_workers=True`` (as for text)
   peak_memory_tokens_mb                                    whole process tree (PSS), one epoch with 2 workers,
                                                            at N and 4N tokens
 """
@@ -144,6 +149,26 @@ def release_iter(manifest: str | dict[str, Any], workers: int, *, source: Any = 
     if workers == 0:
         return sum(rows(item) for item in dataset)
     return sum(rows(item) for item in DataLoader(dataset, batch_size=None, num_workers=workers))
+
+
+class PersistentEpochs:
+    """One ``DataLoader(persistent_workers=True)`` over a ReleaseDataset; each call reads the next epoch
+    (``set_epoch``) with the same worker processes."""
+
+    def __init__(self, manifest: str, workers: int, **settings: Any) -> None:
+        from torch.utils.data import DataLoader
+
+        from datahub.loader import ReleaseDataset
+
+        settings.setdefault("verdicts_dir", VERDICTS.get("dir"))
+        self.dataset = ReleaseDataset(manifest, rank=0, world_size=1, **settings)
+        self.loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, persistent_workers=True)
+        self.epoch = -1
+
+    def __call__(self) -> int:
+        self.epoch += 1
+        self.dataset.set_epoch(self.epoch)
+        return sum(rows(item) for item in self.loader)
 
 
 class CountingSource(ShardSource):
@@ -295,6 +320,24 @@ def packed_iter(prefixes: list[str], workers: int) -> int:
     return sum(int(batch.to_torch()["loss_mask"].sum()) for batch in loader)
 
 
+class PersistentPackedEpochs:
+    """``packed_iter`` through one ``DataLoader(persistent_workers=True)``: each call reads the next epoch."""
+
+    def __init__(self, prefixes: list[str], workers: int) -> None:
+        from torch.utils.data import DataLoader
+
+        from datahub.loader import PackedDataset
+
+        self.dataset = PackedDataset(prefixes, seq_len=SEQ_LEN, batch_size=TOKEN_BATCH, rank=0, world_size=1)
+        self.loader = DataLoader(self.dataset, batch_size=None, num_workers=workers, persistent_workers=True)
+        self.epoch = -1
+
+    def __call__(self) -> int:
+        self.epoch += 1
+        self.dataset.set_epoch(self.epoch)
+        return sum(int(batch.to_torch()["loss_mask"].sum()) for batch in self.loader)
+
+
 def _stack_tokens(samples: list[dict[str, Any]]) -> Any:
     import numpy as np
     import torch
@@ -339,9 +382,12 @@ def token_benchmark(tokens: int, rounds: int) -> None:
             "PackedDataset defaults (2 workers)": lambda: packed_iter(prefixes, 2),
             "MosaicML Streaming MDS (2 workers)": lambda: streaming_iter(mds_dir, 2),
             "PackedDataset defaults (4 workers)": lambda: packed_iter(prefixes, 4),
+            "PackedDataset defaults, persistent workers (1 worker)": lambda: persistent[1](),
+            "PackedDataset defaults, persistent workers (4 workers)": lambda: persistent[4](),
         }
-        for name, run in runs.items():  # warm-up: imports, page cache, MDS index files
-            if "0 workers" in name:
+        persistent = {workers: PersistentPackedEpochs(prefixes, workers) for workers in (1, 4)}
+        for name, run in runs.items():  # warm-up: imports, page cache, MDS index files, persistent workers' start
+            if "0 workers" in name or "persistent" in name:
                 run()
         timed: list[dict[str, float]] = []
         cpus: list[dict[str, float]] = []
@@ -356,6 +402,7 @@ def token_benchmark(tokens: int, rounds: int) -> None:
                 assert count >= total - SEQ_LEN, (name, count, total)
             timed.append(times)
             cpus.append(cpu)
+        persistent.clear()  # their workers exit when the loaders' iterators are collected
         print(f"tokens: {total} uint16 tokens in {len(prefixes)} indexed files, {sequences} sequences of {SEQ_LEN}, "
               f"batches of {TOKEN_BATCH}; medians of {rounds} interleaved rounds; load average "
               f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
@@ -383,6 +430,9 @@ def token_benchmark(tokens: int, rounds: int) -> None:
                   {name: statistics.median(c[name] for c in cpus) for name in runs})
         print(f"workers_scaling_tokens: "
               f"{ratio('PackedDataset defaults (1 worker)', 'PackedDataset defaults (4 workers)'):.2f}")
+        print(f"workers_scaling_tokens_persistent_workers (persistent_workers=True, set_epoch per epoch; not the goal's "
+              f"fresh workers): "
+              f"{ratio('PackedDataset defaults, persistent workers (1 worker)', 'PackedDataset defaults, persistent workers (4 workers)'):.2f}")
         print(f"tokens_vs_streaming: "
               f"{ratio('MosaicML Streaming MDS (2 workers)', 'PackedDataset defaults (2 workers)'):.2f}")
 
@@ -446,9 +496,12 @@ def main() -> None:
                 lambda: check(release_iter(manifest_path, 4, batch_size=BATCH)),
             "ReleaseDataset defaults, shards not yet verified (0 workers)": lambda: unverified(0),
             "ReleaseDataset defaults, shards not yet verified (2 workers)": lambda: unverified(2),
+            "ReleaseDataset defaults, persistent workers (1 worker)": lambda: check(persistent[1]()),
+            "ReleaseDataset defaults, persistent workers (4 workers)": lambda: check(persistent[4]()),
         }
-        for name, run in runs.items():  # warm-up, untimed: imports and first-use costs of each reader
-            if "0 workers" in name:
+        persistent = {workers: PersistentEpochs(manifest_path, workers, **RECOMMENDED) for workers in (1, 4)}
+        for name, run in runs.items():  # warm-up, untimed: imports and first-use costs of each reader, and the
+            if "0 workers" in name or "persistent" in name:  # persistent workers' start (their first epoch)
                 run()
         rounds: list[dict[str, float]] = []
         cpus: list[dict[str, float]] = []
@@ -462,6 +515,7 @@ def main() -> None:
                 cpu[name] = cpu_seconds() - start_cpu
             rounds.append(times)
             cpus.append(cpu)
+        persistent.clear()  # their workers exit when the loaders' iterators are collected
 
         def median_ratio(slow: str, fast: str) -> float:
             return statistics.median(r[slow] / r[fast] for r in rounds)
@@ -491,6 +545,9 @@ def main() -> None:
                   {name: statistics.median(c[name] for c in cpus) for name in runs})
         print(f"workers_scaling: "
               f"{median_ratio('ReleaseDataset defaults (1 worker)', 'ReleaseDataset defaults (4 workers)'):.2f}")
+        print(f"workers_scaling_persistent_workers (persistent_workers=True, set_epoch per epoch; not the goal's "
+              f"fresh workers): "
+              f"{median_ratio('ReleaseDataset defaults, persistent workers (1 worker)', 'ReleaseDataset defaults, persistent workers (4 workers)'):.2f}")
 
 
 if __name__ == "__main__":
