@@ -72,6 +72,7 @@ TOKENIZER_FILE = "tokenizer.json"
 # names one (GPT-2/NeoX, Llama/Mistral/T5, Llama 3, Gemma, others).
 EOD_CANDIDATES = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>", "<|eos|>", "[EOS]", "<|im_end|>")
 BATCH_ROWS = 1024
+LINEAGE_PIECE = 1 << 17  # exported events built at a time (a file may hold millions of documents)
 _RELEASE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 Progress = Callable[..., None]
@@ -720,8 +721,10 @@ def _commit_lineage(lake: Lake, release: str, tier: Tier, writer: TokenFileWrite
             keys = plan.shard_ids(file.index)
             head = json.dumps({"tokens": writer.uri(tier, file.index), "tier": tier.name,
                                "tokenizer": writer.tokenizer.info.sha256})[:-1] + ', "document": '
-            positions = pa.array(np.arange(len(keys), dtype=np.int64)).cast(pa.string())
-            yield keys, pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
+            for start in range(0, len(keys), LINEAGE_PIECE):  # a file's refs (~200 B each) never held whole
+                piece = keys.slice(start, LINEAGE_PIECE)
+                positions = pa.array(np.arange(start, start + len(piece), dtype=np.int64)).cast(pa.string())
+                yield piece, pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
 
     commit_exported(lake, events(), txn=f"export-tokens/{release}/{tier.name}/{writer.folder}", op=TOKENS_OP,
                     params_hash=export_key,
