@@ -358,6 +358,39 @@ class TokenFileDone:
                    (record.ids.size, record.ids.sha256))
 
 
+PIECE_BYTES = 8 * 2**20  # a file part is written in pieces of this size (one piece copied at a time)
+IDS_PIECE = 1 << 16  # ids encoded at a time for .ids (~4 MiB of 64-character ids)
+
+
+@dataclass(frozen=True)
+class BuiltTokenFile:
+    """One token file ready to publish: the ``.bin`` body (a view of the ordered documents' buffer), the ``.idx``
+    bytes, and the ids with their export order (``.ids`` is encoded ``IDS_PIECE`` ids at a time, never whole)."""
+
+    index: int
+    body: pa.Buffer
+    idx: bytes
+    ids: pa.Array  # routed order
+    order: pa.Array  # positions in ``ids``, export order
+    ids_part: tuple[int, str] = (0, "")  # size and sha256 of ``.ids`` (``ids_digest``)
+
+    def body_pieces(self) -> Iterator[bytes]:
+        for start in range(0, len(self.body), PIECE_BYTES):
+            yield self.body.slice(start, min(PIECE_BYTES, len(self.body) - start)).to_pybytes()
+
+    def ids_pieces(self) -> Iterator[bytes]:
+        for start in range(0, len(self.order), IDS_PIECE):
+            yield encode_ids(self.ids.take(self.order.slice(start, IDS_PIECE)))
+
+    def ids_digest(self) -> tuple[int, str]:
+        """Size and sha256 of ``.ids`` (encoding checks each id)."""
+        digest, size = hashlib.sha256(), 0
+        for piece in self.ids_pieces():
+            digest.update(piece)
+            size += len(piece)
+        return size, digest.hexdigest()
+
+
 @dataclass(frozen=True)
 class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
     """The token export's sink on the write seam: ``encode`` routes documents in reading tasks, ``write`` gets all
@@ -399,8 +432,10 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         bits = hashes.view(np.int64) if hashes is not None else np.zeros(len(ids), dtype=np.int64)
         return pa.table([pa.array(files, pa.int64()), pa.array(bits, pa.int64()), ids, documents], schema=ROUTED)
 
-    def build(self, rows: pa.Table) -> tuple[int, bytes, bytes, bytes, int]:
-        """The three parts of one file from its routed documents (any order in, export order out)."""
+    def build(self, rows: pa.Table) -> BuiltTokenFile:
+        """One file's parts from its routed documents (any order in, export order out). The caller hands ``rows``
+        over: its other columns are dropped at once, and no part is copied whole (the file is one buffer of the
+        ordered documents, its ids are encoded slice by slice as they are written)."""
         index = int(rows["shard"][0].as_py())
         where = file_prefix(self.release, index)
         if pc.any(pc.not_equal(rows["shard"], index)).as_py():
@@ -408,34 +443,44 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         if rows.num_rows != self.router.samples[index]:
             raise IntegrityError(f"{where}: {rows.num_rows} documents routed, the plan has {self.router.samples[index]}; "
                                  "the table version changed underneath? re-run the export")
-        if self.shuffle_seed is not None:
-            hashes = np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
-            order = pc.sort_indices(pa.table({"h": hashes, "id": rows[KEY_COLUMN]}),
-                                    sort_keys=[("h", "ascending"), ("id", "ascending")])
+        ids = rows[KEY_COLUMN].combine_chunks()
+        hashes = (np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
+                  if self.shuffle_seed is not None else None)
+        documents = rows["tokens"]
+        del rows  # its chunks go: a file's documents are held twice at most (combined, then ordered)
+        if hashes is not None:
+            order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
+            del hashes
         else:
-            order = pc.sort_indices(rows[KEY_COLUMN])
-        documents = rows["tokens"].take(order).combine_chunks()
+            order = pc.sort_indices(ids)
+        documents = documents.combine_chunks()
+        documents = documents.take(order)
         itemsize = self.tokenizer.dtype.itemsize
         offsets = np.frombuffer(documents.buffers()[1], dtype=np.int64)[documents.offset:documents.offset + len(documents) + 1]
         data = documents.buffers()[2]
-        body = bytes(memoryview(data)[int(offsets[0]):int(offsets[-1])]) if data is not None else b""
+        body = data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if data is not None else pa.py_buffer(b"")
         lengths = np.diff(offsets) // itemsize
         if int(lengths.sum()) != self.tokens[index]:
             raise IntegrityError(f"{where}: {int(lengths.sum())} tokens written, {self.tokens[index]} counted; the "
                                  "tokenizer gave different ids on two passes (a nondeterministic tokenizer?)")
-        ids = rows[KEY_COLUMN].take(order)
-        return index, body, encode_index(lengths, dtype=self.tokenizer.dtype), encode_ids(ids), len(ids)
+        built = BuiltTokenFile(index, body, encode_index(lengths, dtype=self.tokenizer.dtype), ids, order)
+        return replace(built, ids_part=built.ids_digest())  # every id checked (no null, no newline) before publishing
 
-    def publish(self, index: int, parts: tuple[bytes, bytes, bytes], *, tier: Tier | None = None) -> TokenFileDone:
-        """Publish ``.bin``, ``.idx`` and ``.ids`` (each atomically; sizes checked), then journal the file."""
+    def publish(self, built: BuiltTokenFile, *, tier: Tier | None = None) -> TokenFileDone:
+        """Publish ``.bin``, ``.idx`` and ``.ids`` (each atomically, streamed a piece at a time; sizes checked),
+        then journal the file."""
         target = tier or self.tier()
+        index = built.index
         described: dict[str, tuple[int, str]] = {}
-        for suffix, body in zip((BIN_SUFFIX, IDX_SUFFIX, IDS_SUFFIX), parts):
+        for suffix, (size, sha256), pieces in (
+                (BIN_SUFFIX, (len(built.body), hashlib.sha256(built.body).hexdigest()), built.body_pieces),
+                (IDX_SUFFIX, (len(built.idx), hashlib.sha256(built.idx).hexdigest()), lambda: iter((built.idx,))),
+                (IDS_SUFFIX, built.ids_part, built.ids_pieces)):
             uri = self.uri(target, index, suffix)
-            target.publish(uri, body)
-            if target.size(uri) != len(body):
+            target.publish_stream(uri, pieces(), size=size, sha256=sha256)
+            if target.size(uri) != size:
                 raise IntegrityError(f"tier {target.name}: {uri} has the wrong size after writing; check the tier, re-run")
-            described[suffix] = (len(body), hashlib.sha256(body).hexdigest())
+            described[suffix] = (size, sha256)
         done = TokenFileDone(index, file_prefix(self.release, index), self.router.samples[index], self.tokens[index],
                              self.starts[index], described[BIN_SUFFIX], described[IDX_SUFFIX], described[IDS_SUFFIX])
         if self.journal_dir is not None:
@@ -443,8 +488,7 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         return done
 
     def write(self, batches: Iterable[pa.Table]) -> TokenFileDone:
-        index, body, idx, ids, _ = self.build(pa.concat_tables(list(batches)))
-        return self.publish(index, (body, idx, ids))
+        return self.publish(self.build(pa.concat_tables(list(batches))))
 
     def commit(self, results: list[TokenFileDone]) -> list[TokenFileDone]:
         return sorted(results, key=lambda done: done.index)
@@ -671,8 +715,7 @@ def _write(files: list[str], staging: Staging, writer: TokenFileWriter, todo: li
                     spill.add(routed)
             spill.flush()
             for index in todo:
-                built, body, idx, ids, _ = writer.build(spill.read(index))
-                yield writer.publish(built, (body, idx, ids), tier=tier)
+                yield writer.publish(writer.build(spill.read(index)), tier=tier)
         return
     write_groups = importlib.import_module(f"datahub.engines.{engine.name}.export").write_groups
     writer.start()
