@@ -46,8 +46,11 @@ BATCH_ROWS = 8192  # of ids and source_uri
 # whole rows: batches read and Parquet row groups written (delta-rs buffers a row group; 32k rows of 5 KB texts
 # would be 160 MB)
 ROW_BATCH_ROWS = 2048
-# sample ids held at a time as a lookup set (the rest wait in sorted runs on local disk): ~40 MB of 32-hex ids
-PARTITION_IDS = 1 << 19
+# sample ids held at a time as a lookup set (the rest wait in sorted runs on local disk), looked up by pc.index_in in
+# calls of as many scanned ids. index_in builds a hash table of the set at every call: ~72 B per 32-hex id, but 200 B
+# at exactly a power of two (524,288 ids: 100 MB; 524,287: 36 MB). Measured at 250,000 ids (releases_containing on
+# the 4M-row lake of benchmarks/release_scale.py): 38 MB of Arrow memory in all; more ids take more passes instead
+PARTITION_IDS = (1 << 18) - 1
 _IDS = pa.schema([("sample_id", pa.string())])
 
 
@@ -116,11 +119,26 @@ class SortedIds:
             count += len(block)
             while count >= ids:
                 whole = pa.concat_arrays(held)
-                yield whole.slice(0, ids)
                 rest = whole.slice(ids)
+                # the blocks let go before the chunk is handed out: it is not held twice while in use
                 held, count = ([rest] if len(rest) else []), len(rest)
+                yield whole.slice(0, ids)
         if count:
-            yield pa.concat_arrays(held)
+            last, held = pa.concat_arrays(held), []
+            yield last
+
+    def bounds(self, ids: int) -> list[pa.Scalar]:
+        """The first id of each of ``chunks(ids)`` but the first: where each partition's share of the id range
+        begins (one read of the file, nothing held but these)."""
+        found: list[pa.Scalar] = []
+        offset = 0
+        for block in self.blocks():
+            position = len(found) + 1  # the index of the next partition whose first id is wanted
+            while position * ids < offset + len(block):
+                found.append(block[position * ids - offset])
+                position += 1
+            offset += len(block)
+        return found
 
     def close(self) -> None:
         if self._runs is not None:
@@ -167,29 +185,26 @@ def _distinct_hits(lake: Lake, release: Release, ids: SortedIds | None, source_u
     if ids is None and not by_source:
         return 0
     columns = ["sample_id", "source_uri"] if by_source else ["sample_id"]
+    # each partition's share of the (sorted) id range: an id that is in no partition is looked at in one pass only
+    highs: list[pa.Scalar | None] = [*ids.bounds(partition_ids), None] if ids is not None else [None]
     partitions: Iterator[pa.Array | None] = ids.chunks(partition_ids) if ids is not None else iter([None])
     seen = 0
     low: pa.Scalar | None = None
     with SortedIds(run_rows=partition_ids) as others:  # rows from source_uri whose id is not among ``ids``
-        partition = next(partitions)
-        while True:
-            following = next(partitions, None)
-            # this partition's share of the id range (ids are sorted), so an id that is in no partition is looked
-            # at in one pass only
-            high = following[0] if following is not None else None
+        for partition, high in zip(partitions, highs):
             found = np.zeros(len(partition) if partition is not None else 0, dtype=bool)
-            # pc.index_in builds its hash table of the value set at every call: batches of at least as many rows
-            # as the partition holds keep that to a constant cost per row (8,192-row batches against 250,000 ids:
-            # 3.1 s per million rows; 262,144-row batches: 0.09 s)
+            # pc.index_in builds its hash table of the value set at every call (8,192 ids against 250,000:
+            # 3.1 s per million rows; 262,144: 0.09 s), once for all chunks of a chunked array: each call gets at
+            # least as many ids as the partition holds, as the scan's own batches (not joined into one copy), and
+            # the ids alone (source_uri is folded into a mask per batch)
             lookup_rows = max(BATCH_ROWS, len(partition) if partition is not None else 0)
-            for batch in _coalesced(scan_batches(dataset, columns=columns, batch_rows=lookup_rows), lookup_rows):
-                column = batch.column("sample_id")
-                position = (pc.index_in(column, value_set=partition) if partition is not None
-                            else pa.nulls(len(column), pa.int32()))
-                found[pc.drop_null(position).to_numpy()] = True
-                if by_source:
-                    other = pc.and_(pc.is_null(position),
-                                    pc.fill_null(pc.equal(batch.column("source_uri"), source_uri), False))
+            scan = scan_batches(dataset, columns=columns, batch_rows=BATCH_ROWS)
+            for column, from_source in _id_batches(scan, source_uri if by_source else None, lookup_rows):
+                position = pc.index_in(column, value_set=partition) if partition is not None else None
+                if position is not None:
+                    found[pc.drop_null(position).to_numpy()] = True
+                if from_source is not None:
+                    other = from_source if position is None else pc.and_(from_source, pc.is_null(position))
                     if low is not None:
                         other = pc.and_(other, pc.greater_equal(column, low))
                     if high is not None:
@@ -197,10 +212,33 @@ def _distinct_hits(lake: Lake, release: Release, ids: SortedIds | None, source_u
                     if pc.any(other).as_py():
                         others.add(column.filter(other))
             seen += int(found.sum())
-            if following is None:
-                break
-            partition, low = following, following[0]
+            low = high
         return seen + others.seal().count
+
+
+def _id_batches(batches: Iterator[pa.RecordBatch], source_uri: str | None, rows: int
+                ) -> Iterator[tuple[pa.ChunkedArray, pa.ChunkedArray | None]]:
+    """(sample_id, whether the row is from ``source_uri``) of the scanned ``batches``, handed out at least ``rows``
+    at a time (the last may be shorter) as chunked arrays of those batches."""
+    ids: list[pa.Array] = []
+    masks: list[pa.Array] = []
+    count = 0
+    for batch in batches:
+        ids.append(batch.column("sample_id"))
+        if source_uri is not None:
+            masks.append(pc.fill_null(pc.equal(batch.column("source_uri"), source_uri), False))
+        count += batch.num_rows
+        if count >= rows:
+            yield _id_batch(ids, masks, source_uri)
+            ids, masks, count = [], [], 0
+    if ids:
+        yield _id_batch(ids, masks, source_uri)
+
+
+def _id_batch(ids: list[pa.Array], masks: list[pa.Array], source_uri: str | None
+              ) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
+    return (pa.chunked_array(ids, pa.string()),
+            pa.chunked_array(masks, pa.bool_()) if source_uri is not None else None)
 
 
 def _coalesced(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
@@ -275,14 +313,15 @@ def redact(
             hits = pc.filter(batch.column("sample_id"), target_of(batch))
             removed_rows += len(hits)
             removed.add(hits)
-            named.add(hits)
+            if ids:  # the named ids: the given ones and the removed ones (no ids given: the removed ones alone)
+                named.add(hits)
         if not removed_rows:
             what = f"source {source_uri!r}" if source_uri and not ids else f"{len(ids)} given sample id(s)"
             raise ReleaseError(f"release {source!r} holds none of the {what}; nothing to redact "
                                f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.ref})")
         removed.seal()
-        contained_in = releases_containing(lake, sample_ids=named.seal(), source_uri=source_uri,
-                                           partition_ids=partition_ids)
+        contained_in = releases_containing(lake, sample_ids=named.seal() if ids else removed,
+                                           source_uri=source_uri, partition_ids=partition_ids)
         named.close()
         ts = datetime.now(timezone.utc)
         ref = json.dumps({"release": new, "from": source, "reason": reason, "source_uri": source_uri})

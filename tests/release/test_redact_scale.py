@@ -53,6 +53,21 @@ def test_redact_with_a_tiny_partition_budget_gives_what_one_partition_gives(tmp_
     assert sorted(r["sample_id"] for r in lineage if r["action"] == "dropped") == taken
 
 
+def test_redact_of_a_source_alone_with_a_tiny_partition_budget_gives_what_one_partition_gives(tmp_path):
+    one = _lake(tmp_path / "one")
+    shutil.copytree(one.root, tmp_path / "many")
+    many = Lake(tmp_path / "many")
+    for lake, budget in ((one, 1 << 19), (many, 3)):  # no ids given: the removed ids are the named ones
+        redact(lake, "r3", source="r2", source_uri="book.txt", reason="take-down #8", partition_ids=budget)
+    first, second = _outcome(one, "r3"), _outcome(many, "r3")
+    assert first == second
+    record, rows, lineage, taken = first
+    assert record["details"]["removed"] == 32 and len(taken) == 32  # the book's 25 + 7 late rows
+    assert record["details"]["contained_in"] == {"r1": 25, "r2": 32}
+    assert len(rows) == 30 + 25 + 21 + 7 - 32
+    assert sorted(r["sample_id"] for r in lineage if r["action"] == "dropped") == taken
+
+
 def test_releases_containing_counts_each_sample_once_whatever_the_partitions(tmp_path):
     lake = _lake(tmp_path / "lake")
     ids = [sample_id_of(f"doc {i} of b") for i in range(0, 20, 3)] + [sample_id_of("doc 3 of book"), "0" * 32]
@@ -76,3 +91,8 @@ def test_sorted_ids_spill_and_read_back_in_order(tmp_path):
         assert [v for block in ids.blocks() for v in block.to_pylist()] == expected
         assert [c.to_pylist() for c in ids.chunks(4)] == [expected[:4], expected[4:8], expected[8:]]
         assert [v for c in ids.chunks(100) for v in c.to_pylist()] == expected  # read again
+        # where each chunk's share of the id range begins (blocks of 4 ids: bounds inside and at a block's start)
+        assert [b.as_py() for b in ids.bounds(4)] == ["e", "i"]
+        assert [b.as_py() for b in ids.bounds(3)] == ["d", "g"]
+        assert [b.as_py() for b in ids.bounds(1)] == expected[1:]
+        assert ids.bounds(9) == [] and ids.bounds(100) == []
