@@ -24,7 +24,7 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.release.digest import digest_sum
-from datahub.release.freeze import PARAMS_KEY, params_text, refuse_other_try, release_txn
+from datahub.release.freeze import PARAMS_KEY, params_text, refuse_other_try, regrouped, release_txn
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import ROW, RowCursor
 from datahub.release.records import MATERIALIZED_PREFIX, REDACTED_TABLE, Release, list_releases
@@ -71,22 +71,6 @@ class _Redactions:
             code = pc.take(codes, pc.index_in(batch.column("release"), value_set=names))
             valid = pc.and_(pc.is_valid(code), pc.is_valid(batch.column("sample_id")))
             runs.add(pa.table([batch.column("sample_id").filter(valid), code.filter(valid)], schema=_REDACTED_BY))
-
-
-def _partitions(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
-    """``blocks`` (sorted) regrouped into tables of ``rows`` rows (the last one shorter)."""
-    held: list[pa.Table] = []
-    count = 0
-    for block in blocks:
-        held.append(block)
-        count += block.num_rows
-        while count >= rows:
-            whole = pa.concat_tables(held)
-            yield whole.slice(0, rows).combine_chunks()
-            rest = whole.slice(rows)
-            held, count = ([rest] if rest.num_rows else []), rest.num_rows
-    if count:
-        yield pa.concat_tables(held).combine_chunks()
 
 
 @dataclass
@@ -174,7 +158,7 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
     try:
         with redacted:
             redactions.add_ids(lake, redacted)
-            partitions = _partitions(redacted.merged(), partition_ids)
+            partitions = regrouped(redacted.merged(), partition_ids)
             first = next(partitions, None)
             if first is None and not redactions.by_source:
                 hit_rows.close()

@@ -171,7 +171,7 @@ def _collect(batches: Iterator[tuple[pa.Array, pa.Array]], runs: SortedRuns) -> 
     return _Released(rows, digest & ((1 << 128) - 1), ids_added, reasons)
 
 
-def _chunks(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
+def regrouped(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
     """``blocks`` regrouped into tables of exactly ``rows`` rows (the last one shorter)."""
     held: list[pa.Table] = []
     count = 0
@@ -247,7 +247,7 @@ def _lineage_chunks(name: str, released: _Released, distinct: Iterator[pa.Table]
     the ``extra`` rows (a sorted stream), in sample_id order, ``LINEAGE_CHUNK_ROWS`` released rows at a time with
     the extra rows that fall between their first id and the next chunk's."""
     cursor = _SortedRows(extra) if extra is not None else None
-    chunks = _chunks(distinct, LINEAGE_CHUNK_ROWS)
+    chunks = regrouped(distinct, LINEAGE_CHUNK_ROWS)
     current = next(chunks, _ID_ROWS.empty_table())
     while current is not None:
         following = next(chunks, None)  # its first id bounds this chunk's share of the extra rows
