@@ -329,6 +329,19 @@ def cut_file_takes(lengths: np.ndarray, final: bool, *, file_tokens: int) -> lis
 # ---- writing -------------------------------------------------------------------------------------------
 
 
+def _piece_ends(nbytes: np.ndarray) -> np.ndarray:
+    """Where ``.bin`` pieces end (document counts, export order): a piece closes once it holds ``PIECE_BYTES`` (a
+    larger document is a piece of its own), so one piece is copied at a time."""
+    cumulative = np.cumsum(nbytes, dtype=np.int64)
+    ends: list[int] = []
+    done, start = 0, 0
+    while start < len(nbytes):
+        end = max(int(np.searchsorted(cumulative, done + PIECE_BYTES, side="right")), start + 1)
+        ends.append(end)
+        done, start = int(cumulative[end - 1]), end
+    return np.asarray(ends, dtype=np.int64)
+
+
 def file_prefix(release: str, index: int) -> str:
     return f"{release}-{index:06d}"
 
@@ -358,37 +371,37 @@ class TokenFileDone:
                    (record.ids.size, record.ids.sha256))
 
 
-PIECE_BYTES = 8 * 2**20  # a file part is written in pieces of this size (one piece copied at a time)
+PIECE_BYTES = 8 * 2**20  # ``.bin`` is written in pieces of about this size (ordered a piece at a time)
 IDS_PIECE = 1 << 16  # ids encoded at a time for .ids (~4 MiB of 64-character ids)
 
 
 @dataclass(frozen=True)
 class BuiltTokenFile:
-    """One token file ready to publish: the ``.bin`` body (a view of the ordered documents' buffer), the ``.idx``
-    bytes, and the ids with their export order (``.ids`` is encoded ``IDS_PIECE`` ids at a time, never whole)."""
+    """One token file ready to publish: its documents and ids as routed, their export order, and the ``.idx`` bytes.
+    ``.bin`` (the documents in export order) and ``.ids`` are made a piece at a time as they are written, never
+    whole; the tier hashes the pieces as they go by."""
 
     index: int
-    body: pa.Buffer
-    idx: bytes
+    documents: pa.LargeBinaryArray  # routed order: each document's token bytes
     ids: pa.Array  # routed order
-    order: pa.Array  # positions in ``ids``, export order
-    ids_part: tuple[int, str] = (0, "")  # size and sha256 of ``.ids`` (``ids_digest``)
+    order: pa.Array  # positions in ``ids`` and ``documents``, export order
+    idx: bytes
+    piece_ends: np.ndarray  # export-order document counts at which ``.bin`` pieces end
 
     def body_pieces(self) -> Iterator[bytes]:
-        for start in range(0, len(self.body), PIECE_BYTES):
-            yield self.body.slice(start, min(PIECE_BYTES, len(self.body) - start)).to_pybytes()
+        begin = 0
+        for end in self.piece_ends.tolist():
+            piece = self.documents.take(self.order.slice(begin, end - begin))
+            offsets = np.frombuffer(piece.buffers()[1], dtype=np.int64)[piece.offset:piece.offset + len(piece) + 1]
+            data = piece.buffers()[2]
+            if data is not None and offsets[-1] > offsets[0]:
+                yield data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
+            begin = end
 
     def ids_pieces(self) -> Iterator[bytes]:
+        """``.ids`` a slice at a time (encoding checks each id: no null, no newline)."""
         for start in range(0, len(self.order), IDS_PIECE):
             yield encode_ids(self.ids.take(self.order.slice(start, IDS_PIECE)))
-
-    def ids_digest(self) -> tuple[int, str]:
-        """Size and sha256 of ``.ids`` (encoding checks each id)."""
-        digest, size = hashlib.sha256(), 0
-        for piece in self.ids_pieces():
-            digest.update(piece)
-            size += len(piece)
-        return size, digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -447,40 +460,36 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         hashes = (np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
                   if self.shuffle_seed is not None else None)
         documents = rows["tokens"]
-        del rows  # its chunks go: a file's documents are held twice at most (combined, then ordered)
+        del rows  # its chunks go once combined: a file's documents are held once (ordered a piece at a time)
         if hashes is not None:
             order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
             del hashes
         else:
             order = pc.sort_indices(ids)
         documents = documents.combine_chunks()
-        documents = documents.take(order)
         itemsize = self.tokenizer.dtype.itemsize
         offsets = np.frombuffer(documents.buffers()[1], dtype=np.int64)[documents.offset:documents.offset + len(documents) + 1]
-        data = documents.buffers()[2]
-        body = data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])) if data is not None else pa.py_buffer(b"")
-        lengths = np.diff(offsets) // itemsize
+        nbytes = np.diff(offsets)[np.asarray(order)]  # export order
+        lengths = nbytes // itemsize
         if int(lengths.sum()) != self.tokens[index]:
             raise IntegrityError(f"{where}: {int(lengths.sum())} tokens written, {self.tokens[index]} counted; the "
                                  "tokenizer gave different ids on two passes (a nondeterministic tokenizer?)")
-        built = BuiltTokenFile(index, body, encode_index(lengths, dtype=self.tokenizer.dtype), ids, order)
-        return replace(built, ids_part=built.ids_digest())  # every id checked (no null, no newline) before publishing
+        return BuiltTokenFile(index, documents, ids, order, encode_index(lengths, dtype=self.tokenizer.dtype),
+                              _piece_ends(nbytes))
 
     def publish(self, built: BuiltTokenFile, *, tier: Tier | None = None) -> TokenFileDone:
-        """Publish ``.bin``, ``.idx`` and ``.ids`` (each atomically, streamed a piece at a time; sizes checked),
-        then journal the file."""
+        """Publish ``.ids`` (first: encoding checks every id before any part is published), ``.bin`` and ``.idx``,
+        each atomically, streamed a piece at a time and hashed as it is written (sizes checked after), then journal
+        the file."""
         target = tier or self.tier()
         index = built.index
         described: dict[str, tuple[int, str]] = {}
-        for suffix, (size, sha256), pieces in (
-                (BIN_SUFFIX, (len(built.body), hashlib.sha256(built.body).hexdigest()), built.body_pieces),
-                (IDX_SUFFIX, (len(built.idx), hashlib.sha256(built.idx).hexdigest()), lambda: iter((built.idx,))),
-                (IDS_SUFFIX, built.ids_part, built.ids_pieces)):
+        for suffix, pieces in ((IDS_SUFFIX, built.ids_pieces), (BIN_SUFFIX, built.body_pieces),
+                               (IDX_SUFFIX, lambda: iter((built.idx,)))):
             uri = self.uri(target, index, suffix)
-            target.publish_stream(uri, pieces(), size=size, sha256=sha256)
-            if target.size(uri) != size:
+            described[suffix] = target.publish_stream(uri, pieces(), size=None, sha256=None)
+            if target.size(uri) != described[suffix][0]:
                 raise IntegrityError(f"tier {target.name}: {uri} has the wrong size after writing; check the tier, re-run")
-            described[suffix] = (size, sha256)
         done = TokenFileDone(index, file_prefix(self.release, index), self.router.samples[index], self.tokens[index],
                              self.starts[index], described[BIN_SUFFIX], described[IDX_SUFFIX], described[IDS_SUFFIX])
         if self.journal_dir is not None:

@@ -243,11 +243,14 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
 
-    def publish_stream(self, uri: str, chunks: Iterable[bytes], *, size: int, sha256: str) -> None:
+    def publish_stream(self, uri: str, chunks: Iterable[bytes], *, size: int | None, sha256: str | None
+                       ) -> tuple[int, str]:
         """Write ``chunks`` at ``uri`` atomically, one chunk held at a time; the object appears only when the bytes
         are ``size`` long and hash to ``sha256`` (else IntegrityError, and ``uri`` is unchanged). An error raised by
         ``chunks`` (the source) also leaves ``uri`` unchanged and propagates. cfs and hdfs write a temp file and
-        rename it; ceph completes a multipart upload (or one PUT below a part) at the end, or aborts it."""
+        rename it; ceph completes a multipart upload (or one PUT below a part) at the end, or aborts it. Returns the
+        size and sha256 of what was written: with ``size=None, sha256=None`` the bytes are hashed as they are
+        written, not checked (a writer that makes them need not hash them in a pass of its own)."""
         digest = hashlib.sha256()
         written = 0
         source_failed = False  # an error of ``chunks`` propagates as it is, not as this tier's StorageError
@@ -266,9 +269,10 @@ class Tier:
                 digest.update(chunk)
                 written += len(chunk)
                 handle.write(chunk)
-            if written != size or digest.hexdigest() != sha256:
+            if (size is not None and written != size) or (sha256 is not None and digest.hexdigest() != sha256):
                 raise IntegrityError(f"tier {self.name}: the bytes for {uri} do not match (size {written}, sha256 "
-                                     f"{digest.hexdigest()[:12]}...; expected {size}, {sha256[:12]}...); not published")
+                                     f"{digest.hexdigest()[:12]}...; expected {size}, {(sha256 or 'any')[:12]}...); "
+                                     "not published")
 
         try:
             if isinstance(self.spec, CfsTier):
@@ -315,6 +319,7 @@ class Tier:
             if source_failed:
                 raise
             raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
+        return written, digest.hexdigest()
 
     def publish_verified(self, uri: str, data: bytes, *, sha256: str | None = None) -> str:
         """Publish, then read back and compare sha256; returns the digest. Raises IntegrityError on mismatch."""

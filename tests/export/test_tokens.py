@@ -425,3 +425,54 @@ def test_token_export_planned_in_many_buckets_writes_the_files_of_one_bucket(tmp
                             if r["action"] == "exported" and r["run_id"].startswith(f"export-tokens/r-{tier}/"))
                for tier in ("one", "many")}
     assert lineage["one"] == lineage["many"] and len(lineage["many"]) == 90
+
+
+@pytest.mark.parametrize("seed", [None, 5])
+def test_token_files_written_in_small_pieces_are_the_bytes_and_sha256s_of_whole_ones(tmp_path, monkeypatch,
+                                                                                      seed) -> None:
+    """``.bin`` is ordered and written a piece at a time and every part is hashed as it is written: with pieces of
+    a few bytes (most documents a piece of their own) and 3 ids a piece, the files are those of the default pieces,
+    and the manifest's sizes and sha256s are those of the bytes on the tier."""
+    from datahub.export import tokens
+
+    lake, version = make_lake(tmp_path / "lake")
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("whole", tmp_path / "whole"), ("pieces", tmp_path / "pieces"))
+
+    def run(tier: str):
+        return export_table_tokens(lake, table="samples", version=version, release_name=f"r-{tier}", tokenizer=path,
+                                   tier=tier, storage=storage, file_tokens=300, shuffle_seed=seed)
+
+    whole = run("whole")
+    monkeypatch.setattr(tokens, "PIECE_BYTES", 5)
+    monkeypatch.setattr(tokens, "IDS_PIECE", 3)
+    pieces = run("pieces")
+    assert len(whole.files) > 3
+    for one, other in zip(whole.files, pieces.files, strict=True):
+        for part in ("bin", "idx", "ids"):
+            written = (tmp_path / "pieces" / "r-pieces" / f"tokens-{whole.tokenizer.sha256[:12]}" /
+                       f"{other.prefix}.{part}").read_bytes()
+            assert (one.part(part).size, one.part(part).sha256) == (other.part(part).size, other.part(part).sha256) \
+                == (len(written), hashlib.sha256(written).hexdigest())
+
+
+def test_piece_ends_close_a_piece_at_the_byte_budget_and_give_a_large_document_its_own() -> None:
+    from datahub.export.tokens import PIECE_BYTES, _piece_ends
+
+    nbytes = np.array([PIECE_BYTES // 2, PIECE_BYTES // 2, 1, 3 * PIECE_BYTES, 2, 2, PIECE_BYTES - 4, 1],
+                      dtype=np.int64)
+    assert _piece_ends(nbytes).tolist() == [2, 3, 4, 7, 8]
+    assert _piece_ends(np.zeros(0, dtype=np.int64)).tolist() == []
+
+
+def test_a_sample_id_with_a_newline_publishes_no_part_of_its_file(tmp_path) -> None:
+    """``.ids`` is published first and its encoding refuses an id holding a newline: the export fails before any
+    part of that file (``.bin``/``.idx`` included) is on the tier."""
+    lake = Lake(tmp_path / "lake")
+    version = lake.commit("samples", pa.table({"sample_id": ["a", "b\nc", "d"], "text": ["x y", "y z", "z"]}),
+                          txn="seed")
+    path = train_tokenizer(tmp_path / "tok.json")
+    with pytest.raises(IntegrityError, match="newline"):
+        export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                            storage=cfs_storage(("cfs", tmp_path / "cfs")))
+    assert not [p for p in (tmp_path / "cfs").rglob("r-*") if p.suffix in (".bin", ".idx", ".ids")]

@@ -75,6 +75,20 @@ def test_publish_stream_publishes_matching_bytes_only(tier) -> None:
     assert b"".join(tier.chunks(uri)) == DATA
 
 
+
+def test_publish_stream_without_expectations_returns_the_size_and_sha256_it_wrote(tier) -> None:
+    """A writer that makes the bytes as it streams them (the token export) has the tier hash them on the way: what
+    comes back is the published object's size and sha256; a failing source still publishes nothing."""
+    uri = tier.uri("r1", "tokens.bin")
+    with pytest.raises(ConnectionError):
+        tier.publish_stream(uri, _chunks(DATA, fail_after=1), size=None, sha256=None)
+    assert tier.size(uri) is None and _leftovers(tier, uri) == []
+    assert tier.publish_stream(uri, _chunks(DATA), size=None, sha256=None) == \
+        (len(DATA), hashlib.sha256(DATA).hexdigest())
+    assert tier.verify(uri, size=len(DATA), sha256=hashlib.sha256(DATA).hexdigest())
+    with pytest.raises(IntegrityError, match="do not match"):  # a size alone is still checked
+        tier.publish_stream(tier.uri("r1", "other.bin"), _chunks(DATA), size=len(DATA) - 1, sha256=None)
+
 class _FakeTime:
     def __init__(self) -> None:
         self.now = 0.0
