@@ -29,7 +29,7 @@ from datahub.loader.storage_options import StorageArg, as_storage, readable_tier
 from datahub.loader.storage_options import manifest_options as manifest_options_for
 from datahub.shards.index import index_tar
 from datahub.loader import worker_transport
-from datahub.loader.worker_use import TrainerPosition, WorkerUse
+from datahub.loader.worker_use import OwnPosition, TrainerPosition, WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers, StatefulDataLoader)
     from torch.utils.data import IterableDataset as _Base
@@ -49,7 +49,7 @@ _OLD_STATE_FORMATS = (_OLD_STATE_FORMAT, "datahub.loader/2")
 _CHUNK_ITEMS = 1 << 16  # plan this many rank items at a time: bounded memory on billion-sample releases
 
 
-class ReleaseDataset(_Base):  # type: ignore[misc,valid-type]  # the base is torch's IterableDataset, or object without torch
+class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # the base is torch's IterableDataset, or object without torch
     """Iterate one rank's share of a release: each sample exactly once per epoch over all ranks and workers.
 
     Every rank gets the same number of items; ``uneven="pad"`` (default) repeats a sample on

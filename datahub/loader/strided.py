@@ -23,7 +23,7 @@ import numpy as np
 from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.plan import resolve_topology
 from datahub.loader import worker_transport
-from datahub.loader.worker_use import TrainerPosition, WorkerUse
+from datahub.loader.worker_use import OwnPosition, TrainerPosition, WorkerUse
 
 try:  # a real IterableDataset when torch is installed (DataLoader workers)
     from torch.utils.data import IterableDataset as _Base
@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - torch is an optional extra
         return None
 
 
-class StridedDataset(_Base):  # type: ignore[misc,valid-type]  # the base is torch's IterableDataset, or object
+class StridedDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # the base is torch's IterableDataset, or object
     """Rank/worker striding, batching and the consumed count over a subclass's global sequence.
 
     Subclasses implement ``_global_items()`` (G from the current resume point) and ``_reader()`` (a function from

@@ -5,15 +5,23 @@ A plain torch DataLoader with workers gives each worker a copy of the dataset (f
 owner's copy never yields anything and its count of consumed samples stays 0. Workers create a marker file
 whose (random, private) path the copies share; the owner checks for it. A file rather than shared memory,
 because a path survives both fork and pickling (``multiprocessing_context="spawn"``).
+
+Both files belong to one dataset object. A DataLoader worker's copy must share them (a forked copy does; a spawned
+worker's copy is pickled by multiprocessing's ``ForkingPickler``, whose reducers below keep the path), but any other
+copy is another dataset (``copy.deepcopy``, ``pickle``, ``copy.copy`` through ``OwnPosition``): it gets its own
+files, or the two datasets' ``set_epoch``/``load_state_dict`` moved each other's persistent workers, and one read in
+this process made the other's ``state_dict()`` claim nothing was consumed.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import tempfile
 import uuid
 import weakref
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 
@@ -33,6 +41,9 @@ class WorkerUse:
     def __init__(self) -> None:
         self.path = os.path.join(tempfile.gettempdir(), f"datahub-loader-workers-{uuid.uuid4().hex}")
         weakref.finalize(self, _remove, self.path, os.getpid())
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy and deepcopy: another dataset's marker, same content
+        return _copied_worker_use, (self.workers(),)
 
     def mark(self, num_workers: int = 1) -> None:
         if self.workers() == num_workers:
@@ -80,6 +91,9 @@ class TrainerPosition:
         self.generation = 0
         weakref.finalize(self, _remove, self.path, os.getpid())
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy and deepcopy: another dataset's position
+        return TrainerPosition, ()
+
     def publish(self, fields: dict[str, Any]) -> None:
         """In the owner: ``fields`` (attribute name to value) are the position its workers' next iteration uses."""
         self.generation += 1
@@ -115,3 +129,44 @@ class TrainerPosition:
         read = self._read()
         if read is not None:
             self.generation = max(self.generation, read[0])
+
+
+def _copied_worker_use(workers: int | None) -> WorkerUse:
+    """A copy's own marker, saying what the original's said when copied (a copy is a snapshot of its state)."""
+    use = WorkerUse()
+    if workers is not None:
+        use.mark(workers)
+    return use
+
+
+def _worker_use_of(path: str) -> WorkerUse:
+    """The owner's ``WorkerUse`` in a spawned DataLoader worker (no finalizer: the owner removes the file)."""
+    use = WorkerUse.__new__(WorkerUse)
+    use.path = path
+    return use
+
+
+def _position_of(path: str, generation: int) -> TrainerPosition:
+    """The owner's ``TrainerPosition`` in a spawned DataLoader worker, at the generation it was copied with."""
+    position = TrainerPosition.__new__(TrainerPosition)
+    position.path, position.generation = path, generation
+    return position
+
+
+# only multiprocessing's pickler (a spawned or forkserver DataLoader worker receiving the dataset) keeps the files
+ForkingPickler.register(WorkerUse, lambda use: (_worker_use_of, (use.path,)))
+ForkingPickler.register(TrainerPosition, lambda position: (_position_of, (position.path, position.generation)))
+
+
+class OwnPosition:
+    """Mixin of the datasets holding ``_worker_use`` and ``_position``: ``copy.copy`` gives the copy its own files
+    (``copy.deepcopy`` and ``pickle`` do through the classes' reducers)."""
+
+    _worker_use: WorkerUse
+    _position: TrainerPosition
+
+    def __copy__(self) -> Any:
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin._worker_use, twin._position = copy.copy(self._worker_use), TrainerPosition()
+        return twin

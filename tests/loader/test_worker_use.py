@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
 
 from datahub.loader import PackedDataset, ReleaseDataset  # noqa: E402
+from datahub.loader.errors import ConsumedCountRequiredError  # noqa: E402
 from datahub.loader.mixture import MixtureDataset  # noqa: E402
 from tests.loader.shards import write_release  # noqa: E402
 from tests.loader.tokens import write_tokens  # noqa: E402
@@ -83,3 +86,88 @@ def test_persistent_workers_follow_a_token_mixture_resumed_with_other_weights(tm
                               {"a": 0.75, "b": 0.25}, rank=0, world_size=1, batch_size=2)
 
     follows_the_owner(make, tokens, weights={"a": 0.25, "b": 0.75})  # weights and cursors reach the workers
+
+
+def _deep(dataset: Any) -> Any:
+    return copy.deepcopy(dataset)
+
+
+def _pickled(dataset: Any) -> Any:
+    return pickle.loads(pickle.dumps(dataset))
+
+
+def _shallow(dataset: Any) -> Any:
+    return copy.copy(dataset)
+
+
+def _release(tmp_path: Path) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    write_release(tmp_path / "export", samples_per_shard=(10, 9, 11, 10, 8, 12))
+    path = str(tmp_path / "export" / "manifest.json")
+    return lambda: ReleaseDataset(path, rank=0, world_size=1, seed=5, shuffle_buffer=10, batch_size=4), samples
+
+
+def _packed(tmp_path: Path) -> tuple[Callable[[], Any], Callable[[Any], Any]]:
+    prefixes, _ = write_tokens(tmp_path / "tok", files=4, documents=60, max_len=60)
+    return lambda: PackedDataset(prefixes, seq_len=32, batch_size=3, rank=0, world_size=1, seed=3), tokens
+
+
+@pytest.mark.parametrize("clone", [_deep, _pickled, _shallow], ids=["deepcopy", "pickle", "copy"])
+@pytest.mark.parametrize("kind", [_release, _packed], ids=["release", "packed"])
+def test_a_copy_of_a_dataset_has_its_own_position_for_persistent_workers(
+        tmp_path: Path, kind: Callable[[Path], Any], clone: Callable[[Any], Any]) -> None:
+    # an evaluation copy (or a dataset restored from a pickle) moved to its own epoch and resume point must not move
+    # the original's persistent workers: each epoch of the original reads what fresh workers read
+    make, as_key = kind(tmp_path)
+    original = make()
+    persistent = DataLoader(original, batch_size=None, num_workers=2, persistent_workers=True)
+    read(persistent, as_key)  # the workers start, with epoch 0
+    twin = clone(original)
+    original.set_epoch(1)
+    twin.set_epoch(7)
+    twin.load_state_dict(twin.state_dict(consumed=2))
+    reference = make()
+    reference.set_epoch(1)
+    want = read(DataLoader(reference, batch_size=None, num_workers=2), as_key)
+    assert read(persistent, as_key) == want, "the original's workers read the original's epoch 1"
+    twins = DataLoader(twin, batch_size=None, num_workers=2, persistent_workers=True)
+    reference.set_epoch(7)
+    reference.load_state_dict(reference.state_dict(consumed=2))
+    assert read(twins, as_key) == read(DataLoader(reference, batch_size=None, num_workers=2), as_key)
+    original.set_epoch(2)  # and the twin's workers follow the twin, not the original
+    twin.set_epoch(3)
+    reference.set_epoch(3)
+    assert read(twins, as_key) == read(DataLoader(reference, batch_size=None, num_workers=2), as_key)
+
+
+@pytest.mark.parametrize("clone", [_deep, _pickled, _shallow], ids=["deepcopy", "pickle", "copy"])
+@pytest.mark.parametrize("kind", [_release, _packed], ids=["release", "packed"])
+def test_a_copy_read_in_process_leaves_the_original_refusing_a_position_it_cannot_know(
+        tmp_path: Path, kind: Callable[[Path], Any], clone: Callable[[Any], Any]) -> None:
+    # the original was read by DataLoader workers, so its state_dict() needs consumed=N; a copy read in this process
+    # must not make it answer "nothing consumed" (a resume from the epoch's start: every sample read again)
+    make, as_key = kind(tmp_path)
+    original = make()
+    got = read(DataLoader(original, batch_size=None, num_workers=2), as_key, stop=2)
+    assert len(got) == 2
+    twin = clone(original)
+    with pytest.raises(ConsumedCountRequiredError):  # a snapshot of the original: it does not know either
+        twin.state_dict()
+    read(twin, as_key, stop=1)  # type: ignore[arg-type]  # iterated here, num_workers=0
+    assert twin.state_dict()  # the copy knows its own position
+    with pytest.raises(ConsumedCountRequiredError):
+        original.state_dict()
+
+
+def test_spawned_persistent_workers_still_share_the_owners_position(tmp_path: Path) -> None:
+    # a spawned worker's copy is pickled (by multiprocessing's ForkingPickler): unlike a user's pickle, it must keep
+    # the owner's files, or set_epoch would not reach it and state_dict() would not know workers read the dataset
+    make, as_key = _release(tmp_path)
+    original, reference = make(), make()
+    spawned = DataLoader(original, batch_size=None, num_workers=2, persistent_workers=True,
+                         multiprocessing_context="spawn")
+    assert read(spawned, as_key) == read(DataLoader(reference, batch_size=None, num_workers=2), as_key)
+    with pytest.raises(ConsumedCountRequiredError):
+        original.state_dict()
+    original.set_epoch(1)
+    reference.set_epoch(1)
+    assert read(spawned, as_key) == read(DataLoader(reference, batch_size=None, num_workers=2), as_key)
