@@ -139,9 +139,13 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     columns = validation_batch(schema.empty_table().select(list(read)), set(wanted)).schema
     files = [fragment.path for fragment in dataset.get_fragments()]
     read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe
-    frame = read_dataframe(engine, files, _FileValidationColumns(lake, table, version, read, wanted, batch_rows),
-                           columns)
-    outcomes = [run_expectations(frame, suite, spark=True) for suite in suites]
+    jobs_ended_on_exit = importlib.import_module("datahub.engines.spark.jobs").jobs_ended_on_exit
+    # GX catches a failed Spark job's error (the expectation gets an error entry, computed again locally): the
+    # job's other tasks must end before the fallback reads the same files, and before the caller goes on
+    with jobs_ended_on_exit(engine.session):  # type: ignore[attr-defined]
+        frame = read_dataframe(engine, files, _FileValidationColumns(lake, table, version, read, wanted, batch_rows),
+                               columns)
+        outcomes = [run_expectations(frame, suite, spark=True) for suite in suites]
     return [_fallback(lake, suite, outcome, table=table, version=version) for suite, outcome in zip(suites, outcomes)]
 
 

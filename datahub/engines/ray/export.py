@@ -38,19 +38,18 @@ MAX_PARTITIONS = 256  # objects per read task; a write task then writes groups/2
 
 
 def _split(task: Any, read: Callable[[Any], Iterator[pa.Table]], key: str, partitions: int,
-           schema: pa.Schema) -> tuple[pa.Table, ...] | pa.Table:
-    """One read task: its routed rows, split by ``key % partitions`` (one table per partition, maybe empty)."""
+           schema: pa.Schema) -> tuple[int | pa.Table, ...]:
+    """One read task: its rows' count (what the driver waits on: a failed read raises there, and no rows travel
+    to the driver), then its routed rows split by ``key % partitions`` (one table per partition, maybe empty)."""
     parts = [t for t in read(task) if t.num_rows]
     rows = pa.concat_tables(parts) if parts else schema.empty_table()
     if not rows.num_rows:
-        empty = tuple(schema.empty_table() for _ in range(partitions))
-        return empty if partitions > 1 else empty[0]
+        return (0, *(schema.empty_table() for _ in range(partitions)))
     target = np.asarray(rows[key].combine_chunks()) % partitions
     order = np.argsort(target, kind="stable")
     grouped = rows.take(pa.array(order))
     bounds = np.searchsorted(target[order], np.arange(partitions + 1))
-    out = tuple(grouped.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])) for p in range(partitions))
-    return out if partitions > 1 else out[0]
+    return (rows.num_rows, *(grouped.slice(int(bounds[p]), int(bounds[p + 1] - bounds[p])) for p in range(partitions)))
 
 
 def _write_partition(task: WriteTask[Any], key: str, *parts: pa.Table) -> list[pa.Table]:
@@ -71,39 +70,55 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
     """Run ``read(task)`` for every task (Arrow tables of ``routed_schema`` with an int64 ``key`` column), then the
     sink's ``write`` once per key value with all its rows (a task of the write seam); return the tasks' results
     for the caller's ``sink.commit``. ``workers``: tasks at once (None: Ray's CPUs decide); ``groups``: how many
-    key values there are, when known (sizes the shuffle). The Spark twin is ``datahub.engines.spark.export``."""
+    key values there are, when known (sizes the shuffle). A failed task (or an error in the driver) stops the pass:
+    its other tasks are cancelled and none runs when the error reaches the caller. The Spark twin is
+    ``datahub.engines.spark.export``."""
     import ray
 
     if not tasks:
         return []
     parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     partitions = max(1, min(groups or 4 * parallel, MAX_PARTITIONS))
-    split = ray.remote(_split).options(num_returns=partitions)
+    split = ray.remote(_split).options(num_returns=partitions + 1)
     write = ray.remote(_write_partition)
     outputs: list[list[Any]] = []  # per read task, its partitions' object refs
-    running: list[Any] = []
-    for item in tasks:  # at most ``parallel`` read tasks at once
-        if len(running) >= parallel:
-            _, running = ray.wait(running, num_returns=1)
-        returned: Any = split.remote(item, read, key, partitions, routed_schema)
-        refs: list[Any] = list(returned) if partitions > 1 else [returned]
-        outputs.append(refs)
-        running.append(refs[0])
+    reading: list[Any] = []  # the read tasks' row counts not yet seen
     writing: list[Any] = []
-    finished: list[Any] = []
-    write_task = WriteTask(sink)
-    for partition in range(partitions):
-        if len(writing) >= parallel:
-            done, writing = ray.wait(writing, num_returns=1)
-            finished.extend(done)
-        writing.append(write.remote(write_task, key, *[refs[partition] for refs in outputs]))
-        for refs in outputs:  # the write task holds its inputs now: the store frees them when it is done
-            refs[partition] = None
     results: list[R] = []
-    for rows in ray.get(finished + writing):
-        for table in rows:
-            results.extend(task_results(table))
+    try:
+        for item in tasks:  # at most ``parallel`` read tasks at once
+            if len(reading) >= parallel:
+                reading = _wait_one(reading)
+            refs: list[Any] = list(split.remote(item, read, key, partitions, routed_schema))  # type: ignore[call-overload]
+            outputs.append(refs[1:])
+            reading.append(refs[0])
+        while reading:  # every read succeeded before a write starts: a failed one stops the pass here
+            reading = _wait_one(reading)
+        write_task = WriteTask(sink)
+        for partition in range(partitions):
+            if len(writing) >= parallel:
+                writing = _wait_one(writing, results)
+            writing.append(write.remote(write_task, key, *[refs[partition] for refs in outputs]))
+            for refs in outputs:  # the write task holds its inputs now: the store frees them when it is done
+                refs[partition] = None
+        while writing:
+            writing = _wait_one(writing, results)
+    finally:  # a task failed or the driver stopped: no task of the pass may go on writing after the caller returns
+        cancel_and_wait(reading + writing)
     return results
+
+
+def _wait_one(pending: list[Any], results: list[Any] | None = None) -> list[Any]:
+    """Wait for one task of ``pending`` and get its value (a failed task raises its error here; a write task's
+    results go to ``results``); returns the tasks still pending."""
+    import ray
+
+    done, pending = ray.wait(pending, num_returns=1)
+    for value in ray.get(done):
+        if results is not None:
+            for table in value:
+                results.extend(task_results(table))
+    return pending
 
 
 # ---- sorted runs on the workers' local disks -----------------------------------------------------------------

@@ -66,21 +66,35 @@ def map_reduce(engine: Engine, items: Sequence[Any], map_fn: Callable[[Any], tup
                workers: int | None = None) -> tuple[list[Any], list[Any]]:
     """``map_fn(item)`` -> (a small result, ``partitions`` parts) in a Ray task per item, ``workers`` at once; the
     parts stay in the object store and ``reduce_fn`` gets part p of every item in the p-th reduce task. Returns the
-    small results in item order and the reduce results in partition order; no part passes through the driver."""
+    small results in item order and the reduce results in partition order; no part passes through the driver. A
+    failed task (or an error in the driver) cancels the other tasks of both rounds before the error propagates."""
     import ray
 
     parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     mapper = ray.remote(_map_split).options(num_returns=partitions + 1)
     smalls: list[Any] = []
     parts: list[list[Any]] = [[] for _ in range(partitions)]
-    pending: list[Any] = []
-    for item in items:
-        refs: list[Any] = mapper.remote(map_fn, item)  # type: ignore[assignment]  # num_returns > 1: a list
-        pending.append(refs[0])
-        for p in range(partitions):
-            parts[p].append(refs[p + 1])
-        if len(pending) > parallel:
-            smalls.append(ray.get(pending.pop(0)))
-    smalls.extend(ray.get(pending))
-    reducer = ray.remote(_reduce)
-    return smalls, ray.get([reducer.remote(reduce_fn, *parts[p]) for p in range(partitions)])
+    pending: list[Any] = []  # map tasks (their small results) and then reduce tasks, not yet got
+    try:
+        for item in items:
+            refs: list[Any] = mapper.remote(map_fn, item)  # type: ignore[assignment]  # num_returns > 1: a list
+            pending.append(refs[0])
+            for p in range(partitions):
+                parts[p].append(refs[p + 1])
+            if len(pending) > parallel:
+                smalls.append(ray.get(pending[0]))
+                pending.pop(0)
+        while pending:
+            smalls.append(ray.get(pending[0]))
+            pending.pop(0)
+        reducer = ray.remote(_reduce)
+        pending = [reducer.remote(reduce_fn, *parts[p]) for p in range(partitions)]
+        del parts  # the reduce tasks hold the parts now
+        partition = {ref: p for p, ref in enumerate(pending)}
+        reduced: list[Any] = [None] * partitions
+        while pending:  # as they finish: a failed reduce raises at once, not after every other one
+            done, pending = ray.wait(pending, num_returns=1)
+            reduced[partition[done[0]]] = ray.get(done[0])
+        return smalls, reduced
+    finally:  # a task failed or the driver stopped: none of the pass may still run when the caller goes on
+        cancel_and_wait(pending)

@@ -12,6 +12,7 @@ import pyarrow as pa
 from datahub.engines.base import Engine
 from datahub.engines.sink import RESULT, Sink, WriteTask, task_results
 from datahub.engines.spark.engine import SparkEngine
+from datahub.engines.spark.jobs import jobs_ended_on_exit
 
 R = TypeVar("R")
 
@@ -69,4 +70,5 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
         return writer(group)
 
     written = routed.groupBy(key).applyInArrow(write_group, from_arrow_schema(RESULT))
-    return task_results(written.toArrow())
+    with jobs_ended_on_exit(session):  # a failed task: its job's other tasks end before the caller cleans up
+        return task_results(written.toArrow())
