@@ -307,6 +307,19 @@ def _region(path: str, offset: int, size: int, end: int) -> memoryview:
     return view.region(offset, size, end)
 
 
+def _rebuilt(rebuild: Callable[..., Any], *args: Any) -> Any:
+    """``rebuild(*args)``, or the error it raised as torch's ``ExceptionWrapper``, the DataLoader's own form of a
+    failed item, which it re-raises in the trainer with the message and traceback. A batch is unpickled where the
+    DataLoader reads its result queue: with ``pin_memory=True`` that is torch's pin thread, where an exception ends
+    the thread and the trainer only saw "Pin memory thread exited unexpectedly", not this error."""
+    try:
+        return rebuild(*args)
+    except Exception:  # noqa: BLE001 - handed to the trainer whole, never swallowed
+        from torch._utils import ExceptionWrapper  # loaded: only a DataLoader reads these descriptors
+
+        return ExceptionWrapper(where="in the trainer, reading a DataLoader worker's batch from shared memory")
+
+
 # --- pyarrow RecordBatch: its IPC stream in the ring ----------------------------------------------------------
 
 
@@ -322,7 +335,7 @@ def _reduce_record_batch(batch: pa.RecordBatch) -> tuple[Callable[..., Any], tup
         sink = pa.FixedSizeBufferWriter(pa.py_buffer(ring.view[_HEADER + offset : _HEADER + offset + size]))
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
-        return _record_batch_from_ring, (ring.path, offset, sink.tell(), end)
+        return _rebuilt, (_record_batch_from_ring, ring.path, offset, sink.tell(), end)
     return batch.__reduce__()  # type: ignore[no-any-return]
 
 
@@ -386,7 +399,7 @@ def _reduce_bundle(item: ArrayBundle) -> tuple[Callable[..., Any], tuple[Any, ..
             for (name, _, _, at) in layout:
                 flat = arrays[name].reshape(-1).view(np.uint8)
                 ring.bytes[base + at : base + at + flat.nbytes] = flat
-            return _bundle_from_ring, (type(item), meta, layout, ring.path, offset, size, end)
+            return _rebuilt, (_bundle_from_ring, type(item), meta, layout, ring.path, offset, size, end)
     return _bundle_inline, (type(item), meta, arrays)
 
 

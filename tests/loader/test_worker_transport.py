@@ -210,7 +210,7 @@ def test_a_batch_views_the_ring_and_frees_it_in_order_when_garbage(monkeypatch: 
         view = worker_transport._views[ring.path]
         address, start = got[0].column(0).buffers()[2].address, view.released.ctypes.data
         assert start < address < start + len(view.view), "the batch's text is a view of the trainer's ring mapping"
-        ends = [args[3] for _, args in sent]
+        ends = [args[-1] for _, args in sent]  # (rebuild, path, offset, size, end)
         column = got[1].column(0)  # a view of batch 1 that outlives the batch object
         del got[1]
         assert int(ring.released[0]) == 0, "batch 0 is alive: nothing is released"
@@ -337,3 +337,53 @@ def test_trainer_threads_map_rings_at_once_without_breaking_the_view_table(tmp_p
     assert not errors, errors
     assert len(worker_transport._views) == 1600
     kept.clear()
+
+
+def _unlink_ring_after(reduce: Any) -> Any:
+    """A worker's reducer that removes the worker's ring file once the batch is written (as a /dev/shm cleaner that
+    runs between the worker's write and the trainer's first read would): the trainer cannot map the ring."""
+    def reduce_and_lose(item: Any) -> Any:
+        out = reduce(item)
+        ring = worker_transport._rings.get(os.getpid())
+        if ring is not None and os.path.exists(ring.path):
+            os.unlink(ring.path)
+        return out
+    return reduce_and_lose
+
+
+def _lose_rings(worker_id: int) -> None:  # worker_init_fn: runs in the worker before the dataset's __iter__
+    from multiprocessing.reduction import ForkingPickler
+
+    from datahub.loader.packing import TokenBatch
+
+    worker_transport.install((TokenBatch,))
+    ForkingPickler.register(pa.RecordBatch, _unlink_ring_after(worker_transport._reduce_record_batch))
+    ForkingPickler.register(TokenBatch, _unlink_ring_after(worker_transport._reduce_bundle))
+
+
+@pytest.fixture
+def pin_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DataLoader(pin_memory=True) starts torch's own pin thread (``_pin_memory_loop``, which unpickles the workers'
+    batches there) on this CPU-only machine: torch skips it without an accelerator, so it is told there is one, at
+    device index -1 (which ``torch.accelerator.set_device_index`` accepts here). Pinning itself is not run."""
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: -1)
+
+
+@pytest.mark.parametrize("pin_memory", [True, False], ids=["pin-thread", "no-pin"])
+@pytest.mark.parametrize("kind", ["text", "tokens"])
+def test_a_lost_ring_batch_reaches_the_trainer_as_its_own_error_through_the_pin_thread(
+        tmp_path: Path, text_release: str, kind: str, pin_memory: bool, request: pytest.FixtureRequest) -> None:
+    if pin_memory:
+        request.getfixturevalue("pin_thread")
+    if kind == "text":
+        dataset: Any = ReleaseDataset(text_release, rank=0, world_size=1, batch_size=16, batch_format="arrow")
+    else:
+        prefixes, _ = write_tokens(tmp_path / "tok", files=2, documents=30, max_len=50)
+        dataset = PackedDataset(prefixes, seq_len=64, batch_size=4, rank=0, world_size=1)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, pin_memory=pin_memory, worker_init_fn=_lose_rings)
+    if pin_memory:
+        assert loader._get_iterator()._pin_memory, "torch's pin thread runs"
+    # before: "RuntimeError: Pin memory thread exited unexpectedly" (the unpickling error killed the pin thread)
+    with pytest.raises(WorkerBatchLostError, match="gone from its shared-memory ring"):
+        next(iter(loader))
