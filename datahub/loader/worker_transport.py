@@ -25,7 +25,8 @@ files of workers that died without exiting (SIGKILL) are removed by the next rin
 holds a shared ``flock`` on its ring file while it lives, and the sweep removes only files it can lock exclusively:
 the kernel drops a dead process's lock whatever its PID namespace, whereas a PID in the name means nothing to a
 job in another container sharing ``/dev/shm`` (``docker --ipc=host``, pods sharing an emptyDir), whose live rings
-a PID check deleted.
+a PID check deleted. Rings left by datahub before that rule (``datahub-ring-*``, no flock) are removed only when
+the kernel grants a write lease on them, i.e. no process anywhere has them open or mapped.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import fcntl
 import math
 import mmap
 import os
+import re
 import tempfile
 import threading
 import time
@@ -68,6 +70,8 @@ _ALIGN = 64
 # not "datahub-ring-": datahub before the flock sweep judged "datahub-ring-<pid>-" files by their pid and would
 # delete these rings of another PID namespace
 _PREFIX = "datahub-shm-ring-"
+# the names of those older rings (datahub-ring-<pid>-<uuid4 hex>): swept by a lease, since their workers hold no flock
+_OLD_RING = re.compile(r"datahub-ring-[0-9]+-[0-9a-f]{32}")
 
 
 class ArrayBundle(Protocol):
@@ -85,13 +89,18 @@ def _ring_directory() -> str:
 
 def _sweep(directory: str) -> None:
     """Remove ring files no live process holds (their worker was killed before its exit handler ran): a live
-    worker holds a shared flock on its ring, so an exclusive one is granted only on a dead worker's file."""
+    worker holds a shared flock on its ring, so an exclusive one is granted only on a dead worker's file. Rings
+    named by datahub before that rule (``_OLD_RING``) are judged by a lease instead (``_sweep_old``)."""
     try:
-        names = [name for name in os.listdir(directory) if name.startswith(_PREFIX)]
+        names = os.listdir(directory)
     except OSError:
         return
     for name in names:
         path = os.path.join(directory, name)
+        if not name.startswith(_PREFIX):
+            if _OLD_RING.fullmatch(name):
+                _sweep_old(path)
+            continue
         try:
             handle = os.open(path, os.O_RDONLY)
         except OSError:  # gone meanwhile, or another user's file: not ours to judge
@@ -105,6 +114,26 @@ def _sweep(directory: str) -> None:
             _unlink(path)  # the name has a random part, so it is still the file locked here
         finally:
             os.close(handle)  # drops the lock
+
+
+def _sweep_old(path: str) -> None:
+    """Remove an old-named ring if no process has it open or mapped. Its worker (datahub before the flock rule)
+    takes no flock, so an exclusive flock would be granted on a live ring too; but that worker and its trainer keep
+    the file mapped while they live, and the kernel grants a write lease (F_SETLEASE) only on a file that no
+    process, in any PID namespace, has open or mapped. Refused, or leases unsupported here: the file is kept."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # O_NONBLOCK: never wait on another sweep's lease
+    except OSError:  # gone meanwhile, or another user's file: not ours to judge
+        return
+    try:
+        try:
+            fcntl.fcntl(handle, fcntl.F_SETLEASE, fcntl.F_WRLCK)
+        except OSError:  # open or mapped by a live process (EAGAIN), or no leases on this filesystem
+            return
+        _unlink(path)  # while the lease is held, an open of the path waits for its release
+        fcntl.fcntl(handle, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+    finally:
+        os.close(handle)
 
 
 def _unlink(path: str) -> None:

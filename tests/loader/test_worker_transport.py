@@ -387,3 +387,52 @@ def test_a_lost_ring_batch_reaches_the_trainer_as_its_own_error_through_the_pin_
     # before: "RuntimeError: Pin memory thread exited unexpectedly" (the unpickling error killed the pin thread)
     with pytest.raises(WorkerBatchLostError, match="gone from its shared-memory ring"):
         next(iter(loader))
+
+
+def old_ring(path: str, *, hold: bool) -> subprocess.Popen[str]:
+    """A ring made as datahub before the flock rule made it (``datahub-ring-<pid>-<hex>``: created, sized, mapped,
+    descriptor closed, no flock), by a process that stays alive until its stdin closes (``hold``) or exits at once
+    (its file left behind as a SIGKILLed worker's)."""
+    code = "\n".join([
+        "import mmap, os, sys",
+        f"handle = os.open({path!r}, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)",
+        "os.posix_fallocate(handle, 0, 1 << 16)",
+        "ring = mmap.mmap(handle, 1 << 16)",
+        "os.close(handle)",
+        "print('made', flush=True)",
+        "sys.stdin.read()" if hold else "os._exit(0)",
+    ])
+    maker = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert maker.stdout is not None and maker.stdout.readline().strip() == "made"
+    return maker
+
+
+def test_the_sweep_removes_old_named_rings_no_process_maps_and_keeps_live_ones() -> None:
+    # rings of datahub before the flock sweep stayed in /dev/shm for good (the sweep matched only the new names);
+    # their workers hold no flock, so only a ring nobody has mapped (its worker and trainer gone) may go
+    directory = worker_transport._ring_directory()
+    live = os.path.join(directory, f"datahub-ring-{dead_pid()}-{'3' * 32}")  # a live worker of another PID namespace
+    stale = os.path.join(directory, f"datahub-ring-{dead_pid()}-{'4' * 32}")  # a killed worker's, nobody maps it
+    other = os.path.join(directory, f"datahub-ring-{dead_pid()}-notes")  # not a ring's name: not ours to judge
+    holder = old_ring(live, hold=True)
+    old_ring(stale, hold=False).wait()
+    Path(other).write_bytes(b"x")
+    try:
+        worker_transport._sweep(directory)
+        assert os.path.exists(live), "a ring a live process maps is kept"
+        assert not os.path.exists(stale), "an old ring no process holds is removed"
+        assert os.path.exists(other)
+        holder.kill()
+        holder.wait()
+        made = subprocess.run([sys.executable, "-c", "from datahub.loader import worker_transport as t; "
+                               "print(t._ring(1 << 20).path)"], capture_output=True, text=True, check=True,
+                              cwd=str(Path(__file__).resolve().parents[2]))
+        assert made.stdout.strip().startswith(os.path.join(directory, worker_transport._PREFIX))
+        assert not os.path.exists(live), "once its process is gone, the next ring made removes it"
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        for path in (live, stale, other):
+            if os.path.exists(path):
+                os.unlink(path)
