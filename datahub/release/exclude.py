@@ -2,9 +2,10 @@
 
 The ids every ``release redact`` took down (``redacted_samples``, or inline in older records) are sorted in runs
 spilled to local disk, each with the first redaction that took it; the version's ``sample_id`` (and ``source_uri``)
-is scanned once per partition of at most ``partition_ids`` of them, the lookup set held. What goes (by id, or by a
-redacted ``source_uri``) is spilled too: its row numbers, for the pass that writes the rows that stay, and its ids,
-for the ``dropped`` lineage rows streamed to ``freeze``. Nothing per redacted id or per excluded row stays in memory.
+is scanned once per partition of at most ``partition_ids`` of them, the lookup set held (``datahub.release.lookup``,
+as ``release redact`` does). What goes (by id, or by a redacted ``source_uri``) is spilled too: its row numbers, for
+the pass that writes the rows that stay, and its ids, for the ``dropped`` lineage rows streamed to ``freeze``.
+Nothing per redacted id or per excluded row stays in memory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -25,15 +25,16 @@ from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.release.digest import digest_sum
 from datahub.release.freeze import PARAMS_KEY, params_text, refuse_other_try, regrouped, release_txn
+from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, Partition, add_taken, rows_kept,
+                                    taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
-from datahub.release.merge_dedup import ROW, RowCursor
+from datahub.release.merge_dedup import ROW
 from datahub.release.records import MATERIALIZED_PREFIX, REDACTED_TABLE, Release, list_releases
-from datahub.release.redact import (BATCH_ROWS, PARTITION_IDS, REDACT_OP, ROW_BATCH_ROWS, _coalesced)
+from datahub.release.redact import REDACT_OP
 
 _REDACTION = "redaction"  # index of a redact release among _Redactions.records
 _REDACTED_BY = pa.schema([("sample_id", pa.string()), (_REDACTION, pa.int32())])
 _HITS = pa.schema([("sample_id", pa.string()), (ROW, pa.int64()), (_REDACTION, pa.int32())])
-_HIT_ROWS = pa.schema([(ROW, pa.int64())])
 
 
 @dataclass
@@ -80,57 +81,32 @@ class _Found:
     applied: set[int]  # redactions that excluded any
 
 
-def _find(dataset: Any, redactions: _Redactions, partitions: Iterator[pa.Table], hit_rows: SortedRuns,
+def _find(dataset: Any, redactions: _Redactions, partitions: Iterator[Partition], hit_rows: SortedRuns,
           hit_ids: SortedRuns) -> _Found:
-    """Scan ``dataset`` once per partition of the redacted ids (once when there are none: sources only); the rows
-    that go to ``hit_rows`` (row numbers) and ``hit_ids`` (id, row, redaction). A row whose id is in no partition is looked at for its source in one pass
-    only: the one whose share of the (sorted) id range holds it (rows without an id: the last one)."""
-    has_source = "source_uri" in dataset.schema.names
-    by_source = redactions.by_source if has_source else {}
-    sources = pa.array(sorted(by_source), pa.string())
-    source_codes = pa.array([by_source[u] for u in sources.to_pylist()], pa.int32())
-    columns = ["sample_id", "source_uri"] if len(sources) else ["sample_id"]
+    """The rows of ``dataset`` that go (``lookup.taken_rows``: one scan per partition of the redacted ids, one when
+    there are none: sources only), to ``hit_rows`` (row numbers) and ``hit_ids`` (id, row, redaction)."""
     found = _Found(0, 0, set())
-    partition = next(partitions, None)
-    low: pa.Scalar | None = None
-    while True:
-        following = next(partitions, None)
-        high = following.column("sample_id")[0] if following is not None else None
-        ids = partition.column("sample_id").chunk(0) if partition is not None else None
-        codes = partition.column(_REDACTION).chunk(0) if partition is not None else None
-        # pc.index_in builds the value set's hash table at every call: batches at least as long as the partition
-        lookup_rows = max(BATCH_ROWS, len(ids) if ids is not None else 0)
-        first = 0
-        for batch in _coalesced(scan_batches(dataset, columns=columns, batch_rows=lookup_rows), lookup_rows):
-            column = batch.column("sample_id")
-            by = (pc.take(codes, pc.index_in(column, value_set=ids)) if ids is not None
-                  else pa.nulls(len(column), pa.int32()))
-            if len(sources):
-                mine = pa.repeat(pa.scalar(True), len(column))
-                if low is not None:
-                    mine = pc.and_(mine, pc.greater_equal(column, low))
-                if high is not None:
-                    mine = pc.and_(mine, pc.less(column, high))
-                mine = pc.fill_null(mine, high is None)
-                by_uri = pc.take(source_codes, pc.index_in(batch.column("source_uri"), value_set=sources))
-                by = pc.coalesce(by, pc.if_else(mine, by_uri, pa.nulls(len(column), pa.int32())))
-            hit = pc.is_valid(by)
-            if pc.any(hit).as_py():
-                rows = np.flatnonzero(hit.to_numpy(zero_copy_only=False)) + first
-                hits, hit_by = column.filter(hit), by.filter(hit)
-                found.rows += len(hits)
-                found.digest += digest_sum(hits)
-                found.applied.update(pc.unique(hit_by).to_pylist())
-                hit_rows.add(pa.table([pa.array(rows, pa.int64())], schema=_HIT_ROWS))
-                named = pc.is_valid(hits)
-                hit_ids.add(pa.table([hits.filter(named), pa.array(rows, pa.int64()).filter(named),
-                                      hit_by.filter(named)], schema=_HITS))
-            first += batch.num_rows
-        if following is None:
-            break
-        partition, low = following, high
+    for taken in taken_rows(dataset, partitions, sources=redactions.by_source):
+        found.rows += len(taken.ids)
+        found.digest += digest_sum(taken.ids)
+        found.applied.update(pc.unique(taken.codes).to_pylist())
+        add_taken(hit_rows, taken)
+        named = pc.is_valid(taken.ids)
+        hit_ids.add(pa.table([taken.ids.filter(named), pa.array(taken.rows, pa.int64()).filter(named),
+                              taken.codes.filter(named)], schema=_HITS))
     found.digest &= (1 << 128) - 1
     return found
+
+
+def _partitions(tables: Iterator[pa.Table]) -> Iterator[Partition]:
+    """Partitions of the redacted ids (tables of ids and redactions, in id order), each with the next one's first
+    id as its upper bound (two held at a time)."""
+    held = next(tables, None)
+    while held is not None:
+        following = next(tables, None)
+        yield Partition(held.column("sample_id").combine_chunks(), held.column(_REDACTION).combine_chunks(),
+                        following.column("sample_id")[0] if following is not None else None)
+        held = following
 
 
 def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params: dict[str, Any] | None = None,
@@ -153,7 +129,7 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
         return table, version, {}, None
     dataset = lake.dataset(table, version)
     redacted = SortedRuns(_REDACTED_BY, "sample_id", order=_REDACTION, run_rows=partition_ids)
-    hit_rows = SortedRuns(_HIT_ROWS, ROW)
+    hit_rows = taken_row_runs()
     hit_ids = SortedRuns(_HITS, "sample_id", order=ROW)  # each id's first row: its redaction names the drop
     try:
         with redacted:
@@ -164,8 +140,8 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
                 hit_rows.close()
                 hit_ids.close()
                 return table, version, {}, None
-            found = _find(dataset, redactions, _with_first(first, partitions) if first is not None else iter(()),
-                          hit_rows, hit_ids)
+            found = _find(dataset, redactions, _partitions(_with_first(first, partitions)) if first is not None
+                          else iter(()), hit_rows, hit_ids)
         if not found.rows:
             hit_rows.close()
             hit_ids.close()
@@ -174,8 +150,8 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
         excluded = {**(params or {}), "table": table, "version": version, "excluded": f"{found.digest:032x}"}
         refuse_other_try(lake, name, out, excluded, fix=fix)
         with hit_rows:
-            commit_rows(lake, out, _kept(dataset, hit_rows), schema=pa.schema(dataset.schema), txn=release_txn(name),
-                        row_group_rows=ROW_BATCH_ROWS,
+            commit_rows(lake, out, rows_kept(dataset, hit_rows), schema=pa.schema(dataset.schema),
+                        txn=release_txn(name), row_group_rows=ROW_BATCH_ROWS,
                         metadata={"datahub.release": name, "datahub.redactions_excluded_from": f"{table}@v{version}",
                                   PARAMS_KEY: params_text(excluded)})
     except BaseException:
@@ -192,18 +168,6 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
 def _with_first(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
     yield first
     yield from rest
-
-
-def _kept(dataset: Any, hit_rows: SortedRuns) -> Iterator[pa.Table]:
-    """Every column of the rows that stay, in the version's order (the gone rows' numbers read back in order)."""
-    gone = RowCursor(hit_rows.merged(), _HIT_ROWS)
-    first = 0
-    for batch in scan_batches(dataset, batch_rows=ROW_BATCH_ROWS):
-        rows = gone.take(first, first + batch.num_rows).column(ROW).to_numpy() - first
-        first += batch.num_rows
-        keep = np.ones(batch.num_rows, dtype=bool)
-        keep[rows] = False
-        yield pa.Table.from_batches([batch]).filter(pa.array(keep))
 
 
 def _dropped(hit_ids: SortedRuns, redactions: _Redactions, name: str, ref: str, ts: datetime) -> Iterator[pa.Table]:

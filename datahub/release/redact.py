@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 
 import numpy as np
@@ -29,6 +29,8 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
+from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, Partition, add_taken, lookup_batches,
+                                    rows_kept, taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
 from datahub.release.records import (
     MATERIALIZED_PREFIX,
@@ -42,23 +44,40 @@ from datahub.release.records import (
 )
 
 REDACT_OP = "release.redact@1"
-BATCH_ROWS = 8192  # of ids and source_uri
-# whole rows: batches read and Parquet row groups written (delta-rs buffers a row group; 32k rows of 5 KB texts
-# would be 160 MB)
-ROW_BATCH_ROWS = 2048
-# sample ids held at a time as a lookup set (the rest wait in sorted runs on local disk), looked up by pc.index_in in
-# calls of as many scanned ids. index_in builds a hash table of the set at every call: ~72 B per 32-hex id, but 200 B
-# at exactly a power of two (524,288 ids: 100 MB; 524,287: 36 MB). Measured at 250,000 ids (releases_containing on
-# the 4M-row lake of benchmarks/release_scale.py): 38 MB of Arrow memory in all; more ids take more passes instead
-PARTITION_IDS = (1 << 18) - 1
+IDS_FILE_BLOCK = 16 * 2**20  # bytes of an ids file read at a time
 _IDS = pa.schema([("sample_id", pa.string())])
 
 
 def read_ids_file(path: str) -> list[str]:
-    """One sample id per line; blank lines and ``#`` comments ignored."""
+    """One sample id per line; blank lines and ``#`` comments ignored (``ids_file_chunks`` as one list)."""
+    return [sample_id for chunk in ids_file_chunks(path) for sample_id in chunk.to_pylist()]
+
+
+def ids_file_chunks(path: str, *, block_bytes: int = IDS_FILE_BLOCK) -> Iterator[pa.Array]:
+    """The sample ids of an ids file, one per line (lines end at \\n, \\r\\n or \\r, as Python's text files read
+    them), each cut at its first ``#`` and stripped of whitespace, blank ones left out: an array per ``block_bytes``
+    of the file, so a take-down list of millions of ids is never held whole (nor as Python strings)."""
     try:
-        with open(path, encoding="utf-8") as handle:
-            return [line.split("#", 1)[0].strip() for line in handle if line.split("#", 1)[0].strip()]
+        with open(path, "rb") as handle:
+            rest, start = b"", 0  # ``start``: where ``data`` begins in the file
+            while True:
+                block = handle.read(block_bytes)
+                data = rest + block
+                if block:  # whole lines only (a line ending is one ASCII byte: never inside a UTF-8 character)
+                    cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+                    data, rest = data[:cut], data[cut:]
+                if data:
+                    try:
+                        text = data.decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise ReleaseError(f"--ids-file {path}: not UTF-8 text ({exc.reason} at byte "
+                                           f"{start + exc.start}); save it as UTF-8, one sample id per line") from None
+                    start += len(data)
+                    lines = pc.list_flatten(pc.split_pattern_regex(pa.array([text], pa.string()), r"\r\n|\r|\n"))
+                    ids = pc.utf8_trim_whitespace(pc.list_element(pc.split_pattern(lines, "#", max_splits=1), 0))
+                    yield ids.filter(pc.not_equal(ids, ""))
+                if not block:
+                    return
     except OSError as exc:
         raise ReleaseError(f"--ids-file {path}: cannot read it: {exc.strerror}") from None
 
@@ -185,6 +204,7 @@ def _distinct_hits(lake: Lake, release: Release, ids: SortedIds | None, source_u
     if ids is None and not by_source:
         return 0
     columns = ["sample_id", "source_uri"] if by_source else ["sample_id"]
+    uris = pa.array([source_uri] if by_source else [], pa.string())
     # each partition's share of the (sorted) id range: an id that is in no partition is looked at in one pass only
     highs: list[pa.Scalar | None] = [*ids.bounds(partition_ids), None] if ids is not None else [None]
     partitions: Iterator[pa.Array | None] = ids.chunks(partition_ids) if ids is not None else iter([None])
@@ -193,13 +213,11 @@ def _distinct_hits(lake: Lake, release: Release, ids: SortedIds | None, source_u
     with SortedIds(run_rows=partition_ids) as others:  # rows from source_uri whose id is not among ``ids``
         for partition, high in zip(partitions, highs):
             found = np.zeros(len(partition) if partition is not None else 0, dtype=bool)
-            # pc.index_in builds its hash table of the value set at every call (8,192 ids against 250,000:
-            # 3.1 s per million rows; 262,144: 0.09 s), once for all chunks of a chunked array: each call gets at
-            # least as many ids as the partition holds, as the scan's own batches (not joined into one copy), and
-            # the ids alone (source_uri is folded into a mask per batch)
+            # lookup calls of at least as many ids as the partition holds (see ``lookup.taken_rows``)
             lookup_rows = max(BATCH_ROWS, len(partition) if partition is not None else 0)
             scan = scan_batches(dataset, columns=columns, batch_rows=BATCH_ROWS)
-            for column, from_source in _id_batches(scan, source_uri if by_source else None, lookup_rows):
+            for column, by_uri in lookup_batches(scan, uris, pa.array([0], pa.int32()), lookup_rows):
+                from_source = pc.is_valid(by_uri) if by_uri is not None else None
                 position = pc.index_in(column, value_set=partition) if partition is not None else None
                 if position is not None:
                     found[pc.drop_null(position).to_numpy()] = True
@@ -216,138 +234,118 @@ def _distinct_hits(lake: Lake, release: Release, ids: SortedIds | None, source_u
         return seen + others.seal().count
 
 
-def _id_batches(batches: Iterator[pa.RecordBatch], source_uri: str | None, rows: int
-                ) -> Iterator[tuple[pa.ChunkedArray, pa.ChunkedArray | None]]:
-    """(sample_id, whether the row is from ``source_uri``) of the scanned ``batches``, handed out at least ``rows``
-    at a time (the last may be shorter) as chunked arrays of those batches."""
-    ids: list[pa.Array] = []
-    masks: list[pa.Array] = []
-    count = 0
-    for batch in batches:
-        ids.append(batch.column("sample_id"))
-        if source_uri is not None:
-            masks.append(pc.fill_null(pc.equal(batch.column("source_uri"), source_uri), False))
-        count += batch.num_rows
-        if count >= rows:
-            yield _id_batch(ids, masks, source_uri)
-            ids, masks, count = [], [], 0
-    if ids:
-        yield _id_batch(ids, masks, source_uri)
-
-
-def _id_batch(ids: list[pa.Array], masks: list[pa.Array], source_uri: str | None
-              ) -> tuple[pa.ChunkedArray, pa.ChunkedArray | None]:
-    return (pa.chunked_array(ids, pa.string()),
-            pa.chunked_array(masks, pa.bool_()) if source_uri is not None else None)
-
-
-def _coalesced(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
-    """The same rows in batches of at least ``rows`` (the last may be shorter): small files' batches joined."""
-    held: list[pa.RecordBatch] = []
-    count = 0
-    for batch in batches:
-        held.append(batch)
-        count += batch.num_rows
-        if count >= rows:
-            yield _joined(held)
-            held, count = [], 0
-    if held:
-        yield _joined(held)
-
-
-def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
-    if len(batches) == 1:
-        return batches[0]
-    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
-
-
 def redact(
     lake: Lake,
     new: str,
     *,
     source: str,
     reason: str,
-    sample_ids: list[str] | None = None,
+    sample_ids: Iterable[str] | None = None,
+    ids_files: Sequence[str] = (),
     source_uri: str | None = None,
     creator: str | None = None,
     partition_ids: int = PARTITION_IDS,
 ) -> Release:
-    """Release ``new`` = release ``source`` minus the given samples (or every sample of ``source_uri``).
+    """Release ``new`` = release ``source`` minus the given samples (``sample_ids``, the ids in ``ids_files``: see
+    ``ids_file_chunks``) or every sample of ``source_uri``.
 
-    ``details["contained_in"]`` lists every release (old and new) that holds any of them. Two narrow passes over
-    ``source`` (ids and ``source_uri``; then whole rows into the new table) and one over each release for
-    ``contained_in``; the removed ids are sorted in runs spilled to local disk, and at most ``partition_ids`` of
-    them are held as a lookup set at a time, whatever the size of the take-down.
+    ``details["contained_in"]`` lists every release (old and new) that holds any of them. The given ids are sorted in
+    runs spilled to local disk and ``source`` is scanned (ids and ``source_uri`` only) once per partition of at most
+    ``partition_ids`` of them, the lookup set held (``datahub.release.lookup``); the rows that go are spilled (their
+    ids, sorted, and row numbers), then whole rows that stay are written to the new table; each release is scanned
+    for ``contained_in`` the same way. Nothing per given id or per removed row is held, whatever the take-down's size.
     """
     check_name(new)
     if not reason or not reason.strip():
         raise ReleaseError("redact needs --reason TEXT (e.g. 'copyright take-down request #123'); it is recorded in lineage")
-    ids = sorted(set(sample_ids or []))
-    if not ids and source_uri is None:
-        raise ReleaseError("redact needs what to remove: --sample ID (repeatable), --ids-file F or --source URI")
-    refuse_taken(lake, new)
-    params = {"kind": "redact", "source": source, "reason": reason, "source_uri": source_uri,
-              "sample_ids": f"{len(ids)} ids, sha256 {hashlib.sha256(chr(10).join(ids).encode()).hexdigest()[:16]}"}
-    table = MATERIALIZED_PREFIX + new
-    refuse_other_try(lake, new, table, params, fix="the same --from, --reason and samples")
-    parent = get_release(lake, source)
-    dataset = lake.dataset(parent.table, parent.version)
-    has_source = "source_uri" in dataset.schema.names
-    if source_uri is not None and not has_source:
-        raise ReleaseError(f"release {source!r} has no source_uri column; redact it by --sample ID instead")
-    wanted = pa.array(ids, pa.string())
+    with SortedIds(run_rows=partition_ids) as given:
+        if sample_ids is not None:
+            given.add(pa.array(sample_ids if isinstance(sample_ids, list) else list(sample_ids), pa.string()))
+        for path in ids_files:
+            for chunk in ids_file_chunks(path):
+                given.add(chunk)
+        count = given.seal().count
+        if not count and source_uri is None:
+            raise ReleaseError("redact needs what to remove: --sample ID (repeatable), --ids-file F or --source URI")
+        refuse_taken(lake, new)
+        params = {"kind": "redact", "source": source, "reason": reason, "source_uri": source_uri,
+                  "sample_ids": f"{count} ids, sha256 {_ids_sha256(given)[:16]}"}
+        table = MATERIALIZED_PREFIX + new
+        refuse_other_try(lake, new, table, params, fix="the same --from, --reason and samples")
+        parent = get_release(lake, source)
+        dataset = lake.dataset(parent.table, parent.version)
+        if source_uri is not None and "source_uri" not in dataset.schema.names:
+            raise ReleaseError(f"release {source!r} has no source_uri column; redact it by --sample ID instead")
+        highs: list[pa.Scalar | None] = [*given.bounds(partition_ids), None]
+        partitions = (Partition(ids, None, high) for ids, high in zip(given.chunks(partition_ids), highs)) \
+            if count else iter(())
 
-    def target_of(batch: pa.RecordBatch) -> pa.Array:
-        target = pc.is_in(batch.column("sample_id"), value_set=wanted)
-        if source_uri is not None:
-            target = pc.or_(target, pc.fill_null(pc.equal(batch.column("source_uri"), source_uri), False))
-        return target
+        # pass 1 (ids and source_uri only): what goes, its ids sorted and spilled (freeze scans the ids that stay
+        # from the new table) and its row numbers; the named ids (given, and removed by source) for the releases
+        # that hold them
+        with SortedIds(run_rows=partition_ids) as removed, SortedIds(run_rows=partition_ids) as named, \
+                taken_row_runs() as gone:
+            removed_rows = 0
+            for taken in taken_rows(dataset, partitions, sources={source_uri: 0} if source_uri is not None else None):
+                removed_rows += len(taken.ids)
+                removed.add(taken.ids)
+                add_taken(gone, taken)
+                if count and source_uri is not None:
+                    named.add(taken.ids)
+            if not removed_rows:
+                what = f"source {source_uri!r}" if source_uri and not count else f"{count} given sample id(s)"
+                raise ReleaseError(f"release {source!r} holds none of the {what}; nothing to redact "
+                                   f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.ref})")
+            removed.seal()
+            if count and source_uri is not None:  # the given ids and the rows from the source
+                for block in given.blocks():
+                    named.add(block)
+                named.seal()
+            # ids alone: the removed ones are among the given ones; a source alone: the removed ones are the named
+            contained_in = releases_containing(
+                lake, sample_ids=(named if source_uri is not None else given) if count else removed,
+                source_uri=source_uri, partition_ids=partition_ids)
+            named.close()
+            ts = datetime.now(timezone.utc)
+            ref = json.dumps({"release": new, "from": source, "reason": reason, "source_uri": source_uri})
 
-    # pass 1 (ids and source_uri only): what goes, sorted and spilled (freeze scans the ids that stay from the new
-    # table); the named ids (given or removed) too, for the releases that hold them
-    with SortedIds(run_rows=partition_ids) as removed, SortedIds(run_rows=partition_ids) as named:
-        named.add(wanted)
-        removed_rows = 0
-        for batch in scan_batches(dataset, columns=["sample_id", "source_uri"] if has_source else ["sample_id"],
-                                  batch_rows=BATCH_ROWS):
-            hits = pc.filter(batch.column("sample_id"), target_of(batch))
-            removed_rows += len(hits)
-            removed.add(hits)
-            if ids:  # the named ids: the given ones and the removed ones (no ids given: the removed ones alone)
-                named.add(hits)
-        if not removed_rows:
-            what = f"source {source_uri!r}" if source_uri and not ids else f"{len(ids)} given sample id(s)"
-            raise ReleaseError(f"release {source!r} holds none of the {what}; nothing to redact "
-                               f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.ref})")
-        removed.seal()
-        contained_in = releases_containing(lake, sample_ids=named.seal() if ids else removed,
-                                           source_uri=source_uri, partition_ids=partition_ids)
-        named.close()
-        ts = datetime.now(timezone.utc)
-        ref = json.dumps({"release": new, "from": source, "reason": reason, "source_uri": source_uri})
+            def dropped() -> Iterator[pa.Table]:  # sorted by sample_id, as freeze merges them
+                for block in removed.blocks():
+                    yield lineage_rows(block, run_id=release_txn(new), op=REDACT_OP, action="dropped",
+                                       reason=f"redacted: {reason}", ref=ref, ts=ts, sort=False)
 
-        def dropped() -> Iterator[pa.Table]:  # sorted by sample_id, as freeze merges them
-            for block in removed.blocks():
-                yield lineage_rows(block, run_id=release_txn(new), op=REDACT_OP, action="dropped",
-                                   reason=f"redacted: {reason}", ref=ref, ts=ts, sort=False)
+            # pass 2: every column of the rows that stay, streamed into the commit; written here and committed as add
+            # actions: delta-rs's writer buffers up to a target-size file of rows
+            commit_rows(lake, table, rows_kept(dataset, gone), txn=release_txn(new), schema=pa.schema(dataset.schema),
+                        row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new,
+                                                                 "datahub.redact_reason": reason,
+                                                                 PARAMS_KEY: params_text(params)})
+            version = int(lake.table(table).version())
+            commit_rows(lake, REDACTED_TABLE, _redacted_rows(removed, new), txn=release_txn(new), schema=REDACTED,
+                        row_group_rows=BATCH_ROWS * 8, metadata={"datahub.release": new})
+            details = {"reason": reason, "removed": removed_rows, "removed_ids_table": REDACTED_TABLE,
+                       "requested_ids": count, "source_uri": source_uri, "contained_in": contained_in}
+            return freeze(lake, new, table=table, version=version, kind="redact", qa_status="inherited",
+                          parents=[source], creator=creator, details=details, extra_lineage=dropped(),
+                          run_ids=list(parent.run_ids), jobs=list(parent.jobs), params=params,
+                          fix="the same --from, --reason and samples")
 
-        def kept() -> Iterator[pa.Table]:  # pass 2: every column, streamed into the commit
-            for batch in scan_batches(dataset, batch_rows=ROW_BATCH_ROWS):
-                yield pa.Table.from_batches([batch]).filter(pc.invert(target_of(batch)))
 
-        # written here and committed as add actions: delta-rs's writer buffers up to a target-size file of rows
-        commit_rows(lake, table, kept(), txn=release_txn(new), schema=pa.schema(dataset.schema),
-                    row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new, "datahub.redact_reason": reason,
-                                                             PARAMS_KEY: params_text(params)})
-        version = int(lake.table(table).version())
-        commit_rows(lake, REDACTED_TABLE, _redacted_rows(removed, new), txn=release_txn(new), schema=REDACTED,
-                    row_group_rows=BATCH_ROWS * 8, metadata={"datahub.release": new})
-        details = {"reason": reason, "removed": removed_rows, "removed_ids_table": REDACTED_TABLE,
-                   "requested_ids": len(ids), "source_uri": source_uri, "contained_in": contained_in}
-        return freeze(lake, new, table=table, version=version, kind="redact", qa_status="inherited",
-                      parents=[source], creator=creator, details=details, extra_lineage=dropped(),
-                      run_ids=list(parent.run_ids), jobs=list(parent.jobs), params=params,
-                      fix="the same --from, --reason and samples")
+def _ids_sha256(ids: SortedIds) -> str:
+    """sha256 of the sorted ids joined by newlines (what a take-down's params name), read a block at a time."""
+    digest = hashlib.sha256()
+    first = True
+    for block in ids.blocks():
+        if not len(block):
+            continue
+        lines = pc.binary_join_element_wise(block, pa.scalar(""), "\n")  # each id and a newline
+        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int32)[lines.offset:lines.offset + len(lines) + 1]
+        joined = memoryview(lines.buffers()[2])[int(offsets[0]):int(offsets[-1]) - 1]  # all but the last newline
+        if not first:
+            digest.update(b"\n")
+        digest.update(joined)
+        first = False
+    return digest.hexdigest()
 
 
 def _redacted_rows(ids: SortedIds, release: str) -> Iterator[pa.Table]:

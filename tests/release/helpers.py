@@ -6,6 +6,7 @@ import json
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datahub.lake import Lake
 from datahub.lake.tables import QA_RESULTS, SAMPLES
@@ -37,3 +38,16 @@ def add_qa_result(lake: Lake, *, table: str, version: int, suite: str, success: 
     row = {"run_id": run_id, "table": table, "table_version": version, "suite": suite, "suite_version": "1",
            "success": success, "results": json.dumps(results), "ts": datetime.now(timezone.utc)}
     lake.commit("qa_results", pa.Table.from_pylist([row], QA_RESULTS), txn=f"qa/{run_id}")
+
+
+def release_outcome(lake: Lake, name: str) -> tuple:
+    """What a release is, to compare two ways of making it: its record (less the creation time), its rows in order
+    and the lineage rows of its run (less their times)."""
+    from datahub.release import get_release
+
+    record = get_release(lake, name).as_dict()
+    record.pop("created")
+    rows = lake.read(record["table"], version=record["version"]).to_pylist()
+    lineage = lake.read("lineage").drop_columns(["ts"])
+    mine = lineage.filter(pc.equal(lineage.column("run_id"), f"release/{name}")).to_pylist()
+    return record, rows, mine

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import shutil
 
-import pyarrow.compute as pc
 import pytest
 
 from datahub.lake import Lake, external_sort
-from datahub.release import create_release, get_release, redact
+from datahub.release import create_release, redact
 from datahub.release import exclude
 from datahub.sample_id import sample_id_of
-from tests.release.helpers import add_samples
+from tests.release.helpers import add_samples, release_outcome
 
 
 def _lake(root) -> Lake:
@@ -31,26 +30,17 @@ def _lake(root) -> Lake:
     return lake
 
 
-def _outcome(lake: Lake, name: str) -> tuple:
-    record = get_release(lake, name).as_dict()
-    record.pop("created")
-    rows = lake.read(record["table"], version=record["version"]).to_pylist()
-    lineage = lake.read("lineage").drop_columns(["ts"])
-    mine = lineage.filter(pc.equal(lineage.column("run_id"), f"release/{name}")).to_pylist()
-    return record, rows, mine
-
-
 @pytest.mark.parametrize("budget", [1, 4])
 def test_create_after_redactions_with_tiny_partitions_gives_what_one_partition_gives(tmp_path, monkeypatch, budget):
     one = _lake(tmp_path / "one")
     shutil.copytree(one.root, tmp_path / "many")
     many = Lake(tmp_path / "many")
-    first = _outcome(one, create_release(one, "r2").name)
+    first = release_outcome(one, create_release(one, "r2").name)
     monkeypatch.setattr(exclude, "PARTITION_IDS", budget)  # many partitions, each scanning the table
     monkeypatch.setattr(external_sort, "RUN_ROWS", 5)  # the ids, hit rows and drops spilled in many runs
     monkeypatch.setattr(external_sort, "READ_ROWS", 2)
     monkeypatch.setattr(external_sort, "FAN_IN", 3)
-    second = _outcome(many, create_release(many, "r2").name)
+    second = release_outcome(many, create_release(many, "r2").name)
     assert second == first
     record, rows, lineage = first
     # 14 ids of a (every third, and 4: "doc 3 of a" twice), the book's 25 + 7 late + 1 by id, 2 rows of "doc 3 of a"

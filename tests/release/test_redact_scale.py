@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import shutil
 
-import pyarrow.compute as pc
-
 from datahub.lake import Lake
-from datahub.release import create_release, get_release, redact, redacted_ids, releases_containing
+from datahub.release import create_release, redact, redacted_ids, releases_containing
 from datahub.release.redact import SortedIds
 from datahub.sample_id import sample_id_of
-from tests.release.helpers import add_samples
+from tests.release.helpers import add_samples, release_outcome
 
 
 def _lake(root) -> Lake:
@@ -27,12 +25,7 @@ def _lake(root) -> Lake:
 
 
 def _outcome(lake: Lake, name: str) -> tuple:
-    record = get_release(lake, name).as_dict()
-    record.pop("created")
-    rows = lake.read(record["table"], version=record["version"]).to_pylist()
-    lineage = lake.read("lineage").drop_columns(["ts"])
-    mine = lineage.filter(pc.equal(lineage.column("run_id"), f"release/{name}")).to_pylist()
-    return record, rows, mine, redacted_ids(lake, name).to_pylist()
+    return (*release_outcome(lake, name), redacted_ids(lake, name).to_pylist())
 
 
 def test_redact_with_a_tiny_partition_budget_gives_what_one_partition_gives(tmp_path):
@@ -96,3 +89,70 @@ def test_sorted_ids_spill_and_read_back_in_order(tmp_path):
         assert [b.as_py() for b in ids.bounds(3)] == ["d", "g"]
         assert [b.as_py() for b in ids.bounds(1)] == expected[1:]
         assert ids.bounds(9) == [] and ids.bounds(100) == []
+
+
+def _python_ids(path) -> list[str]:
+    """How --ids-file was read before it was streamed: Python text lines, cut at '#', stripped, blank ones out."""
+    with open(path, encoding="utf-8") as handle:
+        return [line.split("#", 1)[0].strip() for line in handle if line.split("#", 1)[0].strip()]
+
+
+def test_ids_file_read_a_block_at_a_time_gives_the_ids_of_python_text_lines(tmp_path):
+    from datahub.release.redact import ids_file_chunks
+
+    path = tmp_path / "ids.txt"
+    # CRLF, a lone CR, comments, blank and whitespace-only lines, tabs, unicode spaces, a BOM, no final newline
+    path.write_bytes("\ufeffaaa\r\nbbb # the second\n\n  \t\n# a comment line\nccc\rddd\u2003\n\u00a0eee\u3000\r\n"
+                     "fff#gg\r\r\n   h h  \n\x1cjjj\x1f\nlast".encode())
+    expected = _python_ids(path)
+    assert expected[1:] == ["bbb", "ccc", "ddd", "eee", "fff", "h h", "jjj", "last"]
+    for block_bytes in (1, 2, 3, 5, 8, 1 << 20):  # lines (and CRLF) cut across blocks
+        assert [i for chunk in ids_file_chunks(str(path), block_bytes=block_bytes) for i in chunk.to_pylist()] \
+            == expected
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing\n\n")
+    assert [len(c) for c in ids_file_chunks(str(empty))] in ([], [0])
+
+
+def test_ids_file_errors_name_the_file(tmp_path):
+    import pytest
+
+    from datahub.errors import ReleaseError
+    from datahub.release.redact import read_ids_file
+
+    with pytest.raises(ReleaseError, match="cannot read"):
+        read_ids_file(str(tmp_path / "missing.txt"))
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"aaa\nb\xe9b\n")
+    with pytest.raises(ReleaseError, match=r"not UTF-8 text .* at byte 5"):
+        read_ids_file(str(bad))
+
+
+def test_ids_sha256_of_spilled_blocks_is_the_sha256_of_the_sorted_ids_joined(tmp_path):
+    """A take-down's params name its ids by the sha256 of the sorted distinct ids joined by newlines (as before they
+    were streamed): a re-run of a crashed redact must find the same params."""
+    import hashlib
+
+    import pyarrow as pa
+
+    from datahub.release.redact import _ids_sha256
+
+    for ids in ([], ["b"], ["d", "a", "c", "a", "b", "", "e", "f", "é", "g"]):
+        with SortedIds(run_rows=3) as spilled:
+            spilled.add(pa.array(ids, pa.string()))
+            spilled.seal()
+            assert _ids_sha256(spilled) == hashlib.sha256("\n".join(sorted(set(ids))).encode()).hexdigest()
+
+
+def test_redact_by_an_ids_file_gives_what_the_same_ids_given_as_a_list_give(tmp_path):
+    one = _lake(tmp_path / "one")
+    shutil.copytree(one.root, tmp_path / "many")
+    many = Lake(tmp_path / "many")
+    ids = [sample_id_of(f"doc {i} of a") for i in (1, 4, 9, 17)] + [sample_id_of("doc 2 of b"), "f" * 32]
+    path = tmp_path / "ids.txt"
+    path.write_text("# take-down #7\n" + "\n".join(f"  {i}  # why" for i in ids + ids[:2]) + "\n")
+    redact(one, "r3", source="r2", source_uri="book.txt", sample_ids=ids, reason="take-down #7")
+    redact(many, "r3", source="r2", source_uri="book.txt", sample_ids=ids[:1], ids_files=[str(path)],
+           reason="take-down #7", partition_ids=2)
+    assert _outcome(one, "r3") == _outcome(many, "r3")
+    assert _outcome(one, "r3")[0]["details"]["requested_ids"] == len(ids)

@@ -206,10 +206,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Take-down: a new release without the samples; lists every release that holds them."""
-        from datahub.release import read_ids_file, redact
+        from datahub.release import redact
 
-        ids = list(sample) + (read_ids_file(ids_file) if ids_file else [])
-        release = redact(_lake(lake), new, source=source, reason=reason, sample_ids=ids, source_uri=source_uri)
+        # the ids file is read a block at a time by redact (a take-down list of millions of ids is never held)
+        release = redact(_lake(lake), new, source=source, reason=reason, sample_ids=list(sample),
+                         ids_files=[ids_file] if ids_file else [], source_uri=source_uri)
         if as_json:
             print_json(release.as_dict())
             return
