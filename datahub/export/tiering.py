@@ -10,8 +10,10 @@ is a no-op; a finished copy or repair then removes what a killed one left in the
 incomplete Ceph multipart uploads) once abandoned (cfs: unlocked; hdfs, ceph: unwritten for ``STALE_PARTIAL_S``, an
 hour), so the uploads of an apply or export running at the same time (overlapping cron runs; nothing locks a
 release) survive it. A tier from a second storage config (another region) is just one more tier name.
-Token files (``{release}/tokens-SHA12/``, written per tier by ``datahub export --tokenizer``) are not moved: a delete
-of the release's directory on a tier keeps every token folder that a token manifest names on that tier.
+Token files (``{release}/tokens-SHA12/``, written by ``datahub export --tokenizer``) follow the release: a copy to
+a tier (or a tier the release is on that lacks them) copies them too, with the same guarantees
+(``datahub.export.token_copies``). They are never deleted: a delete of the release's directory on a tier keeps every
+token folder that a token manifest names on that tier (the loader memory-maps token files from cfs only).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import EXPORT_OP, publish_manifest
 from datahub.export.exported_lineage import commit_shard_index
+from datahub.export.token_copies import copy_token_files, token_copies
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
 from datahub.shards.token_manifest import read_lake_token_manifests, token_dir
 from datahub.lake.lake import Lake
@@ -55,6 +58,8 @@ class Move:
     storage_class: str | None = None
     leftover: bool = False  # a delete of files the manifest already dropped (an interrupted apply)
     verify: bool = False  # repair: replicas were checked by sha256, not only by size
+    token_files: int = 0  # copy: token files (.bin/.idx/.ids each) the tier lacks, copied too
+    token_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ class TierPlan:
 
     @property
     def bytes_to_copy(self) -> int:
-        return sum(m.bytes for m in self.moves if m.action in ("copy", "repair"))
+        return sum(m.bytes + m.token_bytes for m in self.moves if m.action in ("copy", "repair"))
 
     @property
     def bytes_to_delete(self) -> int:
@@ -161,17 +166,23 @@ def plan_tiers(
         held = manifest.tiers
         sources = [t for t in held if t in storage.tiers]
         for tier in wanted:
+            lacking = token_copies(lake, name, tier, storage) if tier in storage.tiers else None
+            token_files, token_bytes = (lacking.files, lacking.bytes) if lacking is not None else (0, 0)
             if tier not in held:
                 if not sources:
                     raise SpecError(f"release {name!r}: no configured tier holds it (replicas on {held}); "
                                     "pass the storage config of the region that has it (--storage twice)")
-                moves.append(Move(name, "copy", tier, sources[0], len(manifest.shards), total, klass))
+                moves.append(Move(name, "copy", tier, sources[0], len(manifest.shards), total, klass,
+                                  token_files=token_files, token_bytes=token_bytes))
             elif tier in storage.tiers:
                 damaged = set(damaged_replicas(manifest, storage.tier(tier), verify=verify, cap=cap))
                 if damaged:
                     others = [t for t in sources if t != tier]
                     moves.append(Move(name, "repair", tier, others[0] if others else None, len(damaged),
                                       sum(s.size for s in manifest.shards if s.name in damaged), klass, verify=verify))
+                if lacking is not None and lacking.files:  # the text is there, token files exported since are not
+                    moves.append(Move(name, "copy", tier, lacking.sources(storage)[0], 0, 0, klass,
+                                      token_files=token_files, token_bytes=token_bytes))
         for tier in held:
             if tier not in wanted and tier in storage.tiers:
                 moves.append(Move(name, "delete", tier, None, len(manifest.shards), total, klass))
@@ -345,7 +356,16 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
 
 def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2,
           cap: BandwidthCap | None = None) -> None:
+    """The release's shards onto ``tier_name`` (unless its manifest names the tier already), then its token files."""
     dest = storage.tier(tier_name)
+    if tier_name not in manifest.tiers:
+        _copy_text(lake, manifest, dest, storage=storage, workers=workers, cap=cap)
+    copy_token_files(lake, manifest.release, dest, storage=storage, workers=workers, cap=cap)
+
+
+def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageConfig, workers: int,
+               cap: BandwidthCap | None) -> None:
+    tier_name = dest.name
     _copy_shards(manifest, list(manifest.shards), dest, storage=storage, skip_tier=None, workers=workers,
                  check_existing=True, cap=cap)
     replicas = {shard.name: {**shard.replicas, tier_name: dest.uri(manifest.release, shard.name)}
@@ -399,8 +419,8 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
         return True
     for name in _leftovers(tier, manifest.release, keep):
         tier.delete(tier.uri(manifest.release, name), recursive=True)
-    log.info("tier %s: kept the token files of %r (%s): tier apply does not move token files; `datahub export "
-             "--tokenizer` writes them to a tier", tier_name, manifest.release, ", ".join(sorted(keep)))
+    log.info("tier %s: kept the token files of %r (%s): tier apply copies token files but never deletes them (the "
+             "loader memory-maps them from cfs)", tier_name, manifest.release, ", ".join(sorted(keep)))
     return True
 
 

@@ -500,7 +500,8 @@ def test_tier_apply_keeps_the_token_files_a_token_manifest_names(tmp_path, webhd
     """``export --tokenizer`` writes R/tokens-SHA12/ on a tier the text manifest may not name: apply took that
     directory for a leftover (or, for a tier it moved the text shards off, deleted it whole) and removed the token
     files their manifest still named; the loader then found no replica. Token folders a token manifest names stay;
-    the rest of the directory still goes."""
+    the rest of the directory still goes. Token files follow the release to its tiers (test_token_tiering.py), and
+    are never deleted by apply."""
     from datahub.export.tokens import export_table_tokens
     from datahub.shards.token_manifest import read_lake_token_manifest
     from tests.export.test_tokens import make_lake as make_text_lake, train_tokenizer
@@ -516,10 +517,27 @@ def test_tier_apply_keeps_the_token_files_a_token_manifest_names(tmp_path, webhd
 
     def token_files_intact() -> bool:
         manifest = read_lake_token_manifest(lake, "r")
-        return manifest == tokens and all(tier.size(f"{record.replicas[token_tier]}.{part}") == record.part(part).size
-                                          for record in tokens.files for part in ("bin", "idx", "ids"))
+        return (manifest is not None and manifest.tiers == sorted([text_tier, token_tier])
+                and [r.replicas[token_tier] for r in manifest.files] == [r.replicas[token_tier] for r in tokens.files]
+                and all(tier.size(f"{record.replicas[token_tier]}.{part}") == record.part(part).size
+                        for record in tokens.files for part in ("bin", "idx", "ids")))
 
-    # only token files there: nothing to delete
+    # only token files there, and a leftover text shard beside them (an interrupted apply): the token files are
+    # copied to the release's tier, the shard goes, the token folder stays
+    tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
+    plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
+    assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
+        ("copy", text_tier, False, len(tokens.files)), ("delete", token_tier, True, 0)]
+    assert len(apply_tiers(lake, plan, storage=storage)) == 2
+    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
+    # the text shards copied there and moved off again: the planned delete takes the shards, not the token files
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": [text_tier, token_tier]}), storage=storage)
+    assert read_lake_manifest(lake, "r").tiers == sorted([text_tier, token_tier])
+    plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
+    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, False)]
+    assert len(apply_tiers(lake, plan, storage=storage)) == 1
+    assert read_lake_manifest(lake, "r").tiers == [text_tier]
+    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
     assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
     # a leftover text shard beside them (an interrupted apply): it goes, the token folder stays
     tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")

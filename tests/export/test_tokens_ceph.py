@@ -63,10 +63,13 @@ def test_tier_apply_keeps_token_files_on_ceph(tmp_path, ceph_s3) -> None:
     ceph = storage.tier("ceph")
     ceph.publish(ceph.uri("r", "r-000000.tar"), b"an old replica")
     plan = plan_tiers(lake, storage=storage, targets={"r": ["cfs"]})
-    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", "ceph", True)]
-    assert len(apply_tiers(lake, plan, storage=storage)) == 1
+    assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
+        ("copy", "cfs", False, len(tokens.files)), ("delete", "ceph", True, 0)]  # token files follow to cfs
+    assert len(apply_tiers(lake, plan, storage=storage)) == 2
     folder = f"tokens-{tokens.tokenizer.sha256[:12]}"
-    assert ceph.children(ceph.uri("r")) == [folder] and read_lake_token_manifest(lake, "r") == tokens
+    copied = read_lake_token_manifest(lake, "r")
+    assert ceph.children(ceph.uri("r")) == [folder] and copied is not None and copied.tiers == ["ceph", "cfs"]
+    assert [r.replicas["ceph"] for r in copied.files] == [r.replicas["ceph"] for r in tokens.files]
     assert all(ceph.size(f"{record.replicas['ceph']}.{part}") == record.part(part).size
                for record in tokens.files for part in ("bin", "idx", "ids"))
     assert read_lake_manifest(lake, "r").tiers == ["cfs"]

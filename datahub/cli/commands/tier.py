@@ -71,7 +71,8 @@ def _print_plan(plan: TierPlan, rules: dict[str, str] | None = None, regions: di
         extra = " (leftover of an interrupted apply)" if m.leftover else ""
         extra += " (damaged or missing replicas)" if m.action == "repair" else ""
         rule = (rules or {}).get(m.release)
-        out.print(plain(f"  {m.release}: {what}, {m.shards} shards, {m.bytes} bytes"
+        tokens = f", {m.token_files} token files, {m.token_bytes} bytes" if m.token_files else ""
+        out.print(plain(f"  {m.release}: {what}, {m.shards} shards, {m.bytes} bytes{tokens}"
                         + (f" [class {m.storage_class}]" if m.storage_class else "") + extra
                         + (f"; why: {rule}" if rule else "")), soft_wrap=True)
     out.print(f"total: copy {plan.bytes_to_copy} bytes, delete {plan.bytes_to_delete} bytes")

@@ -1,0 +1,207 @@
+"""Token files follow their release to the tiers ``datahub tier apply`` copies it to.
+
+A token export (``datahub export --tokenizer``) writes ``{release}/tokens-SHA12/PREFIX.bin|.idx|.ids`` on one tier
+and names it in the token manifest. When tier apply puts the release on a tier (a policy copy, another region),
+each token file the manifest does not yet name there is copied part by part, as the text shards are: streamed
+8 MiB at a time from a replica whose bytes match the manifest (size and sha256, checked as they pass; the next
+replica is tried otherwise), read back and checked again at the destination, ``workers`` parts at once, every byte
+under the apply's bandwidth cap. Then the new tier's ``exported`` lineage (from the copied ``.ids``; the same rows
+and transaction id a token export to that tier writes), then the manifest with the new replicas (the tiers'
+copies, then the lake's: what a reader resolves), then the temp files a killed copy left are swept. A part already
+intact on the destination is kept, so an apply killed at any point resumes, and a second apply is a no-op.
+
+Tier apply never deletes token files (a delete keeps the token folders a manifest names there): the loader
+memory-maps token files from a cfs or local path only, so a policy move off a cfs tier would take away the replica
+a trainer reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.errors import IntegrityError, StorageError
+from datahub.export.exported_lineage import commit_exported
+from datahub.export.tokens import TOKENS_OP
+from datahub.lake.lake import Lake
+from datahub.pipeline.faults import checkpoint
+from datahub.shards.indexed import decode_ids
+from datahub.shards.token_manifest import (PARTS, TOKEN_MANIFEST_NAME, TokenFileRecord, TokenManifest,
+                                           publish_lake_token_manifest, read_lake_token_manifests, token_dir)
+from datahub.storage.bandwidth import BandwidthCap
+from datahub.storage.config import StorageConfig
+from datahub.storage.tier import STALE_PARTIAL_S, Tier
+
+log = logging.getLogger(__name__)
+
+LINEAGE_IDS_BYTES = 8 << 20  # ``.ids`` bytes turned into lineage rows at a time
+
+
+@dataclass(frozen=True)
+class TokenCopies:
+    """What a tier lacks of a release's token files: (manifest, indices of its files) per tokenizer."""
+
+    todo: tuple[tuple[TokenManifest, tuple[int, ...]], ...]
+
+    @property
+    def files(self) -> int:
+        return sum(len(indices) for _, indices in self.todo)
+
+    @property
+    def bytes(self) -> int:
+        return sum(manifest.files[i].part(p).size for manifest, indices in self.todo for i in indices for p in PARTS)
+
+    def sources(self, storage: StorageConfig) -> list[str]:
+        """The configured tiers holding a replica of one of the files (a plan's ``source``)."""
+        return sorted({t for manifest, indices in self.todo for i in indices for t in manifest.files[i].replicas
+                       if t in storage.tiers})
+
+
+def token_copies(lake: Lake, release: str, tier: str, storage: StorageConfig) -> TokenCopies:
+    """The token files of ``release`` that ``tier`` holds no replica of and a configured tier can give. A token
+    manifest none of whose files a configured tier holds (another region's storage config) is left out, logged."""
+    todo = []
+    for manifest in read_lake_token_manifests(lake, release):
+        indices = tuple(i for i, record in enumerate(manifest.files) if tier not in record.replicas)
+        if not indices:
+            continue
+        unreachable = [manifest.files[i].prefix for i in indices
+                       if not any(t in storage.tiers and t != tier for t in manifest.files[i].replicas)]
+        if unreachable:
+            log.warning("release %r: token files %s (tokenizer %s) have no replica on a configured tier; not copied "
+                        "to %s (pass the storage config of the tier that holds them)", release, unreachable[:3],
+                        manifest.tokenizer.sha256[:12], tier)
+            continue
+        todo.append((manifest, indices))
+    return TokenCopies(tuple(todo))
+
+
+def copy_token_files(lake: Lake, release: str, dest: Tier, *, storage: StorageConfig, workers: int = 2,
+                     cap: BandwidthCap | None = None) -> int:
+    """Copy the token files ``dest`` lacks (see the module docstring); returns how many were copied."""
+    copies = token_copies(lake, release, dest.name, storage)
+    for manifest, indices in copies.todo:
+        folder = token_dir(manifest.tokenizer.sha256)
+        parts = [(index, part) for index in indices for part in PARTS]
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="datahub-token-copy") as pool:
+            # every part is copied (or found intact) before any file is named: a failure stops the apply here
+            for (index, part), _ in zip(parts, pool.map(lambda job: _copy_part(manifest, job[0], job[1], dest,
+                                                                               storage, cap), parts)):
+                if part == PARTS[-1]:
+                    checkpoint(f"tier:after_token_file:{index}")  # crash tests: on the tier, not yet named
+        replicas = {i: {**manifest.files[i].replicas, dest.name: dest.uri(release, folder, manifest.files[i].prefix)}
+                    for i in indices}
+        updated = replace(manifest, files=tuple(replace(record, replicas=replicas.get(i, record.replicas))
+                                                for i, record in enumerate(manifest.files)))
+        _commit_lineage(lake, updated, dest, cap=cap)
+        publish_token_manifest(lake, updated, [dest, *(storage.tier(t) for t in updated.tiers
+                                                       if t != dest.name and t in storage.tiers)])
+        # what a killed copy left there (temp files, open uploads); not a live writer's (see Tier.sweep_partials)
+        dest.sweep_partials(dest.uri(release, folder), older_than=STALE_PARTIAL_S)
+    return copies.files
+
+
+def publish_token_manifest(lake: Lake, manifest: TokenManifest, tiers: list[Tier]) -> None:
+    """The manifest into every tier's token folder, then under the lake (what a reader resolves), as the export."""
+    for tier in tiers:
+        tier.publish(tier.uri(manifest.release, token_dir(manifest.tokenizer.sha256), TOKEN_MANIFEST_NAME),
+                     manifest.to_json())
+    checkpoint("tier:after_token_tier_manifest")
+    publish_lake_token_manifest(lake, manifest)
+
+
+def _copy_part(manifest: TokenManifest, index: int, part: str, dest: Tier, storage: StorageConfig,
+               cap: BandwidthCap | None) -> None:
+    """One part of one token file onto ``dest``: kept if already intact there, else streamed from the first
+    replica that matches the manifest, then read back and checked."""
+    record = manifest.files[index]
+    expected = record.part(part)
+    uri = f"{dest.uri(manifest.release, token_dir(manifest.tokenizer.sha256), record.prefix)}.{part}"
+    if dest.verify(uri, size=expected.size, sha256=expected.sha256, cap=cap):
+        return  # a killed apply copied it already
+    problems = []
+    for name, prefix_uri in record.replicas.items():
+        if name not in storage.tiers or name == dest.name:
+            continue
+        chunks = _Metered(storage.tier(name), f"{prefix_uri}.{part}", cap)
+        try:
+            dest.publish_stream(uri, chunks, size=expected.size, sha256=expected.sha256)
+        except (OSError, StorageError) as exc:
+            if not chunks.failed:
+                raise  # the destination failed: no other replica helps
+            problems.append(f"{name}: {exc}")
+            continue
+        except IntegrityError:  # what the replica gave does not match the manifest: nothing was published
+            problems.append(f"{name}: {prefix_uri}.{part} does not match the manifest's size/sha256")
+            continue
+        if not dest.verify(uri, size=expected.size, sha256=expected.sha256, cap=cap):
+            raise IntegrityError(f"tier {dest.name}: {uri} does not match what was written (size {expected.size}, "
+                                 f"sha256 {expected.sha256[:12]}...); check the tier's health and re-run")
+        return
+    raise IntegrityError(f"release {manifest.release!r}: no intact replica of token file {record.prefix}.{part} to "
+                         f"copy from ({'; '.join(problems) or 'no configured tier holds one'}); re-export the tokens")
+
+
+class _Metered:
+    """A replica's chunks under ``cap``; ``failed`` tells a source error from the destination's."""
+
+    def __init__(self, tier: Tier, uri: str, cap: BandwidthCap | None) -> None:
+        self.tier, self.uri, self.cap, self.failed = tier, uri, cap, False
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self.tier.chunks(self.uri):
+                if self.cap is not None:
+                    self.cap.take(len(chunk))
+                yield chunk
+        except (OSError, StorageError):
+            self.failed = True
+            raise
+
+
+def _commit_lineage(lake: Lake, manifest: TokenManifest, dest: Tier, *, cap: BandwidthCap | None) -> None:
+    """``exported`` events of the documents on ``dest``, as a token export to that tier writes them (ref
+    ``{"tokens": PREFIX URI, "tier", "tokenizer", "document"}``, txn ``export-tokens/{release}/{tier}/{folder}``:
+    a re-run, or a later export to that tier, is a no-op), from each copied ``.ids`` read a few MiB at a time."""
+    folder = token_dir(manifest.tokenizer.sha256)
+
+    def events() -> Iterator[tuple[pa.Array, pa.Array]]:
+        for record in manifest.files:
+            if dest.name not in record.replicas:
+                continue
+            head = json.dumps({"tokens": record.replicas[dest.name], "tier": dest.name,
+                               "tokenizer": manifest.tokenizer.sha256})[:-1] + ', "document": '
+            start = 0
+            for keys in _ids(dest, f"{record.replicas[dest.name]}.ids", cap):
+                positions = pa.array(np.arange(start, start + len(keys), dtype=np.int64)).cast(pa.string())
+                yield keys, pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
+                start += len(keys)
+            if start != record.documents:
+                raise IntegrityError(f"{record.replicas[dest.name]}.ids: {start} sample ids, the manifest has "
+                                     f"{record.documents} documents; re-export the tokens")
+
+    commit_exported(lake, events(), txn=f"export-tokens/{manifest.release}/{dest.name}/{folder}", op=TOKENS_OP,
+                    params_hash=str(manifest.export.get("key", "")),
+                    metadata={"datahub.export": manifest.release, "datahub.tier": dest.name,
+                              "datahub.tokenizer": folder})
+
+
+def _ids(tier: Tier, uri: str, cap: BandwidthCap | None) -> Iterator[pa.Array]:
+    """The sample ids of a ``.ids`` file, whole lines of about ``LINEAGE_IDS_BYTES`` at a time."""
+    held = b""
+    for chunk in _Metered(tier, uri, cap):
+        held += chunk
+        if len(held) >= LINEAGE_IDS_BYTES:
+            cut = held.rfind(b"\n") + 1
+            if cut:
+                yield decode_ids(held[:cut], where=uri)
+                held = held[cut:]
+    if held:
+        yield decode_ids(held, where=uri)
