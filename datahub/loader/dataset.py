@@ -296,13 +296,13 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._worker = (worker_id, num_workers) if info is not None else None
         if info is None:
-            self._worker_use.clear()  # iterated here: this process's count is the trainer's again
+            self._worker_use.iterated_here(self._position.generation)  # this process's count is the trainer's again
         else:
             fields = self._position.take()  # a persistent worker: the owner's set_epoch/load_state_dict since
             if fields is not None:
                 for name, value in fields.items():
                     setattr(self, name, value)
-            self._worker_use.mark(num_workers)
+            self._worker_use.mark(num_workers, self._position.generation)
             worker_transport.install()  # arrow batches to the trainer through shared memory, not the result pipe
         stream, pieces, following, done, order = self._pieces(num_workers)
         piece = (following + worker_id) % len(pieces)

@@ -93,13 +93,13 @@ class StridedDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         info = _get_worker_info()
         worker_id, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is None:
-            self._worker_use.clear()
+            self._worker_use.iterated_here(self._position.generation)
         else:
             fields = self._position.take()  # a persistent worker: the owner's set_epoch/load_state_dict since
             if fields is not None:
                 for name, value in fields.items():
                     setattr(self, name, value)
-            self._worker_use.mark(num_workers)
+            self._worker_use.mark(num_workers, self._position.generation)
             worker_transport.install(self._transfer_types)  # batches to the trainer through shared memory
         self._worker = (worker_id, num_workers) if info is not None else None
         first, resume, self._worker_resume = 0, self._worker_resume, None  # a loaded worker position is used once

@@ -3,7 +3,9 @@ position (epoch, resume point) for persistent workers (``TrainerPosition``).
 
 A plain torch DataLoader with workers gives each worker a copy of the dataset (fork or pickle), so the
 owner's copy never yields anything and its count of consumed samples stays 0. Workers create a marker file
-whose (random, private) path the copies share; the owner checks for it. A file rather than shared memory,
+whose (random, private) path the copies share; the owner checks for it. The marker names the number of workers and
+the owner's position generation they read, and live workers hold a shared flock on it, so that the owner iterating
+the dataset itself beside them (a look at a sample) does not take the trainer's count for its own. A file rather than shared memory,
 because a path survives both fork and pickling (``multiprocessing_context="spawn"``).
 
 Both files belong to one dataset object. A DataLoader worker's copy must share them (a forked copy does; a spawned
@@ -16,6 +18,7 @@ this process made the other's ``state_dict()`` claim nothing was consumed.
 from __future__ import annotations
 
 import copy
+import fcntl
 import os
 import pickle
 import tempfile
@@ -33,41 +36,103 @@ def _remove(path: str, owner: int) -> None:
             pass
 
 
+_held: dict[str, tuple[int, int]] = {}  # in a worker: marker path -> (descriptor, inode) holding a shared flock
+
+
 class WorkerUse:
-    """``mark(num_workers)`` in a worker, ``seen()``/``workers()`` in the owner, ``clear()`` when the owner iterates
-    itself. The file holds the number of workers, which the owner's state_dict needs to know how the trainer's items
-    were split."""
+    """``mark(num_workers, generation)`` in a worker, ``seen()``/``workers()`` in the owner, ``iterated_here`` when the
+    owner iterates itself. The file holds the number of workers, which the owner's state_dict needs to know how the
+    trainer's items were split, and the owner's ``TrainerPosition`` generation they read (the position set by the
+    last ``set_epoch``/``load_state_dict``)."""
 
     def __init__(self) -> None:
         self.path = os.path.join(tempfile.gettempdir(), f"datahub-loader-workers-{uuid.uuid4().hex}")
         weakref.finalize(self, _remove, self.path, os.getpid())
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy and deepcopy: another dataset's marker, same content
-        return _copied_worker_use, (self.workers(),)
+        return _copied_worker_use, (self._read(),)
 
-    def mark(self, num_workers: int = 1) -> None:
-        if self.workers() == num_workers:
+    def mark(self, num_workers: int = 1, generation: int = 0) -> None:
+        text = f"{num_workers} {generation}"
+        if self._read() != text:
+            self._write(text)
+        self._hold()
+
+    def _hold(self) -> None:
+        """In a worker: keep a shared flock on the marker while this process lives (the kernel drops it when the
+        worker exits or is killed), so the owner can tell that workers reading it are alive (``iterated_here``)."""
+        try:
+            inode = os.stat(self.path).st_ino
+        except OSError:
             return
+        held = _held.get(self.path)
+        if held is not None and held[1] == inode:
+            return
+        try:
+            handle = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+        except OSError:
+            os.close(handle)
+            return
+        if held is not None:
+            os.close(held[0])
+        _held[self.path] = (handle, os.fstat(handle).st_ino)
+
+    def _workers_alive(self) -> bool:
+        """In the owner: whether a live DataLoader worker holds the marker (see ``_hold``)."""
+        try:
+            handle = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(handle)  # drops the lock taken here, if any
+        return False
+
+    def _write(self, text: str) -> None:
         try:
             handle = os.open(self.path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
             try:
-                os.write(handle, str(num_workers).encode())
+                os.write(handle, text.encode())
             finally:
                 os.close(handle)
         except OSError:  # no writable temp dir: the owner then cannot refuse, as before this check existed
             pass
+
+    def _read(self) -> str | None:
+        try:
+            with open(self.path, "rb") as handle:
+                return handle.read().strip().decode()
+        except (OSError, UnicodeDecodeError):
+            return None
 
     def seen(self) -> bool:
         return os.path.exists(self.path)
 
     def workers(self) -> int | None:
         """The number of DataLoader workers that last iterated the dataset, or None (never, or iterated here since)."""
-        try:
-            with open(self.path, "rb") as handle:
-                text = handle.read().strip()
-        except OSError:
+        text = self._read()
+        if text is None:
             return None
-        return int(text) if text.isdigit() else 1
+        first = text.split()[0] if text else ""
+        return int(first) if first.isdigit() else 1
+
+    def iterated_here(self, generation: int) -> None:
+        """The owner iterates the dataset itself: from now on its own count is the trainer's (the marker goes), unless
+        live DataLoader workers read the same position (marked with this ``generation``: no set_epoch/load_state_dict
+        since). That is a look beside them (``next(iter(dataset))`` to log a sample), and ``state_dict(consumed=N)``
+        still counts the DataLoader's batches, split over its workers: clearing the marker made it count N items of
+        one stream, a resume that repeated some samples and skipped others."""
+        parts = (self._read() or "").split()
+        if len(parts) == 2 and parts[1] == str(generation) and self._workers_alive():
+            return
+        self.clear()
 
     def clear(self) -> None:
         try:
@@ -91,8 +156,8 @@ class TrainerPosition:
         self.generation = 0
         weakref.finalize(self, _remove, self.path, os.getpid())
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy and deepcopy: another dataset's position
-        return TrainerPosition, ()
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy and deepcopy: another dataset's position, same generation
+        return _copied_position, (self.generation,)
 
     def publish(self, fields: dict[str, Any]) -> None:
         """In the owner: ``fields`` (attribute name to value) are the position its workers' next iteration uses."""
@@ -131,12 +196,19 @@ class TrainerPosition:
             self.generation = max(self.generation, read[0])
 
 
-def _copied_worker_use(workers: int | None) -> WorkerUse:
+def _copied_worker_use(text: str | None) -> WorkerUse:
     """A copy's own marker, saying what the original's said when copied (a copy is a snapshot of its state)."""
     use = WorkerUse()
-    if workers is not None:
-        use.mark(workers)
+    if text is not None:
+        use._write(text)
     return use
+
+
+def _copied_position(generation: int) -> TrainerPosition:
+    """A copy's own position file (none written yet), at the original's generation (its markers' reference)."""
+    position = TrainerPosition()
+    position.generation = generation
+    return position
 
 
 def _worker_use_of(path: str) -> WorkerUse:
@@ -168,5 +240,5 @@ class OwnPosition:
     def __copy__(self) -> Any:
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
-        twin._worker_use, twin._position = copy.copy(self._worker_use), TrainerPosition()
+        twin._worker_use, twin._position = copy.copy(self._worker_use), copy.copy(self._position)
         return twin
