@@ -57,7 +57,7 @@ class Move:
     bytes: int
     storage_class: str | None = None
     leftover: bool = False  # a delete of files the manifest already dropped (an interrupted apply)
-    verify: bool = False  # repair: replicas were checked by sha256, not only by size
+    verify: bool = False  # repair (and a copy of token files only): replicas were checked by sha256, not only by size
     token_files: int = 0  # copy: token files (.bin/.idx/.ids each) the tier lacks, copied too
     token_bytes: int = 0
 
@@ -166,7 +166,7 @@ def plan_tiers(
         held = manifest.tiers
         sources = [t for t in held if t in storage.tiers]
         for tier in wanted:
-            lacking = token_copies(lake, name, tier, storage) if tier in storage.tiers else None
+            lacking = token_copies(lake, name, tier, storage, verify=verify, cap=cap) if tier in storage.tiers else None
             token_files, token_bytes = (lacking.files, lacking.bytes) if lacking is not None else (0, 0)
             if tier not in held:
                 if not sources:
@@ -180,8 +180,8 @@ def plan_tiers(
                     others = [t for t in sources if t != tier]
                     moves.append(Move(name, "repair", tier, others[0] if others else None, len(damaged),
                                       sum(s.size for s in manifest.shards if s.name in damaged), klass, verify=verify))
-                if lacking is not None and lacking.files:  # the text is there, token files exported since are not
-                    moves.append(Move(name, "copy", tier, lacking.sources(storage)[0], 0, 0, klass,
+                if lacking is not None and lacking.files:  # the text is there; token files exported since, or damaged
+                    moves.append(Move(name, "copy", tier, lacking.sources(storage)[0], 0, 0, klass, verify=verify,
                                       token_files=token_files, token_bytes=token_bytes))
         for tier in held:
             if tier not in wanted and tier in storage.tiers:
@@ -209,7 +209,7 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
         if manifest is None:
             raise SpecError(f"release {move.release!r}: its manifest vanished from {lake.root}/_exports; re-run `datahub export`")
         if move.action == "copy":
-            _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap)
+            _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap, verify=move.verify)
         elif move.action == "repair":
             _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap)
         elif not _delete(lake, manifest, move.tier, storage=storage):
@@ -355,12 +355,13 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
 
 
 def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2,
-          cap: BandwidthCap | None = None) -> None:
-    """The release's shards onto ``tier_name`` (unless its manifest names the tier already), then its token files."""
+          cap: BandwidthCap | None = None, verify: bool = False) -> None:
+    """The release's shards onto ``tier_name`` (unless its manifest names the tier already), then its token files
+    (those missing there or damaged: by size, by sha256 too with ``verify``)."""
     dest = storage.tier(tier_name)
     if tier_name not in manifest.tiers:
         _copy_text(lake, manifest, dest, storage=storage, workers=workers, cap=cap)
-    copy_token_files(lake, manifest.release, dest, storage=storage, workers=workers, cap=cap)
+    copy_token_files(lake, manifest.release, dest, storage=storage, workers=workers, cap=cap, verify=verify)
 
 
 def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageConfig, workers: int,

@@ -8,7 +8,9 @@ replica is tried otherwise), read back and checked again at the destination, ``w
 under the apply's bandwidth cap. Then the new tier's ``exported`` lineage (from the copied ``.ids``; the same rows
 and transaction id a token export to that tier writes), then the manifest with the new replicas (the tiers'
 copies, then the lake's: what a reader resolves), then the temp files a killed copy left are swept. A part already
-intact on the destination is kept, so an apply killed at any point resumes, and a second apply is a no-op.
+intact on the destination is kept, so an apply killed at any point resumes, and a second apply is a no-op. A
+replica the manifest names that lost a part or has one of the wrong size (sha256 too with ``--verify``) is copied
+again the same way (a repair).
 
 Tier apply never deletes token files (a delete keeps the token folders a manifest names there): the loader
 memory-maps token files from a cfs or local path only, so a policy move off a cfs tier would take away the replica
@@ -48,6 +50,7 @@ LINEAGE_IDS_BYTES = 8 << 20  # ``.ids`` bytes turned into lineage rows at a time
 class TokenCopies:
     """What a tier lacks of a release's token files: (manifest, indices of its files) per tokenizer."""
 
+    tier: str
     todo: tuple[tuple[TokenManifest, tuple[int, ...]], ...]
 
     @property
@@ -59,34 +62,52 @@ class TokenCopies:
         return sum(manifest.files[i].part(p).size for manifest, indices in self.todo for i in indices for p in PARTS)
 
     def sources(self, storage: StorageConfig) -> list[str]:
-        """The configured tiers holding a replica of one of the files (a plan's ``source``)."""
+        """The other configured tiers holding a replica of one of the files (a plan's ``source``)."""
         return sorted({t for manifest, indices in self.todo for i in indices for t in manifest.files[i].replicas
-                       if t in storage.tiers})
+                       if t in storage.tiers and t != self.tier})
 
 
-def token_copies(lake: Lake, release: str, tier: str, storage: StorageConfig) -> TokenCopies:
-    """The token files of ``release`` that ``tier`` holds no replica of and a configured tier can give. A token
-    manifest none of whose files a configured tier holds (another region's storage config) is left out, logged."""
+def token_copies(lake: Lake, release: str, tier: str, storage: StorageConfig, *, verify: bool = False,
+                 cap: BandwidthCap | None = None) -> TokenCopies:
+    """The token files of ``release`` that ``tier`` holds no replica of, or a damaged one (a part missing or of the
+    wrong size; with ``verify``, of the wrong sha256, read under ``cap``), and that a configured tier can give. A
+    file no other configured tier holds (another region's storage config) is left out, logged."""
+    target = storage.tier(tier) if tier in storage.tiers else None
     todo = []
     for manifest in read_lake_token_manifests(lake, release):
-        indices = tuple(i for i, record in enumerate(manifest.files) if tier not in record.replicas)
+        indices = tuple(i for i, record in enumerate(manifest.files)
+                        if tier not in record.replicas or (target is not None and _damaged(record, target, verify, cap)))
         if not indices:
             continue
         unreachable = [manifest.files[i].prefix for i in indices
                        if not any(t in storage.tiers and t != tier for t in manifest.files[i].replicas)]
         if unreachable:
-            log.warning("release %r: token files %s (tokenizer %s) have no replica on a configured tier; not copied "
-                        "to %s (pass the storage config of the tier that holds them)", release, unreachable[:3],
-                        manifest.tokenizer.sha256[:12], tier)
-            continue
-        todo.append((manifest, indices))
-    return TokenCopies(tuple(todo))
+            log.warning("release %r: token files %s (tokenizer %s) have no other replica on a configured tier; not "
+                        "copied to %s (pass the storage config of the tier that holds them)", release,
+                        unreachable[:3], manifest.tokenizer.sha256[:12], tier)
+            indices = tuple(i for i in indices if manifest.files[i].prefix not in unreachable)
+        if indices:
+            todo.append((manifest, indices))
+    return TokenCopies(tier, tuple(todo))
+
+
+def _damaged(record: TokenFileRecord, tier: Tier, verify: bool, cap: BandwidthCap | None) -> bool:
+    """The file's replica on ``tier`` (the manifest names it) misses a part or has one of the wrong size/sha256."""
+    if tier.name not in record.replicas:
+        return False
+    for part in PARTS:
+        uri, expected = f"{record.replicas[tier.name]}.{part}", record.part(part)
+        if tier.size(uri) != expected.size or (verify and not tier.verify(uri, size=expected.size,
+                                                                          sha256=expected.sha256, cap=cap)):
+            return True
+    return False
 
 
 def copy_token_files(lake: Lake, release: str, dest: Tier, *, storage: StorageConfig, workers: int = 2,
-                     cap: BandwidthCap | None = None) -> int:
-    """Copy the token files ``dest`` lacks (see the module docstring); returns how many were copied."""
-    copies = token_copies(lake, release, dest.name, storage)
+                     cap: BandwidthCap | None = None, verify: bool = False) -> int:
+    """Copy the token files ``dest`` lacks or holds damaged (by size; sha256 too with ``verify``; see the module
+    docstring); returns how many."""
+    copies = token_copies(lake, release, dest.name, storage, verify=verify, cap=cap)
     for manifest, indices in copies.todo:
         folder = token_dir(manifest.tokenizer.sha256)
         parts = [(index, part) for index in indices for part in PARTS]

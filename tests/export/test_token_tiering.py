@@ -158,3 +158,28 @@ def test_a_killed_token_copy_resumes_keeping_the_files_it_copied(tmp_path) -> No
     assert len(_exported_lineage(lake, "cold")) == tokens.num_documents
     assert not list(folder.glob(".*partial*"))
     assert plan_tiers(lake, storage=storage, targets={"r": ["hot", "cold"]}).moves == ()
+
+
+def test_a_damaged_token_replica_on_a_tier_is_copied_again(tmp_path) -> None:
+    """A replica the manifest names lost bytes (size: every plan sees it) or had a byte flipped (same size: seen with
+    verify, as text shards): apply copies that file again from an intact replica."""
+    storage, _ = _storage(tmp_path, "hot", "cold")
+    lake, tokens = _exported(tmp_path, storage)
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["hot", "cold"]}), storage=storage)
+    copied = read_lake_token_manifest(lake, "r")
+    truncated, flipped = Path(f"{copied.files[0].replicas['cold']}.idx"), Path(f"{copied.files[2].replicas['cold']}.bin")
+    truncated.write_bytes(truncated.read_bytes()[:-1])
+    data = bytearray(flipped.read_bytes())
+    data[0] ^= 1
+    flipped.write_bytes(bytes(data))
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["hot", "cold"]})
+    assert [(m.action, m.tier, m.source, m.shards, m.token_files) for m in plan.moves] == [("copy", "cold", "hot", 0, 1)]
+    apply_tiers(lake, plan, storage=storage)
+    assert truncated.read_bytes() == Path(f"{copied.files[0].replicas['hot']}.idx").read_bytes()
+    assert plan_tiers(lake, storage=storage, targets={"r": ["hot", "cold"]}).moves == ()  # by size only
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["hot", "cold"]}, verify=True)
+    assert [(m.action, m.tier, m.token_files, m.verify) for m in plan.moves] == [("copy", "cold", 1, True)]
+    apply_tiers(lake, plan, storage=storage)
+    assert flipped.read_bytes() == Path(f"{copied.files[2].replicas['hot']}.bin").read_bytes()
+    assert read_lake_token_manifest(lake, "r") == copied
+    assert plan_tiers(lake, storage=storage, targets={"r": ["hot", "cold"]}, verify=True).moves == ()
