@@ -138,3 +138,35 @@ def test_a_failed_read_of_streamed_batches_leaves_no_task_running(tmp_path: Path
         for _ in engine.read_files([0, 1, 2], _Tables(str(tmp_path))).iter_batches():
             pass
     assert_stopped(tmp_path)
+
+
+@dataclass(frozen=True)
+class _FileSink(Sink[list, list]):
+    """Each task's write: the files in its rows; the write of file 0 raises once another file's write runs."""
+
+    folder: str
+
+    def write(self, batches: Iterable[pa.Table]) -> list:
+        files = pa.concat_tables(list(batches))["file"].to_pylist()
+        for file in files:
+            fail_once_running(self.folder, file, wait_s=20)
+        return files
+
+    def commit(self, results: list) -> list:
+        return results
+
+
+@dataclass(frozen=True)
+class _Ones:
+    def __call__(self, file: int) -> Iterator[pa.Table]:
+        yield pa.table({"file": pa.array([file], pa.int64())})
+
+
+def test_a_failed_sink_write_on_spark_leaves_no_task_running(tmp_path: Path, spark_engine) -> None:  # noqa: F811
+    """``Frame.write`` (the write seam's tasks: a run's table files, sinks): a task's write fails while another
+    writes; the sink's abort must not run while that one still writes."""
+    from datahub.engines.sink import write_frame
+
+    with pytest.raises(Exception, match="task 0 fails"):
+        write_frame(spark_engine.read_files([0, 1, 2], _Ones()), _FileSink(str(tmp_path)))
+    assert_stopped(tmp_path)

@@ -257,13 +257,15 @@ class SparkFrame(Frame):
         blobs, frame_schema = self._discover()
         target = ParquetTarget(directory.rstrip("/"), spark_compatible_schema(schema or frame_schema),
                                tuple(sorted((storage_options or {}).items())), prefix)
-        rows = blobs.mapInArrow(WriteParquet(target), WRITTEN_DDL).collect()
+        with jobs_ended_on_exit(self.session):  # a failed task: no other one writes a file after the caller cleaned up
+            rows = blobs.mapInArrow(WriteParquet(target), WRITTEN_DDL).collect()
         return [DataFile(uri=r["uri"], size=int(r["size"]), rows=int(r["rows"]), stats=r["stats"]) for r in rows]
 
     def write(self, sink: Sink[R, Any]) -> list[R]:
         """One task per partition, given all of its batches (``datahub.engines.sink``)."""
         blobs, _ = self._discover()
-        rows = blobs.mapInArrow(SinkPartition(WriteTask(sink)), "result binary").collect()
+        with jobs_ended_on_exit(self.session):  # a failed task: the others end before the sink's abort runs
+            rows = blobs.mapInArrow(SinkPartition(WriteTask(sink)), "result binary").collect()
         return [pickle.loads(row["result"]) for row in rows]
 
     def encoded_blobs(self) -> tuple[DataFrame, pa.Schema]:

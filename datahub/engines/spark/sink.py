@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ import pyarrow as pa
 from datahub.engines.sink import SplitFn, SplitWritten
 from datahub.engines.spark.arrow import ApplyChain, decode, encode, ipc_blobs, spark_schema
 from datahub.engines.spark.frame import SparkFrame
+from datahub.engines.spark.jobs import jobs_ended_on_exit
 from datahub.engines.spark.parquet import WRITTEN_DDL, WriteParquet
 from datahub.lake.add_actions import DataFile, StagedFiles
 from datahub.lake.files import ParquetTarget, conform, data_file, file_prefix, file_schema, parquet_files, spark_compatible_schema
@@ -121,7 +123,8 @@ def write_split(
     lineage = target("lineage", LINEAGE, row_group_rows)
     written = blobs.mapInArrow(SplitAndWrite(split, schema, samples, quarantine, lineage is not None), SPLIT_DDL)
     written = written.persist(StorageLevel.MEMORY_AND_DISK)  # run the split once; lineage rows are read again below
-    try:
+    # a failed task: the others end (and write no file) before the run's abort removes what was written
+    with _unpersisted(written), jobs_ended_on_exit(frame.session):
         counts: list[str] = []
         lineage_total = 0
         files: dict[str, list[DataFile]] = {SAMPLES_KIND: [], QUARANTINE_KIND: []}
@@ -138,14 +141,20 @@ def write_split(
             ranges = max(1, math.ceil(lineage_total / lineage_rows_per_file))
             ordered = typed.repartitionByRange(ranges, lineage_column).sortWithinPartitions(lineage_column)
             lineage_files = [data_file(r.asDict()) for r in ordered.mapInArrow(WriteParquet(lineage, encoded=False), WRITTEN_DDL).collect()]
-    finally:
-        written.unpersist()
     return SplitWritten(
         counts=counts,
         samples=_staged(files[SAMPLES_KIND], samples, samples_schema(schema)),
         quarantine=_staged(files[QUARANTINE_KIND], quarantine, QUARANTINE),
         lineage=_staged(lineage_files, lineage, LINEAGE),
     )
+
+
+@contextmanager
+def _unpersisted(frame: Any) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        frame.unpersist()
 
 
 def _staged(files: list[DataFile], target: ParquetTarget | None, schema: pa.Schema) -> StagedFiles:
