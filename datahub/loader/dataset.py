@@ -149,6 +149,12 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
     # the attributes set_epoch and load_state_dict set: a persistent DataLoader worker's copy takes them at __iter__
     _position_fields = ("epoch", "_segments", "_start", "_pending", "_worker_resume", "_consumed", "_items")
 
+    def _before_load(self) -> None:
+        """At the start of load_state_dict: in a worker (StatefulDataLoader loading the worker's state), the position
+        the copy had, which a persistent worker takes back after the pass that state is for."""
+        if _get_worker_info() is not None:
+            self._position.before_worker_load({name: getattr(self, name) for name in self._position_fields})
+
     def _position_changed(self) -> None:
         """After set_epoch/load_state_dict: in the owner, publish the position to persistent workers; in a worker
         (StatefulDataLoader loading the worker's state), keep it over what the owner published before."""
@@ -272,6 +278,7 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         if clashes:
             raise ValueError("cannot resume: the checkpoint was taken with a different order (" + "; ".join(clashes)
                              + "); construct the ReleaseDataset with the checkpoint's settings")
+        self._before_load()
         self.epoch = int(state["epoch"])
         # a /2 segment is (world_size, samples consumed per rank): read by one worker per rank, or in-process
         self._segments = [(int(w), int(n), int(rest[0]) if rest else 1, int(rest[1]) if rest else 0)
@@ -298,7 +305,7 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         if info is None:
             self._worker_use.iterated_here(self._position.generation)  # this process's count is the trainer's again
         else:
-            fields = self._position.take()  # a persistent worker: the owner's set_epoch/load_state_dict since
+            fields = self._position.next_pass()  # a persistent worker: the owner's set_epoch/load_state_dict since
             if fields is not None:
                 for name, value in fields.items():
                     setattr(self, name, value)

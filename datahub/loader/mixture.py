@@ -392,6 +392,7 @@ class MixtureDataset(StridedDataset):
             if clashes:
                 raise ValueError(f"cannot resume source {name!r}: " + "; ".join(clashes)
                                  + "; construct it with the checkpoint's settings")
+        self._before_load()
         self.epoch, self._yielded = int(state["epoch"]), 0
         new = self._check_weights(weights) if weights is not None else self.weights
         same = all(abs(new[name] - float(state["weights"][name])) <= 1e-12 for name in self.names)

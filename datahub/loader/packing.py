@@ -424,6 +424,7 @@ class PackedDataset(StridedDataset):
         if "worker" in state and int(state["seq_len"]) != self.seq_len:
             raise ValueError(f"cannot resume a StatefulDataLoader worker state with another seq_len (checkpoint "
                              f"{state['seq_len']}, dataset {self.seq_len}); save state_dict(consumed=...) instead")
+        self._before_load()
         self._load_worker_state(state)
         self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["tokens"]), 0
         self._position_changed()

@@ -81,6 +81,12 @@ class StridedDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         padding = offsets >= total
         return np.where(padding, 0, offsets), padding
 
+    def _before_load(self) -> None:
+        """At the start of load_state_dict: in a worker (StatefulDataLoader loading the worker's state), the position
+        the copy had, which a persistent worker takes back after the pass that state is for."""
+        if _get_worker_info() is not None:
+            self._position.before_worker_load({name: getattr(self, name) for name in self._position_fields})
+
     def _position_changed(self) -> None:
         """After set_epoch/load_state_dict: in the owner, publish the position to persistent workers; in a worker
         (StatefulDataLoader loading the worker's state), keep it over what the owner published before."""
@@ -95,7 +101,7 @@ class StridedDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         if info is None:
             self._worker_use.iterated_here(self._position.generation)
         else:
-            fields = self._position.take()  # a persistent worker: the owner's set_epoch/load_state_dict since
+            fields = self._position.next_pass()  # a persistent worker: the owner's set_epoch/load_state_dict since
             if fields is not None:
                 for name, value in fields.items():
                     setattr(self, name, value)

@@ -188,6 +188,29 @@ class TrainerPosition:
         self.generation = read[0]
         return read[1]
 
+    # in a worker whose copy loaded a StatefulDataLoader state: the position it had before (the owner's), which the
+    # pass after the one the state was for goes back to, as a fresh worker's copy of the owner would
+    restore: dict[str, Any] | None = None
+    armed = False  # the loaded state served a pass: the next one restores
+
+    def before_worker_load(self, fields: dict[str, Any]) -> None:
+        """In a worker, before a StatefulDataLoader state is loaded into its copy: ``fields`` is its position now."""
+        if self.restore is None:
+            self.restore, self.armed = fields, False
+
+    def next_pass(self) -> dict[str, Any] | None:
+        """In a worker at each ``__iter__``: the position to take, or None (keep its own). The owner's newer position
+        first; else, once a loaded StatefulDataLoader state served one pass, the position from before it."""
+        fields = self.take()
+        if fields is not None:
+            self.restore, self.armed = None, False
+            return fields
+        if self.restore is not None and self.armed:
+            fields, self.restore, self.armed = self.restore, None, False
+            return fields
+        self.armed = self.restore is not None
+        return None
+
     def catch_up(self) -> None:
         """In a worker that loads its own state (torchdata's StatefulDataLoader): what the owner published so far
         is older than that state, so ``take`` skips it."""

@@ -196,3 +196,28 @@ def test_a_look_at_the_dataset_in_process_does_not_change_what_consumed_counts(t
     read_ids += [sample["sample_id"] for batch in DataLoader(resumed, batch_size=None, num_workers=2)
                  for sample in batch]
     assert sorted(read_ids) == sorted(set(read_ids)) and len(read_ids) == 60, "every sample exactly once"
+
+
+@pytest.mark.parametrize("kind", [_release, _packed], ids=["release", "packed"])
+def test_a_stateful_dataloader_resume_serves_one_pass_of_persistent_workers(tmp_path: Path,
+                                                                            kind: Callable[[Path], Any]) -> None:
+    # StatefulDataLoader loads its checkpoint into each worker's copy; a persistent worker kept it, so the pass after
+    # the resumed one (no set_epoch: the same epoch again, as fresh workers read it) started at the checkpoint again
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    make, as_key = kind(tmp_path)
+    first = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2)
+    batches = iter(first)
+    for _ in range(4):
+        next(batches)
+    state = first.state_dict()
+    del batches
+
+    def resumed(persistent: bool) -> tuple[list[Any], list[Any]]:
+        loader = stateful.StatefulDataLoader(make(), batch_size=None, num_workers=2, persistent_workers=persistent)
+        loader.load_state_dict(state)
+        return read(loader, as_key), read(loader, as_key)
+
+    rest, again = resumed(persistent=True)
+    fresh_rest, fresh_again = resumed(persistent=False)
+    assert rest == fresh_rest and len(rest) < len(again)
+    assert again == fresh_again, "the next pass reads the whole epoch, as with fresh workers"
