@@ -35,7 +35,7 @@ from datahub.export.export import EXPORT_OP, publish_manifest
 from datahub.export.exported_lineage import commit_shard_index
 from datahub.export.token_copies import copy_token_files, token_copies
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
-from datahub.shards.token_manifest import read_lake_token_manifests, token_dir
+from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifests, token_dir
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.index import embedded_keys, index_tar
@@ -153,7 +153,8 @@ def plan_tiers(
     moves: list[Move] = []
     for name in names:
         manifest = manifests[name]
-        tokens = token_folders(lake, name)
+        token_manifests = read_lake_token_manifests(lake, name)
+        tokens = token_folders(lake, name, manifests=token_manifests)
         state = states.get(name, ReleaseState(name))
         klass = None if name in targets else storage_class(state, storage.policy, now=now)
         wanted = targets.get(name) if name in targets else desired_tiers(state, storage.policy, now=now)
@@ -166,7 +167,8 @@ def plan_tiers(
         held = manifest.tiers
         sources = [t for t in held if t in storage.tiers]
         for tier in wanted:
-            lacking = token_copies(lake, name, tier, storage, verify=verify, cap=cap) if tier in storage.tiers else None
+            lacking = (token_copies(lake, name, tier, storage, verify=verify, cap=cap, manifests=token_manifests)
+                       if tier in storage.tiers else None)
             token_files, token_bytes = (lacking.files, lacking.bytes) if lacking is not None else (0, 0)
             if tier not in held:
                 if not sources:
@@ -379,10 +381,11 @@ def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageCo
     dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
 
 
-def token_folders(lake: Lake, release: str) -> dict[str, set[str]]:
-    """Per tier, the token folders (``tokens-SHA12``) of ``release`` that its token manifests name replicas in."""
+def token_folders(lake: Lake, release: str, *, manifests: list[TokenManifest] | None = None) -> dict[str, set[str]]:
+    """Per tier, the token folders (``tokens-SHA12``) of ``release`` that its token manifests name replicas in
+    (``manifests``: those manifests, when read already)."""
     held: dict[str, set[str]] = {}
-    for manifest in read_lake_token_manifests(lake, release):
+    for manifest in manifests if manifests is not None else read_lake_token_manifests(lake, release):
         tiers = set(manifest.tiers).union(*(record.replicas for record in manifest.files))
         for tier in tiers:
             held.setdefault(tier, set()).add(token_dir(manifest.tokenizer.sha256))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -68,13 +68,14 @@ class TokenCopies:
 
 
 def token_copies(lake: Lake, release: str, tier: str, storage: StorageConfig, *, verify: bool = False,
-                 cap: BandwidthCap | None = None) -> TokenCopies:
+                 cap: BandwidthCap | None = None, manifests: Sequence[TokenManifest] | None = None) -> TokenCopies:
     """The token files of ``release`` that ``tier`` holds no replica of, or a damaged one (a part missing or of the
     wrong size; with ``verify``, of the wrong sha256, read under ``cap``), and that a configured tier can give. A
-    file no other configured tier holds (another region's storage config) is left out, logged."""
+    file no other configured tier holds (another region's storage config) is left out, logged. ``manifests``: the
+    release's token manifests when the caller read them already."""
     target = storage.tier(tier) if tier in storage.tiers else None
     todo = []
-    for manifest in read_lake_token_manifests(lake, release):
+    for manifest in manifests if manifests is not None else read_lake_token_manifests(lake, release):
         indices = tuple(i for i, record in enumerate(manifest.files)
                         if tier not in record.replicas or (target is not None and _damaged(record, target, verify, cap)))
         if not indices:
