@@ -19,7 +19,7 @@ import pyarrow as pa
 from datahub.engines.frame import Aggregate, BatchFn, Frame, R
 from datahub.engines.sink import Sink, WriteTask
 from datahub.engines.spark.arrow import IPC_DDL, ApplyChain, RowCounts, SchemasOf, decode, spark_name, spark_schema
-from datahub.engines.spark.jobs import jobs_ended_on_exit
+from datahub.engines.spark.jobs import TaggedJobs, jobs_ended_on_exit
 from datahub.engines.spark.parquet import WRITTEN_DDL, SinkPartition, WriteParquet
 from datahub.errors import TerminalError
 from datahub.lake.files import ParquetTarget, conform, spark_compatible_schema, unify
@@ -216,22 +216,26 @@ class SparkFrame(Frame):
 
         blobs = self._encoded_df()
         cached_here = self._known is None and blobs.storageLevel == StorageLevel.NONE
-        # a failed task (or a caller that stops reading): the jobs' other tasks end before this returns
-        with jobs_ended_on_exit(self.session):
-            if cached_here:
-                # toLocalIterator computes one partition at a time; compute them all in parallel
-                # first (spilling to executor disk), then stream the cached blobs to the driver.
-                blobs = blobs.persist(StorageLevel.MEMORY_AND_DISK)
-            try:
+        # a failed task (or a caller that stops reading): the jobs' other tasks end before this returns; only the
+        # calls that start jobs are tagged (the caller's own jobs between two batches are not this pass's)
+        jobs = TaggedJobs(self.session)
+        if cached_here:
+            # toLocalIterator computes one partition at a time; compute them all in parallel
+            # first (spilling to executor disk), then stream the cached blobs to the driver.
+            blobs = blobs.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            with jobs.tagging():
                 if cached_here:
                     blobs.count()
-                for row in blobs.toLocalIterator(prefetchPartitions=True):
-                    table = decode(row[0])
-                    if table.num_rows:
-                        yield conform(table, target) if target is not None else table
-            finally:
-                if cached_here:
-                    _safe_unpersist(blobs)
+                rows = blobs.toLocalIterator(prefetchPartitions=True)  # its jobs run in a thread started here
+            for row in rows:
+                table = decode(row[0])
+                if table.num_rows:
+                    yield conform(table, target) if target is not None else table
+        finally:
+            jobs.end()
+            if cached_here:
+                _safe_unpersist(blobs)
 
     def empty(self) -> pa.Table:
         return self.schema.empty_table()

@@ -18,20 +18,42 @@ from typing import Any
 WAIT_S = 60.0  # bound on the wait for cancelled tasks (Spark kills a Python worker within a few seconds)
 
 
+class TaggedJobs:
+    """Jobs started under ``tagging()`` carry a job tag of their own; ``end()`` cancels those still running and
+    returns once none of their tasks runs. Spark's tags are thread-local and inherited by the threads a job starts
+    (``toLocalIterator``'s server): a generator tags only the calls that start its jobs, not the caller's code that
+    runs between its yields."""
+
+    def __init__(self, session: Any) -> None:
+        self.context = session.sparkContext
+        self.tag = f"datahub-{uuid.uuid4().hex[:16]}"
+
+    @contextmanager
+    def tagging(self) -> Iterator[None]:
+        self.context.addJobTag(self.tag)
+        try:
+            yield
+        finally:
+            self.context.removeJobTag(self.tag)
+
+    def end(self, wait_s: float = WAIT_S) -> None:
+        if _running_tasks(self.context, self.tag):
+            self.context.cancelJobsWithTag(self.tag)
+            deadline = time.monotonic() + wait_s
+            while _running_tasks(self.context, self.tag) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
 @contextmanager
 def jobs_ended_on_exit(session: Any, *, wait_s: float = WAIT_S) -> Iterator[None]:
     """Run the block's Spark jobs under a job tag of their own; on exit, cancel those still running (none after a
     block that got all its results) and wait until none of their tasks runs."""
-    context = session.sparkContext
-    tag = f"datahub-{uuid.uuid4().hex[:16]}"
-    context.addJobTag(tag)
+    jobs = TaggedJobs(session)
     try:
-        yield
+        with jobs.tagging():
+            yield
     finally:
-        context.removeJobTag(tag)
-        if _running_tasks(context, tag):
-            context.cancelJobsWithTag(tag)
-            _wait_for_tasks(context, tag, wait_s)
+        jobs.end(wait_s)
 
 
 def _running_tasks(context: Any, tag: str) -> int:
@@ -47,9 +69,3 @@ def _running_tasks(context: Any, tag: str) -> int:
             if not stage_info.isEmpty():
                 running += stage_info.get().numActiveTasks()
     return int(running)
-
-
-def _wait_for_tasks(context: Any, tag: str, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
-    while _running_tasks(context, tag) and time.monotonic() < deadline:
-        time.sleep(0.1)
