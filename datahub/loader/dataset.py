@@ -278,6 +278,9 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         if clashes:
             raise ValueError("cannot resume: the checkpoint was taken with a different order (" + "; ".join(clashes)
                              + "); construct the ReleaseDataset with the checkpoint's settings")
+        if int(state["world_size"]) != self.world_size and "worker" in state:  # refused before anything changes
+            raise ValueError("cannot resume a StatefulDataLoader worker state with a different world size; "
+                             "save ReleaseDataset.state_dict(consumed=...) per rank for elastic resumes")
         self._before_load()
         self.epoch = int(state["epoch"])
         # a /2 segment is (world_size, samples consumed per rank): read by one worker per rank, or in-process
@@ -289,9 +292,6 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         if int(state["world_size"]) == self.world_size:
             self._start, self._pending = int(state["consumed"]), pending
         else:
-            if self._worker_resume is not None:
-                raise ValueError("cannot resume a StatefulDataLoader worker state with a different world size; "
-                                 "save ReleaseDataset.state_dict(consumed=...) per rank for elastic resumes")
             self._segments.append((int(state["world_size"]), int(state["consumed"]), *(pending or (1, 0))))
             self._start, self._pending = 0, None
         self._position_changed()

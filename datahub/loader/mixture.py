@@ -392,14 +392,14 @@ class MixtureDataset(StridedDataset):
             if clashes:
                 raise ValueError(f"cannot resume source {name!r}: " + "; ".join(clashes)
                                  + "; construct it with the checkpoint's settings")
-        self._before_load()
-        self.epoch, self._yielded = int(state["epoch"]), 0
         new = self._check_weights(weights) if weights is not None else self.weights
         same = all(abs(new[name] - float(state["weights"][name])) <= 1e-12 for name in self.names)
         if "worker" in state and not same:
             raise ValueError("cannot resume a StatefulDataLoader worker state with other weights; save "
                              "MixtureDataset.state_dict(consumed=...) to change weights at a resume")
-        self._load_worker_state(state)
+        self._before_load()
+        self._load_worker_state(state)  # the last check (the topology of a worker state): nothing changed before
+        self.epoch, self._yielded = int(state["epoch"]), 0
         if same:
             self.weights = {name: float(state["weights"][name]) for name in self.names}
             self._start = [int(saved[name]["start"]) for name in self.names]

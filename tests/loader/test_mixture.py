@@ -204,3 +204,15 @@ def test_stateful_dataloader_workers_mix_and_resume_exactly(tmp_path: Path, work
         fresh = loader()
         fresh.load_state_dict(state)
         assert head + tokens(fresh) == full, f"resume after {head_items} batches"
+
+
+def test_a_refused_load_state_dict_leaves_the_mixture_as_it_was(text: dict[str, tuple[str, list[str]]]) -> None:
+    # bad weights at a resume are refused; the epoch used to be replaced before the weights were checked
+    source = mixture(text, {"a": 1, "b": 1, "c": 2}, 0, 1, batch_size=4)
+    state = source.state_dict(consumed=2)
+    state["epoch"] = 4
+    dataset = mixture(text, {"a": 1, "b": 1, "c": 2}, 0, 1, batch_size=4)
+    want = keys(mixture(text, {"a": 1, "b": 1, "c": 2}, 0, 1, batch_size=4))
+    with pytest.raises(ValueError, match="weights must be finite"):
+        dataset.load_state_dict(state, weights={"a": 1, "b": -1, "c": 1})
+    assert dataset.epoch == 1 and keys(dataset) == want

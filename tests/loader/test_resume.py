@@ -195,3 +195,17 @@ def test_state_dict_without_consumed_is_refused_when_workers_read(manifest_path:
     in_process = iter(dataset)
     next(in_process)
     assert dataset.state_dict()["consumed"] == (batch_size or 1)
+
+
+def test_a_refused_load_state_dict_leaves_the_position_as_it_was(manifest_path: str) -> None:
+    # a StatefulDataLoader worker state cannot move to another world size; the refusal used to come after the
+    # epoch, segments and worker position were already replaced, so a trainer that caught it read another position
+    source = make(manifest_path, rank=0, world_size=2, batch_size=2)
+    state = source.state_dict(consumed=3)
+    state["epoch"] = 5
+    state["worker"] = {"worker_id": 0, "num_workers": 2, "items": 1}
+    dataset = make(manifest_path, rank=0, world_size=3, batch_size=2)
+    want = [ids(batch) for batch in make(manifest_path, rank=0, world_size=3, batch_size=2)]
+    with pytest.raises(ValueError, match="different world size"):
+        dataset.load_state_dict(state)
+    assert [ids(batch) for batch in dataset] == want
