@@ -447,8 +447,8 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
 
     def build(self, rows: pa.Table) -> BuiltTokenFile:
         """One file's parts from its routed documents (any order in, export order out). The caller hands ``rows``
-        over: its other columns are dropped at once, and no part is copied whole (the file is one buffer of the
-        ordered documents, its ids are encoded slice by slice as they are written)."""
+        over: its other columns are dropped at once, and no part is copied whole (the documents are combined once
+        and taken in export order a piece at a time as ``.bin`` is written; the ids are encoded slice by slice)."""
         index = int(rows["shard"][0].as_py())
         where = file_prefix(self.release, index)
         if pc.any(pc.not_equal(rows["shard"], index)).as_py():
