@@ -3,10 +3,10 @@ position (epoch, resume point) for persistent workers (``TrainerPosition``).
 
 A plain torch DataLoader with workers gives each worker a copy of the dataset (fork or pickle), so the
 owner's copy never yields anything and its count of consumed samples stays 0. Workers create a marker file
-whose (random, private) path the copies share; the owner checks for it. The marker names the number of workers and
-the owner's position generation they read, and live workers hold a shared flock on it, so that the owner iterating
-the dataset itself beside them (a look at a sample) does not take the trainer's count for its own. A file rather than shared memory,
-because a path survives both fork and pickling (``multiprocessing_context="spawn"``).
+whose (random, private) path the copies share; the owner checks for it. A file rather than shared memory,
+because a path survives both fork and pickling (``multiprocessing_context="spawn"``). The marker names the number of
+workers and the owner's position generation they read, and live workers hold a shared flock on it, so that the owner
+iterating the dataset itself beside them (a look at a sample) does not take the trainer's count for its own.
 
 Both files belong to one dataset object. A DataLoader worker's copy must share them (a forked copy does; a spawned
 worker's copy is pickled by multiprocessing's ``ForkingPickler``, whose reducers below keep the path), but any other
