@@ -13,6 +13,14 @@ worker's copy is pickled by multiprocessing's ``ForkingPickler``, whose reducers
 copy is another dataset (``copy.deepcopy``, ``pickle``, ``copy.copy`` through ``OwnPosition``): it gets its own
 files, or the two datasets' ``set_epoch``/``load_state_dict`` moved each other's persistent workers, and one read in
 this process made the other's ``state_dict()`` claim nothing was consumed.
+
+A process that owns datasets holds a shared flock on its owner file (``datahub-loader-owner-<token>``) while it
+lives, and its datasets' files carry its token. A dataset's files go with it (a finalizer), but a SIGKILLed trainer
+runs none: its files stayed for good. The first dataset a process makes sweeps them: a token whose owner file it
+can lock exclusively has no live owner (the kernel drops a dead process's lock whatever its PID namespace, so a job
+in another container sharing /tmp keeps its files), and that token's files go, then its owner file. Files without
+an owner file (named by datahub before this rule, whose owner held nothing) are never judged: removing a live
+trainer's would silently change what it resumes from.
 """
 
 from __future__ import annotations
@@ -21,7 +29,9 @@ import copy
 import fcntl
 import os
 import pickle
+import re
 import tempfile
+import threading
 import uuid
 import weakref
 from multiprocessing.reduction import ForkingPickler
@@ -38,6 +48,131 @@ def _remove(path: str, owner: int) -> None:
 
 _held: dict[str, tuple[int, int]] = {}  # in a worker: marker path -> (descriptor, inode) holding a shared flock
 
+_OWNER = "datahub-loader-owner-"
+_OWNER_NAME = re.compile(r"datahub-loader-owner-([0-9a-f]{32})")
+# a dataset's files: datahub-loader-<kind>-<owner token>-<own hex>, and a position being written (.partial)
+_OWNED_NAME = re.compile(r"datahub-loader-(?:workers|position)-([0-9a-f]{32})-[0-9a-f]{32}(?:-[0-9]+\.partial)?")
+
+
+class _Owner:
+    """This process's shared flock on its owner file, held while it lives (see the module docstring)."""
+
+    def __init__(self, directory: str) -> None:
+        self.pid = os.getpid()
+        while True:
+            self.token = uuid.uuid4().hex
+            path = os.path.join(directory, _OWNER + self.token)
+            handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDONLY, 0o600)
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH)  # waits while a sweep holds it: it then unlinks the file
+                if os.fstat(handle).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:  # a sweep took the file between its creation and the lock: make another
+                pass
+            except OSError:
+                os.close(handle)
+                _unlink(path)
+                raise
+            os.close(handle)
+        self.handle = handle
+        # at exit the datasets' finalizers (made later) run first: the owner file goes after their files
+        self.finalizer = weakref.finalize(self, _release_owner, path, handle, self.pid)
+
+    def forget(self) -> None:
+        """In a forked child: drop its copy of the descriptor, so the lock lives exactly as long as the owner (a
+        DataLoader worker outliving a killed trainer for seconds does not keep its files from the sweep)."""
+        self.finalizer.detach()
+        try:
+            os.close(self.handle)
+        except OSError:
+            pass
+
+
+_owner: _Owner | None = None
+_owner_made = threading.Lock()
+
+
+def _owner_token() -> str:
+    """This process's token for its datasets' file names; the first call makes the owner file and sweeps."""
+    global _owner
+    with _owner_made:
+        if _owner is None:
+            directory = tempfile.gettempdir()
+            try:
+                _owner = _Owner(directory)
+            except OSError:  # no owner file: this dataset's files are never swept (no temp dir: no files either)
+                return uuid.uuid4().hex
+            _sweep(directory, keep=_owner.token)
+        return _owner.token
+
+
+def _forget_owner_in_child() -> None:
+    global _owner, _owner_made
+    _owner_made = threading.Lock()  # another thread may have held it at the fork
+    if _owner is not None:
+        _owner.forget()
+        _owner = None
+
+
+os.register_at_fork(after_in_child=_forget_owner_in_child)
+
+
+def _release_owner(path: str, handle: int, pid: int) -> None:
+    if os.getpid() == pid:
+        _unlink(path)
+        try:
+            os.close(handle)
+        except OSError:
+            pass
+
+
+def _sweep(directory: str, *, keep: str) -> None:
+    """Remove the files of owners that are gone: an owner file this process can lock exclusively (no process, in
+    any PID namespace, holds its shared lock), that token's dataset files, then the owner file itself."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    owners: list[str] = []
+    owned: dict[str, list[str]] = {}
+    for name in names:
+        match = _OWNED_NAME.fullmatch(name)
+        if match is not None:
+            owned.setdefault(match.group(1), []).append(name)
+            continue
+        match = _OWNER_NAME.fullmatch(name)
+        if match is not None and match.group(1) != keep:
+            owners.append(match.group(1))
+    for token in owners:
+        path = os.path.join(directory, _OWNER + token)
+        try:
+            handle = os.open(path, os.O_RDONLY)
+        except OSError:  # gone meanwhile, or another user's file: not ours to judge
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its owner lives
+            os.close(handle)
+            continue
+        try:
+            for name in owned.get(token, ()):
+                _unlink(os.path.join(directory, name))
+            _unlink(path)  # last: a file of a token without an owner file is never judged
+        finally:
+            os.close(handle)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _owned_path(kind: str) -> str:
+    """A new private path for one of this process's datasets' files (``kind``: workers, position)."""
+    return os.path.join(tempfile.gettempdir(), f"datahub-loader-{kind}-{_owner_token()}-{uuid.uuid4().hex}")
+
 
 class WorkerUse:
     """``mark(num_workers, generation)`` in a worker, ``seen()``/``workers()`` in the owner, ``iterated_here`` when the
@@ -46,7 +181,7 @@ class WorkerUse:
     last ``set_epoch``/``load_state_dict``)."""
 
     def __init__(self) -> None:
-        self.path = os.path.join(tempfile.gettempdir(), f"datahub-loader-workers-{uuid.uuid4().hex}")
+        self.path = _owned_path("workers")
         weakref.finalize(self, _remove, self.path, os.getpid())
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickle, copy and deepcopy: another dataset's marker, same content
@@ -152,7 +287,7 @@ class TrainerPosition:
     """
 
     def __init__(self) -> None:
-        self.path = os.path.join(tempfile.gettempdir(), f"datahub-loader-position-{uuid.uuid4().hex}")
+        self.path = _owned_path("position")
         self.generation = 0
         weakref.finalize(self, _remove, self.path, os.getpid())
 

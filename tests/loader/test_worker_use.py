@@ -4,7 +4,13 @@
 from __future__ import annotations
 
 import copy
+import fcntl
+import json
+import os
 import pickle
+import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -221,3 +227,106 @@ def test_a_stateful_dataloader_resume_serves_one_pass_of_persistent_workers(tmp_
     fresh_rest, fresh_again = resumed(persistent=False)
     assert rest == fresh_rest and len(rest) < len(again)
     assert again == fresh_again, "the next pass reads the whole epoch, as with fresh workers"
+
+
+TRAINER = """
+import json, os, sys, tempfile
+from torch.utils.data import DataLoader
+from datahub.loader import ReleaseDataset
+from datahub.loader.errors import ConsumedCountRequiredError
+dataset = ReleaseDataset(sys.argv[1], rank=0, world_size=1, seed=5, batch_size=4)
+loader = DataLoader(dataset, batch_size=None, num_workers=2, persistent_workers=True)
+for _ in loader:
+    pass
+dataset.set_epoch(1)  # the position file its persistent workers read
+ours = os.path.join(tempfile.gettempdir(), "datahub-loader-")
+held = []
+for fd in os.listdir("/proc/self/fd"):  # what this process holds open there (its lock, if it takes one)
+    try:
+        held.append(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:  # the listing's own descriptor, closed since
+        pass
+print(json.dumps({"marker": dataset._worker_use.path, "position": dataset._position.path,
+                  "held": sorted(path for path in held if path.startswith(ours))}), flush=True)
+sys.stdin.readline()
+try:
+    dataset.state_dict()
+    print("counted", flush=True)
+except ConsumedCountRequiredError:
+    print("refused", flush=True)
+"""
+
+
+def trainer(release: str, *prefix: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A trainer process whose persistent DataLoader workers read an epoch, then ``set_epoch(1)``: its worker marker
+    and position files exist; it waits for a line on stdin, then says whether ``state_dict()`` is refused."""
+    process = subprocess.Popen([*prefix, sys.executable, "-c", TRAINER, release], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parents[2]))
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    assert line, "the trainer failed"
+    return process, json.loads(line)
+
+
+def _other_pid_namespace() -> tuple[str, ...]:
+    prefix = ("unshare", "--pid", "--fork")
+    if shutil.which("unshare") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --pid is not available here (needs root or user namespaces)")
+    return prefix
+
+
+@pytest.mark.parametrize("live_in", ["this-pid-namespace", "another-pid-namespace"])
+def test_a_killed_trainers_files_are_removed_by_the_next_dataset_and_a_live_ones_kept(tmp_path: Path,
+                                                                                    live_in: str) -> None:
+    # a SIGKILLed trainer's finalizers never run: its worker marker and position files stayed in the temp dir for
+    # good. The next dataset made on the machine removes them, and never a live trainer's, whatever its PID namespace
+    # (a job in another container sharing /tmp)
+    write_release(tmp_path / "export", samples_per_shard=(10, 9, 11, 10, 8, 12))
+    release = str(tmp_path / "export" / "manifest.json")
+    live, live_files = trainer(release, *(_other_pid_namespace() if live_in == "another-pid-namespace" else ()))
+    killed, killed_files = trainer(release)
+    try:
+        killed.kill()  # SIGKILL, as the OOM killer or a preempted job does
+        killed.wait()
+        left = [killed_files["marker"], killed_files["position"], *killed_files["held"]]
+        assert all(os.path.exists(path) for path in left)
+        subprocess.run([sys.executable, "-c", "import sys; from datahub.loader import ReleaseDataset; "
+                        "ReleaseDataset(sys.argv[1], rank=0, world_size=1)", release], check=True,
+                       cwd=str(Path(__file__).resolve().parents[2]))
+        assert [path for path in left if os.path.exists(path)] == [], "the killed trainer's files are removed"
+        kept = [live_files["marker"], live_files["position"], *live_files["held"]]
+        assert all(os.path.exists(path) for path in kept), "a live trainer's files are kept"
+        stdout, _ = live.communicate("go\n", timeout=60)
+        assert stdout.strip() == "refused", "its DataLoader workers read it: state_dict() still needs consumed="
+        assert live.returncode == 0
+        assert [path for path in kept if os.path.exists(path)] == [], "a trainer that exits removes its files"
+    finally:
+        for process in (live, killed):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_the_sweep_removes_only_files_of_an_owner_file_it_can_lock(tmp_path: Path) -> None:
+    # a file whose owner cannot be judged stays: named by datahub before the owner rule (its live owner held
+    # nothing), an owner file missing, or a name that is not exactly ours. Removing a live trainer's marker or
+    # position would silently change what it resumes from
+    from datahub.loader import worker_use
+
+    gone, live, orphan = "5" * 32, "6" * 32, "7" * 32
+    (tmp_path / f"datahub-loader-owner-{gone}").touch()
+    (tmp_path / f"datahub-loader-owner-{live}").touch()
+    removed = [f"datahub-loader-owner-{gone}", f"datahub-loader-workers-{gone}-{'a' * 32}",
+               f"datahub-loader-position-{gone}-{'b' * 32}", f"datahub-loader-position-{gone}-{'b' * 32}-77.partial"]
+    kept = [f"datahub-loader-owner-{live}", f"datahub-loader-workers-{live}-{'a' * 32}",
+            f"datahub-loader-workers-{'c' * 32}", f"datahub-loader-position-{'d' * 32}",
+            f"datahub-loader-workers-{orphan}-{'e' * 32}", f"datahub-loader-workers-{gone}-notes"]
+    for name in removed + kept:
+        (tmp_path / name).touch()
+    holder = os.open(tmp_path / f"datahub-loader-owner-{live}", os.O_RDONLY)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_SH)  # as a live owner holds its file
+        worker_use._sweep(str(tmp_path), keep="")
+    finally:
+        os.close(holder)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(kept)
