@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
-import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from datahub.engines.sink import Sink
+from tests.engines.task_locks import assert_stopped, fail_once_running
 
 
 @dataclass(frozen=True)
@@ -73,37 +71,12 @@ def test_a_run_is_sorted_as_the_reader_gave_it(tmp_path: Path, ray_engine) -> No
     assert pc.max(values).as_py() == 49
 
 
-def _fail_once_running(folder: str, task: int) -> None:
-    """Task 0 raises once task 1 runs; every other task holds a lock on ``lock-N`` while it runs (a minute), so a
-    test can tell whether it still runs."""
-    if task == 0:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(f"{folder}/running-1") and time.monotonic() < deadline:
-            time.sleep(0.02)
-        raise ValueError("task 0 fails")
-    with open(f"{folder}/lock-{task}", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        Path(f"{folder}/running-{task}").touch()
-        time.sleep(60)
-
-
-def _still_running(folder: Path) -> list[str]:
-    running = []
-    for lock in sorted(folder.glob("lock-*")):
-        with open(lock) as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                running.append(lock.name)
-    return running
-
-
 @dataclass(frozen=True)
 class _FailingReader:
     folder: str
 
     def __call__(self, task: int) -> tuple[pa.Table, pa.Table]:
-        _fail_once_running(self.folder, task)
+        fail_once_running(self.folder, task)
         return _SortedNumbers()(task)
 
 
@@ -113,7 +86,7 @@ class _FailingSink(Sink[int, list]):
 
     def write(self, batches: Iterable[pa.Table]) -> int:
         group = pa.concat_tables(list(batches))["group"][0].as_py()
-        _fail_once_running(self.folder, group)
+        fail_once_running(self.folder, group)
         return group
 
     def commit(self, results: list) -> list:
@@ -130,10 +103,10 @@ def test_a_failed_read_or_write_pass_leaves_no_task_running(tmp_path: Path, ray_
     with pytest.raises(ValueError, match="task 0 fails"):
         list(spill_runs(ray_engine, [0, 1, 2], read=_FailingReader(str(reads)), directory=str(tmp_path / "runs"),
                         workers=2))
-    assert (reads / "lock-1").exists() and _still_running(reads) == []
+    assert_stopped(reads)
     runs = [run for run, _ in spill_runs(ray_engine, [0, 1], read=_SortedNumbers(), directory=str(tmp_path / "runs"),
                                          workers=2)]
     with pytest.raises(ValueError, match="task 0 fails"):
         list(write_slices(ray_engine, runs, [(0, [(0, 0, 5)]), (1, [(1, 0, 5)]), (2, [(0, 5, 10)])], key="group",
                           sink=_FailingSink(str(writes)), workers=2))
-    assert (writes / "lock-1").exists() and _still_running(writes) == []
+    assert_stopped(writes)
