@@ -4,7 +4,8 @@ Builds two lakes of generated ~5 KB documents (S and L = 4 x S bytes of text), e
 (``half``: the first half of the rows, ``full``: all of them), then runs the CLI a user runs, one command at a
 time, sampling the summed PSS of its process tree (``benchmarks/_procmem.py``):
 release create, qa, report, export (this process, then Ray with 2 workers, to another tier), tier apply (a copy
-to a third tier), release diff, release redact, release merge (half + full, exact dedup, and near dedup).
+to a third tier), release diff, release redact, release merge (half + full, exact dedup, and near dedup), and a
+release redact by an ids file of a quarter of the release's ids and as many others (``redact ids``).
 
 Prints per command the peak on S and L and their ratio, then ``rss_growth_max: X`` (the largest L/S ratio),
 ``export_mb_s`` for the local and the Ray export on L, and ``export_vs_copy: Y`` = local export throughput /
@@ -88,6 +89,19 @@ def build_lake(root: Path, documents: int) -> None:
         lake.commit("samples", chunks, txn=txn, row_group_rows=ROW_GROUP_ROWS)
 
 
+def write_ids_file(root: Path, path: Path) -> None:
+    """A take-down list for ``release redact --ids-file``: every 4th sample id of the lake and as many ids of no
+    sample, shuffled, one per line (it grows with the lake, as a real list would)."""
+    from datahub.lake import Lake
+
+    ids = Lake(root).read("samples", columns=["sample_id"]).column("sample_id").combine_chunks()
+    taken = ids.take(pa.array(np.arange(0, len(ids), 4))).to_pylist()
+    absent = [hashlib.sha256(f"absent {i}".encode()).hexdigest()[:32] for i in range(len(taken))]
+    lines = np.array(taken + absent)
+    np.random.default_rng(11).shuffle(lines)
+    path.write_text("\n".join(lines.tolist()) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--small-mb", type=float, default=100, help="text of the small lake (MB); the large is 4x")
@@ -127,9 +141,11 @@ def main() -> None:
         for label, documents in sizes.items():
             work = Path(tmp) / label
             started = time.perf_counter()
-            script = ("import sys; sys.path.insert(0, {!r}); from release_scale import build_lake; "
-                      "from pathlib import Path; build_lake(Path({!r}), {}); import os; os._exit(0)"
-                      ).format(str(Path(__file__).resolve().parent), str(work / "lake"), documents)
+            script = ("import sys; sys.path.insert(0, {!r}); from release_scale import build_lake, write_ids_file; "
+                      "from pathlib import Path; build_lake(Path({!r}), {}); write_ids_file(Path({!r}), Path({!r})); "
+                      "import os; os._exit(0)"
+                      ).format(str(Path(__file__).resolve().parent), str(work / "lake"), documents, str(work / "lake"),
+                               str(work / "ids.txt"))
             subprocess.run([sys.executable, "-c", script], check=True, env=env, cwd=str(REPO))
             print(f"{label}: {documents:,} documents (~{documents * doc_bytes / 1e6:,.0f} MB of text) built in "
                   f"{time.perf_counter() - started:.0f} s", flush=True)
@@ -137,7 +153,6 @@ def main() -> None:
             storage.write_text(json.dumps({"tiers": {t: {"kind": "cfs", "path": str(work / t)}
                                                      for t in ("cfs", "cfs2", "cfs3")}}))
             lake = str(work / "lake")
-            (work / "ids.txt").write_text("")
             commands: list[tuple[str, list[str]]] = [
                 ("release create", ["release", "create", "half", "--lake", lake, "--version", "0"]),
                 # the latest version: version 1 is build_lake's property commit (SET TBLPROPERTIES), not the rest
@@ -160,6 +175,9 @@ def main() -> None:
                 ("release merge", ["release", "merge", "merged", "--from", "half", "--from", "full", "--lake", lake]),
                 ("merge near", ["release", "merge", "merged-near", "--from", "half", "--from", "full", "--lake", lake,
                                 "--dedup", "near"]),
+                # last: a take-down list that grows with the release (write_ids_file); nothing above reads its release
+                ("redact ids", ["release", "redact", "redacted-ids", "--from", "full", "--lake", lake, "--ids-file",
+                                str(work / "ids.txt"), "--reason", "benchmark take-down list"]),
             ]
             if args.only:
                 wanted = {n.strip() for n in args.only.split(",")} | {"release create"}
