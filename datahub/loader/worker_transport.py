@@ -32,6 +32,7 @@ the kernel grants a write lease on them, i.e. no process anywhere has them open 
 from __future__ import annotations
 
 import fcntl
+import functools
 import math
 import mmap
 import os
@@ -51,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 
 from datahub.loader.errors import WorkerBatchLostError
+from datahub.loader.held_files import create_held, remove_if_unheld, unlink_quietly
 
 _HEADER = 64  # the ring's first cache line: the reader's release mark (uint64, bytes of the stream released)
 _CAPACITY = 16 << 20  # the largest ring of a worker; 25 text batches of 640 KB
@@ -101,19 +103,7 @@ def _sweep(directory: str) -> None:
             if _OLD_RING.fullmatch(name):
                 _sweep_old(path)
             continue
-        try:
-            handle = os.open(path, os.O_RDONLY)
-        except OSError:  # gone meanwhile, or another user's file: not ours to judge
-            continue
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its worker lives (in this PID namespace or another)
-            os.close(handle)
-            continue
-        try:
-            _unlink(path)  # the name has a random part, so it is still the file locked here
-        finally:
-            os.close(handle)  # drops the lock
+        remove_if_unheld(path, functools.partial(unlink_quietly, path))
 
 
 def _sweep_old(path: str) -> None:
@@ -130,44 +120,19 @@ def _sweep_old(path: str) -> None:
             fcntl.fcntl(handle, fcntl.F_SETLEASE, fcntl.F_WRLCK)
         except OSError:  # open or mapped by a live process (EAGAIN), or no leases on this filesystem
             return
-        _unlink(path)  # while the lease is held, an open of the path waits for its release
+        unlink_quietly(path)  # while the lease is held, an open of the path waits for its release
         fcntl.fcntl(handle, fcntl.F_SETLEASE, fcntl.F_UNLCK)
     finally:
         os.close(handle)
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def _close(path: str, handle: int) -> None:
     """At the worker's exit: remove its ring file, then drop its lock."""
-    _unlink(path)
+    unlink_quietly(path)
     try:
         os.close(handle)
     except OSError:
         pass
-
-
-def _create_locked(directory: str) -> tuple[str, int]:
-    """A new ring file in ``directory`` and its descriptor, holding a shared flock for this process's life."""
-    while True:
-        path = os.path.join(directory, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}")
-        handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH)  # waits while a sweep holds it: it then unlinks the file
-            if os.fstat(handle).st_ino == os.stat(path).st_ino:
-                return path, handle
-        except FileNotFoundError:  # a sweep took the file between its creation and the lock: make another
-            pass
-        except OSError:
-            os.close(handle)
-            _unlink(path)
-            raise
-        os.close(handle)
 
 
 class _Ring:
@@ -177,7 +142,8 @@ class _Ring:
         self.capacity = capacity
         directory = _ring_directory()
         _sweep(directory)
-        self.path, handle = _create_locked(directory)
+        self.path, handle = create_held(
+            lambda: os.path.join(directory, f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"), flags=os.O_RDWR)
         try:
             # reserve the pages now: a full /dev/shm (Docker's default is 64 MB) is then an error here, and the
             # worker uses the pipe, instead of a SIGBUS when the mapping is first written

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import functools
 import os
 import pickle
 import re
@@ -36,6 +37,8 @@ import uuid
 import weakref
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
+
+from datahub.loader.held_files import create_held, remove_if_unheld, unlink_quietly
 
 
 def _remove(path: str, owner: int) -> None:
@@ -59,21 +62,8 @@ class _Owner:
 
     def __init__(self, directory: str) -> None:
         self.pid = os.getpid()
-        while True:
-            self.token = uuid.uuid4().hex
-            path = os.path.join(directory, _OWNER + self.token)
-            handle = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDONLY, 0o600)
-            try:
-                fcntl.flock(handle, fcntl.LOCK_SH)  # waits while a sweep holds it: it then unlinks the file
-                if os.fstat(handle).st_ino == os.stat(path).st_ino:
-                    break
-            except FileNotFoundError:  # a sweep took the file between its creation and the lock: make another
-                pass
-            except OSError:
-                os.close(handle)
-                _unlink(path)
-                raise
-            os.close(handle)
+        path, handle = create_held(lambda: os.path.join(directory, _OWNER + uuid.uuid4().hex))
+        self.token = os.path.basename(path)[len(_OWNER):]
         self.handle = handle
         # at exit the datasets' finalizers (made later) run first: the owner file goes after their files
         self.finalizer = weakref.finalize(self, _release_owner, path, handle, self.pid)
@@ -119,7 +109,7 @@ os.register_at_fork(after_in_child=_forget_owner_in_child)
 
 def _release_owner(path: str, handle: int, pid: int) -> None:
     if os.getpid() == pid:
-        _unlink(path)
+        unlink_quietly(path)
         try:
             os.close(handle)
         except OSError:
@@ -144,29 +134,15 @@ def _sweep(directory: str, *, keep: str) -> None:
         if match is not None and match.group(1) != keep:
             owners.append(match.group(1))
     for token in owners:
-        path = os.path.join(directory, _OWNER + token)
-        try:
-            handle = os.open(path, os.O_RDONLY)
-        except OSError:  # gone meanwhile, or another user's file: not ours to judge
-            continue
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: its owner lives
-            os.close(handle)
-            continue
-        try:
-            for name in owned.get(token, ()):
-                _unlink(os.path.join(directory, name))
-            _unlink(path)  # last: a file of a token without an owner file is never judged
-        finally:
-            os.close(handle)
+        remove_if_unheld(os.path.join(directory, _OWNER + token),
+                         functools.partial(_remove_owned, directory, token, owned.get(token, [])))
 
 
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
+def _remove_owned(directory: str, token: str, names: list[str]) -> None:
+    for name in names:
+        unlink_quietly(os.path.join(directory, name))
+    # last: a file of a token without an owner file is never judged
+    unlink_quietly(os.path.join(directory, _OWNER + token))
 
 
 def _owned_path(kind: str) -> str:

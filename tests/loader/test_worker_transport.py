@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 
 from datahub.loader import PackedDataset, ReleaseDataset, worker_transport  # noqa: E402
 from datahub.loader.errors import WorkerBatchLostError  # noqa: E402
+from datahub.loader.held_files import unlink_quietly  # noqa: E402
 from tests.loader.shards import write_release  # noqa: E402
 from tests.loader.tokens import write_tokens  # noqa: E402
 
@@ -222,7 +223,7 @@ def test_a_batch_views_the_ring_and_frees_it_in_order_when_garbage(monkeypatch: 
         assert int(ring.released[0]) == ends[2]
         assert view.idle()
     finally:
-        worker_transport._unlink(ring.path)
+        unlink_quietly(ring.path)
 
 
 def test_batches_the_trainer_drops_free_the_ring_for_the_next(text_release: str,
@@ -301,7 +302,7 @@ def test_bundles_rebuild_from_ring_with_each_layout_parsed_once(tmp_path: Path,
         del mine, theirs  # the loop variables hold the last batch
         assert int(ring.released[0]) == ends[-1] and view.idle()
     finally:
-        worker_transport._unlink(worker_transport._rings[os.getpid()].path)
+        unlink_quietly(worker_transport._rings[os.getpid()].path)
 
 
 def test_trainer_threads_map_rings_at_once_without_breaking_the_view_table(tmp_path: Path,
