@@ -522,6 +522,18 @@ def test_tier_apply_keeps_the_token_files_a_token_manifest_names(tmp_path, webhd
                 and all(tier.size(f"{record.replicas[token_tier]}.{part}") == record.part(part).size
                         for record in tokens.files for part in ("bin", "idx", "ids")))
 
+    def move_there_and_off() -> None:
+        """The text shards copied to the token tier and moved off again: the planned delete takes the shards, not
+        the token files."""
+        apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": [text_tier, token_tier]}), storage=storage)
+        assert read_lake_manifest(lake, "r").tiers == sorted([text_tier, token_tier])
+        plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
+        assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, False)]
+        assert len(apply_tiers(lake, plan, storage=storage)) == 1
+        assert read_lake_manifest(lake, "r").tiers == [text_tier]
+        assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
+        assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
+
     # only token files there, and a leftover text shard beside them (an interrupted apply): the token files are
     # copied to the release's tier, the shard goes, the token folder stays
     tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
@@ -530,27 +542,11 @@ def test_tier_apply_keeps_the_token_files_a_token_manifest_names(tmp_path, webhd
         ("copy", text_tier, False, len(tokens.files)), ("delete", token_tier, True, 0)]
     assert len(apply_tiers(lake, plan, storage=storage)) == 2
     assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
-    # the text shards copied there and moved off again: the planned delete takes the shards, not the token files
-    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": [text_tier, token_tier]}), storage=storage)
-    assert read_lake_manifest(lake, "r").tiers == sorted([text_tier, token_tier])
-    plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
-    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, False)]
-    assert len(apply_tiers(lake, plan, storage=storage)) == 1
-    assert read_lake_manifest(lake, "r").tiers == [text_tier]
-    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
-    assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
+    move_there_and_off()
     # a leftover text shard beside them (an interrupted apply): it goes, the token folder stays
     tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
     plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
     assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, True)]
     assert len(apply_tiers(lake, plan, storage=storage)) == 1
     assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
-    # the text shards copied there and moved off again: the planned delete takes the shards, not the token files
-    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": [text_tier, token_tier]}), storage=storage)
-    assert read_lake_manifest(lake, "r").tiers == sorted([text_tier, token_tier])
-    plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
-    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, False)]
-    assert len(apply_tiers(lake, plan, storage=storage)) == 1
-    assert read_lake_manifest(lake, "r").tiers == [text_tier]
-    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
-    assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
+    move_there_and_off()

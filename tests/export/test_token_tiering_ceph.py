@@ -5,10 +5,7 @@ once every file is verified there, and a copy from Ceph alone to a fresh cfs tie
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +15,11 @@ import yaml
 from datahub.shards.token_manifest import read_lake_token_manifest
 from datahub.storage import validate_storage_config
 from tests.ceph import S3Endpoint, ceph_s3  # noqa: F401
-from tests.export.test_token_tiering import _documents, _exported, _exported_lineage
+from tests.export.test_token_tiering import _documents, _exported, _exported_lineage, _tier_apply
 
 pytestmark = pytest.mark.ceph
 
-REPO = Path(__file__).resolve().parents[2]
 PREFIX = "releases"
-
-
-def _tier_apply(tmp_path: Path, storage: Path, tiers: str, kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    from datahub.pipeline.faults import KILL_AT_ENV
-
-    env = {k: v for k, v in os.environ.items() if k != KILL_AT_ENV}
-    if kill_at:
-        env[KILL_AT_ENV] = kill_at
-    return subprocess.run([sys.executable, "-m", "datahub.cli.main", "tier", "apply", "--lake", str(tmp_path / "lake"),
-                           "--storage", str(storage), "--release", "r", "--tiers", tiers, "--json"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=REPO, check=False)
 
 
 def test_token_copy_to_ceph_resumes_after_sigkill_and_copies_back_to_cfs(tmp_path: Path, ceph_s3: S3Endpoint) -> None:
