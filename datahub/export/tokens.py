@@ -342,6 +342,43 @@ def _piece_ends(nbytes: np.ndarray) -> np.ndarray:
     return np.asarray(ends, dtype=np.int64)
 
 
+def _joined_chunks(chunks: list[pa.Array], size: int) -> list[pa.Array]:
+    """Runs of consecutive ``chunks`` joined into arrays of about ``size`` bytes, each run let go once joined (one
+    run held twice at a time): a file's documents arrive in thousands of small batches, and a piece is taken chunk
+    by chunk."""
+    joined: list[pa.Array] = []
+    run: list[pa.Array] = []
+    held = 0
+    chunks.reverse()
+    while chunks:
+        chunk = chunks.pop()
+        run.append(chunk)
+        if len(chunk):  # large_binary: the values' own bytes (nbytes of a slice counts its parent's buffers)
+            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)
+            held += int(offsets[chunk.offset + len(chunk)] - offsets[chunk.offset])
+        del chunk
+        if held >= size or not chunks:
+            joined.append(pa.concat_arrays(run) if len(run) > 1 else run[0])
+            run, held = [], 0
+    return joined
+
+
+def _gathered(chunks: list[pa.Array], starts: np.ndarray, rows: np.ndarray) -> pa.Array:
+    """The values at ``rows`` (positions across ``chunks``, which begin at ``starts``), in that order: taken chunk by
+    chunk (``take`` on a ChunkedArray would first join every chunk into one copy, pyarrow 26), then put in order."""
+    rows = rows.astype(np.int64, copy=False)
+    chunk_of = np.searchsorted(starts, rows, side="right") - 1
+    by_chunk = np.argsort(chunk_of, kind="stable")
+    grouped = chunk_of[by_chunk]
+    cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
+    parts = [chunks[int(chunk_of[group[0]])].take(pa.array(rows[group] - starts[chunk_of[group[0]]]))
+             for group in np.split(by_chunk, cuts) if len(group)]
+    taken = pa.concat_arrays(parts) if parts else chunks[0].slice(0, 0)
+    back = np.empty(len(rows), dtype=np.int64)
+    back[by_chunk] = np.arange(len(rows), dtype=np.int64)
+    return taken.take(pa.array(back))
+
+
 def file_prefix(release: str, index: int) -> str:
     return f"{release}-{index:06d}"
 
@@ -373,6 +410,7 @@ class TokenFileDone:
 
 PIECE_BYTES = 8 * 2**20  # ``.bin`` is written in pieces of about this size (ordered a piece at a time)
 IDS_PIECE = 1 << 16  # ids encoded at a time for .ids (~4 MiB of 64-character ids)
+GATHER_BYTES = 64 * 2**20  # a file's documents are regrouped into arrays of about this size to be taken from
 
 
 @dataclass(frozen=True)
@@ -382,16 +420,19 @@ class BuiltTokenFile:
     whole; the tier hashes the pieces as they go by."""
 
     index: int
-    documents: pa.LargeBinaryArray  # routed order: each document's token bytes
+    documents: pa.ChunkedArray  # routed order, in arrays of ~GATHER_BYTES (never one): each document's token bytes
     ids: pa.Array  # routed order
     order: pa.Array  # positions in ``ids`` and ``documents``, export order
     idx: bytes
     piece_ends: np.ndarray  # export-order document counts at which ``.bin`` pieces end
 
     def body_pieces(self) -> Iterator[bytes]:
+        chunks = self.documents.chunks
+        starts = np.concatenate([[0], np.cumsum([len(c) for c in chunks], dtype=np.int64)])
+        order = np.asarray(self.order).astype(np.int64)  # sort_indices gives uint64: int64 arithmetic below
         begin = 0
         for end in self.piece_ends.tolist():
-            piece = self.documents.take(self.order.slice(begin, end - begin))
+            piece = _gathered(chunks, starts, order[begin:end])
             offsets = np.frombuffer(piece.buffers()[1], dtype=np.int64)[piece.offset:piece.offset + len(piece) + 1]
             data = piece.buffers()[2]
             if data is not None and offsets[-1] > offsets[0]:
@@ -447,8 +488,9 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
 
     def build(self, rows: pa.Table) -> BuiltTokenFile:
         """One file's parts from its routed documents (any order in, export order out). The caller hands ``rows``
-        over: its other columns are dropped at once, and no part is copied whole (the documents are combined once
-        and taken in export order a piece at a time as ``.bin`` is written; the ids are encoded slice by slice)."""
+        over: its other columns are dropped at once, and no part is copied whole (the documents' batches are joined
+        into arrays of ~``GATHER_BYTES``, a run at a time, and taken in export order a piece at a time as ``.bin``
+        is written; the ids are encoded slice by slice)."""
         index = int(rows["shard"][0].as_py())
         where = file_prefix(self.release, index)
         if pc.any(pc.not_equal(rows["shard"], index)).as_py():
@@ -459,23 +501,27 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         ids = rows[KEY_COLUMN].combine_chunks()
         hashes = (np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
                   if self.shuffle_seed is not None else None)
-        documents = rows["tokens"]
-        del rows  # its chunks go once combined: a file's documents are held once (ordered a piece at a time)
+        documents = rows["tokens"]  # a file's documents are held once (ordered a piece at a time)
+        rows_type = documents.type
+        del rows
         if hashes is not None:
             order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
             del hashes
         else:
             order = pc.sort_indices(ids)
-        documents = documents.combine_chunks()
         itemsize = self.tokenizer.dtype.itemsize
-        offsets = np.frombuffer(documents.buffers()[1], dtype=np.int64)[documents.offset:documents.offset + len(documents) + 1]
-        nbytes = np.diff(offsets)[np.asarray(order)]  # export order
+        read = documents.chunks
+        del documents  # the batches as read go as they are joined
+        chunks = _joined_chunks(read, GATHER_BYTES)
+        nbytes = np.concatenate([np.zeros(0, dtype=np.int64)] + [
+            np.diff(np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset:c.offset + len(c) + 1])
+            for c in chunks])[np.asarray(order)]  # export order
         lengths = nbytes // itemsize
         if int(lengths.sum()) != self.tokens[index]:
             raise IntegrityError(f"{where}: {int(lengths.sum())} tokens written, {self.tokens[index]} counted; the "
                                  "tokenizer gave different ids on two passes (a nondeterministic tokenizer?)")
-        return BuiltTokenFile(index, documents, ids, order, encode_index(lengths, dtype=self.tokenizer.dtype),
-                              _piece_ends(nbytes))
+        return BuiltTokenFile(index, pa.chunked_array(chunks, rows_type), ids, order,
+                              encode_index(lengths, dtype=self.tokenizer.dtype), _piece_ends(nbytes))
 
     def publish(self, built: BuiltTokenFile, *, tier: Tier | None = None) -> TokenFileDone:
         """Publish ``.ids`` (first: encoding checks every id before any part is published), ``.bin`` and ``.idx``,
