@@ -31,12 +31,12 @@ import pyarrow.compute as pc
 
 from datahub.errors import IntegrityError, StorageError
 from datahub.export.exported_lineage import commit_exported
-from datahub.export.tokens import TOKENS_OP
+from datahub.export.tokens import TOKENS_OP, publish_token_manifest
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.indexed import decode_ids
-from datahub.shards.token_manifest import (PARTS, TOKEN_MANIFEST_NAME, TokenFileRecord, TokenManifest,
-                                           publish_lake_token_manifest, read_lake_token_manifests, token_dir)
+from datahub.shards.token_manifest import (PARTS, TokenFileRecord, TokenManifest, read_lake_token_manifests,
+                                           token_dir)
 from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import STALE_PARTIAL_S, Tier
@@ -124,19 +124,11 @@ def copy_token_files(lake: Lake, release: str, dest: Tier, *, storage: StorageCo
                                                 for i, record in enumerate(manifest.files)))
         _commit_lineage(lake, updated, dest, cap=cap)
         publish_token_manifest(lake, updated, [dest, *(storage.tier(t) for t in updated.tiers
-                                                       if t != dest.name and t in storage.tiers)])
+                                                       if t != dest.name and t in storage.tiers)],
+                               between="tier:after_token_tier_manifest")
         # what a killed copy left there (temp files, open uploads); not a live writer's (see Tier.sweep_partials)
         dest.sweep_partials(dest.uri(release, folder), older_than=STALE_PARTIAL_S)
     return copies.files
-
-
-def publish_token_manifest(lake: Lake, manifest: TokenManifest, tiers: list[Tier]) -> None:
-    """The manifest into every tier's token folder, then under the lake (what a reader resolves), as the export."""
-    for tier in tiers:
-        tier.publish(tier.uri(manifest.release, token_dir(manifest.tokenizer.sha256), TOKEN_MANIFEST_NAME),
-                     manifest.to_json())
-    checkpoint("tier:after_token_tier_manifest")
-    publish_lake_token_manifest(lake, manifest)
 
 
 def _copy_part(manifest: TokenManifest, index: int, part: str, dest: Tier, storage: StorageConfig,

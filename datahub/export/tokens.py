@@ -708,7 +708,8 @@ def export_table_tokens(
             )
             if existing is not None:
                 manifest = replace(manifest, tokenizer=replace(loaded.info, source=existing.tokenizer.source))
-            _publish(lake, manifest, [target, *_other_tiers(manifest, target, storage)])
+            publish_token_manifest(lake, manifest, [target, *_other_tiers(manifest, target, storage)],
+                                   between="export-tokens:after_tier_manifest")
             target.delete(f"{target.uri(release_name, folder)}/_partial", recursive=True)
             # not a live writer's temp files
             target.sweep_partials(target.uri(release_name, folder), older_than=STALE_PARTIAL_S)
@@ -834,12 +835,13 @@ def _other_tiers(manifest: TokenManifest, target: Tier, storage: StorageConfig |
             if name != target.name and storage is not None and name in storage.tiers]
 
 
-def _publish(lake: Lake, manifest: TokenManifest, tiers: list[Tier]) -> None:
-    """The manifest into every tier's token folder, then under the lake (what marks the export done)."""
+def publish_token_manifest(lake: Lake, manifest: TokenManifest, tiers: list[Tier], *, between: str) -> None:
+    """The manifest into every tier's token folder, then under the lake (what marks the export, or a tier copy,
+    done); ``between`` names the crash-test checkpoint between the two."""
     for tier in tiers:
         tier.publish(tier.uri(manifest.release, token_dir(manifest.tokenizer.sha256), TOKEN_MANIFEST_NAME),
                      manifest.to_json())
-    checkpoint("export-tokens:after_tier_manifest")
+    checkpoint(between)
     publish_lake_token_manifest(lake, manifest)
 
 
