@@ -282,7 +282,8 @@ def import_streaming() -> None:
     """mosaicml-streaming's package imports torchvision (for its vision datasets) and transformers (BatchFeature);
     when they are not installed (no torchvision build matches this torch here; transformers pins an older
     huggingface-hub than datatrove's), stub packages stand in: MDS reading never touches them. Install it with
-    ``pip install --no-deps mosaicml-streaming`` (its dependencies would replace the pinned torch and botocore)."""
+    ``pip install --no-deps mosaicml-streaming python-snappy zstd brotli`` (its dependencies would replace the
+    pinned torch, numpy and botocore)."""
     try:
         import transformers  # noqa: F401
     except ImportError:  # streaming's dataloader imports BatchFeature only to pass it through; MDS reading never does
@@ -306,7 +307,12 @@ def import_streaming() -> None:
         (stub / "transforms" / "__init__.py").write_text("")
         (stub / "transforms" / "functional.py").write_text("def to_tensor(x):\n    raise NotImplementedError\n")
         sys.path.append(str(stub.parent))
-    import streaming  # noqa: F401
+    try:
+        import streaming  # noqa: F401
+    except ImportError as error:
+        sys.exit(f"benchmarks/loader.py: the token part compares with MosaicML Streaming, which does not import here "
+                 f"({error}). Install it and the compression modules it imports: `.venv/bin/python -m pip install "
+                 f"--no-deps mosaicml-streaming python-snappy zstd brotli`, or run with --tokens 0 to skip tokens.")
 
 
 def packed_iter(prefixes: list[str], workers: int) -> int:
