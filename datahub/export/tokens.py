@@ -30,7 +30,8 @@ import itertools
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 from datetime import datetime, timezone
@@ -649,9 +650,10 @@ def export_table_tokens(
                               f"{journal}/staged" if running is not None else staged_on.uri("staged"))
             files = source.files()
             report("count", 0, len(files))
-            plan = plan_files(_count(source, loaded, files, staging, running, report), shuffle_seed=shuffle_seed,
-                              file_tokens=file_tokens, where=source.where, directory=os.path.join(scratch, "plan"),
-                              bucket_rows=bucket_rows)
+            # closing: a plan that raises (a null sample_id) ends the count tasks still in flight at once
+            with closing(_count(source, loaded, files, staging, running, report, workers=workers)) as counted:
+                plan = plan_files(counted, shuffle_seed=shuffle_seed, file_tokens=file_tokens, where=source.where,
+                                  directory=os.path.join(scratch, "plan"), bucket_rows=bucket_rows)
             report("count", len(files), len(files))
             writer = TokenFileWriter(release=release_name, tokenizer=loaded, router=plan.router(),
                                      shuffle_seed=shuffle_seed, starts=tuple(s.start for s in plan.spans),
@@ -739,14 +741,29 @@ def _engine(engine: EngineChoice) -> tuple[Engine | None, bool]:
     return engine, False
 
 
+def _staged_counts(read: StageTokens, file: str) -> list[pa.Table]:
+    """One data file's count task on Ray: its tokens staged, its small ``(sample_id, tokens)`` tables back."""
+    return list(read(file))
+
+
 def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], staging: Staging,
-           engine: Engine | None, report: Progress) -> Iterator[pa.Table]:
+           engine: Engine | None, report: Progress, *,
+           workers: int | None = None) -> Generator[pa.Table, None, None]:
     """The count pass: ``(sample_id, tokens)`` of every live row, from engine tasks (one per data file) or here;
     every data file's tokens are staged on the way."""
     read = StageTokens(source, tokenizer, staging)
     if engine is None:
         for done, file in enumerate(files, 1):
             yield from read(file)
+            report("count", done, len(files))
+        return
+    if engine.name == "ray":
+        # Plain tasks, not Ray Data: on a failed task Ray Data's executor cancels the others without waiting and drops
+        # their refs, so they went on staging files after the export raised. map_tasks cancels and waits for every
+        # task in flight before the error (or a caller that stops) goes on; results come in file order.
+        map_tasks = importlib.import_module("datahub.engines.ray.tasks").map_tasks
+        for done, counted in enumerate(map_tasks(engine, files, partial(_staged_counts, read), workers=workers), 1):
+            yield from counted
             report("count", done, len(files))
         return
     if files:
