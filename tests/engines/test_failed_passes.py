@@ -131,8 +131,9 @@ class _Tables:
         "cancel does not interrupt a task blocked in a call (974f5e0), and the executor drops the task refs"))),
     "spark"])
 def test_a_failed_read_of_streamed_batches_leaves_no_task_running(tmp_path: Path, request, engine_name: str) -> None:
-    """``engine.read_files(...).iter_batches()``: the count pass of the token export and the summary pass of the
-    Spark text export (the token count pass stages files on the tier from these tasks)."""
+    """``engine.read_files(...).iter_batches()``: on Spark the count pass of the token export (which stages files on
+    the tier from these tasks) and the summary pass of the text export; on Ray the token count pass runs through
+    ``map_tasks`` instead (bbbc18e, tests/export/test_token_count_failure.py), and Ray Data reads remain elsewhere."""
     engine = request.getfixturevalue(f"{engine_name}_engine")
     with pytest.raises(Exception, match="task 0 fails"):
         for _ in engine.read_files([0, 1, 2], _Tables(str(tmp_path))).iter_batches():
