@@ -43,6 +43,12 @@ def cancel_and_wait(refs: Sequence[Any], *, grace_s: float = 1.0, wait_s: float 
 
     if not refs:
         return
+    # never cancel a task that has ended (the failed one its caller just saw, among others): Ray 2.60's cancel can
+    # race the task's own completion callback, which then finds the task gone and aborts the driver ("Check failed:
+    # it != submissible_tasks_.end()", ray-project/ray#54846; seen here when the failed task's ref was cancelled)
+    _, refs = ray.wait(list(refs), num_returns=len(refs), timeout=0, fetch_local=False)
+    if not refs:
+        return
     for ref in refs:
         ray.cancel(ref)
     _, running = ray.wait(list(refs), num_returns=len(refs), timeout=grace_s, fetch_local=False)
