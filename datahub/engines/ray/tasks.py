@@ -15,15 +15,17 @@ def _call(fn: Callable[[Any], Any], item: Any) -> Any:
 def map_tasks(engine: Engine, items: Sequence[Any], fn: Callable[[Any], Any], *,
               workers: int | None = None) -> Iterator[Any]:
     """``fn(item)`` for every item in a Ray task, ``workers`` at once (default: the cluster's CPUs); results are
-    yielded in item order, so a driver merging them sees the order a single process would."""
+    yielded in item order, so a driver merging them sees the order a single process would. ``fn`` is put in the
+    object store once (it may carry megabytes, e.g. a tokenizer), not pickled into every task."""
     import ray
 
     parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     remote = ray.remote(_call)
+    fn_ref = ray.put(fn)  # a top-level ObjectRef argument: each task gets the function itself
     pending: list[Any] = []
     try:
         for item in items:
-            pending.append(remote.remote(fn, item))
+            pending.append(remote.remote(fn_ref, item))
             if len(pending) > parallel:
                 yield ray.get(pending.pop(0))
         while pending:
@@ -73,17 +75,19 @@ def map_reduce(engine: Engine, items: Sequence[Any], map_fn: Callable[[Any], tup
     """``map_fn(item)`` -> (a small result, ``partitions`` parts) in a Ray task per item, ``workers`` at once; the
     parts stay in the object store and ``reduce_fn`` gets part p of every item in the p-th reduce task. Returns the
     small results in item order and the reduce results in partition order; no part passes through the driver. A
-    failed task (or an error in the driver) cancels the other tasks of both rounds before the error propagates."""
+    failed task (or an error in the driver) cancels the other tasks of both rounds before the error propagates.
+    Both functions are put in the object store once, not pickled into every task."""
     import ray
 
     parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     mapper = ray.remote(_map_split).options(num_returns=partitions + 1)
+    map_ref, reduce_ref = ray.put(map_fn), ray.put(reduce_fn)
     smalls: list[Any] = []
     parts: list[list[Any]] = [[] for _ in range(partitions)]
     pending: list[Any] = []  # map tasks (their small results) and then reduce tasks, not yet got
     try:
         for item in items:
-            refs: list[Any] = mapper.remote(map_fn, item)  # type: ignore[assignment]  # num_returns > 1: a list
+            refs: list[Any] = mapper.remote(map_ref, item)  # type: ignore[assignment]  # num_returns > 1: a list
             pending.append(refs[0])
             for p in range(partitions):
                 parts[p].append(refs[p + 1])
@@ -94,7 +98,7 @@ def map_reduce(engine: Engine, items: Sequence[Any], map_fn: Callable[[Any], tup
             smalls.append(ray.get(pending[0]))
             pending.pop(0)
         reducer = ray.remote(_reduce)
-        pending = [reducer.remote(reduce_fn, *parts[p]) for p in range(partitions)]
+        pending = [reducer.remote(reduce_ref, *parts[p]) for p in range(partitions)]
         del parts  # the reduce tasks hold the parts now
         partition = {ref: p for p, ref in enumerate(pending)}
         reduced: list[Any] = [None] * partitions
