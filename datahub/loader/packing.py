@@ -32,6 +32,7 @@ import numpy as np
 
 from datahub.errors import SpecError
 from datahub.loader.plan import EpochOrder
+from datahub.loader.storage_options import StorageArg
 from datahub.loader.strided import StridedDataset
 from datahub.shards.indexed import IndexedDataset
 
@@ -190,10 +191,11 @@ class TokenFiles:
 
     @classmethod
     def open(cls, source: TokenSourceArg, *, tier_preference: Sequence[str] | None = None,
+             storage: StorageArg = None, region: str | None = None,
              append_eod: int | None = None, verify: bool | Literal["always"] = True,
              verdicts_dir: str | os.PathLike[str] | None = None) -> TokenFiles:
         """From a ``TokenManifest`` (or its JSON path: local replicas, first tier of ``tier_preference`` holding
-        one), or a list of local indexed prefixes or ``IndexedDataset``s."""
+        one, else of the reader's ``region``), or a list of local indexed prefixes or ``IndexedDataset``s."""
         from datahub.shards.token_manifest import TokenManifest
 
         if isinstance(source, (str, os.PathLike)) and str(source).endswith(".json"):
@@ -204,7 +206,8 @@ class TokenFiles:
         if isinstance(source, TokenManifest):
             from datahub.loader.token_replicas import open_replicas
 
-            files = open_replicas(source.files, tier_preference, verify=verify, verdicts_dir=verdicts_dir)
+            files = open_replicas(source.files, tier_preference, verify=verify, verdicts_dir=verdicts_dir,
+                                  storage=storage, region=region, release=source.release)
             digest = hashlib.sha256(f"{source.release_digest}/{source.tokenizer.sha256}".encode()).hexdigest()
             return cls(files, digest=digest, append_eod=append_eod, release=source.release)
         if isinstance(source, (str, os.PathLike, IndexedDataset)):
@@ -284,9 +287,12 @@ class PackedDataset(StridedDataset):
     ``position_ids`` and ``segment_ids`` (int32); ``batch.to_torch()`` gives tensors without a copy. Use
     ``DataLoader(dataset, batch_size=None, num_workers=N)``: batches cross the worker boundary in shared memory.
     ``source``: a ``TokenManifest``, the path of a ``tokens-manifest.json``, or indexed file prefixes. A manifest's
-    replicas are tried in ``tier_preference`` order, each part checked against the manifest's size and (``verify``)
-    sha256 (True: once per file per verdict store ``verdicts_dir``; "always"; False: sizes only); a missing or
-    damaged replica fails over to the next tier (``datahub.loader.token_replicas``).
+    replicas are tried in ``tier_preference`` order, else those on tiers of the reader's ``region`` (default
+    ``DATAHUB_REGION``; needs ``region:`` labels in ``storage``, the storage YAML or ``StorageConfig`` the export
+    used) first and the others as failover (``datahub.loader.regions``, as ``ReleaseDataset``); each part is checked
+    against the manifest's size and (``verify``) sha256 (True: once per file per verdict store ``verdicts_dir``;
+    "always"; False: sizes only); a missing or damaged replica fails over to the next tier. Only local and cfs
+    replicas are readable: token files are memory-mapped (``datahub.loader.token_replicas``).
     """
 
     _transfer_types = (TokenBatch,)  # made in the worker, sent through shared memory (worker_transport)
@@ -307,6 +313,8 @@ class PackedDataset(StridedDataset):
         pad_token: int = 0,
         append_eod: int | None = None,
         tier_preference: Sequence[str] | None = None,
+        storage: StorageArg = None,
+        region: str | None = None,
         verify: bool | Literal["always"] = True,
         verdicts_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -317,7 +325,8 @@ class PackedDataset(StridedDataset):
             raise ValueError(f"pad_token must fit the batches' int32 tokens (-2**31 <= pad_token < 2**31); "
                              f"got {pad_token}")
         self.files = source if isinstance(source, TokenFiles) else TokenFiles.open(
-            source, tier_preference=tier_preference, append_eod=append_eod, verify=verify, verdicts_dir=verdicts_dir)
+            source, tier_preference=tier_preference, storage=storage, region=region, append_eod=append_eod,
+            verify=verify, verdicts_dir=verdicts_dir)
         self.seq_len, self.seed, self.epoch = int(seq_len), int(seed), int(epoch)
         self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer or 0)
         self.document_boundaries, self.pad_token = document_boundaries, int(pad_token)

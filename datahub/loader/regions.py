@@ -1,8 +1,9 @@
 """Replica order by region: a reader tries the tiers of its own region first and fails over to the others.
 
 A tier's region is the ``region:`` label of its entry in the storage YAML (``datahub.storage.tier_spec``). The
-reader's region is ``ReleaseDataset(region=...)``, else the ``DATAHUB_REGION`` environment variable (read in
-``datahub.settings``); with neither, or raw ``{tier: fsspec options}`` (no labels), the order is the manifest's.
+reader's region is ``ReleaseDataset(region=...)`` or ``PackedDataset(region=...)``, else the ``DATAHUB_REGION``
+environment variable (read in ``datahub.settings``); with neither, or raw ``{tier: fsspec options}`` (no labels), the
+order is the manifest's.
 """
 
 from __future__ import annotations
