@@ -1,11 +1,12 @@
 """Earlier take-downs left out of a new release (``release create`` after ``release redact``), in bounded memory.
 
 The ids every ``release redact`` took down (``redacted_samples``, or inline in older records) are sorted in runs
-spilled to local disk, each with the first redaction that took it; the version's ``sample_id`` (and ``source_uri``)
-is scanned once per partition of at most ``partition_ids`` of them, the lookup set held (``datahub.release.lookup``,
-as ``release redact`` does). What goes (by id, or by a redacted ``source_uri``) is spilled too: its row numbers, for
-the pass that writes the rows that stay, and its ids, for the ``dropped`` lineage rows streamed to ``freeze``.
-Nothing per redacted id or per excluded row stays in memory.
+spilled to local disk, each with the first redaction that took it (``lookup.SortedIds``); the version's
+``sample_id`` (and ``source_uri``) is read once, split by the id ranges of partitions of at most ``partition_ids``
+of them, the lookup set held, each partition looked up in its own rows (``datahub.release.lookup``, as ``release
+redact`` does). What goes (by id, or by a redacted ``source_uri``) is spilled too: its row numbers, for the pass that
+writes the rows that stay, and its ids, for the ``dropped`` lineage rows streamed to ``freeze``. Nothing per redacted
+id or per excluded row stays in memory.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.release.digest import digest_sum
-from datahub.release.freeze import PARAMS_KEY, params_text, refuse_other_try, regrouped, release_txn
-from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, Partition, add_taken, rows_kept,
+from datahub.release.freeze import PARAMS_KEY, params_text, refuse_other_try, release_txn
+from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, SortedIds, add_taken, rows_kept,
                                     taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import ROW
@@ -33,7 +34,6 @@ from datahub.release.records import MATERIALIZED_PREFIX, REDACTED_TABLE, Release
 from datahub.release.redact import REDACT_OP
 
 _REDACTION = "redaction"  # index of a redact release among _Redactions.records
-_REDACTED_BY = pa.schema([("sample_id", pa.string()), (_REDACTION, pa.int32())])
 _HITS = pa.schema([("sample_id", pa.string()), (ROW, pa.int64()), (_REDACTION, pa.int32())])
 
 
@@ -56,13 +56,14 @@ class _Redactions:
                        pa.string())
         return cls(records, why, by_source)
 
-    def add_ids(self, lake: Lake, runs: SortedRuns) -> None:
-        """(sample id, redaction) of every id taken down, into ``runs`` (one row per id: the first redaction)."""
+    def add_ids(self, lake: Lake, ids: SortedIds) -> None:
+        """(sample id, redaction) of every id taken down, into ``ids`` (coded: one row per id, the first
+        redaction)."""
         in_table = [(i, r.name) for i, r in enumerate(self.records) if "removed_ids" not in r.details]
         for index, record in enumerate(self.records):
             if "removed_ids" in record.details:  # a record written before redacted_samples
-                ids = pa.array([str(i) for i in record.details["removed_ids"] or ()], pa.string())
-                runs.add(pa.table([ids, pa.repeat(pa.scalar(index, pa.int32()), len(ids))], schema=_REDACTED_BY))
+                inline = pa.array([str(i) for i in record.details["removed_ids"] or ()], pa.string())
+                ids.add(inline, pa.repeat(pa.scalar(index, pa.int32()), len(inline)))
         if not in_table or not lake.exists(REDACTED_TABLE):
             return
         names = pa.array([n for _, n in in_table], pa.string())
@@ -71,7 +72,7 @@ class _Redactions:
                                   batch_rows=BATCH_ROWS):
             code = pc.take(codes, pc.index_in(batch.column("release"), value_set=names))
             valid = pc.and_(pc.is_valid(code), pc.is_valid(batch.column("sample_id")))
-            runs.add(pa.table([batch.column("sample_id").filter(valid), code.filter(valid)], schema=_REDACTED_BY))
+            ids.add(batch.column("sample_id").filter(valid), code.filter(valid))
 
 
 @dataclass
@@ -81,12 +82,12 @@ class _Found:
     applied: set[int]  # redactions that excluded any
 
 
-def _find(dataset: Any, redactions: _Redactions, partitions: Iterator[Partition], hit_rows: SortedRuns,
+def _find(dataset: Any, redactions: _Redactions, ids: SortedIds, partition_ids: int, hit_rows: SortedRuns,
           hit_ids: SortedRuns) -> _Found:
-    """The rows of ``dataset`` that go (``lookup.taken_rows``: one scan per partition of the redacted ids, one when
-    there are none: sources only), to ``hit_rows`` (row numbers) and ``hit_ids`` (id, row, redaction)."""
+    """The rows of ``dataset`` that go (``lookup.taken_rows``: one read of the version, each partition of the
+    redacted ids looked up in its own rows), to ``hit_rows`` (row numbers) and ``hit_ids`` (id, row, redaction)."""
     found = _Found(0, 0, set())
-    for taken in taken_rows(dataset, partitions, sources=redactions.by_source):
+    for taken in taken_rows(dataset, ids, partition_ids=partition_ids, sources=redactions.by_source):
         found.rows += len(taken.ids)
         found.digest += digest_sum(taken.ids)
         found.applied.update(pc.unique(taken.codes).to_pylist())
@@ -98,17 +99,6 @@ def _find(dataset: Any, redactions: _Redactions, partitions: Iterator[Partition]
     return found
 
 
-def _partitions(tables: Iterator[pa.Table]) -> Iterator[Partition]:
-    """Partitions of the redacted ids (tables of ids and redactions, in id order), each with the next one's first
-    id as its upper bound (two held at a time)."""
-    held = next(tables, None)
-    while held is not None:
-        following = next(tables, None)
-        yield Partition(held.column("sample_id").combine_chunks(), held.column(_REDACTION).combine_chunks(),
-                        following.column("sample_id")[0] if following is not None else None)
-        held = following
-
-
 def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params: dict[str, Any] | None = None,
                      fix: str = "", partition_ids: int | None = None
                      ) -> tuple[str, int, dict[str, Any], Iterator[pa.Table] | None]:
@@ -116,8 +106,9 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
     (``release redact``: their ids and source files) are left out.
 
     Returns (table, version, details, dropped lineage rows): the input itself when it holds none of them; else
-    ``release_<name>``, the version minus those rows, streamed into its own table (narrow passes over ids and
-    ``source_uri`` first, one per ``partition_ids`` redacted ids, then whole rows only when something goes), the
+    ``release_<name>``, the version minus those rows, streamed into its own table (a narrow read of ids and
+    ``source_uri`` first, split by the id ranges of partitions of ``partition_ids`` redacted ids, then whole rows
+    only when something goes), the
     count and the redactions applied, and one ``dropped`` lineage row per excluded sample, a stream sorted by
     sample_id read once (spilled to local disk until then). A re-run after a crash finds the materialized commit by
     its txn; one that would exclude other rows or read another version (``params``) is refused
@@ -128,20 +119,17 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
     if not redactions.records:
         return table, version, {}, None
     dataset = lake.dataset(table, version)
-    redacted = SortedRuns(_REDACTED_BY, "sample_id", order=_REDACTION, run_rows=partition_ids)
+    redacted = SortedIds(codes=True, run_rows=partition_ids)
     hit_rows = taken_row_runs()
     hit_ids = SortedRuns(_HITS, "sample_id", order=ROW)  # each id's first row: its redaction names the drop
     try:
         with redacted:
             redactions.add_ids(lake, redacted)
-            partitions = regrouped(redacted.merged(), partition_ids)
-            first = next(partitions, None)
-            if first is None and not redactions.by_source:
+            if not redacted.seal().count and not redactions.by_source:
                 hit_rows.close()
                 hit_ids.close()
                 return table, version, {}, None
-            found = _find(dataset, redactions, _partitions(_with_first(first, partitions)) if first is not None
-                          else iter(()), hit_rows, hit_ids)
+            found = _find(dataset, redactions, redacted, partition_ids, hit_rows, hit_ids)
         if not found.rows:
             hit_rows.close()
             hit_ids.close()
@@ -163,11 +151,6 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
     ref = json.dumps({"release": name, "from_table": table, "redactions": applied})
     return out, int(lake.table(out).version()), details, _dropped(hit_ids, redactions, name, ref,
                                                                   datetime.now(timezone.utc))
-
-
-def _with_first(first: pa.Table, rest: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    yield first
-    yield from rest
 
 
 def _dropped(hit_ids: SortedRuns, redactions: _Redactions, name: str, ref: str, ts: datetime) -> Iterator[pa.Table]:

@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 
@@ -24,12 +20,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
-from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
-from datahub.lake.scan import scan_batches
 from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
-from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, Partition, add_taken, lookup_batches,
+from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, RangeSplit, SortedIds, add_taken,
                                     rows_kept, taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
 from datahub.release.records import (
@@ -45,7 +39,6 @@ from datahub.release.records import (
 
 REDACT_OP = "release.redact@1"
 IDS_FILE_BLOCK = 16 * 2**20  # bytes of an ids file read at a time
-_IDS = pa.schema([("sample_id", pa.string())])
 
 
 def read_ids_file(path: str) -> list[str]:
@@ -82,99 +75,13 @@ def ids_file_chunks(path: str, *, block_bytes: int = IDS_FILE_BLOCK) -> Iterator
         raise ReleaseError(f"--ids-file {path}: cannot read it: {exc.strerror}") from None
 
 
-class SortedIds:
-    """Distinct sample ids in sorted order, gathered in any order and spilled to local disk (sorted runs of at most
-    ``run_rows`` ids, merged once into one file), then read back as often as needed, a block at a time: a
-    take-down of millions of rows holds one block, not its ids."""
-
-    def __init__(self, *, run_rows: int | None = None) -> None:
-        self._runs: SortedRuns | None = SortedRuns(_IDS, "sample_id", run_rows=run_rows,
-                                                   read_rows=min(BATCH_ROWS, run_rows or BATCH_ROWS))
-        self._directory: str | None = None
-        self.count = 0  # distinct ids, known once sealed
-
-    def __enter__(self) -> SortedIds:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def add(self, ids: pa.Array | pa.ChunkedArray) -> None:
-        assert self._runs is not None, "add before seal()"
-        ids = ids.drop_null() if ids.null_count else ids
-        if len(ids):
-            self._runs.add(pa.table([ids.cast(pa.string())], schema=_IDS))
-
-    def seal(self) -> SortedIds:
-        """Merge what was added into one sorted file (done once, before reading)."""
-        assert self._runs is not None, "sealed twice"
-        self._directory = tempfile.mkdtemp(prefix="datahub-ids-")
-        weakref.finalize(self, shutil.rmtree, self._directory, True)
-        with self._runs, pa.OSFile(self._path, "wb") as sink, pa.ipc.new_file(sink, _IDS) as writer:
-            for block in self._runs.merged():
-                writer.write_table(block)
-                self.count += block.num_rows
-        self._runs = None
-        return self
-
-    @property
-    def _path(self) -> str:
-        assert self._directory is not None
-        return os.path.join(self._directory, "ids.arrow")
-
-    def blocks(self) -> Iterator[pa.Array]:
-        """The ids in order, a spilled block at a time."""
-        with pa.OSFile(self._path, "rb") as source:
-            reader = pa.ipc.open_file(source)
-            for index in range(reader.num_record_batches):
-                yield reader.get_batch(index).column(0)
-
-    def chunks(self, ids: int) -> Iterator[pa.Array]:
-        """The ids in order, in arrays of ``ids`` (the last one shorter)."""
-        held: list[pa.Array] = []
-        count = 0
-        for block in self.blocks():
-            held.append(block)
-            count += len(block)
-            while count >= ids:
-                whole = pa.concat_arrays(held)
-                rest = whole.slice(ids)
-                # the blocks let go before the chunk is handed out: it is not held twice while in use
-                held, count = ([rest] if len(rest) else []), len(rest)
-                yield whole.slice(0, ids)
-        if count:
-            last, held = pa.concat_arrays(held), []
-            yield last
-
-    def bounds(self, ids: int) -> list[pa.Scalar]:
-        """The first id of each of ``chunks(ids)`` but the first: where each partition's share of the id range
-        begins (one read of the file, nothing held but these)."""
-        found: list[pa.Scalar] = []
-        offset = 0
-        for block in self.blocks():
-            position = len(found) + 1  # the index of the next partition whose first id is wanted
-            while position * ids < offset + len(block):
-                found.append(block[position * ids - offset])
-                position += 1
-            offset += len(block)
-        return found
-
-    def close(self) -> None:
-        if self._runs is not None:
-            self._runs.close()
-            self._runs = None
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
-
-
 def releases_containing(lake: Lake, *, sample_ids: list[str] | pa.Array | SortedIds,
                         source_uri: str | None = None, partition_ids: int = PARTITION_IDS) -> dict[str, int]:
     """release name -> how many of the samples (ids, or rows from ``source_uri``) it holds.
 
-    Each release's ``sample_id`` (and ``source_uri``) is scanned in batches once per partition of at most
-    ``partition_ids`` of the (sorted) ids, which is what is held as a lookup set; a release's rows from
-    ``source_uri`` whose ids are not among them are counted through spilled sorted runs."""
+    Each release's ``sample_id`` (and ``source_uri``) is read once, split by the id ranges of partitions of at most
+    ``partition_ids`` of the (sorted) ids, the lookup set held, and each partition looked up in its own rows; a
+    release's rows from ``source_uri`` whose ids are not among them are counted through spilled sorted runs."""
     if isinstance(sample_ids, SortedIds):
         given = sample_ids
         count = sample_ids.count
@@ -198,39 +105,33 @@ def releases_containing(lake: Lake, *, sample_ids: list[str] | pa.Array | Sorted
 
 def _distinct_hits(lake: Lake, release: Release, ids: SortedIds | None, source_uri: str | None,
                    partition_ids: int) -> int:
-    """How many distinct sample ids of ``release`` are among ``ids`` or on rows from ``source_uri``."""
+    """How many distinct sample ids of ``release`` are among ``ids`` or on rows from ``source_uri``: one read of its
+    ids (and sources), split by the id ranges of the partitions of ``ids`` (``lookup.RangeSplit``)."""
     dataset = lake.dataset(release.table, release.version)
     by_source = source_uri is not None and "source_uri" in dataset.schema.names
     if ids is None and not by_source:
         return 0
-    columns = ["sample_id", "source_uri"] if by_source else ["sample_id"]
-    uris = pa.array([source_uri] if by_source else [], pa.string())
-    # each partition's share of the (sorted) id range: an id that is in no partition is looked at in one pass only
-    highs: list[pa.Scalar | None] = [*ids.bounds(partition_ids), None] if ids is not None else [None]
+    bounds = ids.bounds(partition_ids) if ids is not None else []
     partitions: Iterator[pa.Array | None] = ids.chunks(partition_ids) if ids is not None else iter([None])
     seen = 0
-    low: pa.Scalar | None = None
-    with SortedIds(run_rows=partition_ids) as others:  # rows from source_uri whose id is not among ``ids``
-        for partition, high in zip(partitions, highs):
+    with SortedIds(run_rows=partition_ids) as others, \
+            RangeSplit(dataset, bounds, sources={source_uri: 0} if by_source and source_uri is not None else None
+                       ) as split:  # others: rows from source_uri whose id is not among ``ids``
+        for index, partition in enumerate(partitions):
             found = np.zeros(len(partition) if partition is not None else 0, dtype=bool)
             # lookup calls of at least as many ids as the partition holds (see ``lookup.taken_rows``)
             lookup_rows = max(BATCH_ROWS, len(partition) if partition is not None else 0)
-            scan = scan_batches(dataset, columns=columns, batch_rows=BATCH_ROWS)
-            for column, by_uri in lookup_batches(scan, uris, pa.array([0], pa.int32()), lookup_rows):
-                from_source = pc.is_valid(by_uri) if by_uri is not None else None
+            for scanned in split.rows(index, lookup_rows=lookup_rows):
+                column = scanned.ids
+                from_source = pc.is_valid(scanned.by_source) if scanned.by_source is not None else None
                 position = pc.index_in(column, value_set=partition) if partition is not None else None
                 if position is not None:
                     found[pc.drop_null(position).to_numpy()] = True
                 if from_source is not None:
                     other = from_source if position is None else pc.and_(from_source, pc.is_null(position))
-                    if low is not None:
-                        other = pc.and_(other, pc.greater_equal(column, low))
-                    if high is not None:
-                        other = pc.and_(other, pc.less(column, high))
                     if pc.any(other).as_py():
                         others.add(column.filter(other))
             seen += int(found.sum())
-            low = high
         return seen + others.seal().count
 
 
@@ -250,10 +151,10 @@ def redact(
     ``ids_file_chunks``) or every sample of ``source_uri``.
 
     ``details["contained_in"]`` lists every release (old and new) that holds any of them. The given ids are sorted in
-    runs spilled to local disk and ``source`` is scanned (ids and ``source_uri`` only) once per partition of at most
-    ``partition_ids`` of them, the lookup set held (``datahub.release.lookup``); the rows that go are spilled (their
-    ids, sorted, and row numbers), then whole rows that stay are written to the new table; each release is scanned
-    for ``contained_in`` the same way. Nothing per given id or per removed row is held, whatever the take-down's size.
+    runs spilled to local disk; ``source``'s ids (and ``source_uri``) are read once, split by the id ranges of
+    partitions of at most ``partition_ids`` given ids (the lookup set held), and each partition is looked up in its
+    own rows (``datahub.release.lookup``); the rows that go are spilled (their ids, sorted, and row numbers), then
+    whole rows that stay are written to the new table; each release is read for ``contained_in`` the same way. Nothing per given id or per removed row is held, whatever the take-down's size.
     """
     check_name(new)
     if not reason or not reason.strip():
@@ -276,9 +177,6 @@ def redact(
         dataset = lake.dataset(parent.table, parent.version)
         if source_uri is not None and "source_uri" not in dataset.schema.names:
             raise ReleaseError(f"release {source!r} has no source_uri column; redact it by --sample ID instead")
-        highs: list[pa.Scalar | None] = [*given.bounds(partition_ids), None]
-        partitions = (Partition(ids, None, high) for ids, high in zip(given.chunks(partition_ids), highs)) \
-            if count else iter(())
 
         # pass 1 (ids and source_uri only): what goes, its ids sorted and spilled (freeze scans the ids that stay
         # from the new table) and its row numbers; the named ids (given, and removed by source) for the releases
@@ -286,7 +184,8 @@ def redact(
         with SortedIds(run_rows=partition_ids) as removed, SortedIds(run_rows=partition_ids) as named, \
                 taken_row_runs() as gone:
             removed_rows = 0
-            for taken in taken_rows(dataset, partitions, sources={source_uri: 0} if source_uri is not None else None):
+            for taken in taken_rows(dataset, given, partition_ids=partition_ids,
+                                    sources={source_uri: 0} if source_uri is not None else None):
                 removed_rows += len(taken.ids)
                 removed.add(taken.ids)
                 add_taken(gone, taken)
