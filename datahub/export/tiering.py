@@ -11,9 +11,9 @@ incomplete Ceph multipart uploads) once abandoned (cfs: unlocked; hdfs, ceph: un
 hour), so the uploads of an apply or export running at the same time (overlapping cron runs; nothing locks a
 release) survive it. A tier from a second storage config (another region) is just one more tier name.
 Token files (``{release}/tokens-SHA12/``, written by ``datahub export --tokenizer``) follow the release: a copy to
-a tier (or a tier the release is on that lacks them) copies them too, with the same guarantees
-(``datahub.export.token_copies``). They are never deleted: a delete of the release's directory on a tier keeps every
-token folder that a token manifest names on that tier (the loader memory-maps token files from cfs only).
+a tier (or a tier the release is on that lacks them) copies them too, with the same guarantees, and a delete from a
+tier removes them too, only once each has another replica verified by sha256 on a configured tier, the token
+manifests dropping the tier before the bytes go (``datahub.export.token_copies``).
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import EXPORT_OP, publish_manifest
 from datahub.export.exported_lineage import commit_shard_index
-from datahub.export.token_copies import copy_token_files, token_copies
+from datahub.export.token_copies import (check_other_replicas, copy_token_files, drop_token_replicas,
+                                         token_copies, token_replicas_on)
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
-from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifests, token_dir
+from datahub.shards.token_manifest import read_lake_token_manifests
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.index import embedded_keys, index_tar
@@ -58,7 +59,7 @@ class Move:
     storage_class: str | None = None
     leftover: bool = False  # a delete of files the manifest already dropped (an interrupted apply)
     verify: bool = False  # repair (and a copy of token files only): replicas were checked by sha256, not only by size
-    token_files: int = 0  # copy: token files (.bin/.idx/.ids each) the tier lacks, copied too
+    token_files: int = 0  # copy: token files (.bin/.idx/.ids each) the tier lacks, copied too; delete: removed too
     token_bytes: int = 0
 
 
@@ -72,7 +73,7 @@ class TierPlan:
 
     @property
     def bytes_to_delete(self) -> int:
-        return sum(m.bytes for m in self.moves if m.action == "delete")
+        return sum(m.bytes + m.token_bytes for m in self.moves if m.action == "delete")
 
     def as_dict(self) -> dict[str, Any]:
         return {"moves": [asdict(m) for m in self.moves], "bytes_to_copy": self.bytes_to_copy,
@@ -154,7 +155,6 @@ def plan_tiers(
     for name in names:
         manifest = manifests[name]
         token_manifests = read_lake_token_manifests(lake, name)
-        tokens = token_folders(lake, name, manifests=token_manifests)
         state = states.get(name, ReleaseState(name))
         klass = None if name in targets else storage_class(state, storage.policy, now=now)
         wanted = targets.get(name) if name in targets else desired_tiers(state, storage.policy, now=now)
@@ -187,10 +187,16 @@ def plan_tiers(
                                       token_files=token_files, token_bytes=token_bytes))
         for tier in held:
             if tier not in wanted and tier in storage.tiers:
-                moves.append(Move(name, "delete", tier, None, len(manifest.shards), total, klass))
+                named = token_replicas_on(tier, token_manifests)
+                moves.append(Move(name, "delete", tier, None, len(manifest.shards), total, klass,
+                                  token_files=named.files, token_bytes=named.bytes))
         for tier in sorted(storage.tiers):
-            if tier not in held and tier not in wanted and _leftovers(storage.tier(tier), name, tokens.get(tier, set())):
-                moves.append(Move(name, "delete", tier, None, 0, 0, klass, leftover=True))
+            if tier in held or tier in wanted:
+                continue
+            named = token_replicas_on(tier, token_manifests)  # a killed delete dropped the text manifest's tier only
+            if named.files or storage.tier(tier).children(storage.tier(tier).uri(name)):
+                moves.append(Move(name, "delete", tier, None, 0, 0, klass, leftover=True, token_files=named.files,
+                                  token_bytes=named.bytes))
     return TierPlan(tuple(moves))
 
 
@@ -214,7 +220,7 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
             _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap, verify=move.verify)
         elif move.action == "repair":
             _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap)
-        elif not _delete(lake, manifest, move.tier, storage=storage):
+        elif not _delete(lake, manifest, move.tier, storage=storage, cap=cap):
             continue
         done.append(move)
         report("moves", step + 1, len(ordered))
@@ -381,29 +387,16 @@ def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageCo
     dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
 
 
-def token_folders(lake: Lake, release: str, *, manifests: list[TokenManifest] | None = None) -> dict[str, set[str]]:
-    """Per tier, the token folders (``tokens-SHA12``) of ``release`` that its token manifests name replicas in
-    (``manifests``: those manifests, when read already)."""
-    held: dict[str, set[str]] = {}
-    for manifest in manifests if manifests is not None else read_lake_token_manifests(lake, release):
-        tiers = set(manifest.tiers).union(*(record.replicas for record in manifest.files))
-        for tier in tiers:
-            held.setdefault(tier, set()).add(token_dir(manifest.tokenizer.sha256))
-    return held
-
-
-def _leftovers(tier: Tier, release: str, keep: set[str]) -> list[str]:
-    """What a delete of the release's directory on ``tier`` would remove: its entries but the token folders kept."""
-    return [name for name in tier.children(tier.uri(release)) if name not in keep]
-
-
-def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig) -> bool:
-    """Delete the release's replicas on a tier (the manifest drops them first); False when a leftover directory (the
+def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig,
+            cap: BandwidthCap | None = None) -> bool:
+    """Delete the release's replicas on a tier, its token files included; False when a leftover directory (the
     manifest does not name the tier) is spared because a writer is at work in it: a second-tier export journals there
     before its manifest names the tier, and deleting under it published a manifest of deleted replicas.
-    The token folders that a token manifest names on the tier stay (their manifest still points readers there)."""
+
+    Every token file there must have another replica verified by sha256 (under ``cap``) first; then the text
+    manifest, then each token manifest drops the tier (readers move off), and only then the bytes go. A kill between
+    two steps leaves a leftover delete that the next plan finishes."""
     tier = storage.tier(tier_name)
-    keep = token_folders(lake, manifest.release).get(tier_name, set())
     held = tier_name in {t for s in manifest.shards for t in s.replicas}
     if not held:
         live = tier.live_writes(tier.uri(manifest.release), within=STALE_PARTIAL_S)
@@ -412,19 +405,21 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
                         "running export or copy?); left alone, a later apply deletes it once abandoned", tier_name,
                         manifest.release, manifest.release, int(STALE_PARTIAL_S), live[0])
             return False
+    tokens = token_replicas_on(tier_name, read_lake_token_manifests(lake, manifest.release))
+    check_other_replicas(tokens, storage, cap=cap)  # before any change: a refusal leaves everything as it was
     if held:
         remaining = {s.name: {t: u for t, u in s.replicas.items() if t != tier_name} for s in manifest.shards}
         if any(not r for r in remaining.values()):
             raise IntegrityError(f"release {manifest.release!r}: deleting tier {tier_name} would leave a shard with "
                                  "no replica; copy it to another tier first")
         publish_manifest(lake, manifest.with_replicas(remaining), storage=storage)  # readers move off first
-    if not keep:
-        tier.delete(tier.uri(manifest.release), recursive=True)
-        return True
-    for name in _leftovers(tier, manifest.release, keep):
-        tier.delete(tier.uri(manifest.release, name), recursive=True)
-    log.info("tier %s: kept the token files of %r (%s): tier apply copies token files but never deletes them (the "
-             "loader memory-maps them from cfs)", tier_name, manifest.release, ", ".join(sorted(keep)))
+    checkpoint("tier:delete:after_text_manifest")
+    drop_token_replicas(lake, tokens, storage)
+    checkpoint("tier:delete:before_files")
+    tier.delete(tier.uri(manifest.release), recursive=True)
+    if tokens.files:
+        log.info("tier %s: removed %d token files of %r with the release (each verified on another tier first)",
+                 tier_name, tokens.files, manifest.release)
     return True
 
 

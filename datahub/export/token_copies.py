@@ -1,4 +1,4 @@
-"""Token files follow their release to the tiers ``datahub tier apply`` copies it to.
+"""Token files follow their release to the tiers ``datahub tier apply`` copies it to, and off the tiers it leaves.
 
 A token export (``datahub export --tokenizer``) writes ``{release}/tokens-SHA12/PREFIX.bin|.idx|.ids`` on one tier
 and names it in the token manifest. When tier apply puts the release on a tier (a policy copy, another region),
@@ -12,11 +12,14 @@ intact on the destination is kept, so an apply killed at any point resumes, and 
 replica the manifest names that lost a part or has one of the wrong size (sha256 too with ``--verify``) is copied
 again the same way (a repair).
 
-Tier apply never deletes token files (a delete keeps the token folders a manifest names there): the loader
-memory-maps token files from a cfs or local path only, so a policy move off a cfs tier would take away the replica
-a trainer reads.
+When tier apply moves the release off a tier (its delete move, or the leftover of a killed one), the token files
+there go too, as its text shards do: ``check_other_replicas`` first finds, for every file the tier holds, another
+replica on a configured tier whose every part matches the manifest by size and sha256 (read under the cap), and
+refuses the delete otherwise; then ``drop_token_replicas`` publishes each token manifest without the tier (tiers'
+copies, then the lake's), so no reader picks those replicas; only then are the bytes deleted (by the caller, with the
+release's directory). The loader memory-maps token files from a cfs or local path only: a release moved off every
+cfs tier must be copied back to one (``tier apply --tiers ...,CFS``) before ``PackedDataset`` reads it.
 """
-
 from __future__ import annotations
 
 import json
@@ -47,8 +50,8 @@ LINEAGE_IDS_BYTES = 8 << 20  # ``.ids`` bytes turned into lineage rows at a time
 
 
 @dataclass(frozen=True)
-class TokenCopies:
-    """What a tier lacks of a release's token files: (manifest, indices of its files) per tokenizer."""
+class TokenFileSet:
+    """Some of a release's token files with respect to one tier: (manifest, indices of its files) per tokenizer."""
 
     tier: str
     todo: tuple[tuple[TokenManifest, tuple[int, ...]], ...]
@@ -60,6 +63,11 @@ class TokenCopies:
     @property
     def bytes(self) -> int:
         return sum(manifest.files[i].part(p).size for manifest, indices in self.todo for i in indices for p in PARTS)
+
+
+@dataclass(frozen=True)
+class TokenCopies(TokenFileSet):
+    """What a tier lacks of a release's token files."""
 
     def sources(self, storage: StorageConfig) -> list[str]:
         """The other configured tiers holding a replica of one of the files (a plan's ``source``)."""
@@ -219,3 +227,49 @@ def _ids(tier: Tier, uri: str, cap: BandwidthCap | None) -> Iterator[pa.Array]:
                 held = held[cut:]
     if held:
         yield decode_ids(held, where=uri)
+
+
+def token_replicas_on(tier: str, manifests: Sequence[TokenManifest]) -> TokenFileSet:
+    """The token files whose manifest names a replica on ``tier`` (what moving the release off it removes)."""
+    todo = tuple((manifest, indices) for manifest in manifests
+                 if (indices := tuple(i for i, record in enumerate(manifest.files) if tier in record.replicas)))
+    return TokenFileSet(tier, todo)
+
+
+def check_other_replicas(held: TokenFileSet, storage: StorageConfig, *, cap: BandwidthCap | None = None) -> None:
+    """Refuse (``IntegrityError``, nothing changed) unless every token file in ``held`` has a replica on another
+    configured tier whose every part matches the manifest by size and sha256 (read under ``cap``)."""
+    for manifest, indices in held.todo:
+        for index in indices:
+            record = manifest.files[index]
+            problems = []
+            for name, prefix_uri in record.replicas.items():
+                if name == held.tier or name not in storage.tiers:
+                    continue
+                tier = storage.tier(name)
+                bad = [part for part in PARTS if not tier.verify(f"{prefix_uri}.{part}", size=record.part(part).size,
+                                                                 sha256=record.part(part).sha256, cap=cap)]
+                if not bad:
+                    break
+                problems.append(f"{name}: .{', .'.join(bad)} missing or not matching the manifest")
+            else:
+                others = sorted(t for t in record.replicas if t != held.tier)
+                why = "; ".join(problems) or f"other replicas on {others or 'no tier'}, none of them configured"
+                raise IntegrityError(
+                    f"release {manifest.release!r}: not removing its token files from tier {held.tier}: token file "
+                    f"{record.prefix} (tokenizer {manifest.tokenizer.sha256[:12]}) has no other replica that matches "
+                    f"the token manifest ({why}). Repair it first (`datahub tier apply --verify` copies intact "
+                    "replicas over damaged ones), or pass the storage config of the tier that holds one (--storage "
+                    "twice)")
+
+
+def drop_token_replicas(lake: Lake, held: TokenFileSet, storage: StorageConfig) -> None:
+    """Publish every token manifest in ``held`` without its replicas on ``held.tier`` (each remaining tier's copy,
+    then the lake's), so no reader resolves them; the bytes stay for the caller to delete."""
+    for manifest, indices in held.todo:
+        updated = replace(manifest, files=tuple(
+            replace(record, replicas={t: u for t, u in record.replicas.items() if t != held.tier}) if i in indices
+            else record for i, record in enumerate(manifest.files)))
+        publish_token_manifest(lake, updated, [storage.tier(t) for t in updated.tiers
+                                               if t != held.tier and t in storage.tiers],
+                               between="tier:delete:after_token_tier_manifest")

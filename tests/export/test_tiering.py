@@ -496,12 +496,13 @@ def test_second_tier_export_refuses_to_publish_shards_that_vanished(tmp_path, mo
 
 
 @pytest.mark.parametrize("token_tier", ["cfs", "hdfs"])
-def test_tier_apply_keeps_the_token_files_a_token_manifest_names(tmp_path, webhdfs, token_tier) -> None:
-    """``export --tokenizer`` writes R/tokens-SHA12/ on a tier the text manifest may not name: apply took that
+def test_tier_apply_moves_token_files_with_the_release_and_never_leaves_a_named_replica_deleted(
+        tmp_path, webhdfs, token_tier) -> None:
+    """``export --tokenizer`` writes R/tokens-SHA12/ on a tier the text manifest may not name: apply once took that
     directory for a leftover (or, for a tier it moved the text shards off, deleted it whole) and removed the token
-    files their manifest still named; the loader then found no replica. Token folders a token manifest names stay;
-    the rest of the directory still goes. Token files follow the release to its tiers (test_token_tiering.py), and
-    are never deleted by apply."""
+    files their manifest still named; the loader then found no replica. Now token files follow the release: copied
+    to its tiers, and removed from a tier it leaves only after the token manifest dropped that tier (each file
+    verified on another tier first: test_token_removal.py)."""
     from datahub.export.tokens import export_table_tokens
     from datahub.shards.token_manifest import read_lake_token_manifest
     from tests.export.test_tokens import make_lake as make_text_lake, train_tokenizer
@@ -515,38 +516,42 @@ def test_tier_apply_keeps_the_token_files_a_token_manifest_names(tmp_path, webhd
                                  tokenizer=train_tokenizer(tmp_path / "tok.json"), tier=token_tier, file_tokens=400)
     tier = storage.tier(token_tier)
 
-    def token_files_intact() -> bool:
+    def token_files_only_on(tiers: list[str]) -> bool:
+        """The lake's token manifest names replicas on ``tiers`` only, each with every part at its size."""
         manifest = read_lake_token_manifest(lake, "r")
-        return (manifest is not None and manifest.tiers == sorted([text_tier, token_tier])
-                and [r.replicas[token_tier] for r in manifest.files] == [r.replicas[token_tier] for r in tokens.files]
-                and all(tier.size(f"{record.replicas[token_tier]}.{part}") == record.part(part).size
-                        for record in tokens.files for part in ("bin", "idx", "ids")))
+        return (manifest is not None and manifest.tiers == tiers
+                and all(sorted(record.replicas) == tiers for record in manifest.files)
+                and all(storage.tier(t).size(f"{uri}.{part}") == record.part(part).size
+                        for record in manifest.files for t, uri in record.replicas.items()
+                        for part in ("bin", "idx", "ids")))
 
     def move_there_and_off() -> None:
-        """The text shards copied to the token tier and moved off again: the planned delete takes the shards, not
-        the token files."""
+        """The release copied to the token tier (text and token files) and moved off again: the planned delete
+        takes both."""
         apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": [text_tier, token_tier]}), storage=storage)
         assert read_lake_manifest(lake, "r").tiers == sorted([text_tier, token_tier])
+        assert token_files_only_on(sorted([text_tier, token_tier]))
         plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
-        assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, False)]
+        assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
+            ("delete", token_tier, False, len(tokens.files))]
         assert len(apply_tiers(lake, plan, storage=storage)) == 1
         assert read_lake_manifest(lake, "r").tiers == [text_tier]
-        assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
+        assert tier.children(tier.uri("r")) == [] and token_files_only_on([text_tier])
         assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
 
     # only token files there, and a leftover text shard beside them (an interrupted apply): the token files are
-    # copied to the release's tier, the shard goes, the token folder stays
+    # copied to the release's tier, then the leftover delete takes the shard and the token files
     tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
     plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
     assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
-        ("copy", text_tier, False, len(tokens.files)), ("delete", token_tier, True, 0)]
+        ("copy", text_tier, False, len(tokens.files)), ("delete", token_tier, True, len(tokens.files))]
     assert len(apply_tiers(lake, plan, storage=storage)) == 2
-    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
+    assert tier.children(tier.uri("r")) == [] and token_files_only_on([text_tier])
     move_there_and_off()
-    # a leftover text shard beside them (an interrupted apply): it goes, the token folder stays
+    # a leftover text shard alone (an interrupted apply): it goes
     tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
     plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
-    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", token_tier, True)]
+    assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [("delete", token_tier, True, 0)]
     assert len(apply_tiers(lake, plan, storage=storage)) == 1
-    assert tier.children(tier.uri("r")) == [f"tokens-{tokens.tokenizer.sha256[:12]}"] and token_files_intact()
+    assert tier.children(tier.uri("r")) == [] and token_files_only_on([text_tier])
     move_there_and_off()

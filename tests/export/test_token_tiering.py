@@ -1,6 +1,7 @@
 """`datahub tier apply` copies a release's token files (``.bin``/``.idx``/``.ids``) with its text shards: streamed,
 sha256-verified, resumable after SIGKILL, the token manifest and lineage updated so the loader reads them on the new
-tier. Two cfs tiers here; the real Ceph RGW in test_token_tiering_ceph.py."""
+tier. Two cfs tiers here; the real Ceph RGW in test_token_tiering_ceph.py; removal from a tier the release leaves
+in test_token_removal.py."""
 
 from __future__ import annotations
 
@@ -68,23 +69,26 @@ def test_tier_apply_copies_token_files_and_the_loader_reads_them_there(tmp_path)
     storage, _ = _storage(tmp_path, "hot", "cold")
     lake, tokens = _exported(tmp_path, storage)
     total = sum(record.part(p).size for record in tokens.files for p in PARTS)
+    hot_bytes = {(i, part): Path(f"{record.replicas['hot']}.{part}").read_bytes()
+                 for i, record in enumerate(tokens.files) for part in PARTS}
+    hot_documents = _documents(tokens, "hot", tmp_path / "verdicts")
     plan = plan_tiers(lake, storage=storage, targets={"r": ["cold"]})
     assert [(m.action, m.tier, m.token_files, m.token_bytes) for m in plan.moves] == [
-        ("copy", "cold", len(tokens.files), total), ("delete", "hot", 0, 0)]
+        ("copy", "cold", len(tokens.files), total), ("delete", "hot", len(tokens.files), total)]
     assert plan.bytes_to_copy == plan.moves[0].bytes + total
     assert len(apply_tiers(lake, plan, storage=storage)) == 2
     moved = read_lake_token_manifest(lake, "r")
-    assert moved is not None and moved.tiers == ["cold", "hot"]  # a delete keeps token files (the loader's cfs copy)
+    assert moved is not None and moved.tiers == ["cold"]  # the delete took the token files too (test_token_removal.py)
     assert read_lake_manifest(lake, "r").tiers == ["cold"]
     assert read_tier_token_manifest(storage.tier("cold"), "r", tokens.tokenizer.sha256) == moved
-    assert read_tier_token_manifest(storage.tier("hot"), "r", tokens.tokenizer.sha256) == moved
-    for before, after in zip(tokens.files, moved.files):
-        assert after.replicas["hot"] == before.replicas["hot"] and after.replicas["cold"].startswith(str(tmp_path / "cold"))
+    assert read_tier_token_manifest(storage.tier("hot"), "r", tokens.tokenizer.sha256) is None
+    for i, after in enumerate(moved.files):
+        assert list(after.replicas) == ["cold"] and after.replicas["cold"].startswith(str(tmp_path / "cold"))
         for part in PARTS:
             data = Path(f"{after.replicas['cold']}.{part}").read_bytes()
-            assert data == Path(f"{before.replicas['hot']}.{part}").read_bytes()
+            assert data == hot_bytes[i, part]
             assert hashlib.sha256(data).hexdigest() == after.part(part).sha256
-    assert _documents(moved, "cold", tmp_path / "verdicts") == _documents(tokens, "hot", tmp_path / "verdicts")
+    assert _documents(moved, "cold", tmp_path / "verdicts") == hot_documents
     # the new tier's lineage: one exported event per document, as a token export to that tier writes it
     hot, cold = _exported_lineage(lake, "hot"), _exported_lineage(lake, "cold")
     assert len(cold) == len(hot) == tokens.num_documents

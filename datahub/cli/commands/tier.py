@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from datahub.lake.lake import Lake
     from datahub.storage import StorageConfig
 
-tier_app = typer.Typer(help="Move exported releases between storage tiers (cfs, ceph, hdfs) by policy.",
+tier_app = typer.Typer(help="Move exported releases (text shards and token files) between storage tiers (cfs, ceph, "
+                             "hdfs) by policy.",
                        no_args_is_help=True)
 
 
@@ -117,7 +118,9 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
           tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY,
           workers: int = _WORKERS, max_mb_s: Optional[float] = _MAX_MB_S) -> None:
     """Copy -> verify checksum at the destination -> update manifests -> delete sources. Safe to re-run.
-    Kept replicas are checked (size; sha256 with --verify) and damaged ones copied again from an intact tier."""
+    Token files (export --tokenizer) move with the release: copied to its new tiers, and deleted from a tier it
+    leaves once each is verified by sha256 on another tier. Kept replicas are checked (size; sha256 with --verify)
+    and damaged ones copied again from an intact tier."""
     from datahub.export.tiering import TierPlan, apply_tiers, plan_tiers
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)

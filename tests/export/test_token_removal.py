@@ -1,0 +1,113 @@
+"""`datahub tier apply` removes a release's token files from a tier it moves the release off, as it does the text
+shards: only once every file has another replica verified (size and sha256) on a configured tier, the token
+manifests first (tier copies, then the lake's: readers move off), the bytes after; resumable after SIGKILL at any
+step, and the loader never picks a removed replica. Two cfs tiers here; the real Ceph RGW, across regions, in
+test_token_removal_ceph.py."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from datahub.errors import IntegrityError
+from datahub.export import read_lake_manifest
+from datahub.export.tiering import apply_tiers, plan_tiers
+from datahub.lake import Lake
+from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifest, read_tier_token_manifest, token_dir
+from datahub.storage import StorageConfig
+from tests.export.test_token_tiering import PARTS, _exported, _storage, _tier_apply
+
+
+def lake_tokens_path(tmp_path: Path, manifest: TokenManifest) -> Path:
+    return tmp_path / "lake" / "_exports" / "r" / f"{token_dir(manifest.tokenizer.sha256)}.json"
+
+
+def packed_tokens(path: Path, tiers: list[str]) -> Counter[int]:
+    """Every real token a PackedDataset reads from the token manifest at ``path`` (tiers in this order)."""
+    from datahub.loader.packing import PackedDataset
+
+    dataset = PackedDataset(str(path), seq_len=16, batch_size=4, shuffle=False, tier_preference=tiers,
+                            verify="always")
+    seen: Counter[int] = Counter()
+    for batch in dataset:
+        seen.update(np.asarray(batch["tokens"])[np.asarray(batch["loss_mask"])].tolist())
+    return seen
+
+
+def named_replicas_intact(lake: Lake, storage: StorageConfig) -> bool:
+    """Every replica the lake's token manifest names has all its parts, at the manifest's sizes: what the loader
+    may pick."""
+    manifest = read_lake_token_manifest(lake, "r")
+    assert manifest is not None
+    return all(storage.tier(tier).size(f"{uri}.{part}") == record.part(part).size
+               for record in manifest.files for tier, uri in record.replicas.items() for part in PARTS)
+
+
+def test_moving_a_release_off_a_tier_removes_its_token_files_there(tmp_path) -> None:
+    storage, _ = _storage(tmp_path, "hot", "cold")
+    lake, tokens = _exported(tmp_path, storage)
+    expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot"])
+    token_bytes = sum(record.part(p).size for record in tokens.files for p in PARTS)
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["cold"]})
+    assert [(m.action, m.tier, m.token_files, m.token_bytes) for m in plan.moves] == [
+        ("copy", "cold", len(tokens.files), token_bytes), ("delete", "hot", len(tokens.files), token_bytes)]
+    assert plan.bytes_to_delete == plan.moves[1].bytes + token_bytes
+    assert len(apply_tiers(lake, plan, storage=storage)) == 2
+    moved = read_lake_token_manifest(lake, "r")
+    assert moved is not None and moved.tiers == ["cold"] and all(set(r.replicas) == {"cold"} for r in moved.files)
+    assert read_tier_token_manifest(storage.tier("cold"), "r", tokens.tokenizer.sha256) == moved
+    assert read_lake_manifest(lake, "r").tiers == ["cold"]
+    assert not (tmp_path / "hot" / "r").exists()
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot", "cold"]) == expected
+    assert plan_tiers(lake, storage=storage, targets={"r": ["cold"]}).moves == ()
+
+
+def test_token_files_are_not_removed_without_a_verified_replica_elsewhere(tmp_path) -> None:
+    """The tier the release stays on holds a token file whose .bin had a byte flipped (same size: only the sha256
+    tells): the delete refuses before changing anything, naming the file; an apply with --verify repairs it first."""
+    storage, _ = _storage(tmp_path, "hot", "cold")
+    lake, tokens = _exported(tmp_path, storage)
+    expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot"])
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["hot", "cold"]}), storage=storage)
+    both = read_lake_token_manifest(lake, "r")
+    flipped = Path(f"{both.files[1].replicas['cold']}.bin")
+    data = bytearray(flipped.read_bytes())
+    data[0] ^= 1
+    flipped.write_bytes(bytes(data))
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["cold"]})  # by size: the flip is not seen
+    assert [(m.action, m.tier) for m in plan.moves] == [("delete", "hot")]
+    with pytest.raises(IntegrityError, match=f"token file {both.files[1].prefix}.*cold.*--verify"):
+        apply_tiers(lake, plan, storage=storage)
+    assert read_lake_token_manifest(lake, "r") == both and read_lake_manifest(lake, "r").tiers == ["cold", "hot"]
+    assert named_replicas_intact(lake, storage) and (tmp_path / "hot" / "r").exists()
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["cold"]}, verify=True)
+    assert [(m.action, m.tier, m.token_files) for m in plan.moves] == [
+        ("copy", "cold", 1), ("delete", "hot", len(tokens.files))]
+    apply_tiers(lake, plan, storage=storage)
+    assert read_lake_token_manifest(lake, "r").tiers == ["cold"] and not (tmp_path / "hot" / "r").exists()
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["cold"]) == expected
+
+
+@pytest.mark.parametrize("kill_at", ["tier:delete:after_text_manifest", "tier:delete:after_token_tier_manifest",
+                                     "tier:delete:before_files"])
+def test_a_killed_removal_resumes_and_the_loader_never_picks_a_removed_replica(tmp_path, kill_at) -> None:
+    storage, storage_yaml = _storage(tmp_path, "hot", "cold")
+    lake, tokens = _exported(tmp_path, storage)
+    expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot"])
+    assert _tier_apply(tmp_path, storage_yaml, "hot,cold").returncode == 0
+    killed = _tier_apply(tmp_path, storage_yaml, "cold", kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert named_replicas_intact(lake, storage)
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot", "cold"]) == expected
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["cold"]})
+    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", "hot", True)]
+    resumed = _tier_apply(tmp_path, storage_yaml, "cold")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    moved = read_lake_token_manifest(lake, "r")
+    assert moved is not None and moved.tiers == ["cold"] and not (tmp_path / "hot" / "r").exists()
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot", "cold"]) == expected
+    assert plan_tiers(lake, storage=storage, targets={"r": ["cold"]}).moves == ()
