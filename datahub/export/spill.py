@@ -4,8 +4,9 @@
 in export order (buckets removed once built), so the table's large columns are read once; ``RecordSpill``: the
 rows' small records (id, order hash, place) by bucket, for the plan sorted bucket by bucket. ``ShardSpill``
 (token export): routed rows grouped by shard; rows are buffered up to ``budget`` bytes, then every buffered shard
-gets one Arrow IPC stream appended to its file (``{dir}/{shard}.arrow``, a file of concatenated streams, opened
-only while appending). Memory: the budget plus one shard read back; disk: the encoded release, once.
+gets one Arrow IPC stream (one record batch) appended to its file (``{dir}/{shard}.arrow``, a file of concatenated
+streams, opened only while appending). Memory: the budget plus one shard read back (the token export routes to
+runs of a file's export order, so a shard here is bounded); disk: the encoded release, once.
 """
 
 from __future__ import annotations
@@ -65,11 +66,15 @@ class ShardSpill:
             self.flush()
 
     def flush(self) -> None:
-        for shard, parts in self._buffers.items():
+        """Append every buffered shard's rows to its file as one record batch (a shard's slices of every batch
+        added, joined: rows spread over many shards would otherwise make batches of a few rows each, their IPC
+        metadata outweighing them on disk and when read back)."""
+        while self._buffers:
+            shard, parts = self._buffers.popitem()
+            joined = (pa.concat_tables(parts) if len(parts) > 1 else parts[0]).combine_chunks()
+            del parts
             with open(self._path(shard), "ab") as handle, pa.ipc.new_stream(handle, self.schema) as stream:
-                for part in parts:
-                    stream.write_table(part)
-        self._buffers.clear()
+                stream.write_table(joined)
         self._buffered = 0
 
     def read(self, shard: int) -> pa.Table:

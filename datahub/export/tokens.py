@@ -12,8 +12,11 @@ Flow (the release is never held in one process, nor its ids: the driver plans on
    and only ``(sample_id, tokens)`` comes back; the driver orders the documents and cuts files at ``file_tokens``
    on local disk, key bucket by key bucket (``datahub.export.plan.SummaryPlan``, as the text export);
 2. write: every staged data file is read back and each document routed to its file by the files' first keys
-   (``ShardRouter``); a file's documents are grouped (an engine shuffle, or local spill files), ordered, and
-   written whole by one task through the write seam (``TokenFileWriter``), which returns sizes and sha256s;
+   (``ShardRouter``). On an engine a file's documents are grouped by its shuffle, ordered and written whole by
+   one task through the write seam (``TokenFileWriter``); in this process they are routed to runs of about
+   ``CHUNK_BYTES`` of their file's export order (``FileChunks``) and spilled to local disk by run, and a file is
+   streamed a run at a time (``StreamedTokenFile``): ``.bin`` from the spill, ``.ids`` and ``.idx`` from the plan,
+   so its size (``file_tokens``) does not set this process's memory. Each part's size and sha256 come back;
 3. lineage: ``exported`` events (ref: the file's prefix URI and the document's index in it), one commit;
 4. the manifest, last: in the tier's token folder, then under the lake; the ``_partial`` folder is removed.
 
@@ -56,7 +59,8 @@ from datahub.export.spill import ShardSpill, buckets_allowed
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.release.records import get_release
-from datahub.shards.indexed import BIN_SUFFIX, IDS_SUFFIX, IDX_SUFFIX, encode_ids, encode_index, token_dtype
+from datahub.shards.indexed import (BIN_SUFFIX, IDS_SUFFIX, IDX_SUFFIX, encode_ids, encode_index, index_pieces,
+                                    token_dtype)
 from datahub.shards.token_manifest import (TOKEN_MANIFEST_NAME, FilePart, TokenFileRecord, TokenizerInfo, TokenManifest,
                                            publish_lake_token_manifest, read_lake_token_manifest, token_dir)
 from datahub.storage.config import StorageConfig
@@ -295,6 +299,9 @@ def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_to
                 continue
             if table.column(KEY_COLUMN).null_count:
                 raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
+            if pc.any(pc.match_substring(table.column(KEY_COLUMN), "\n")).as_py():
+                raise IntegrityError(f"{where}: a sample_id holds a newline; it cannot go in a .ids file (one id a "
+                                     "line): fix the table before exporting")
             planner.add(pa.table({KEY_COLUMN: table.column(KEY_COLUMN), "size": table.column("tokens")}))
         return planner.plan(cut=partial(cut_file_takes, file_tokens=file_tokens))
     finally:
@@ -412,6 +419,11 @@ class TokenFileDone:
 PIECE_BYTES = 8 * 2**20  # ``.bin`` is written in pieces of about this size (ordered a piece at a time)
 IDS_PIECE = 1 << 16  # ids encoded at a time for .ids (~4 MiB of 64-character ids)
 GATHER_BYTES = 64 * 2**20  # a file's documents are regrouped into arrays of about this size to be taken from
+# A local export spills a file's documents in runs of its export order of about this many routed bytes, and holds one
+# run at a time (read back, about twice) while the file is written, whatever --file-tokens is.
+CHUNK_BYTES = 32 * 2**20
+CHUNK_DOCUMENT_BYTES = 48  # routed bytes of a document besides its tokens and id (file, hash, offsets, arrays' slack)
+RECORDS_PIECE = 1 << 16  # plan records read at a time for a file's runs, .ids, .idx and lineage
 
 
 @dataclass(frozen=True)
@@ -445,6 +457,155 @@ class BuiltTokenFile:
         for start in range(0, len(self.order), IDS_PIECE):
             yield encode_ids(self.ids.take(self.order.slice(start, IDS_PIECE)))
 
+    def idx_pieces(self) -> Iterator[bytes]:
+        yield self.idx
+
+
+def plan_records(plan: BucketPlan, start: int, count: int, *, step: int = RECORDS_PIECE) -> Iterator[pa.Table]:
+    """The plan's records (``sample_id``, ``size`` in tokens, ``order_hash`` when seeded) of export ranks
+    ``[start, start + count)`` in order, ``step`` at a time at most (one bucket of the plan loaded at a time)."""
+    for begin in range(start, start + count, step):
+        for _, records in plan.rows(begin, min(step, start + count - begin)):
+            yield records
+
+
+@dataclass(frozen=True)
+class FileChunks:
+    """The token files of a local export cut into runs of their export order (chunks) of about ``CHUNK_BYTES``
+    routed bytes each (a larger document alone), so that a file is spilled and read back a run at a time: chunk
+    ``c`` holds the documents of ranks ``starts[c]`` .. ``+ router.samples[c]``; file ``f`` holds chunks
+    ``first[f]`` .. ``first[f + 1]``. The router routes a document to its chunk as the file router does to its
+    file (every file begins a chunk)."""
+
+    router: ShardRouter
+    starts: tuple[int, ...]
+    first: tuple[int, ...]  # files + 1
+
+    def of_file(self, index: int) -> range:
+        return range(self.first[index], self.first[index + 1])
+
+
+def plan_chunks(plan: BucketPlan, *, itemsize: int, chunk_bytes: int | None = None) -> FileChunks:
+    """Cut every file of ``plan`` into chunks (``FileChunks``) from its records: one pass over the plan, a piece of
+    records held at a time. A chunk closes before the document that would take it past ``chunk_bytes`` (default
+    ``CHUNK_BYTES``); a document's routed bytes are its tokens, its id and ``CHUNK_DOCUMENT_BYTES``."""
+    limit = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    starts: list[int] = []
+    first_ids: list[bytes] = []
+    first_hashes: list[int] = []
+    first = [0]
+    seeded = False
+
+    def begin(records: pa.Table, row: int, rank: int) -> None:
+        starts.append(rank)
+        first_ids.append(records.column(KEY_COLUMN)[row].as_py().encode())
+        if "order_hash" in records.column_names:
+            first_hashes.append(int(records.column("order_hash")[row].as_py()))
+
+    for span in plan.spans:
+        held = 0  # routed bytes of the open chunk (0: no document yet)
+        rank = span.start
+        for records in plan_records(plan, span.start, span.samples):
+            seeded = "order_hash" in records.column_names
+            if rank == span.start:
+                begin(records, 0, rank)
+            costs = (np.asarray(records.column("size"), dtype=np.int64) * itemsize + CHUNK_DOCUMENT_BYTES +
+                     np.asarray(pc.binary_length(records.column(KEY_COLUMN)), dtype=np.int64))
+            cumulative = np.cumsum(costs)
+            row = 0
+            while row < len(costs):
+                before = int(cumulative[row - 1]) if row else 0
+                fits = int(np.searchsorted(cumulative, before + limit - held, side="right"))  # rows row..fits-1 fit
+                if fits == row and not held:
+                    fits = row + 1  # a document larger than a chunk: a chunk of its own
+                if fits >= len(costs):
+                    held += int(cumulative[-1]) - before
+                    break
+                begin(records, fits, rank + fits)
+                held, row = 0, fits
+            rank += len(costs)
+        first.append(len(starts))
+    ends = [*starts[1:], plan.num_samples]
+    samples = tuple(end - start for start, end in zip(starts, ends))
+    router = ShardRouter(np.asarray(first_ids, dtype=bytes) if first_ids else np.asarray([], dtype="S1"),
+                         np.asarray(first_hashes, dtype=np.uint64) if seeded else None, samples)
+    return FileChunks(router, tuple(starts), tuple(first))
+
+
+@dataclass(frozen=True)
+class StreamedTokenFile:
+    """One token file of a local export, made as it is written: ``.bin`` from the spill a chunk at a time (each
+    chunk's documents ordered, checked against the plan's ids and token counts, and taken a piece at a time),
+    ``.ids`` and ``.idx`` from the plan's records a piece at a time. Memory: one chunk, whatever the file's size."""
+
+    index: int
+    where: str
+    plan: BucketPlan
+    chunks: FileChunks
+    spill: ShardSpill
+    dtype: np.dtype[Any]
+    seeded: bool
+
+    @property
+    def span(self) -> ShardSpan:
+        return self.plan.spans[self.index]
+
+    def body_pieces(self) -> Iterator[bytes]:
+        for chunk in self.chunks.of_file(self.index):
+            yield from self._chunk_pieces(chunk)
+
+    def _chunk_pieces(self, chunk: int) -> Iterator[bytes]:
+        start, samples = self.chunks.starts[chunk], self.chunks.router.samples[chunk]
+        rows = self.spill.read(chunk)
+        if rows.num_rows != samples:
+            raise IntegrityError(f"{self.where}: {rows.num_rows} documents routed to its documents {start - self.span.start}"
+                                 f"..{start - self.span.start + samples - 1}, the plan has {samples}; the table version "
+                                 "changed underneath? re-run the export")
+        ids = rows[KEY_COLUMN].combine_chunks()
+        if self.seeded:
+            hashes = np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
+            order = pc.sort_indices(pa.table({"h": hashes, "id": ids}),
+                                    sort_keys=[("h", "ascending"), ("id", "ascending")])
+            del hashes
+        else:
+            order = pc.sort_indices(ids)
+        documents = rows["tokens"].combine_chunks()
+        del rows
+        planned = pa.concat_tables([records.select([KEY_COLUMN, "size"])
+                                    for records in plan_records(self.plan, start, samples)])
+        if not ids.take(order).equals(planned.column(KEY_COLUMN).combine_chunks()):
+            raise IntegrityError(f"{self.where}: the documents routed to it are not the plan's; the table version changed "
+                                 "underneath? re-run the export")
+        del ids
+        offsets = np.frombuffer(documents.buffers()[1], dtype=np.int64)[documents.offset:
+                                                                        documents.offset + len(documents) + 1]
+        nbytes = np.diff(offsets)[np.asarray(order).astype(np.int64)]  # export order
+        counted = np.asarray(planned.column("size"), dtype=np.int64)
+        if not np.array_equal(nbytes, counted * self.dtype.itemsize):
+            raise IntegrityError(f"{self.where}: {int(nbytes.sum()) // self.dtype.itemsize} tokens written in its "
+                                 f"documents {start - self.span.start}.., {int(counted.sum())} counted; the tokenizer "
+                                 "gave different ids on two passes (a nondeterministic tokenizer?)")
+        del planned, counted
+        begin = 0
+        for end in _piece_ends(nbytes).tolist():
+            piece = documents.take(order.slice(begin, end - begin))
+            piece_offsets = np.frombuffer(piece.buffers()[1], dtype=np.int64)[piece.offset:piece.offset + len(piece) + 1]
+            data = piece.buffers()[2]
+            if data is not None and piece_offsets[-1] > piece_offsets[0]:
+                yield data.slice(int(piece_offsets[0]), int(piece_offsets[-1] - piece_offsets[0])).to_pybytes()
+            begin = end
+
+    def ids_pieces(self) -> Iterator[bytes]:
+        for records in plan_records(self.plan, self.span.start, self.span.samples, step=IDS_PIECE):
+            yield encode_ids(records.column(KEY_COLUMN))
+
+    def idx_pieces(self) -> Iterator[bytes]:
+        def lengths() -> Iterator[np.ndarray]:
+            for records in plan_records(self.plan, self.span.start, self.span.samples):
+                yield np.asarray(records.column("size"), dtype=np.int64)
+
+        return index_pieces(lengths, count=self.span.samples, dtype=self.dtype)
+
 
 @dataclass(frozen=True)
 class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
@@ -471,13 +632,15 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
     def uri(self, target: Tier, index: int, suffix: str = "") -> str:
         return target.uri(self.release, self.folder, file_prefix(self.release, index) + suffix)
 
-    def route(self, staged: pa.RecordBatch | pa.Table, *, only: frozenset[int] | None = None) -> pa.Table:
-        """Routed documents of a staged batch (``sample_id``, token bytes): the file each belongs to."""
+    def route(self, staged: pa.RecordBatch | pa.Table, *, only: frozenset[int] | None = None,
+              router: ShardRouter | None = None) -> pa.Table:
+        """Routed documents of a staged batch (``sample_id``, token bytes): the file each belongs to (or the chunk,
+        by the ``router`` of ``FileChunks``)."""
         table = pa.Table.from_batches([staged]) if isinstance(staged, pa.RecordBatch) else staged
         ids = table[KEY_COLUMN].combine_chunks()
         documents = table["tokens"].combine_chunks()
         hashes = order_hash(ids, self.shuffle_seed) if self.shuffle_seed is not None else None
-        files = self.router.route(ids, hashes)
+        files = (router or self.router).route(ids, hashes)
         if only is not None:
             keep = np.isin(files, np.fromiter(only, dtype=np.int64, count=len(only)))
             if not keep.all():
@@ -524,15 +687,15 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         return BuiltTokenFile(index, pa.chunked_array(chunks, rows_type), ids, order,
                               encode_index(lengths, dtype=self.tokenizer.dtype), _piece_ends(nbytes))
 
-    def publish(self, built: BuiltTokenFile, *, tier: Tier | None = None) -> TokenFileDone:
-        """Publish ``.ids`` (first: encoding checks every id before any part is published), ``.bin`` and ``.idx``,
-        each atomically, streamed a piece at a time and hashed as it is written (sizes checked after), then journal
-        the file."""
+    def publish(self, built: BuiltTokenFile | StreamedTokenFile, *, tier: Tier | None = None) -> TokenFileDone:
+        """Publish ``.bin`` (first: a streamed file's checks against the plan run as it is written, so a failed one
+        publishes no part), ``.ids`` and ``.idx``, each atomically, streamed a piece at a time and hashed as it is
+        written (sizes checked after), then journal the file. (Ids with a newline were refused by the plan.)"""
         target = tier or self.tier()
         index = built.index
         described: dict[str, tuple[int, str]] = {}
-        for suffix, pieces in ((IDS_SUFFIX, built.ids_pieces), (BIN_SUFFIX, built.body_pieces),
-                               (IDX_SUFFIX, lambda: iter((built.idx,)))):
+        for suffix, pieces in ((BIN_SUFFIX, built.body_pieces), (IDS_SUFFIX, built.ids_pieces),
+                               (IDX_SUFFIX, built.idx_pieces)):
             uri = self.uri(target, index, suffix)
             described[suffix] = target.publish_stream(uri, pieces(), size=None, sha256=None)
             if target.size(uri) != described[suffix][0]:
@@ -557,10 +720,11 @@ class RoutedStaged:
     staging: Staging
     writer: TokenFileWriter
     only: frozenset[int] | None
+    router: ShardRouter | None = None  # routes to chunks (a local export), not files
 
     def __call__(self, file: str) -> Iterator[pa.Table]:
         for batch in self.staging.read(file):
-            routed = self.writer.route(batch, only=self.only)
+            routed = self.writer.route(batch, only=self.only, router=self.router)
             if routed.num_rows:
                 yield routed
 
@@ -667,7 +831,7 @@ def export_table_tokens(
             report("files", len(done), len(plan.spans))
             finished = {d.index for d in done}
             todo = [s.index for s in plan.spans if s.index not in finished]
-            for written in _write(files, staging, writer, todo, running, workers=workers, spill_dir=scratch):
+            for written in _write(files, staging, writer, plan, todo, running, workers=workers, spill_dir=scratch):
                 done.append(written)
                 report("files", len(done), len(plan.spans))
                 checkpoint(f"export-tokens:after_file:{written.index}")
@@ -771,16 +935,18 @@ def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], st
             yield batch.select([KEY_COLUMN, "tokens"]).cast(COUNTED)
 
 
-def _write(files: list[str], staging: Staging, writer: TokenFileWriter, todo: list[int], engine: Engine | None, *,
-           workers: int | None, spill_dir: str | None) -> Iterator[TokenFileDone]:
-    """Write the files ``todo`` from the staged tokens, in this process (spill files group the documents) or on
-    an engine (its shuffle groups them)."""
+def _write(files: list[str], staging: Staging, writer: TokenFileWriter, plan: BucketPlan, todo: list[int],
+           engine: Engine | None, *, workers: int | None, spill_dir: str | None) -> Iterator[TokenFileDone]:
+    """Write the files ``todo`` from the staged tokens, in this process (spill files group the documents by chunk
+    and each file is streamed a chunk at a time) or on an engine (its shuffle groups them, a file to a task)."""
     if not todo:
         return
     only = frozenset(todo) if len(todo) < len(writer.starts) else None
-    read = RoutedStaged(staging, writer, only)
     if engine is None:
         tier = writer.tier()
+        chunks = plan_chunks(plan, itemsize=writer.tokenizer.dtype.itemsize)
+        wanted = None if only is None else frozenset(c for index in todo for c in chunks.of_file(index))
+        read = RoutedStaged(staging, writer, wanted, chunks.router)
         with tempfile.TemporaryDirectory(prefix="datahub-tokens-", dir=spill_dir) as directory:
             spill = ShardSpill(directory, ROUTED)
             for file in files:
@@ -788,8 +954,11 @@ def _write(files: list[str], staging: Staging, writer: TokenFileWriter, todo: li
                     spill.add(routed)
             spill.flush()
             for index in todo:
-                yield writer.publish(writer.build(spill.read(index)), tier=tier)
+                yield writer.publish(StreamedTokenFile(index, file_prefix(writer.release, index), plan, chunks, spill,
+                                                       writer.tokenizer.dtype, writer.shuffle_seed is not None),
+                                     tier=tier)
         return
+    read = RoutedStaged(staging, writer, only)
     write_groups = importlib.import_module(f"datahub.engines.{engine.name}.export").write_groups
     writer.start()
     yield from writer.commit(write_groups(engine, files, read=read, key="shard", sink=writer, routed_schema=ROUTED,
@@ -834,12 +1003,15 @@ def _commit_lineage(lake: Lake, release: str, tier: Tier, writer: TokenFileWrite
     "document": index in the file}; ``params_hash`` is the export key (table version, tokenizer, settings)."""
     def events() -> Iterator[tuple[pa.Array, pa.Array]]:
         for file in done:
-            keys = plan.shard_ids(file.index)
+            span = plan.spans[file.index]
             head = json.dumps({"tokens": writer.uri(tier, file.index), "tier": tier.name,
                                "tokenizer": writer.tokenizer.info.sha256})[:-1] + ', "document": '
-            for start in range(0, len(keys), LINEAGE_PIECE):  # a file's refs (~200 B each) never held whole
-                piece = keys.slice(start, LINEAGE_PIECE)
+            start = 0
+            # a file's ids and refs (~200 B each) never held whole
+            for records in plan_records(plan, span.start, span.samples, step=LINEAGE_PIECE):
+                piece = records.column(KEY_COLUMN).combine_chunks()
                 positions = pa.array(np.arange(start, start + len(piece), dtype=np.int64)).cast(pa.string())
+                start += len(piece)
                 yield piece, pc.binary_join_element_wise(pa.scalar(head), positions, pa.scalar("}"), "")
 
     commit_exported(lake, events(), txn=f"export-tokens/{release}/{tier.name}/{writer.folder}", op=TOKENS_OP,

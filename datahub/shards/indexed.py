@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -48,6 +48,7 @@ DTYPE_CODES: dict[int, np.dtype[Any]] = {
 UINT16_VOCAB_LIMIT = 65500
 BIN_SUFFIX, IDX_SUFFIX, IDS_SUFFIX = ".bin", ".idx", ".ids"
 _PREAMBLE = struct.Struct("<9sQBQQ")  # header, version, dtype code, sequence count, document-index count (34 bytes)
+INDEX_PIECE = 1 << 20  # document indices made at a time by ``index_pieces`` (8 MiB)
 
 
 def dtype_code(dtype: Any) -> int:
@@ -82,6 +83,33 @@ def encode_index(sequence_lengths: np.ndarray | Sequence[int], *, dtype: Any,
     preamble = _PREAMBLE.pack(INDEX_HEADER, INDEX_VERSION, dtype_code(dtype), len(lengths), len(documents))
     return b"".join([preamble, lengths.astype("<i4").tobytes(), pointers.astype("<i8").tobytes(),
                      documents.astype("<i8").tobytes()])
+
+
+def index_pieces(lengths: Callable[[], Iterable[np.ndarray]], *, count: int, dtype: Any) -> Iterator[bytes]:
+    """The bytes of ``encode_index`` (one sequence per document) a piece at a time, for ``count`` sequences whose
+    lengths ``lengths()`` gives a piece at a time: called twice (the lengths, then the pointers), so the index of a
+    file of any number of documents (12 bytes each, and 8 more per document index) is never held whole."""
+    itemsize = np.dtype(dtype).itemsize
+    yield _PREAMBLE.pack(INDEX_HEADER, INDEX_VERSION, dtype_code(dtype), count, count + 1)
+    given = 0
+    for piece in lengths():
+        piece = np.asarray(piece, dtype=np.int64)
+        if piece.size and (piece.min() < 0 or piece.max() > np.iinfo(np.int32).max):
+            raise IntegrityError("indexed dataset: a sequence length is negative or above 2**31-1 tokens")
+        given += len(piece)
+        yield piece.astype("<i4").tobytes()
+    pointer = again = 0
+    for piece in lengths():
+        sizes = np.asarray(piece, dtype=np.int64) * itemsize
+        if len(sizes):
+            ends = np.cumsum(sizes) + pointer
+            yield (ends - sizes).astype("<i8").tobytes()
+            pointer, again = int(ends[-1]), again + len(sizes)
+    if given != count or again != count:
+        raise IntegrityError(f"indexed dataset: {given} and then {again} sequence lengths given for the {count} "
+                             "sequences announced")
+    for start in range(0, count + 1, INDEX_PIECE):
+        yield np.arange(start, min(start + INDEX_PIECE, count + 1), dtype="<i8").tobytes()
 
 
 def encode_ids(sample_ids: pa.Array | pa.ChunkedArray | Sequence[str]) -> bytes:
