@@ -9,7 +9,7 @@ of about N bytes (benchmarks/release_scale.py's lake: many documents, where per-
 byte-level BPE (vocab 8000) trained on the first 500 man pages in this run (no download).
 
 Run: .venv/bin/python benchmarks/export_tokens.py [--docs 1500] [--doc-bytes 60] [--engine local|ray]
-         [--code TREE --code TREE2 ...]
+         [--file-tokens N] [--shuffle-seed S] [--code TREE --code TREE2 ...]
 --code: run datahub from these source trees (e.g. `git archive REV | tar -x -C DIR`), one after the other on the same
 lakes (A/B); default: this checkout.
 Prints per size: tokens, tokens_per_s of both, ratio_vs_peer (datahub / peer; 1.0 = as fast as the bare loop),
@@ -101,7 +101,7 @@ def _files_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def measure(docs: int, engine: str, codes: list[str | None], doc_bytes: int) -> dict[str, Any]:
+def measure(docs: int, engine: str, codes: list[str | None], doc_bytes: int, export_args: list[str]) -> dict[str, Any]:
     """The peer once, then the export with each source tree in turn, on one lake."""
     import json
 
@@ -122,7 +122,7 @@ def measure(docs: int, engine: str, codes: list[str | None], doc_bytes: int) -> 
             ours = run_measured([str(Path(sys.executable).parent / "datahub"), "export", "bench", "--lake",
                                  str(work / "lake"), "--tier", "cfs", "--storage", str(work / "storage.yaml"),
                                  "--table", "samples", "--tokenizer", str(work / "tok.json"), "--engine", engine,
-                                 "--json"], env={**env, "PYTHONPATH": code} if code else env, cwd=code)
+                                 "--json", *export_args], env={**env, "PYTHONPATH": code} if code else env, cwd=code)
             if ours.returncode:
                 raise SystemExit(f"datahub export ({code or 'this tree'}) failed: {ours.stderr[-2000:]}")
             tokens = int(json.loads(ours.stdout)["num_tokens"])
@@ -144,6 +144,8 @@ def main() -> None:
     parser.add_argument("--engine", default="local", choices=["local", "ray"])
     parser.add_argument("--code", action="append",
                         help="run datahub from this source tree; repeat for an A/B on the same lakes")
+    parser.add_argument("--file-tokens", type=int, help="the export's --file-tokens (default: the CLI's)")
+    parser.add_argument("--shuffle-seed", type=int, help="the export's --shuffle-seed (default: sample_id order)")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.peer:
@@ -151,11 +153,13 @@ def main() -> None:
         return
     start = time.perf_counter()
     codes: list[str | None] = [str(Path(c).resolve()) for c in args.code] if args.code else [None]
-    results = [measure(args.docs, args.engine, codes, args.doc_bytes),
-               measure(args.docs * 4, args.engine, codes, args.doc_bytes)]
+    export_args = [*(["--file-tokens", str(args.file_tokens)] if args.file_tokens else []),
+                   *(["--shuffle-seed", str(args.shuffle_seed)] if args.shuffle_seed is not None else [])]
+    results = [measure(args.docs, args.engine, codes, args.doc_bytes, export_args),
+               measure(args.docs * 4, args.engine, codes, args.doc_bytes, export_args)]
     for r in results:
         theirs = r["tokens"] / r["peer_s"]
-        print(f"docs: {r['docs']}  tokens: {r['tokens']}  engine: {args.engine}")
+        print(f"docs: {r['docs']}  tokens: {r['tokens']}  engine: {args.engine}  {' '.join(export_args)}")
         print(f"  peer_tokens_per_s: {theirs:,.0f}  (wall {r['peer_s']:.1f} s)  peak_mb: {r['peer_peak_mb']:.0f}")
         for run in r["runs"]:
             ours = r["tokens"] / run["s"]
