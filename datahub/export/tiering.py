@@ -33,7 +33,7 @@ from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import EXPORT_OP, publish_manifest
 from datahub.export.exported_lineage import commit_shard_index
-from datahub.export.token_copies import (check_other_replicas, copy_token_files, drop_token_replicas,
+from datahub.export.token_copies import (HashedParts, check_other_replicas, copy_token_files, drop_token_replicas,
                                          token_copies, token_replicas_on)
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
 from datahub.shards.token_manifest import read_lake_token_manifests
@@ -211,16 +211,18 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
     report = progress or (lambda stage, done, total=None: None)
     cap = BandwidthCap(max_bytes_per_s) if max_bytes_per_s else None
     done: list[Move] = []
+    hashed: HashedParts = set()  # token parts this apply verified by sha256: its deletes check their size only
     ordered = sorted(plan.moves, key=lambda m: (m.release, m.action == "delete"))
     for step, move in enumerate(ordered):
         manifest = read_lake_manifest(lake, move.release)
         if manifest is None:
             raise SpecError(f"release {move.release!r}: its manifest vanished from {lake.root}/_exports; re-run `datahub export`")
         if move.action == "copy":
-            _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap, verify=move.verify)
+            _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap, verify=move.verify,
+                  hashed=hashed)
         elif move.action == "repair":
             _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap)
-        elif not _delete(lake, manifest, move.tier, storage=storage, cap=cap):
+        elif not _delete(lake, manifest, move.tier, storage=storage, cap=cap, hashed=hashed):
             continue
         done.append(move)
         report("moves", step + 1, len(ordered))
@@ -363,13 +365,14 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
 
 
 def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2,
-          cap: BandwidthCap | None = None, verify: bool = False) -> None:
+          cap: BandwidthCap | None = None, verify: bool = False, hashed: HashedParts | None = None) -> None:
     """The release's shards onto ``tier_name`` (unless its manifest names the tier already), then its token files
     (those missing there or damaged: by size, by sha256 too with ``verify``)."""
     dest = storage.tier(tier_name)
     if tier_name not in manifest.tiers:
         _copy_text(lake, manifest, dest, storage=storage, workers=workers, cap=cap)
-    copy_token_files(lake, manifest.release, dest, storage=storage, workers=workers, cap=cap, verify=verify)
+    copy_token_files(lake, manifest.release, dest, storage=storage, workers=workers, cap=cap, verify=verify,
+                     hashed=hashed)
 
 
 def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageConfig, workers: int,
@@ -388,12 +391,13 @@ def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageCo
 
 
 def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig,
-            cap: BandwidthCap | None = None) -> bool:
+            cap: BandwidthCap | None = None, hashed: HashedParts | None = None) -> bool:
     """Delete the release's replicas on a tier, its token files included; False when a leftover directory (the
     manifest does not name the tier) is spared because a writer is at work in it: a second-tier export journals there
     before its manifest names the tier, and deleting under it published a manifest of deleted replicas.
 
-    Every token file there must have another replica verified by sha256 (under ``cap``) first; then the text
+    Every token file there must have another replica verified by sha256 (under ``cap``; by size for the parts in
+    ``hashed``, which this apply's copies read back) first; then the text
     manifest, then each token manifest drops the tier (readers move off), and only then the bytes go. A kill between
     two steps leaves a leftover delete that the next plan finishes."""
     tier = storage.tier(tier_name)
@@ -406,7 +410,7 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
                         manifest.release, manifest.release, int(STALE_PARTIAL_S), live[0])
             return False
     tokens = token_replicas_on(tier_name, read_lake_token_manifests(lake, manifest.release))
-    check_other_replicas(tokens, storage, cap=cap)  # before any change: a refusal leaves everything as it was
+    check_other_replicas(tokens, storage, cap=cap, hashed=hashed)  # before any change: a refusal changes nothing
     if held:
         remaining = {s.name: {t: u for t, u in s.replicas.items() if t != tier_name} for s in manifest.shards}
         if any(not r for r in remaining.values()):

@@ -38,8 +38,8 @@ from datahub.export.tokens import TOKENS_OP, publish_token_manifest
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.indexed import decode_ids
-from datahub.shards.token_manifest import (PARTS, TokenFileRecord, TokenManifest, read_lake_token_manifests,
-                                           token_dir)
+from datahub.shards.token_manifest import (PARTS, FilePart, TokenFileRecord, TokenManifest,
+                                           read_lake_token_manifests, token_dir)
 from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import STALE_PARTIAL_S, Tier
@@ -47,6 +47,10 @@ from datahub.storage.tier import STALE_PARTIAL_S, Tier
 log = logging.getLogger(__name__)
 
 LINEAGE_IDS_BYTES = 8 << 20  # ``.ids`` bytes turned into lineage rows at a time
+
+HashedParts = set[tuple[str, str, str]]
+"""(tier, part URI, sha256) of the token parts one tier apply has read and found matching: a delete later in the
+same apply checks their size only, not every byte again (a cross-region move would read them over the link twice)."""
 
 
 @dataclass(frozen=True)
@@ -113,9 +117,9 @@ def _damaged(record: TokenFileRecord, tier: Tier, verify: bool, cap: BandwidthCa
 
 
 def copy_token_files(lake: Lake, release: str, dest: Tier, *, storage: StorageConfig, workers: int = 2,
-                     cap: BandwidthCap | None = None, verify: bool = False) -> int:
+                     cap: BandwidthCap | None = None, verify: bool = False, hashed: HashedParts | None = None) -> int:
     """Copy the token files ``dest`` lacks or holds damaged (by size; sha256 too with ``verify``; see the module
-    docstring); returns how many."""
+    docstring); returns how many. Each part verified on ``dest`` goes into ``hashed`` when given."""
     copies = token_copies(lake, release, dest.name, storage, verify=verify, cap=cap)
     for manifest, indices in copies.todo:
         folder = token_dir(manifest.tokenizer.sha256)
@@ -123,7 +127,7 @@ def copy_token_files(lake: Lake, release: str, dest: Tier, *, storage: StorageCo
         with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="datahub-token-copy") as pool:
             # every part is copied (or found intact) before any file is named: a failure stops the apply here
             for (index, part), _ in zip(parts, pool.map(lambda job: _copy_part(manifest, job[0], job[1], dest,
-                                                                               storage, cap), parts)):
+                                                                               storage, cap, hashed), parts)):
                 if part == PARTS[-1]:
                     checkpoint(f"tier:after_token_file:{index}")  # crash tests: on the tier, not yet named
         replicas = {i: {**manifest.files[i].replicas, dest.name: dest.uri(release, folder, manifest.files[i].prefix)}
@@ -140,14 +144,22 @@ def copy_token_files(lake: Lake, release: str, dest: Tier, *, storage: StorageCo
 
 
 def _copy_part(manifest: TokenManifest, index: int, part: str, dest: Tier, storage: StorageConfig,
-               cap: BandwidthCap | None) -> None:
+               cap: BandwidthCap | None, hashed: HashedParts | None = None) -> None:
+    """``_put_part``, then the part (now verified on ``dest``) into ``hashed``."""
+    uri = _put_part(manifest, index, part, dest, storage, cap)
+    if hashed is not None:
+        hashed.add((dest.name, uri, manifest.files[index].part(part).sha256))
+
+
+def _put_part(manifest: TokenManifest, index: int, part: str, dest: Tier, storage: StorageConfig,
+              cap: BandwidthCap | None) -> str:
     """One part of one token file onto ``dest``: kept if already intact there, else streamed from the first
-    replica that matches the manifest, then read back and checked."""
+    replica that matches the manifest, then read back and checked; returns its URI there."""
     record = manifest.files[index]
     expected = record.part(part)
     uri = f"{dest.uri(manifest.release, token_dir(manifest.tokenizer.sha256), record.prefix)}.{part}"
     if dest.verify(uri, size=expected.size, sha256=expected.sha256, cap=cap):
-        return  # a killed apply copied it already
+        return uri  # a killed apply copied it already
     problems = []
     for name, prefix_uri in record.replicas.items():
         if name not in storage.tiers or name == dest.name:
@@ -166,7 +178,7 @@ def _copy_part(manifest: TokenManifest, index: int, part: str, dest: Tier, stora
         if not dest.verify(uri, size=expected.size, sha256=expected.sha256, cap=cap):
             raise IntegrityError(f"tier {dest.name}: {uri} does not match what was written (size {expected.size}, "
                                  f"sha256 {expected.sha256[:12]}...); check the tier's health and re-run")
-        return
+        return uri
     raise IntegrityError(f"release {manifest.release!r}: no intact replica of token file {record.prefix}.{part} to "
                          f"copy from ({'; '.join(problems) or 'no configured tier holds one'}); re-export the tokens")
 
@@ -236,9 +248,11 @@ def token_replicas_on(tier: str, manifests: Sequence[TokenManifest]) -> TokenFil
     return TokenFileSet(tier, todo)
 
 
-def check_other_replicas(held: TokenFileSet, storage: StorageConfig, *, cap: BandwidthCap | None = None) -> None:
+def check_other_replicas(held: TokenFileSet, storage: StorageConfig, *, cap: BandwidthCap | None = None,
+                         hashed: HashedParts | None = None) -> None:
     """Refuse (``IntegrityError``, nothing changed) unless every token file in ``held`` has a replica on another
-    configured tier whose every part matches the manifest by size and sha256 (read under ``cap``)."""
+    configured tier whose every part matches the manifest by size and sha256 (read under ``cap``; a part in
+    ``hashed``, checked by this apply already, by size only)."""
     for manifest, indices in held.todo:
         for index in indices:
             record = manifest.files[index]
@@ -247,8 +261,8 @@ def check_other_replicas(held: TokenFileSet, storage: StorageConfig, *, cap: Ban
                 if name == held.tier or name not in storage.tiers:
                     continue
                 tier = storage.tier(name)
-                bad = [part for part in PARTS if not tier.verify(f"{prefix_uri}.{part}", size=record.part(part).size,
-                                                                 sha256=record.part(part).sha256, cap=cap)]
+                bad = [part for part in PARTS if not _matches(tier, f"{prefix_uri}.{part}", record.part(part), cap,
+                                                              hashed or set())]
                 if not bad:
                     break
                 problems.append(f"{name}: .{', .'.join(bad)} missing or not matching the manifest")
@@ -261,6 +275,12 @@ def check_other_replicas(held: TokenFileSet, storage: StorageConfig, *, cap: Ban
                     f"the token manifest ({why}). Repair it first (`datahub tier apply --verify` copies intact "
                     "replicas over damaged ones), or pass the storage config of the tier that holds one (--storage "
                     "twice)")
+
+
+def _matches(tier: Tier, uri: str, expected: FilePart, cap: BandwidthCap | None, hashed: HashedParts) -> bool:
+    if (tier.name, uri, expected.sha256) in hashed:
+        return tier.size(uri) == expected.size
+    return tier.verify(uri, size=expected.size, sha256=expected.sha256, cap=cap)
 
 
 def drop_token_replicas(lake: Lake, held: TokenFileSet, storage: StorageConfig) -> None:
