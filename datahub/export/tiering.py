@@ -397,9 +397,9 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
     before its manifest names the tier, and deleting under it published a manifest of deleted replicas.
 
     Every token file there must have another replica verified by sha256 (under ``cap``; by size for the parts in
-    ``hashed``, which this apply's copies read back) first; then the text
-    manifest, then each token manifest drops the tier (readers move off), and only then the bytes go. A kill between
-    two steps leaves a leftover delete that the next plan finishes."""
+    ``hashed``, which this apply's copies read back) first; then the text manifest, then each token manifest drops
+    the tier (readers move off), and only then the bytes go. A kill between two steps leaves a leftover delete that
+    the next plan finishes."""
     tier = storage.tier(tier_name)
     held = tier_name in {t for s in manifest.shards for t in s.replicas}
     if not held:
