@@ -109,3 +109,34 @@ def test_index_pieces_are_the_bytes_of_encode_index(monkeypatch) -> None:
             assert streamed == encode_index(lengths, dtype=dtype)
     with pytest.raises(Exception, match="sequence lengths given"):
         b"".join(index_pieces(lambda: iter([np.array([1, 2])]), count=3, dtype=np.uint16))
+
+
+@pytest.mark.parametrize("damage", ["lose a document", "shorten a document"])
+def test_a_chunk_that_disagrees_with_the_plan_publishes_no_part_of_its_file(tmp_path, monkeypatch, damage) -> None:
+    """A streamed file's chunks are checked against the plan (document ids, tokens per document) while ``.bin`` is
+    written, and ``.bin`` is published first: a chunk in the middle of the file that disagrees (a document lost, or
+    its tokens not the ones counted) fails the export with no part of that file on the tier."""
+    from datahub.errors import IntegrityError
+    from datahub.export import spill as spill_module
+
+    lake, version = make_lake(tmp_path / "lake", n=150)
+    path = train_tokenizer(tmp_path / "tok.json")
+    monkeypatch.setattr(tokens, "CHUNK_BYTES", 300)
+    real_read = spill_module.ShardSpill.read
+
+    def damaged_read(self, shard: int) -> pa.Table:
+        rows = real_read(self, shard)
+        if shard != 3:
+            return rows
+        if damage == "lose a document":
+            return rows.slice(1)
+        documents = rows.column("tokens").combine_chunks()
+        shorter = pa.array([documents[0].as_py()[:-2], *documents.slice(1).to_pylist()], pa.large_binary())
+        return rows.set_column(rows.schema.get_field_index("tokens"), "tokens", shorter)
+
+    monkeypatch.setattr(spill_module.ShardSpill, "read", damaged_read)
+    message = "the plan has" if damage == "lose a document" else "counted"
+    with pytest.raises(IntegrityError, match=message):
+        export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
+                            storage=cfs_storage(("cfs", tmp_path / "cfs")), file_tokens=10**6)
+    assert not [p for p in (tmp_path / "cfs").rglob("*") if p.is_file() and "r-000000" in p.name]
