@@ -50,6 +50,14 @@ _IDS = pa.schema([("sample_id", pa.string())])
 _CODED_IDS = pa.schema([("sample_id", pa.string()), (CODE, pa.int32())])
 
 
+def spill_directory(owner: object, prefix: str) -> str:
+    """A new folder in TMPDIR for ``owner``'s spill, removed when ``owner`` is collected if not closed before (as
+    ``SortedRuns`` does)."""
+    directory = tempfile.mkdtemp(prefix=prefix)
+    weakref.finalize(owner, shutil.rmtree, directory, True)
+    return directory
+
+
 class SortedIds:
     """Distinct sample ids in sorted order, gathered in any order and spilled to local disk (sorted runs of at most
     ``run_rows`` ids, merged once into one file), then read back as often as needed, a block at a time: a
@@ -88,8 +96,7 @@ class SortedIds:
     def seal(self) -> SortedIds:
         """Merge what was added into one sorted file (done once, before reading)."""
         assert self._runs is not None, "sealed twice"
-        self._directory = tempfile.mkdtemp(prefix="datahub-ids-")
-        weakref.finalize(self, shutil.rmtree, self._directory, True)
+        self._directory = spill_directory(self, "datahub-ids-")
         with self._runs, pa.OSFile(self._path, "wb") as sink, pa.ipc.new_file(sink, self._schema) as writer:
             for block in self._runs.merged():
                 writer.write_table(block)
@@ -252,8 +259,7 @@ class RangeSplit:
 
     def _spill(self) -> str:
         """Split the version's rows by partition into one Arrow file (done once)."""
-        self._directory = tempfile.mkdtemp(prefix="datahub-lookup-")
-        weakref.finalize(self, shutil.rmtree, self._directory, True)
+        self._directory = spill_directory(self, "datahub-lookup-")
         path = os.path.join(self._directory, "rows.arrow")
         self._batches = [[] for _ in range(self.partitions)]
         written = 0

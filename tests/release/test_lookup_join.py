@@ -4,6 +4,7 @@ by the partitions' id ranges), and what it takes is what a brute-force set compu
 from __future__ import annotations
 
 import bisect
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -164,8 +165,12 @@ def test_the_release_is_read_once_whatever_the_number_of_partitions(tmp_path, mo
         return real(dataset, **kwargs)
 
     monkeypatch.setattr(lookup, "scan_batches", counted)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the spills go
     ids = [sample_id_of(f"doc {i} of a") for i in range(10)]
     redact(lake, "r3", source="r2", sample_ids=ids, reason="take-down #10", partition_ids=3)
+    assert list(scratch.iterdir()) == []  # the ids, the split rows and the runs removed
     # the source release once in the lookup, then r1 and r2 once each for contained_in
     assert len(reads) == 3
     assert len(_rows(lake, "r3")) == 130 - 11  # "doc 7 of a" twice
