@@ -314,3 +314,42 @@ def test_resume_matches_journal_entries_to_shards_by_index_not_by_count(tmp_path
     exported = lake.read("lineage").to_pandas()
     exported = exported[exported.action == "exported"]
     assert len(exported) == 60 and exported.sample_id.nunique() == 60
+
+
+def test_the_garbage_collector_is_paused_while_shards_are_built_and_restored_after(tmp_path, monkeypatch) -> None:
+    """A local export pauses Python's cyclic collector while it spills and builds shards (per-row buffer views set it
+    off every few hundred rows), and gives it back as it found it: after a finished export, after a failed one, and
+    off when the caller had it off."""
+    import gc
+
+    lake, version = make_lake(tmp_path / "lake", 60)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"), ("other", tmp_path / "other"))
+    real_publish = Tier.publish
+    seen: list[bool] = []
+    fail = [False]
+
+    def publish(self, uri, data):
+        if uri.endswith(".tar"):
+            seen.append(gc.isenabled())
+            if fail[0]:
+                raise OSError("disk went away")
+        return real_publish(self, uri, data)
+
+    monkeypatch.setattr(Tier, "publish", publish)
+    assert gc.isenabled()
+    _export(lake, version, storage, shard_samples=20)
+    assert seen == [False, False, False] and gc.isenabled()
+
+    fail[0] = True
+    with pytest.raises(OSError, match="disk went away"):
+        _export(make_lake(tmp_path / "lake2", 60)[0], version, storage, tier="other", shard_samples=20)
+    assert gc.isenabled()
+
+    fail[0] = False
+    gc.disable()
+    try:
+        _export(make_lake(tmp_path / "lake3", 60)[0], version, storage, tier="other", release="rel-v3",
+                shard_samples=20)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
