@@ -61,10 +61,13 @@ _MAX_ITEM = _CAPACITY // 4
 # every page of a ring is zeroed when made, faulted in by each side and freed at the worker's exit: about 1 ms of CPU
 # per MiB and worker per epoch, measured here (DataLoader starts new workers every epoch). A worker's items in flight
 # are DataLoader's prefetch_factor (default 2) plus the one or two the trainer holds: at most 4.1 items' bytes were
-# in use at a reserve at the default, 8.1 at prefetch_factor=6 (benchmark release, 1 and 4 workers), so 8 slots
-# cover prefetch_factor <= 5; a ring found full for _STALL_S (a larger prefetch_factor, or a trainer that keeps
-# batches) is replaced by one twice as big
-_SLOTS = 8
+# in use at a reserve at the default, 8.1 at prefetch_factor=6 (benchmark release, 1 and 4 workers). 6 slots hold the
+# default's items with room for a skipped tail at the wrap; with a larger prefetch_factor a reserve waits for the
+# trainer to drop a batch (it does within a step: still one ring per worker at prefetch_factor=6 on the benchmark
+# release, as with 8 slots), and only a ring found full for _STALL_S (a trainer that keeps batches, or steps that
+# long) is replaced by one twice as big. 8 slots cost 10-20 ms more CPU per epoch with 4 workers (benchmark release:
+# 6 MiB rings instead of 4)
+_SLOTS = 6
 _MIN_CAPACITY = 1 << 20
 _STALL_S = 0.05  # a ring full for this long is held by batches the trainer keeps: start a new ring
 _MAX_RINGS = 4  # rings one worker may make (each left one pins 16 MB while the trainer keeps its batches)

@@ -157,7 +157,7 @@ def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None
     code = "\n".join([
         "from datahub.loader import worker_transport as t",
         "t._STALL_S = 0.01",
-        "ring, _ = t._reserve(256 << 10)",  # 8 items of 256 KB: a 2 MiB ring, not the largest (16 MiB)
+        "ring, _ = t._reserve(256 << 10)",  # _SLOTS (6) items of 256 KB: a 2 MiB ring (8 fit), not the largest
         "print(ring.capacity)",
         "for _ in range(7): assert t._reserve(256 << 10)[0] is ring",
         "full, _ = t._reserve(256 << 10)",  # nothing released: full for _STALL_S, so a new ring twice as big
@@ -172,9 +172,9 @@ def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None
 
 
 def test_rings_outgrown_by_larger_items_do_not_count_toward_the_ring_limit() -> None:
-    # items that keep growing (a worker's first batches small, later ones large) make rings 1, 3, 7 and 16 MiB: those
-    # are outgrown, not held by the trainer, so a trainer keeping batches afterwards still fills _MAX_RINGS rings
-    # (the 16 MiB one and _MAX_RINGS - 1 new ones) before the pipe, as without the outgrown ones
+    # items that keep growing (a worker's first batches small, later ones large) make rings 1, 2, 5 and 12 MiB (_SLOTS
+    # of each): those are outgrown, not held by the trainer, so a trainer keeping batches afterwards still fills
+    # _MAX_RINGS rings (the 12 MiB one and _MAX_RINGS - 1 new ones) before the pipe, as without the outgrown ones
     code = "\n".join([
         "from datahub.loader import worker_transport as t",
         "t._STALL_S = 0.01",
@@ -187,7 +187,7 @@ def test_rings_outgrown_by_larger_items_do_not_count_toward_the_ring_limit() -> 
     ])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2])).stdout.split("\n")
-    assert out[0].startswith("[1, 3, 7, 16]") and out[0].endswith(": 3}"), out
+    assert out[0].startswith("[1, 2, 5, 12]") and out[0].endswith(": 3}"), out
     assert out[1] == f"{worker_transport._MAX_RINGS} True", out
 
 
