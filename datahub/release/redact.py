@@ -154,7 +154,8 @@ def redact(
     runs spilled to local disk; ``source``'s ids (and ``source_uri``) are read once, split by the id ranges of
     partitions of at most ``partition_ids`` given ids (the lookup set held), and each partition is looked up in its
     own rows (``datahub.release.lookup``); the rows that go are spilled (their ids, sorted, and row numbers), then
-    whole rows that stay are written to the new table; each release is read for ``contained_in`` the same way. Nothing per given id or per removed row is held, whatever the take-down's size.
+    whole rows that stay are written to the new table; each release is read for ``contained_in`` the same way.
+    Nothing per given id or per removed row is held, whatever the take-down's size.
     """
     check_name(new)
     if not reason or not reason.strip():
