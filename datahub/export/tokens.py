@@ -609,9 +609,10 @@ class StreamedTokenFile:
 
 @dataclass(frozen=True)
 class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
-    """The token export's sink on the write seam: ``encode`` routes documents in reading tasks, ``write`` gets all
-    routed documents of one file, orders them, builds and publishes ``.bin``/``.idx``/``.ids`` and returns its
-    ``TokenFileDone``. Picklable (the tokenizer travels as its JSON). No ``abort``: published files stay,
+    """The token export's sink on the write seam: ``route`` routes documents in reading tasks, ``write`` (an engine
+    task) gets all routed documents of one file, orders them, builds and publishes ``.bin``/``.idx``/``.ids`` and
+    returns its ``TokenFileDone``; a local export publishes a ``StreamedTokenFile`` (a chunk at a time) through the
+    same ``publish``. Picklable (the tokenizer travels as its JSON). No ``abort``: published files stay,
     journalled, for a re-run to keep."""
 
     release: str
