@@ -18,9 +18,6 @@ one key spread over several blocks still come out in (key, order) order.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import weakref
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 
@@ -28,9 +25,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.lake.scratch import HeldScratch
+
 RUN_ROWS = 65_536
 READ_ROWS = 8_192
 FAN_IN = 32  # runs merged at once: FAN_IN x READ_ROWS rows are held while merging
+SORT_PREFIX = "datahub-sort-"  # its spill folders (datahub.lake.scratch: a killed process's are swept)
 
 
 class SortedRuns:
@@ -54,7 +54,7 @@ class SortedRuns:
         self.run_rows = run_rows or RUN_ROWS
         self.read_rows = read_rows or READ_ROWS
         self._parent = directory
-        self._directory: str | None = None
+        self._scratch: HeldScratch | None = None
         self._buffer: list[pa.Table] = []
         self._buffered = 0
         self._runs: list[str] = []
@@ -69,9 +69,9 @@ class SortedRuns:
 
     def close(self) -> None:
         """Remove the spill files."""
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
+        if self._scratch is not None:
+            self._scratch.close()
+            self._scratch = None
         self._runs = []
         self._buffer, self._buffered = [], 0
 
@@ -138,11 +138,10 @@ class SortedRuns:
         return first.set_column(index, first.schema.field(index), pa.array(summed, first.schema.field(index).type))
 
     def _path(self) -> str:
-        if self._directory is None:
-            self._directory = tempfile.mkdtemp(prefix="datahub-sort-", dir=self._parent)
-            weakref.finalize(self, shutil.rmtree, self._directory, True)  # removed even when never closed
+        if self._scratch is None:  # removed even when never closed; a killed process's, by the next sort's
+            self._scratch = HeldScratch(SORT_PREFIX, parent=self._parent)
         self._written += 1
-        return os.path.join(self._directory, f"run-{self._written:06d}.arrow")
+        return os.path.join(self._scratch.path, f"run-{self._written:06d}.arrow")
 
     def _spill(self, table: pa.Table) -> None:
         self._spill_stream(table.slice(start, self.read_rows) for start in range(0, table.num_rows, self.read_rows))

@@ -16,9 +16,6 @@ the pass that writes the rows that stay. Shared by ``release redact`` and by ``r
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +26,7 @@ import pyarrow.compute as pc
 
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.scan import scan_batches
+from datahub.lake.scratch import HeldScratch
 from datahub.release.merge_dedup import ROW, RowCursor
 
 BATCH_ROWS = 8192  # of ids and source_uri
@@ -46,16 +44,10 @@ PARTITION_IDS = (1 << 18) - 1
 SPLIT_ROWS = 1 << 16
 TAKEN_ROWS = pa.schema([(ROW, pa.int64())])
 CODE = "code"
+IDS_PREFIX = "datahub-ids-"  # spill folders (datahub.lake.scratch: a killed process's are swept by the next one)
+LOOKUP_PREFIX = "datahub-lookup-"
 _IDS = pa.schema([("sample_id", pa.string())])
 _CODED_IDS = pa.schema([("sample_id", pa.string()), (CODE, pa.int32())])
-
-
-def spill_directory(owner: object, prefix: str) -> str:
-    """A new folder in TMPDIR for ``owner``'s spill, removed when ``owner`` is collected if not closed before (as
-    ``SortedRuns`` does)."""
-    directory = tempfile.mkdtemp(prefix=prefix)
-    weakref.finalize(owner, shutil.rmtree, directory, True)
-    return directory
 
 
 class SortedIds:
@@ -69,7 +61,7 @@ class SortedIds:
         self._runs: SortedRuns | None = SortedRuns(self._schema, "sample_id", order=CODE if codes else None,
                                                    run_rows=run_rows,
                                                    read_rows=min(BATCH_ROWS, run_rows or BATCH_ROWS))
-        self._directory: str | None = None
+        self._scratch: HeldScratch | None = None
         self.count = 0  # distinct ids, known once sealed
 
     def __enter__(self) -> SortedIds:
@@ -96,7 +88,7 @@ class SortedIds:
     def seal(self) -> SortedIds:
         """Merge what was added into one sorted file (done once, before reading)."""
         assert self._runs is not None, "sealed twice"
-        self._directory = spill_directory(self, "datahub-ids-")
+        self._scratch = HeldScratch(IDS_PREFIX)
         with self._runs, pa.OSFile(self._path, "wb") as sink, pa.ipc.new_file(sink, self._schema) as writer:
             for block in self._runs.merged():
                 writer.write_table(block)
@@ -106,8 +98,8 @@ class SortedIds:
 
     @property
     def _path(self) -> str:
-        assert self._directory is not None
-        return os.path.join(self._directory, "ids.arrow")
+        assert self._scratch is not None
+        return os.path.join(self._scratch.path, "ids.arrow")
 
     def _tables(self) -> Iterator[pa.RecordBatch]:
         with pa.OSFile(self._path, "rb") as source:
@@ -161,9 +153,9 @@ class SortedIds:
         if self._runs is not None:
             self._runs.close()
             self._runs = None
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
+        if self._scratch is not None:
+            self._scratch.close()
+            self._scratch = None
 
 
 @dataclass(frozen=True)
@@ -222,7 +214,7 @@ class RangeSplit:
         self._bounds = pa.array([b.as_py() for b in bounds], id_type)
         self._schema = pa.schema([("sample_id", id_type), (ROW, pa.int64())]
                                  + ([("by_source", pa.int32())] if len(self._uris) else []))
-        self._directory: str | None = None
+        self._scratch: HeldScratch | None = None
         self._batches: list[list[int]] = []  # each partition's batch numbers in the spill
 
     @property
@@ -236,9 +228,9 @@ class RangeSplit:
         self.close()
 
     def close(self) -> None:
-        if self._directory is not None:
-            shutil.rmtree(self._directory, ignore_errors=True)
-            self._directory = None
+        if self._scratch is not None:
+            self._scratch.close()
+            self._scratch = None
 
     def _scanned(self, rows: int) -> Iterator[pa.RecordBatch]:
         """The version's rows (id, number, source code), at least ``rows`` at a time (the last may be shorter)."""
@@ -261,8 +253,8 @@ class RangeSplit:
 
     def _spill(self) -> str:
         """Split the version's rows by partition into one Arrow file (done once)."""
-        self._directory = spill_directory(self, "datahub-lookup-")
-        path = os.path.join(self._directory, "rows.arrow")
+        self._scratch = HeldScratch(LOOKUP_PREFIX)
+        path = os.path.join(self._scratch.path, "rows.arrow")
         self._batches = [[] for _ in range(self.partitions)]
         written = 0
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, self._schema) as writer:
@@ -286,7 +278,7 @@ class RangeSplit:
         if self.partitions == 1:
             yield from self._lookups(self._scanned(BATCH_ROWS), lookup_rows)
             return
-        path = self._spill() if self._directory is None else os.path.join(self._directory, "rows.arrow")
+        path = self._spill() if self._scratch is None else os.path.join(self._scratch.path, "rows.arrow")
         with pa.OSFile(path, "rb") as source:
             reader = pa.ipc.open_file(source)
             yield from self._lookups((reader.get_batch(i) for i in self._batches[partition]), lookup_rows)
