@@ -29,7 +29,9 @@ Last lines:
   workers_scaling_cpu_ceiling_2_cores                      informational: 1-worker time / (4-worker CPU of
                                                            trainer + workers / 2): what the scaling would be if the
                                                            4 workers kept both cores busy (before it, the CPU
-                                                           seconds of both runs; likewise for tokens)
+                                                           seconds of both runs, per extra worker, and what
+                                                           torch's DataLoader alone costs per extra worker with a
+                                                           trivial dataset; likewise for tokens)
   remote_bytes_per_epoch_ratio                             bytes the 4 workers fetched from Ceph / release
                                                            bytes (goal <= 1.05; also the RGW's own get_b
                                                            counter when its admin socket is reachable)
@@ -104,10 +106,32 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def print_cpu(label: str, one: str, four: str, seconds: dict[str, float], cpu: dict[str, float]) -> None:
-    """CPU per epoch of the 1- and 4-worker runs, and what 4 workers could reach if they kept both cores busy."""
+def torch_worker_cpu(rounds: int) -> float:
+    """CPU seconds (trainer + workers) per extra fresh DataLoader worker that torch itself costs: a trivial
+    IterableDataset (4 items) through 1 and 4 workers, median of ``rounds``; the floor under any dataset's."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Trivial(IterableDataset):  # type: ignore[type-arg]
+        def __iter__(self) -> Any:
+            return iter(range(4))
+
+    def cpu_of(workers: int) -> float:
+        start = cpu_seconds()
+        sum(1 for _ in DataLoader(Trivial(), batch_size=None, num_workers=workers))
+        return cpu_seconds() - start
+
+    cpu_of(1), cpu_of(4)  # warm-up
+    return statistics.median((cpu_of(4) - cpu_of(1)) / 3 for _ in range(max(3, rounds)))
+
+
+def print_cpu(label: str, one: str, four: str, seconds: dict[str, float], cpu: dict[str, float],
+              torch_per_worker: float) -> None:
+    """CPU per epoch of the 1- and 4-worker runs, per extra worker (and torch's own share of that), and what 4
+    workers could reach if they kept both cores busy."""
     print(f"cpu per epoch, trainer + workers ({label}): 1 worker {cpu[one]:.3f} s in {seconds[one]:.3f} s, "
-          f"4 workers {cpu[four]:.3f} s in {seconds[four]:.3f} s")
+          f"4 workers {cpu[four]:.3f} s in {seconds[four]:.3f} s; per extra worker "
+          f"{(cpu[four] - cpu[one]) / 3 * 1e3:.1f} ms, of which torch's DataLoader alone (trivial dataset, fork to "
+          f"exit) {torch_per_worker * 1e3:.1f} ms")
     print(f"{label}_cpu_ceiling_2_cores (informational: 1-worker time / (4-worker CPU / 2), the scaling if 4 "
           f"workers kept both cores busy): {seconds[one] / (cpu[four] / 2):.2f}")
 
@@ -433,7 +457,7 @@ def token_benchmark(tokens: int, rounds: int) -> None:
               f"{ratio('MosaicML Streaming MDS (0 workers)', 'PackedDataset defaults (0 workers)'):.2f}")
         print_cpu("workers_scaling_tokens", "PackedDataset defaults (1 worker)", "PackedDataset defaults (4 workers)",
                   {name: statistics.median(r[name] for r in timed) for name in runs},
-                  {name: statistics.median(c[name] for c in cpus) for name in runs})
+                  {name: statistics.median(c[name] for c in cpus) for name in runs}, torch_worker_cpu(rounds))
         print(f"workers_scaling_tokens: "
               f"{ratio('PackedDataset defaults (1 worker)', 'PackedDataset defaults (4 workers)'):.2f}")
         print(f"workers_scaling_tokens_persistent_workers (persistent_workers=True, set_epoch per epoch; not the goal's "
@@ -548,7 +572,7 @@ def main() -> None:
               f"{median_ratio('webdataset defaults (2 workers)', 'ReleaseDataset defaults, shards not yet verified (2 workers)'):.2f}")
         print_cpu("workers_scaling", "ReleaseDataset defaults (1 worker)", "ReleaseDataset defaults (4 workers)",
                   {name: statistics.median(r[name] for r in rounds) for name in runs},
-                  {name: statistics.median(c[name] for c in cpus) for name in runs})
+                  {name: statistics.median(c[name] for c in cpus) for name in runs}, torch_worker_cpu(args.rounds))
         print(f"workers_scaling: "
               f"{median_ratio('ReleaseDataset defaults (1 worker)', 'ReleaseDataset defaults (4 workers)'):.2f}")
         print(f"workers_scaling_persistent_workers (persistent_workers=True, set_epoch per epoch; not the goal's "
