@@ -3,6 +3,7 @@ URI or release name."""
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -59,7 +60,12 @@ def _read(ref: str, options: Mapping[str, Any]) -> bytes:
     try:
         fs, path = fsspec.core.url_to_fs(ref, **options)
         limit_transport_retries(fs)
-        return bytes(fs.cat_file(path))
+        data = bytes(fs.cat_file(path))
+        cyclic = _freed_by_the_collector_only(fs)
+        del fs
+        if cyclic:
+            gc.collect()
+        return data
     except FileNotFoundError:
         raise ManifestError(f"no manifest at {ref}; was the release exported?") from None
     except Exception as error:  # classified like a shard replica read; anything else is a bug and propagates
@@ -70,6 +76,17 @@ def _read(ref: str, options: Mapping[str, Any]) -> bytes:
             raise ManifestUnavailableError(f"cannot read manifest {ref}: storage did not answer ({classified}); "
                                            "check that it is up and reachable") from error
         raise ManifestError(f"cannot read manifest {ref}: {classified}") from error
+
+
+def _freed_by_the_collector_only(fs: Any) -> bool:
+    """An async fsspec filesystem (s3fs): its sync methods are closures over it, so only the cyclic collector frees
+    it, whenever it next runs. After a trainer read its manifest that was in forked DataLoader workers, where s3fs's
+    session finalizer closed the trainer's aiohttp client on the worker's own event loop ('Task exception was never
+    retrieved ... attached to a different loop', twice per worker) after a 0.1 s wait; ``_read`` collects it at once,
+    in the process that made it (one collection per manifest read from such a store, ~70 ms with torch imported)."""
+    from fsspec.asyn import AsyncFileSystem
+
+    return isinstance(fs, AsyncFileSystem)
 
 
 def _parse(data: dict[str, Any], *, where: str) -> Manifest:

@@ -103,3 +103,40 @@ def test_storage_config_with_env_credentials_and_a_clear_error_without(
     dataset = ReleaseDataset(manifest_uri, storage=config, tier_preference=["ceph"], rank=0, world_size=1)
     assert sorted(s["sample_id"] for s in dataset) == all_ids(manifest)
     assert {tier for tier, _ in dataset.source.reads} == {"ceph"}
+
+
+READ_IN_WORKERS = """
+import json, os, sys
+import torch
+from datahub.loader.dataset import ReleaseDataset
+
+uri, options = sys.argv[1], json.loads(sys.argv[2])
+dataset = ReleaseDataset(uri, storage={"ceph": options}, tier_preference=["ceph"], rank=0, world_size=1,
+                         batch_size=4, batch_format="arrow")
+rows = sum(batch.num_rows for batch in torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2))
+print("rows", rows, flush=True)
+"""
+
+
+def test_workers_forked_after_a_manifest_read_from_ceph_print_no_session_errors(
+    ceph_s3: S3Endpoint, on_ceph: tuple[dict[str, Any], str]
+) -> None:
+    """The README's usage: the manifest read from s3:// in the trainer, then DataLoader workers. s3fs's filesystem
+    references itself, so the one that read the manifest was freed by the cyclic collector whenever it next ran:
+    in forked workers, where its session finalizer closed the trainer's aiohttp client on the worker's own event
+    loop and printed 'Task exception was never retrieved ... attached to a different loop' twice per worker."""
+    import subprocess
+    import sys
+
+    from tests.pipeline.corpus import REPO
+
+    pytest.importorskip("torch")
+    manifest, bucket = on_ceph
+    done = subprocess.run(
+        [sys.executable, "-c", READ_IN_WORKERS, f"s3://{bucket}/{PREFIX}/demo-v1/manifest.json",
+         json.dumps(ceph_s3.s3fs_kwargs())],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["rows", str(len(all_ids(manifest)))]
+    assert "Task exception was never retrieved" not in done.stderr, done.stderr[-3000:]
+    assert "attached to a different loop" not in done.stderr
