@@ -55,6 +55,7 @@ through ``DataLoader`` with 0 and 2 workers (interleaved rounds, medians):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -236,6 +237,8 @@ def ceph_bytes_ratio(manifest: dict[str, Any], workers: int) -> None:
             fs.pipe_file(uri[len("s3://"):], Path(shard["replicas"]["cfs"]).read_bytes())
             shard["replicas"] = {"ceph": uri}
         release_bytes = sum(shard["size"] for shard in remote["shards"])
+        del fs  # s3fs references itself: freed here, not by the collector in a forked worker (its session's
+        gc.collect()  # finalizer then prints "attached to a different loop" there; see datahub/loader/manifest.py)
         with tempfile.TemporaryDirectory() as scratch:
             log_path = os.path.join(scratch, "fetches.log")
 
@@ -262,7 +265,7 @@ def ceph_bytes_ratio(manifest: dict[str, Any], workers: int) -> None:
                   f"{(after - before) / release_bytes:.3f}")
         print(f"remote_bytes_per_epoch_ratio: {fetched_bytes / release_bytes:.3f}")
     finally:
-        fs.rm(bucket, recursive=True)
+        endpoint.filesystem().rm(bucket, recursive=True)
 
 
 SEQ_LEN, TOKEN_BATCH = 2048, 8
