@@ -180,11 +180,14 @@ def regrouped(blocks: Iterator[pa.Table], rows: int) -> Iterator[pa.Table]:
         count += block.num_rows
         while count >= rows:
             whole = pa.concat_tables(held)
-            yield whole.slice(0, rows).combine_chunks()
-            rest = whole.slice(rows)
+            chunk, rest = whole.slice(0, rows).combine_chunks(), whole.slice(rows)
             held, count = ([rest] if rest.num_rows else []), rest.num_rows
+            del whole, rest  # only the rest's blocks stay held while the chunk is in use
+            yield chunk
     if count:
-        yield pa.concat_tables(held).combine_chunks()
+        last = pa.concat_tables(held).combine_chunks()
+        held = []
+        yield last
 
 
 class _SortedRows:

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.scan import scan_batches
 from datahub.lake.scratch import HeldScratch
+from datahub.release.freeze import regrouped
 from datahub.release.merge_dedup import ROW, RowCursor
 
 BATCH_ROWS = 8192  # of ids and source_uri
@@ -119,22 +120,9 @@ class SortedIds:
 
     def coded_chunks(self, ids: int) -> Iterator[pa.RecordBatch]:
         """The ids (and codes) in order, in batches of ``ids`` (the last one shorter)."""
-        held: list[pa.RecordBatch] = []
-        count = 0
-        for block in self._tables():
-            held.append(block)
-            count += block.num_rows
-            while count >= ids:
-                whole = pa.Table.from_batches(held, self._schema).combine_chunks().to_batches()
-                one = whole[0] if whole else pa.RecordBatch.from_pylist([], self._schema)
-                rest = one.slice(ids)
-                # the blocks let go before the chunk is handed out: it is not held twice while in use
-                held, count = ([rest] if rest.num_rows else []), rest.num_rows
-                yield one.slice(0, ids)
-        if count:
-            last = pa.Table.from_batches(held, self._schema).combine_chunks().to_batches()[0]
-            held = []
-            yield last
+        blocks = (pa.Table.from_batches([block], self._schema) for block in self._tables())
+        for chunk in regrouped(blocks, ids):
+            yield from chunk.to_batches()  # one batch: regrouped combines each chunk
 
     def bounds(self, ids: int) -> list[pa.Scalar]:
         """The first id of each of ``chunks(ids)`` but the first: where each partition's share of the id range
