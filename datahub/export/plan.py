@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -453,55 +453,94 @@ class BucketPlan:
         return ShardRouter(first_ids, hashes, tuple(s.samples for s in self.spans))
 
 
+class ShardCuts(Protocol):
+    """A rule that cuts shards from samples fed in export order a piece (a bucket) at a time, holding only what the
+    rule needs of the samples not yet in a shard (never their records)."""
+
+    def feed(self, sizes: np.ndarray, final: bool) -> list[tuple[int, int]]:
+        """The sizes of the samples after those fed before (``final``: the last of them); returns every shard closed
+        as (samples, their sizes' sum), in order; the first counts the samples fed before and not yet in a shard.
+        The shards are those the rule cuts from all the sizes at once."""
+        ...
+
+
+class SizeCuts:
+    """The text export's rule (``cut_takes``): it holds the sizes of the samples not yet in a shard (8 bytes each;
+    fewer than ``cut_lookahead`` of them after each piece)."""
+
+    def __init__(self, *, shard_size: int | None, shard_samples: int | None) -> None:
+        self.shard_size = shard_size
+        self.shard_samples = shard_samples
+        self._pending = np.zeros(0, dtype=np.int64)
+
+    def feed(self, sizes: np.ndarray, final: bool) -> list[tuple[int, int]]:
+        pending = np.concatenate([self._pending, np.asarray(sizes, dtype=np.int64)])
+        cuts, position = [], 0
+        for take in cut_takes(pending, shard_size=self.shard_size, shard_samples=self.shard_samples, final=final):
+            cuts.append((take, int(pending[position:position + take].sum())))
+            position += take
+        self._pending = pending[position:].copy()  # not a view that keeps the piece's sizes
+        return cuts
+
+
+def _record_at(directory: str, bucket: int, row: int) -> tuple[str, int | None]:
+    """The id (and order hash, when seeded) of one row of a bucket's sorted file, read through a memory map."""
+    with pa.memory_map(os.path.join(directory, f"sorted.{bucket:06d}.arrow")) as source:
+        record = pa.ipc.open_file(source).read_all().slice(row, 1)
+        key = record.column(KEY_COLUMN)[0].as_py()
+        hashed = record.column("order_hash")[0].as_py() if "order_hash" in record.column_names else None
+        del record
+    return key, hashed
+
+
 def sort_buckets(read: Callable[[int], pa.Table | None], buckets: int, *, directory: str, seeded: bool,
                  extensions: tuple[str, ...], shard_size: int | None, shard_samples: int | None,
-                 where: str, cut: Callable[[np.ndarray, bool], list[int]] | None = None) -> BucketPlan:
+                 where: str, cuts: ShardCuts | None = None) -> BucketPlan:
     """Sort each bucket's records (``read(bucket)``: in any order, or None when it has none) in export order into
-    its file, refuse repeated ids (equal ids share a bucket), and cut shards across the buckets in order (a shard
-    may span buckets: the samples not yet cut wait for the next bucket, ``cut_takes``; ``cut(sizes, final)``: another
-    rule with the same contract, e.g. the token export's files)."""
+    its file, refuse repeated ids (equal ids share a bucket), and cut shards across the buckets in order: a shard may
+    span buckets; ``cuts`` (fed each bucket's sizes) holds what its rule needs of the samples not yet in a shard,
+    ``SizeCuts`` by default; another rule, e.g. the token export's files. The driver holds one bucket's records
+    and an entry per shard: a shard's first key in an earlier bucket is read back from that bucket's file."""
+    rule: ShardCuts = cuts if cuts is not None else SizeCuts(shard_size=shard_size, shard_samples=shard_samples)
     keys = [("order_hash", "ascending"), (KEY_COLUMN, "ascending")] if seeded else [(KEY_COLUMN, "ascending")]
     spans: list[ShardSpan] = []
     shard_bytes: list[int] = []
     first_ids: list[str] = []
     first_hashes: list[int] | None = [] if seeded else None
     starts = np.zeros(buckets + 1, dtype=np.int64)
-    pending: pa.Table | None = None  # sorted samples not yet in a shard (id, hash, size)
-    pending_start = total = repeats = 0
+    cut = total = repeats = 0  # cut: the rank of the first sample not yet in a shard
     for bucket in range(buckets):
         table = read(bucket)
         count = table.num_rows if table is not None else 0
+        sizes = np.zeros(0, dtype=np.int64)
         if table is not None and count:
             table = table.take(pc.sort_indices(table, sort_keys=keys))
             repeats += _repeats(table.column(KEY_COLUMN))
             with pa.OSFile(os.path.join(directory, f"sorted.{bucket:06d}.arrow"), "wb") as sink, \
                     pa.ipc.new_file(sink, table.schema) as writer:
                 writer.write_table(table)
-            part = table.select([c for c in (KEY_COLUMN, "order_hash", "size") if c in table.column_names])
-            pending = part if pending is None else pa.concat_tables([pending, part])
-            del table, part
+            sizes = np.asarray(table.column("size"), dtype=np.int64)
         total += count
         starts[bucket + 1] = total
-        if pending is None or not pending.num_rows:
-            continue
-        sizes = np.asarray(pending.column("size"), dtype=np.int64)
-        position = 0
-        final = bucket == buckets - 1
-        takes = cut(sizes, final) if cut is not None else \
-            cut_takes(sizes, shard_size=shard_size, shard_samples=shard_samples, final=final)
-        for take in takes:
-            spans.append(ShardSpan(len(spans), pending_start + position, take))
-            shard_bytes.append(int(sizes[position:position + take].sum()))
-            first_ids.append(pending.column(KEY_COLUMN)[position].as_py())
+        for samples, size_sum in rule.feed(sizes, bucket == buckets - 1):
+            spans.append(ShardSpan(len(spans), cut, samples))
+            shard_bytes.append(size_sum)
+            if cut >= starts[bucket]:  # this bucket, in memory
+                assert table is not None
+                first_id = table.column(KEY_COLUMN)[cut - int(starts[bucket])].as_py()
+                first_hash = int(table.column("order_hash")[cut - int(starts[bucket])].as_py()) if seeded else None
+            else:
+                held = int(np.searchsorted(starts[1:bucket + 1], cut, side="right"))  # an empty bucket has no file
+                first_id, first_hash = _record_at(directory, held, cut - int(starts[held]))
+            first_ids.append(first_id)
             if first_hashes is not None:
-                first_hashes.append(int(pending.column("order_hash")[position].as_py()))
-            position += take
-        pending = pending.slice(position)
-        pending_start += position
-        if not pending.num_rows:  # no slice keeps the cut buckets' buffers
-            pending = None
+                first_hashes.append(int(first_hash or 0))
+            cut += samples
+        del table, sizes
     if repeats:
         raise _not_unique(where, total, total - repeats)
+    if cut != total:
+        raise ValueError(f"{where}: the shard rule left {total - cut} of {total} samples out of every shard")
     return BucketPlan(directory, spans=tuple(spans), shard_bytes=shard_bytes, first_ids=first_ids,
                       first_hashes=first_hashes, bucket_starts=starts, extensions=extensions)
 
@@ -544,7 +583,7 @@ class SummaryPlan:
             self._sample.add(table.column(KEY_COLUMN))
 
     def plan(self, *, shard_size: int | None = None, shard_samples: int | None = None,
-             cut: Callable[[np.ndarray, bool], list[int]] | None = None) -> BucketPlan:
+             cuts: ShardCuts | None = None) -> BucketPlan:
         """Route the summaries to key buckets, sort each and cut the shards (``sort_buckets``; the summaries' file is
         removed)."""
         count = max(1, min(-(-self.rows // max(self.bucket_rows or BUCKET_ROWS, 1)), self.max_buckets))
@@ -564,7 +603,7 @@ class SummaryPlan:
         records.flush()
         return sort_buckets(records.read, count, directory=self.directory, seeded=self.shuffle_seed is not None,
                             extensions=(), shard_size=shard_size, shard_samples=shard_samples, where=self.where,
-                            cut=cut)
+                            cuts=cuts)
 
     def close(self) -> None:
         if self._writer is not None:

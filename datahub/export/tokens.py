@@ -303,7 +303,7 @@ def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_to
                 raise IntegrityError(f"{where}: a sample_id holds a newline; it cannot go in a .ids file (one id a "
                                      "line): fix the table before exporting")
             planner.add(pa.table({KEY_COLUMN: table.column(KEY_COLUMN), "size": table.column("tokens")}))
-        return planner.plan(cut=partial(cut_file_takes, file_tokens=file_tokens))
+        return planner.plan(cuts=FileCuts(file_tokens))
     finally:
         planner.close()
 
@@ -312,26 +312,43 @@ def cut_files(lengths: np.ndarray, *, file_tokens: int) -> tuple[ShardSpan, ...]
     """Contiguous files of at most ``file_tokens`` tokens (a longer document alone), one search per file."""
     spans: list[ShardSpan] = []
     start = 0
-    for take in cut_file_takes(lengths, True, file_tokens=file_tokens):
+    for take, _ in FileCuts(file_tokens).feed(lengths, True):
         spans.append(ShardSpan(len(spans), start, take))
         start += take
     return tuple(spans)
 
 
-def cut_file_takes(lengths: np.ndarray, final: bool, *, file_tokens: int) -> list[int]:
-    """The documents of each file cut from the start of ``lengths`` (see ``cut_files``). Not ``final``: more
-    documents follow, so a file is cut only where a document past it does not fit (the rest waits for them)."""
-    cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
-    takes: list[int] = []
-    start = 0
-    while start < len(lengths):
-        end = int(np.searchsorted(cumulative, cumulative[start] + file_tokens, side="right")) - 1
-        if not final and end >= len(lengths):  # every document left fits: a later one may too
-            break
-        take = max(end - start, 1)
-        takes.append(take)
-        start += take
-    return takes
+class FileCuts:
+    """The token files' rule for ``plan.sort_buckets`` (a ``ShardCuts``): a file closes before the document that
+    would take it past ``file_tokens`` (a longer document gets a file of its own). Fed documents' token counts a
+    piece at a time, it cuts a file only where a document past it does not fit, and holds of the open file only
+    its documents and tokens so far (two integers), not their records: the plan's memory does not grow with the
+    file's size."""
+
+    def __init__(self, file_tokens: int) -> None:
+        self.file_tokens = file_tokens
+        self._open_documents = 0
+        self._open_tokens = 0
+
+    def feed(self, lengths: np.ndarray, final: bool) -> list[tuple[int, int]]:
+        held = self._open_documents
+        # tokens before each document of the open file and this piece, counted from the open file's start
+        cumulative = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]) + self._open_tokens
+        documents = held + len(lengths)
+        cuts: list[tuple[int, int]] = []
+        start, before = 0, 0  # the next file's first document (counted from the open file's) and tokens before it
+        while start < documents:
+            # the documents held so far all fit in one file: the first search ends at or past them
+            end = held + int(np.searchsorted(cumulative, before + self.file_tokens, side="right")) - 1
+            if not final and end >= documents:  # every document left fits: a later one may too
+                break
+            take = max(end - start, 1)
+            cuts.append((take, int(cumulative[start + take - held]) - before))
+            start += take
+            before = int(cumulative[start - held])
+        self._open_documents = documents - start
+        self._open_tokens = int(cumulative[-1]) - before if self._open_documents else 0
+        return cuts
 
 
 # ---- writing -------------------------------------------------------------------------------------------

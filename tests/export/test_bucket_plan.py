@@ -13,7 +13,7 @@ import pytest
 
 from datahub.errors import IntegrityError
 from datahub.export import export_table_version
-from datahub.export.plan import IdSample, KeyBuckets, cut_shards, cut_takes, order_hash, plan_sizes
+from datahub.export.plan import IdSample, KeyBuckets, SizeCuts, cut_shards, cut_takes, order_hash, plan_sizes
 from datahub.lake import Lake
 from tests.export.helpers import cfs_storage, samples_table
 
@@ -77,6 +77,12 @@ def test_cut_in_pieces_cuts_the_shards_of_the_whole() -> None:
             pending = pending[sum(takes):]
             begin = end
         assert pieces == whole and sum(whole) == 900
+        rule, begin, fed = SizeCuts(shard_size=shard_size, shard_samples=shard_samples), 0, []
+        for end in cuts:  # the rule sort_buckets feeds: it holds the pending sizes itself
+            fed += rule.feed(sizes[begin:end], end == 900)
+            begin = end
+        starts = np.cumsum([0] + whole)
+        assert fed == [(take, int(sizes[start:start + take].sum())) for start, take in zip(starts, whole)]
 
 
 def test_key_buckets_follow_export_order() -> None:

@@ -380,23 +380,39 @@ def test_second_tier_token_export_refuses_to_publish_files_that_vanished(tmp_pat
             assert Path(record.replicas["cold"] + "." + suffix).stat().st_size == record.part(suffix).size
 
 
-def test_cut_file_takes_in_pieces_cuts_the_files_of_the_whole() -> None:
-    """The plan cuts files bucket by bucket (``final=False`` until the last): the files are those cut from the whole."""
-    from datahub.export.tokens import cut_file_takes, cut_files
+def _greedy_files(lengths: np.ndarray, file_tokens: int) -> list[int]:
+    """Documents of each file, one document at a time: a file closes before a document that does not fit."""
+    files, documents, tokens = [], 0, 0
+    for length in lengths.tolist():
+        if documents and tokens + length > file_tokens:
+            files.append(documents)
+            documents = tokens = 0
+        documents, tokens = documents + 1, tokens + length
+    return files + [documents] if documents else files
+
+
+def test_file_cuts_fed_in_pieces_cut_the_files_of_the_whole() -> None:
+    """The plan cuts files bucket by bucket (``final`` at the last), holding two counts of the open file: the files
+    and their tokens are those cut from the whole, whatever the pieces (empty ones included)."""
+    from datahub.export.tokens import FileCuts, cut_files
 
     rng = np.random.default_rng(4)
     for file_tokens in (1, 7, 50, 10_000):
-        lengths = rng.integers(1, 40, size=500)
-        lengths[rng.integers(0, 500, size=5)] = 3 * file_tokens + 1  # documents larger than a file
-        whole = [s.samples for s in cut_files(lengths, file_tokens=file_tokens)]
-        pieces: list[int] = []
-        pending = np.zeros(0, dtype=np.int64)
-        for begin in range(0, 500, 37):  # buckets of 37 documents
-            pending = np.concatenate([pending, lengths[begin:begin + 37]])
-            takes = cut_file_takes(pending, begin + 37 >= 500, file_tokens=file_tokens)
-            pieces += takes
-            pending = pending[sum(takes):]
-        assert pieces == whole and sum(whole) == 500
+        for piece in (1, 37, 500):
+            lengths = rng.integers(1, 40, size=500)
+            lengths[rng.integers(0, 500, size=5)] = 3 * file_tokens + 1  # documents larger than a file
+            whole = cut_files(lengths, file_tokens=file_tokens)
+            assert [s.samples for s in whole] == _greedy_files(lengths, file_tokens)
+            rule, cuts = FileCuts(file_tokens), []
+            for begin in range(0, 500, piece):
+                cuts += rule.feed(lengths[begin:begin + piece], False)
+                cuts += rule.feed(lengths[:0], False)
+            cuts += rule.feed(lengths[:0], True)
+            assert [take for take, _ in cuts] == [s.samples for s in whole] and sum(t for t, _ in cuts) == 500
+            assert [tokens for _, tokens in cuts] == [int(lengths[s.start:s.start + s.samples].sum()) for s in whole]
+            assert all(tokens <= file_tokens or take == 1 for take, tokens in cuts)
+            # a file closes only before a document that does not fit
+            assert all(tokens + lengths[s.start + s.samples] > file_tokens for (_, tokens), s in zip(cuts, whole[:-1]))
 
 
 @pytest.mark.parametrize("seed", [None, 5])
