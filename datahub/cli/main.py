@@ -71,12 +71,27 @@ def _run() -> int:
         # the message is escaped: `[a-z][a-z0-9_-]*` in an error is text, not Rich markup
         console(stderr=True).print(f"[bold red]error:[/] {plain(exc)}", soft_wrap=True)
         return 2
+    except OSError as exc:
+        # a path the user gave that cannot be made or read (--out on a file, a lake root under a missing mount,
+        # no permission): a message that names it, not a traceback
+        from datahub.cli.output import console, plain
+
+        console(stderr=True).print(f"[bold red]error:[/] {plain(os_error_text(exc))}", soft_wrap=True)
+        return 2
     except SystemExit as exc:  # typer ends every command with one
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         print(exc.code, file=sys.stderr)
         return 1
     return 0
+
+
+def os_error_text(exc: OSError) -> str:
+    """``exc`` as a person reads it: the path, what is wrong with it, and what to check."""
+    if exc.filename is None or not exc.strerror:
+        return str(exc)
+    paths = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
+    return f"{paths}: {exc.strerror}; check that path and its permissions"
 
 
 def _leave(status: int) -> None:

@@ -1,0 +1,59 @@
+"""Bad input a new user types, followed literally from the README: a clean `error:` line that names the
+path, field or value and the fix, exit status 2, never a Python traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def datahub(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """The CLI as cron runs it: a real subprocess, stdout and stderr piped."""
+    return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
+def assert_clean_error(out: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    assert out.stderr.startswith("error: "), out.stderr
+    for text in expected:
+        assert text in out.stderr, out.stderr
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory) -> Path:
+    """A lake after one run of three documents (the in-process Arrow engine): samples v1."""
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.run import run_job
+
+    root = tmp_path_factory.mktemp("clean-errors")
+    (root / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} about rivers and the valley towns"}) + "\n"
+                                          for i in range(3)))
+    spec = validate_job_spec({"name": "small", "lake": {"root": str(root / "lake")},
+                              "inputs": [{"uri": str(root / "a.jsonl")}], "graph": {"samples": {"sink": "samples"}}})
+    result = run_job(spec, engine=ArrowEngine())
+    assert result.status == "succeeded", result.error
+    return root / "lake"
+
+
+def test_a_lake_root_that_cannot_be_made_is_an_error_naming_it(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("not a directory\n")
+    out = datahub("run", "jobs/demo.yaml", "--lake", str(a_file / "lake"))
+    assert_clean_error(out, str(a_file / "lake"), "Not a directory", "check that path")
+
+
+def test_report_out_on_an_existing_file_is_an_error_naming_it(lake, tmp_path):
+    a_file = tmp_path / "report.html"
+    a_file.write_text("")
+    out = datahub("report", "--lake", str(lake), "--out", str(a_file))
+    assert_clean_error(out, str(a_file), "File exists")
