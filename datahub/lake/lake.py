@@ -86,8 +86,10 @@ class Lake:
     def table(self, name: str, version: int | None = None) -> DeltaTable:
         """The ``deltalake.DeltaTable`` for ``name`` (at ``version`` if given)."""
         from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
+        from deltalake.exceptions import DeltaError, TableNotFoundError
 
+        if version is not None and version < 0:
+            raise LakeError(f"{self.table_uri(name)}: no version {version} of table {name!r}; versions count from 0")
         try:
             return DeltaTable(self.table_uri(name), version=version, storage_options=self.storage_options or None)
         except TableNotFoundError:
@@ -95,6 +97,13 @@ class Lake:
                 f"{self.table_uri(name)}: no Delta table {name!r} in lake {self.root}; "
                 "run a job that writes it first (datahub run JOB.yaml)"
             ) from None
+        except DeltaError:
+            # delta-rs says "LogSegment end version 1 not the same as the specified end version 9"
+            latest = self.table(name).version() if version is not None else None
+            if latest is not None and version is not None and version > latest:
+                raise LakeError(f"{self.table_uri(name)}: no version {version} of table {name!r}; its latest is "
+                                f"{latest} (datahub inspect --lake {self.ref} {name} shows it)") from None
+            raise
 
     def tables(self) -> list[str]:
         import fsspec

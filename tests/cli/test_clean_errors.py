@@ -57,3 +57,12 @@ def test_report_out_on_an_existing_file_is_an_error_naming_it(lake, tmp_path):
     a_file.write_text("")
     out = datahub("report", "--lake", str(lake), "--out", str(a_file))
     assert_clean_error(out, str(a_file), "File exists")
+
+
+@pytest.mark.parametrize("command", [["qa", "--no-record"], ["report", "--out", "REPORT"]])
+def test_a_table_version_past_the_latest_is_an_error_naming_the_latest(lake, tmp_path, command):
+    command = [str(tmp_path / "report") if arg == "REPORT" else arg for arg in command]
+    out = datahub(*command, "--lake", str(lake), "--version", "7")
+    assert_clean_error(out, "no version 7 of table 'samples'; its latest is 1")
+    negative = datahub(*command, "--lake", str(lake), "--version", "-1")
+    assert_clean_error(negative, "no version -1 of table 'samples'")

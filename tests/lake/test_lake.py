@@ -54,6 +54,17 @@ def test_missing_table_error_names_it(tmp_path):
     assert Lake(tmp_path).read("samples").num_rows == 0
 
 
+def test_a_version_the_table_does_not_have_is_an_error_naming_the_latest(tmp_path):
+    lake = Lake(tmp_path)
+    lake.commit("t", pa.table({"x": [1]}), txn="a")
+    latest = lake.version("t")
+    with pytest.raises(LakeError, match=f"no version {latest + 5} of table 't'; its latest is {latest}"):
+        lake.table("t", latest + 5)
+    with pytest.raises(LakeError, match="no version -1 of table 't'; versions count from 0"):
+        lake.read("t", version=-1)
+    assert lake.read("t", version=latest).num_rows == 1
+
+
 def _append(root: str, txn: str, n: int) -> None:
     Lake(root).commit("shared", pa.table({"txn": [txn] * n}), txn=txn)
 
