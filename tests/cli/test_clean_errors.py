@@ -66,3 +66,16 @@ def test_a_table_version_past_the_latest_is_an_error_naming_the_latest(lake, tmp
     assert_clean_error(out, "no version 7 of table 'samples'; its latest is 1")
     negative = datahub(*command, "--lake", str(lake), "--version", "-1")
     assert_clean_error(negative, "no version -1 of table 'samples'")
+
+
+def test_lineage_of_a_source_given_as_a_relative_path_finds_its_records(lake):
+    """The job lists local inputs as absolute paths; the user types the path they gave the job."""
+    root = lake.parent
+    relative = datahub("lineage", "--source", "a.jsonl", "--lake", str(lake), "--json", cwd=root)
+    assert relative.returncode == 0, relative.stderr
+    story = json.loads(relative.stdout)
+    assert story["source_uri"] == str(root / "a.jsonl") and len(story["records"]) == 3
+    as_url = datahub("lineage", "--source", f"file://{root / 'a.jsonl'}", "--lake", str(lake), "--json")
+    assert as_url.returncode == 0 and json.loads(as_url.stdout) == story
+    missing = datahub("lineage", "--source", "b.jsonl", "--lake", str(lake), cwd=root)
+    assert missing.returncode == 1 and "no record of b.jsonl" in missing.stderr

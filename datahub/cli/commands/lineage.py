@@ -50,6 +50,18 @@ def _print_source(story: SourceStory) -> None:
     out.print(grid)
 
 
+def _as_listed(source: str) -> str:
+    """``source`` as a job lists its input files: a local path is absolute (``data/x.jsonl`` typed in the
+    directory the job ran from, or ``file:///...``, finds the records), an object store URI is kept as given."""
+    import os
+
+    if source.startswith("file://"):
+        source = source.removeprefix("file://")
+    elif "://" in source:
+        return source
+    return os.path.abspath(os.path.expanduser(source))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("lineage")
     def lineage(
@@ -74,7 +86,7 @@ def register(app: typer.Typer) -> None:
         if (sample_id is None) == (source is None):
             raise typer.BadParameter("give a SAMPLE_ID or --source URI (one of them)")
         if source is not None:
-            story = source_lineage(root, source)
+            story = source_lineage(root, _as_listed(source))
             print_json(story.as_dict()) if as_json else _print_source(story)
             if not story.records:  # a typo in a script must not look like a file with no records
                 console(stderr=True).print(f"no record of {plain(source)} in the lake (check the URI: it must be the input "
