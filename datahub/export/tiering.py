@@ -12,8 +12,11 @@ hour), so the uploads of an apply or export running at the same time (overlappin
 release) survive it. A tier from a second storage config (another region) is just one more tier name.
 Token files (``{release}/tokens-SHA12/``, written by ``datahub export --tokenizer``) follow the release: a copy to
 a tier (or a tier the release is on that lacks them) copies them too, with the same guarantees, and a delete from a
-tier removes them too, only once each has another replica verified by sha256 on a configured tier, the token
-manifests dropping the tier before the bytes go (``datahub.export.token_copies``).
+tier the text moves off removes them too, only once each has another replica verified by sha256 on a configured
+tier, the token manifests dropping the tier first, then the text manifest, the bytes last
+(``datahub.export.token_copies``). A token-only replica (token manifests name the tier, the text manifest does not:
+token files exported there on purpose, e.g. to a cfs tier that ``PackedDataset`` memory-maps) is kept; a delete
+never leaves that state behind, since it drops the token manifests before the text manifest.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from datahub.export.exported_lineage import commit_shard_index
 from datahub.export.token_copies import (HashedParts, check_other_replicas, copy_token_files, drop_token_replicas,
                                          token_copies, token_replicas_on)
 from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
-from datahub.shards.token_manifest import read_lake_token_manifests
+from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifests, token_dir
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.shards.index import embedded_keys, index_tar
@@ -193,11 +196,22 @@ def plan_tiers(
         for tier in sorted(storage.tiers):
             if tier in held or tier in wanted:
                 continue
-            named = token_replicas_on(tier, token_manifests)  # a killed delete dropped the text manifest's tier only
-            if named.files or storage.tier(tier).children(storage.tier(tier).uri(name)):
-                moves.append(Move(name, "delete", tier, None, 0, 0, klass, leftover=True, token_files=named.files,
-                                  token_bytes=named.bytes))
+            # the text manifest does not name the tier: token folders a token manifest names there are a token-only
+            # replica, put there on purpose (a killed delete never leaves one: it drops token manifests first); kept
+            if _leftovers(storage.tier(tier), name, token_folders_on(tier, token_manifests)):
+                moves.append(Move(name, "delete", tier, None, 0, 0, klass, leftover=True))
     return TierPlan(tuple(moves))
+
+
+def token_folders_on(tier: str, manifests: Iterable[TokenManifest]) -> set[str]:
+    """The token folders (``tokens-SHA12``) whose token manifest names a replica on ``tier``."""
+    return {token_dir(manifest.tokenizer.sha256) for manifest in manifests
+            if any(tier in record.replicas for record in manifest.files)}
+
+
+def _leftovers(tier: Tier, release: str, keep: set[str]) -> list[str]:
+    """The entries of the release's directory on ``tier`` but the token folders in ``keep``."""
+    return [entry for entry in tier.children(tier.uri(release)) if entry not in keep]
 
 
 def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
@@ -394,14 +408,17 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
             cap: BandwidthCap | None = None, hashed: HashedParts | None = None) -> bool:
     """Delete the release's replicas on a tier, its token files included; False when a leftover directory (the
     manifest does not name the tier) is spared because a writer is at work in it: a second-tier export journals there
-    before its manifest names the tier, and deleting under it published a manifest of deleted replicas.
+    before its manifest names the tier, and deleting under it published a manifest of deleted replicas. On a tier the
+    text manifest does not name, the token folders a token manifest names (a token-only replica) stay; the rest goes.
 
     Every token file there must have another replica verified by sha256 (under ``cap``; by size for the parts in
-    ``hashed``, which this apply's copies read back) first; then the text manifest, then each token manifest drops
-    the tier (readers move off), and only then the bytes go. A kill between two steps leaves a leftover delete that
-    the next plan finishes."""
+    ``hashed``, which this apply's copies read back) first; then each token manifest drops the tier, then the text
+    manifest (readers move off), and only then the bytes go. A kill before the text manifest leaves a delete move,
+    after it a leftover (no manifest names the files), which the next plan finishes; neither is a token-only
+    replica."""
     tier = storage.tier(tier_name)
     held = tier_name in {t for s in manifest.shards for t in s.replicas}
+    token_manifests = read_lake_token_manifests(lake, manifest.release)
     if not held:
         live = tier.live_writes(tier.uri(manifest.release), within=STALE_PARTIAL_S)
         if live:
@@ -409,17 +426,25 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
                         "running export or copy?); left alone, a later apply deletes it once abandoned", tier_name,
                         manifest.release, manifest.release, int(STALE_PARTIAL_S), live[0])
             return False
-    tokens = token_replicas_on(tier_name, read_lake_token_manifests(lake, manifest.release))
+        keep = token_folders_on(tier_name, token_manifests)
+        if keep:
+            for entry in _leftovers(tier, manifest.release, keep):
+                tier.delete(tier.uri(manifest.release, entry), recursive=True)
+            log.info("tier %s: kept the token files of %r there (%s: a token-only replica)", tier_name,
+                     manifest.release, ", ".join(sorted(keep)))
+            return True
+    tokens = token_replicas_on(tier_name, token_manifests)
     check_other_replicas(tokens, storage, cap=cap, hashed=hashed)  # before any change: a refusal changes nothing
+    remaining = {s.name: {t: u for t, u in s.replicas.items() if t != tier_name} for s in manifest.shards}
+    if held and any(not r for r in remaining.values()):
+        raise IntegrityError(f"release {manifest.release!r}: deleting tier {tier_name} would leave a shard with "
+                             "no replica; copy it to another tier first")
+    drop_token_replicas(lake, tokens, storage)  # first: the text manifest naming the tier marks the delete unfinished
+    checkpoint("tier:delete:after_token_manifests")
     if held:
-        remaining = {s.name: {t: u for t, u in s.replicas.items() if t != tier_name} for s in manifest.shards}
-        if any(not r for r in remaining.values()):
-            raise IntegrityError(f"release {manifest.release!r}: deleting tier {tier_name} would leave a shard with "
-                                 "no replica; copy it to another tier first")
         publish_manifest(lake, manifest.with_replicas(remaining), storage=storage)  # readers move off first
     checkpoint("tier:delete:after_text_manifest")
-    drop_token_replicas(lake, tokens, storage)
-    checkpoint("tier:delete:before_files")
+    checkpoint("tier:delete:before_files")  # the same point since the token manifests go first; kept for crash tests
     tier.delete(tier.uri(manifest.release), recursive=True)
     if tokens.files:
         log.info("tier %s: removed %d token files of %r with the release (each verified on another tier first)",

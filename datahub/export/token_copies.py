@@ -12,13 +12,16 @@ intact on the destination is kept, so an apply killed at any point resumes, and 
 replica the manifest names that lost a part or has one of the wrong size (sha256 too with ``--verify``) is copied
 again the same way (a repair).
 
-When tier apply moves the release off a tier (its delete move, or the leftover of a killed one), the token files
-there go too, as its text shards do: ``check_other_replicas`` first finds, for every file the tier holds, another
-replica on a configured tier whose every part matches the manifest by size and sha256 (read under the cap), and
-refuses the delete otherwise; then ``drop_token_replicas`` publishes each token manifest without the tier (tiers'
-copies, then the lake's), so no reader picks those replicas; only then are the bytes deleted (by the caller, with the
-release's directory). The loader memory-maps token files from a cfs or local path only: a release moved off every
-cfs tier must be copied back to one (``tier apply --tiers ...,CFS``) before ``PackedDataset`` reads it.
+When tier apply moves the release's text off a tier (its delete move, or the leftover of a killed one), the token
+files there go too, as its text shards do: ``check_other_replicas`` first finds, for every file the tier holds,
+another replica on a configured tier whose every part matches the manifest by size and sha256 (read under the cap),
+and refuses the delete otherwise; then ``drop_token_replicas`` publishes each token manifest without the tier (tiers'
+copies, then the lake's), so no reader picks those replicas; then the caller drops the tier from the text manifest and
+deletes the bytes with the release's directory. Token manifests go before the text manifest, so a tier that token
+manifests name and the text manifest does not is never a half-done delete: it is a token-only replica (token files
+exported there on purpose, e.g. to a cfs tier for ``PackedDataset`` beside text on Ceph), and tier apply keeps it.
+The loader memory-maps token files from a cfs or local path only: a release moved off every cfs tier must be copied
+back to one (``tier apply --tiers ...,CFS``, or a token export to it) before ``PackedDataset`` reads it.
 """
 from __future__ import annotations
 
@@ -242,7 +245,7 @@ def _ids(tier: Tier, uri: str, cap: BandwidthCap | None) -> Iterator[pa.Array]:
 
 
 def token_replicas_on(tier: str, manifests: Sequence[TokenManifest]) -> TokenFileSet:
-    """The token files whose manifest names a replica on ``tier`` (what moving the release off it removes)."""
+    """The token files whose manifest names a replica on ``tier`` (what moving the release's text off it removes)."""
     todo = tuple((manifest, indices) for manifest in manifests
                  if (indices := tuple(i for i, record in enumerate(manifest.files) if tier in record.replicas)))
     return TokenFileSet(tier, todo)
@@ -285,7 +288,8 @@ def _matches(tier: Tier, uri: str, expected: FilePart, cap: BandwidthCap | None,
 
 def drop_token_replicas(lake: Lake, held: TokenFileSet, storage: StorageConfig) -> None:
     """Publish every token manifest in ``held`` without its replicas on ``held.tier`` (each remaining tier's copy,
-    then the lake's), so no reader resolves them; the bytes stay for the caller to delete."""
+    then the lake's), so no reader resolves them; the text manifest (whose naming the tier marks the delete
+    unfinished) and the bytes stay for the caller."""
     for manifest, indices in held.todo:
         updated = replace(manifest, files=tuple(
             replace(record, replicas={t: u for t, u in record.replicas.items() if t != held.tier}) if i in indices

@@ -501,10 +501,11 @@ def test_tier_apply_moves_token_files_with_the_release_and_never_leaves_a_named_
     """``export --tokenizer`` writes R/tokens-SHA12/ on a tier the text manifest may not name: apply once took that
     directory for a leftover (or, for a tier it moved the text shards off, deleted it whole) and removed the token
     files their manifest still named; the loader then found no replica. Now token files follow the release: copied
-    to its tiers, and removed from a tier it leaves only after the token manifest dropped that tier (each file
-    verified on another tier first: test_token_removal.py)."""
+    to its tiers, and removed from a tier its text leaves only after the token manifest dropped that tier (each file
+    verified on another tier first: test_token_removal.py); token files exported to a tier the text never was on (a
+    token-only replica) stay there."""
     from datahub.export.tokens import export_table_tokens
-    from datahub.shards.token_manifest import read_lake_token_manifest
+    from datahub.shards.token_manifest import read_lake_token_manifest, token_dir
     from tests.export.test_tokens import make_lake as make_text_lake, train_tokenizer
 
     lake, version = make_text_lake(tmp_path / "lake")
@@ -539,15 +540,17 @@ def test_tier_apply_moves_token_files_with_the_release_and_never_leaves_a_named_
         assert tier.children(tier.uri("r")) == [] and token_files_only_on([text_tier])
         assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
 
-    # only token files there, and a leftover text shard beside them (an interrupted apply): the token files are
-    # copied to the release's tier, then the leftover delete takes the shard and the token files
+    # only token files there (a token-only replica), and a leftover text shard beside them (an interrupted apply):
+    # the token files are copied to the release's tier, then the leftover delete takes the shard, not the token files
     tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
     plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})
     assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
-        ("copy", text_tier, False, len(tokens.files)), ("delete", token_tier, True, len(tokens.files))]
+        ("copy", text_tier, False, len(tokens.files)), ("delete", token_tier, True, 0)]
     assert len(apply_tiers(lake, plan, storage=storage)) == 2
-    assert tier.children(tier.uri("r")) == [] and token_files_only_on([text_tier])
-    move_there_and_off()
+    assert tier.children(tier.uri("r")) == [token_dir(tokens.tokenizer.sha256)]
+    assert token_files_only_on(sorted([text_tier, token_tier]))
+    assert plan_tiers(lake, storage=storage, targets={"r": [text_tier]}).moves == ()
+    move_there_and_off()  # the text on the token tier too, then off it: its token files go with it
     # a leftover text shard alone (an interrupted apply): it goes
     tier.publish(tier.uri("r", "r-000000.tar"), b"an old replica")
     plan = plan_tiers(lake, storage=storage, targets={"r": [text_tier]})

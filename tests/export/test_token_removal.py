@@ -1,11 +1,13 @@
-"""`datahub tier apply` removes a release's token files from a tier it moves the release off, as it does the text
-shards: only once every file has another replica verified (size and sha256) on a configured tier, the token
-manifests first (tier copies, then the lake's: readers move off), the bytes after; resumable after SIGKILL at any
-step, and the loader never picks a removed replica. Two cfs tiers here; the real Ceph RGW, across regions, in
+"""`datahub tier apply` removes a release's token files from a tier it moves the release's text off: only once every
+file has another replica verified (size and sha256) on a configured tier, the token manifests first (tier copies,
+then the lake's: readers move off), then the text manifest, the bytes last; resumable after SIGKILL at any step, and
+the loader never picks a removed replica. A token-only replica (token files exported on purpose to a tier that never
+held the text) is kept, apply after apply. Two or three cfs tiers here; the real Ceph RGW, across regions, in
 test_token_removal_ceph.py."""
 
 from __future__ import annotations
 
+import json
 import signal
 from collections import Counter
 from pathlib import Path
@@ -14,12 +16,14 @@ import numpy as np
 import pytest
 
 from datahub.errors import IntegrityError
-from datahub.export import read_lake_manifest
+from datahub.export import export_table_version, read_lake_manifest
 from datahub.export.tiering import apply_tiers, plan_tiers
+from datahub.export.tokens import export_table_tokens
 from datahub.lake import Lake
 from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifest, read_tier_token_manifest, token_dir
 from datahub.storage import StorageConfig
 from tests.export.test_token_tiering import PARTS, _exported, _storage, _tier_apply
+from tests.export.test_tokens import make_lake, train_tokenizer
 
 
 def lake_tokens_path(tmp_path: Path, manifest: TokenManifest) -> Path:
@@ -92,9 +96,77 @@ def test_token_files_are_not_removed_without_a_verified_replica_elsewhere(tmp_pa
     assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["cold"]) == expected
 
 
-@pytest.mark.parametrize("kill_at", ["tier:delete:after_text_manifest", "tier:delete:after_token_tier_manifest",
-                                     "tier:delete:before_files"])
+def split_export(tmp_path: Path, storage: StorageConfig, *, text: str, tokens: str) -> tuple[Lake, TokenManifest]:
+    """The text exported to tier ``text``, the token files to tier ``tokens`` only."""
+    lake, version = make_lake(tmp_path / "lake", 90)
+    export_table_version(lake, table="samples", version=version, release_name="r", tier=text, storage=storage,
+                         shard_samples=30)
+    manifest = export_table_tokens(lake, table="samples", version=version, release_name="r", storage=storage,
+                                   tokenizer=train_tokenizer(tmp_path / "tok.json"), tier=tokens, file_tokens=300)
+    assert len(manifest.files) >= 3 and read_lake_manifest(lake, "r").tiers == [text]
+    return lake, manifest
+
+
+def tier_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_token_files_exported_to_a_tier_without_the_text_are_kept_there(tmp_path) -> None:
+    """Text on 'hot'; token files exported on purpose to 'packed', a cfs tier that never held the text (so that
+    PackedDataset memory-maps them there). `tier apply --tiers hot`, twice: the token files are copied to the
+    release's tier and stay on 'packed' (files and manifest), and PackedDataset reads every token there. Before,
+    the first apply copied them, then removed them from 'packed' as the leftover of a delete."""
+    storage, storage_yaml = _storage(tmp_path, "hot", "packed")
+    lake, tokens = split_export(tmp_path, storage, text="hot", tokens="packed")
+    expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"])
+    before = tier_files(tmp_path / "packed")
+    runs = [_tier_apply(tmp_path, storage_yaml, "hot") for _ in range(2)]
+    assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
+    assert [[(m["action"], m["tier"], m["token_files"]) for m in json.loads(run.stdout)["moves"]] for run in runs] == [
+        [("copy", "hot", len(tokens.files))], []]
+    kept = read_lake_token_manifest(lake, "r")
+    assert kept is not None and kept.tiers == ["hot", "packed"]
+    assert all(set(record.replicas) == {"hot", "packed"} for record in kept.files)
+    assert read_tier_token_manifest(storage.tier("packed"), "r", tokens.tokenizer.sha256) == kept
+    assert named_replicas_intact(lake, storage) and read_lake_manifest(lake, "r").tiers == ["hot"]
+    after = tier_files(tmp_path / "packed")  # the token files untouched; only their manifest names 'hot' too
+    manifest_name = f"r/{token_dir(tokens.tokenizer.sha256)}/tokens-manifest.json"
+    assert {k: v for k, v in after.items() if k != manifest_name} == {k: v for k, v in before.items()
+                                                                       if k != manifest_name}
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"]) == expected
+    assert plan_tiers(lake, storage=storage, targets={"r": ["hot"]}).moves == ()
+
+
+def test_a_token_only_replica_keeps_its_token_files_when_a_leftover_beside_them_goes(tmp_path) -> None:
+    """A stale text shard beside the token-only replica (an interrupted apply or export): the leftover delete takes
+    the shard, not the token folder the token manifest names there; moving the text off another tier still takes
+    that tier's token files."""
+    storage, _ = _storage(tmp_path, "hot", "cold", "packed")
+    lake, tokens = split_export(tmp_path, storage, text="hot", tokens="packed")
+    expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"])
+    packed = storage.tier("packed")
+    packed.publish(packed.uri("r", "r-000000.tar"), b"an old replica")
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["hot"]})
+    assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
+        ("copy", "hot", False, len(tokens.files)), ("delete", "packed", True, 0)]
+    assert len(apply_tiers(lake, plan, storage=storage)) == 2
+    assert packed.children(packed.uri("r")) == [token_dir(tokens.tokenizer.sha256)]
+    assert read_lake_token_manifest(lake, "r").tiers == ["hot", "packed"] and named_replicas_intact(lake, storage)
+    # the text moves hot -> cold: hot's token files go with it, packed's stay
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["cold"]}), storage=storage)
+    assert read_lake_manifest(lake, "r").tiers == ["cold"] and not (tmp_path / "hot" / "r").exists()
+    assert read_lake_token_manifest(lake, "r").tiers == ["cold", "packed"] and named_replicas_intact(lake, storage)
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"]) == expected
+    assert plan_tiers(lake, storage=storage, targets={"r": ["cold"]}).moves == ()
+
+
+@pytest.mark.parametrize("kill_at", ["tier:delete:after_token_tier_manifest", "tier:delete:after_token_manifests",
+                                     "tier:delete:after_text_manifest", "tier:delete:before_files"])
 def test_a_killed_removal_resumes_and_the_loader_never_picks_a_removed_replica(tmp_path, kill_at) -> None:
+    """The delete drops the tier from the token manifests (each tier's copy, then the lake's), then from the text
+    manifest, then deletes the bytes: a kill before the text manifest leaves a tier the text manifest still names (a
+    delete move), a kill after it leaves files no manifest names (a leftover); neither looks like a token-only
+    replica, which apply keeps."""
     storage, storage_yaml = _storage(tmp_path, "hot", "cold")
     lake, tokens = _exported(tmp_path, storage)
     expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot"])
@@ -103,8 +175,12 @@ def test_a_killed_removal_resumes_and_the_loader_never_picks_a_removed_replica(t
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert named_replicas_intact(lake, storage)
     assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["hot", "cold"]) == expected
+    text_dropped = kill_at in ("tier:delete:after_text_manifest", "tier:delete:before_files")
+    assert read_lake_manifest(lake, "r").tiers == (["cold"] if text_dropped else ["cold", "hot"])
+    if kill_at != "tier:delete:after_token_tier_manifest":
+        assert read_lake_token_manifest(lake, "r").tiers == ["cold"]
     plan = plan_tiers(lake, storage=storage, targets={"r": ["cold"]})
-    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", "hot", True)]
+    assert [(m.action, m.tier, m.leftover) for m in plan.moves] == [("delete", "hot", text_dropped)]
     resumed = _tier_apply(tmp_path, storage_yaml, "cold")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     moved = read_lake_token_manifest(lake, "r")

@@ -40,12 +40,14 @@ def test_ray_token_export_to_ceph_matches_a_local_export(tmp_path, ceph_s3, ray_
     assert fs.exists(f"{folder}/tokens-manifest.json") and not fs.exists(f"{folder}/_partial")
 
 
-def test_tier_apply_moves_token_files_off_ceph(tmp_path, ceph_s3) -> None:
-    """A leftover delete on Ceph (S3: no directories, one listing) takes the stale text shard and, once the token
-    files are verified on cfs (where they followed the release), the token files the token manifest named there."""
+def test_tier_apply_keeps_token_only_files_on_ceph_and_moves_them_off_with_the_text(tmp_path, ceph_s3) -> None:
+    """Token files exported to Ceph, the text on cfs: a token-only replica. A leftover delete on Ceph (S3: no
+    directories, one listing) takes the stale text shard beside them and keeps the token files (copied to cfs, where
+    the text is, too). Once the text is on Ceph as well and moves off it, the token files there go with it (verified
+    on cfs first)."""
     from datahub.export import export_table_version, read_lake_manifest
     from datahub.export.tiering import apply_tiers, plan_tiers
-    from datahub.shards.token_manifest import read_lake_token_manifest
+    from datahub.shards.token_manifest import read_lake_token_manifest, token_dir
 
     bucket = ceph_s3.new_bucket("token-tiers")
     credentials = tmp_path / "ceph.credentials"
@@ -64,8 +66,21 @@ def test_tier_apply_moves_token_files_off_ceph(tmp_path, ceph_s3) -> None:
     ceph.publish(ceph.uri("r", "r-000000.tar"), b"an old replica")
     plan = plan_tiers(lake, storage=storage, targets={"r": ["cfs"]})
     assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
-        ("copy", "cfs", False, len(tokens.files)), ("delete", "ceph", True, len(tokens.files))]
+        ("copy", "cfs", False, len(tokens.files)), ("delete", "ceph", True, 0)]
     assert len(apply_tiers(lake, plan, storage=storage)) == 2
+    both = read_lake_token_manifest(lake, "r")
+    assert both is not None and both.tiers == ["ceph", "cfs"]
+    assert ceph.children(ceph.uri("r")) == [token_dir(tokens.tokenizer.sha256)]
+    assert all(storage.tier(tier).verify(f"{uri}.{part}", size=record.part(part).size, sha256=record.part(part).sha256)
+               for record in both.files for tier, uri in record.replicas.items() for part in ("bin", "idx", "ids"))
+    assert read_lake_manifest(lake, "r").tiers == ["cfs"]
+    assert plan_tiers(lake, storage=storage, targets={"r": ["cfs"]}).moves == ()
+    # the text onto Ceph and off it again: the token files there leave with it
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["cfs", "ceph"]}), storage=storage)
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["cfs"]})
+    assert [(m.action, m.tier, m.leftover, m.token_files) for m in plan.moves] == [
+        ("delete", "ceph", False, len(tokens.files))]
+    assert len(apply_tiers(lake, plan, storage=storage)) == 1
     moved = read_lake_token_manifest(lake, "r")
     assert moved is not None and moved.tiers == ["cfs"] and all(list(r.replicas) == ["cfs"] for r in moved.files)
     assert ceph.children(ceph.uri("r")) == []
