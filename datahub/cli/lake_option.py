@@ -65,11 +65,12 @@ def load_lake_spec(path: str | Path) -> LakeSpec:
 
     path = Path(path)
     raw = read_yaml(path, missing="lake file not found; --lake takes a lake root or a YAML with root: and storage_options:")
+    section = ""
     if isinstance(raw, dict) and isinstance(raw.get("lake"), dict):
-        raw = raw["lake"]  # a job spec (or any file with a lake: section)
+        raw, section = raw["lake"], "lake"  # a job spec (or any file with a lake: section)
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: expected a mapping with root: (and storage_options:), got {type(raw).__name__}")
-    raw = expand_env(raw)
+    raw = expand_env(raw, source=str(path), field=section)
     options = raw.get("storage_options")
     if isinstance(options, dict):  # YAML reads `AWS_ALLOW_HTTP: true` as a bool; delta-rs wants strings
         raw = {**raw, "storage_options": {k: _option_text(v) for k, v in options.items()}}

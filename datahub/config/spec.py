@@ -166,8 +166,9 @@ class JobSpec(_Model):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def expand_env(value: Any, environ: Mapping[str, str] | None = None) -> Any:
-    """Replace ``${VAR}`` / ``${VAR:-default}`` in strings (the one place env vars enter specs)."""
+def expand_env(value: Any, environ: Mapping[str, str] | None = None, *, source: str | None = None, field: str = "") -> Any:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in strings (the one place env vars enter specs). An unset
+    variable is an error naming ``source`` (the file) and the field that refers to it."""
     env = os.environ if environ is None else environ
     if isinstance(value, str):
 
@@ -177,13 +178,15 @@ def expand_env(value: Any, environ: Mapping[str, str] | None = None) -> Any:
                 return env[name]
             if default is not None:
                 return default
-            raise SpecError(f"environment variable {name} is not set (referenced as ${{{name}}}); export it or give a default: ${{{name}:-value}}")
+            where = "".join(f"{part}: " for part in (source, field) if part)
+            raise SpecError(f"{where}environment variable {name} is not set (referenced as ${{{name}}}); export it or "
+                            f"give a default: ${{{name}:-value}}")
 
         return _ENV_REF.sub(sub, value)
     if isinstance(value, dict):
-        return {k: expand_env(v, env) for k, v in value.items()}
+        return {k: expand_env(v, env, source=source, field=f"{field}.{k}" if field else str(k)) for k, v in value.items()}
     if isinstance(value, list):
-        return [expand_env(v, env) for v in value]
+        return [expand_env(v, env, source=source, field=f"{field}.{i}" if field else str(i)) for i, v in enumerate(value)]
     return value
 
 
@@ -237,7 +240,7 @@ def load_job_spec(path: str | os.PathLike[str], overrides: list[str] | None = No
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a job spec is a YAML mapping with name, lake, inputs and graph")
     raw = apply_overrides(raw, overrides or [], source=source)
-    return validate_job_spec(expand_env(raw), source=source)
+    return validate_job_spec(expand_env(raw, source=source), source=source)
 
 
 def validate_job_spec(raw: dict[str, Any], *, source: str = "<spec>") -> JobSpec:

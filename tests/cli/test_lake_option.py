@@ -40,8 +40,13 @@ def test_lake_file_errors_name_the_file_and_field(tmp_path) -> None:
         open_lake(str(bad))
     unset = tmp_path / "unset.yaml"
     unset.write_text("root: /x\nstorage_options: {AWS_SECRET_ACCESS_KEY: '${DH_TEST_NEVER_SET}'}\n")
-    with pytest.raises(SpecError, match="environment variable DH_TEST_NEVER_SET is not set"):
+    with pytest.raises(SpecError, match=r"unset\.yaml: storage_options\.AWS_SECRET_ACCESS_KEY: environment variable "
+                                        "DH_TEST_NEVER_SET is not set"):
         open_lake(str(unset))
+    job = tmp_path / "job.yaml"
+    job.write_text("name: j\nlake: {root: '${DH_TEST_NEVER_SET}'}\n")
+    with pytest.raises(SpecError, match=r"job\.yaml: lake\.root: environment variable DH_TEST_NEVER_SET is not set"):
+        open_lake(str(job))
     listed = tmp_path / "list.yaml"
     listed.write_text("- root: /x\n")
     with pytest.raises(SpecError, match=r"list\.yaml: expected a mapping with root:"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -56,7 +57,7 @@ def test_overrides_and_env_expansion(tmp_path, monkeypatch):
     assert spec.graph["normalize"].params == {"max_blank_lines": 3}
     assert spec.engine.kind == "spark"
     monkeypatch.delenv("DATAHUB_TEST_ROOT")
-    with pytest.raises(SpecError, match="DATAHUB_TEST_ROOT is not set"):
+    with pytest.raises(SpecError, match=f"^{re.escape(str(path))}: lake.root: environment variable DATAHUB_TEST_ROOT is not set"):
         load_job_spec(path)
 
 
