@@ -63,6 +63,7 @@ class SortedIds:
                                                    run_rows=run_rows,
                                                    read_rows=min(BATCH_ROWS, run_rows or BATCH_ROWS))
         self._scratch: HeldScratch | None = None
+        self._bounds: dict[int, list[pa.Scalar]] = {}  # bounds(ids) once read: the file does not change once sealed
         self.count = 0  # distinct ids, known once sealed
 
     def __enter__(self) -> SortedIds:
@@ -126,7 +127,13 @@ class SortedIds:
 
     def bounds(self, ids: int) -> list[pa.Scalar]:
         """The first id of each of ``chunks(ids)`` but the first: where each partition's share of the id range
-        begins (one read of the file, nothing held but these)."""
+        begins (one read of the file, nothing held but these; kept, so the lookups of several releases, as
+        ``releases_containing`` makes, read them once)."""
+        if ids not in self._bounds:
+            self._bounds[ids] = self._read_bounds(ids)
+        return list(self._bounds[ids])
+
+    def _read_bounds(self, ids: int) -> list[pa.Scalar]:
         found: list[pa.Scalar] = []
         offset = 0
         for block in self.blocks():

@@ -174,3 +174,28 @@ def test_the_release_is_read_once_whatever_the_number_of_partitions(tmp_path, mo
     # the source release once in the lookup, then r1 and r2 once each for contained_in
     assert len(reads) == 3
     assert len(_rows(lake, "r3")) == 130 - 11  # "doc 7 of a" twice
+
+
+def test_releases_containing_reads_the_partition_bounds_of_the_ids_once(tmp_path, small_spill, monkeypatch):
+    """The bounds of the given ids' partitions are read from their spill once, not once per release: the spill is
+    read once for the bounds and once per release for its partitions' ids (before: twice per release)."""
+    lake = _lake(tmp_path / "lake")
+    create_release(lake, "r3")  # a third release of the same version
+    reads = []
+    real_tables = SortedIds._tables
+
+    def counted(self):
+        reads.append(self)
+        return real_tables(self)
+
+    monkeypatch.setattr(SortedIds, "_tables", counted)
+    named = [i for i in _given() if i]
+    with SortedIds(run_rows=4) as ids:
+        ids.add(pa.array(named))
+        ids.seal()
+        reads.clear()
+        found = releases_containing(lake, sample_ids=ids, partition_ids=3)
+        assert [r is ids for r in reads] == [True] * 4  # 1 for the bounds, 1 per release
+        held = {name: {r["sample_id"] for r in _rows(lake, name)} for name in ("r1", "r2", "r3")}
+        assert found == {name: len(rows & set(named)) for name, rows in held.items()}
+        assert ids.bounds(3) == ids.bounds(3) and len(ids.bounds(3)) == (ids.count - 1) // 3
