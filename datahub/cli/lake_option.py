@@ -86,13 +86,19 @@ def _option_text(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
-def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None) -> Lake:
-    """The ``Lake`` a ``--lake`` value names; explicit ``storage_options`` win over the file's."""
+def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None, must_exist: bool = True) -> Lake:
+    """The ``Lake`` a ``--lake`` value names; explicit ``storage_options`` win over the file's. A local root
+    that does not exist is refused unless ``must_exist`` is false (a command that may start a lake): a typo
+    in --lake must not read as an empty lake ("no runs", "nothing to move") to a script."""
     from datahub.lake import Lake
 
     if not is_lake_file(ref):
-        return Lake(ref, storage_options=storage_options)
-    spec = load_lake_spec(ref)
-    lake = Lake(spec.root, storage_options={**spec.storage_options, **(storage_options or {})})
-    lake.ref = ref  # hints in messages name the file, so a pasted command gets the storage options too
+        lake = Lake(ref, storage_options=storage_options)
+    else:
+        spec = load_lake_spec(ref)
+        lake = Lake(spec.root, storage_options={**spec.storage_options, **(storage_options or {})})
+        lake.ref = ref  # hints in messages name the file, so a pasted command gets the storage options too
+    if must_exist and lake.is_local and not Path(lake.root.removeprefix("file://")).is_dir():
+        raise SpecError(f"--lake {ref}: no lake at {lake.root} (no such directory); check the path "
+                        "(a lake is made by `datahub run JOB.yaml`)")
     return lake

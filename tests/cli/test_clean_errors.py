@@ -79,3 +79,20 @@ def test_lineage_of_a_source_given_as_a_relative_path_finds_its_records(lake):
     assert as_url.returncode == 0 and json.loads(as_url.stdout) == story
     missing = datahub("lineage", "--source", "b.jsonl", "--lake", str(lake), cwd=root)
     assert missing.returncode == 1 and "no record of b.jsonl" in missing.stderr
+
+
+@pytest.mark.parametrize("command", [["runs"], ["quarantine"], ["release", "list"], ["inspect"], ["evalset", "list"]])
+def test_a_typo_in_the_lake_path_is_an_error_not_an_empty_lake(lake, command):
+    """Before, `datahub runs --lake lake/dmeo` said 'no runs recorded' with exit 0 (and `tier plan` 'nothing to move')."""
+    typo = lake.parent / "lkae"
+    out = datahub(*command, "--lake", str(typo))
+    assert_clean_error(out, f"--lake {typo}: no lake at {typo} (no such directory)")
+    assert datahub(*command, "--lake", str(lake)).returncode == 0
+
+
+def test_a_typo_in_the_lake_path_makes_tier_plan_fail(lake, tmp_path):
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n")
+    out = datahub("tier", "plan", "--lake", str(lake.parent / "lkae"), "--storage", str(storage))
+    assert_clean_error(out, "no lake at")
+    assert "nothing to move" in datahub("tier", "plan", "--lake", str(lake), "--storage", str(storage)).stdout

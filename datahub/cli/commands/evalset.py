@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         from datahub.cli.lake_option import open_lake
         from datahub.evalset import add_evalset
 
-        result = add_evalset(open_lake(lake), name, path)
+        result = add_evalset(open_lake(lake, must_exist=False), name, path)  # may be a new lake's first table
         if as_json:
             print_json(result.as_dict())
             return
