@@ -4,7 +4,10 @@ an export's spill, a redact's take-down ids and a sort's runs are the size of th
 those of processes running at the same time.
 
 ``scratch_dir`` is the folder of a block (an export); ``HeldScratch`` the folder of an object (a ``SortedRuns``, a
-redact's ``SortedIds``), removed by ``close()`` or when the object is collected, whichever comes first.
+redact's ``SortedIds``), removed by ``close()`` or when the object is collected, whichever comes first. A process
+sweeps a prefix in a parent folder at its first ``HeldScratch`` there only (one listdir of TMPDIR, not one per sort or
+lookup): what a process killed before it left is gone then, and what one killed later leaves is swept by the next
+process, as each command is one; a forked child (another pid) sweeps again.
 
 The lock is an ``fcntl.flock`` on ``.lock`` inside the folder, taken before the folder gets its swept name (it is
 created under a hidden name and renamed), so a sweep never sees a live folder unlocked. A folder without ``.lock``
@@ -18,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,15 +66,31 @@ def scratch_dir(prefix: str, *, parent: str | None = None) -> Iterator[str]:
 class HeldScratch:
     """A locked scratch folder ``{parent}/{prefix}XXXXXXXX`` (``path``) for an object's spill: removed by ``close()``
     or when this object is collected (keep it as an attribute of its owner); folders of ``prefix`` that killed
-    processes left in ``parent`` are swept first."""
+    processes left in ``parent`` are swept first, once per process (``_sweep_once``)."""
 
     def __init__(self, prefix: str, *, parent: str | None = None) -> None:
-        sweep_stale(prefix, parent=parent)
+        _sweep_once(prefix, parent or tempfile.gettempdir())
         self.path, handle = _locked_folder(prefix, parent)
         self._finalizer = weakref.finalize(self, _remove, self.path, handle)
 
     def close(self) -> None:
         self._finalizer()
+
+
+_swept: set[tuple[int, str, str]] = set()  # (pid, prefix, parent) this process has swept
+_swept_lock = threading.Lock()
+
+
+def _sweep_once(prefix: str, parent: str) -> None:
+    """``sweep_stale`` unless this process (its pid: a forked child is another) swept ``prefix`` in ``parent``
+    already. What a later sweep here could find was left by a process killed after this one's first sweep: the next
+    process to spill there sweeps it."""
+    key = (os.getpid(), prefix, os.path.realpath(parent))
+    with _swept_lock:
+        if key in _swept:
+            return
+        sweep_stale(prefix, parent=parent)
+        _swept.add(key)  # only once it went through: a failed sweep is tried again
 
 
 def sweep_stale(prefix: str, *, parent: str | None = None) -> list[str]:

@@ -97,3 +97,57 @@ def test_a_killed_redacts_sorted_ids_are_removed_by_the_next_one(tmp_path: Path,
         assert [i for a in ids.blocks() for i in a.to_pylist()] == ["p", "q"]
         assert len(_folders(tmp_path, IDS_PREFIX)) == 1  # its own; the killed one's removed
     assert _folders(tmp_path, IDS_PREFIX) == []
+
+
+def test_a_process_sweeps_a_prefix_once_and_the_next_process_what_was_killed_meanwhile(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """Every sort or lookup used to list its parent folder (TMPDIR: may be large) for stale folders at its first
+    spill; now a process lists each prefix's parent once. A process killed before that sweep is cleaned up by it; one
+    killed after it, by the next process that spills there."""
+    import pyarrow as pa
+
+    from datahub.lake.external_sort import SortedRuns
+    from datahub.lake.scratch import HeldScratch
+
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def counting_listdir(path: str = ".") -> list[str]:
+        if os.path.realpath(path) == os.path.realpath(tmp_path):
+            listed.append(path)
+        return real_listdir(path)
+
+    def killed_sort() -> str:
+        child = _start(SORT, str(tmp_path), "kill", tmpdir=tmp_path)
+        assert child.stdout is not None and child.stdout.readline().strip() == "spilled"
+        assert child.wait(timeout=60) == -signal.SIGKILL
+        return (set(_folders(tmp_path, SORT_PREFIX)) - before).pop()
+
+    def sort_here() -> None:
+        with SortedRuns(pa.schema([("k", pa.string())]), "k", run_rows=2, directory=str(tmp_path)) as runs:
+            runs.add(pa.table({"k": ["c", "b", "a"]}))
+            assert [k for t in runs.merged() for k in t.column("k").to_pylist()] == ["a", "b", "c"]
+
+    before: set[str] = set()
+    first = killed_sort()
+    monkeypatch.setattr(os, "listdir", counting_listdir)
+    for _ in range(3):
+        sort_here()
+    assert len(listed) == 1  # at the first sort only
+    HeldScratch("datahub-other-", parent=str(tmp_path)).close()  # another prefix: swept once too
+    HeldScratch("datahub-other-", parent=str(tmp_path)).close()
+    assert len(listed) == 2
+    monkeypatch.undo()
+    assert _folders(tmp_path, SORT_PREFIX) == []  # the killed sort's removed by the first sweep
+    second = killed_sort()
+    assert second != first
+    sort_here()
+    assert _folders(tmp_path, SORT_PREFIX) == [second]  # killed after this process's sweep: left to the next one
+    live = _start(SORT, str(tmp_path), "live", tmpdir=tmp_path)
+    try:
+        assert live.stdout is not None and live.stdout.readline().strip() == "spilled"
+        running = _folders(tmp_path, SORT_PREFIX)
+        assert len(running) == 1 and running != [second]  # the next process swept it
+    finally:
+        live.kill()
+        live.wait()
