@@ -45,6 +45,26 @@ def _schedule(spec: JobSpec, source: str) -> str:
     return spec.schedule
 
 
+def _absolute_paths(spec: JobSpec, source: str, lake: str | None) -> None:
+    """Refuse relative local paths: a scheduled run has no working directory of the user's (an Airflow task runs
+    in a temporary directory, a pod in its image's WORKDIR), so a relative lake would be written there and lost,
+    and relative inputs would match nothing."""
+    def relative(path: str) -> bool:
+        return "://" not in path and not os.path.isabs(path)
+
+    where = "--lake" if lake else "lake.root"
+    root = lake or spec.lake.root
+    if relative(root):
+        raise SpecError(f"{source}: {where}: {root!r} is a relative path, which a scheduled run resolves against the "
+                        "scheduler's working directory (an Airflow task's temporary directory, the container's WORKDIR), "
+                        "so the lake would be lost; give an absolute path or s3://bucket/prefix"
+                        + ("" if lake else ", or pass --lake"))
+    for i, item in enumerate(spec.inputs):
+        if relative(item.uri):
+            raise SpecError(f"{source}: inputs.{i}.uri: {item.uri!r} is a relative path, which a scheduled run resolves "
+                            "against the scheduler's working directory; give an absolute path or a URI (s3://, hdfs://)")
+
+
 def _run_args(job_path: str, lake: str | None) -> list[str]:
     return ["run", job_path] + (["--lake", lake] if lake else [])
 
@@ -149,6 +169,7 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
         spec = load_job_spec(source)
         build_graph(spec, source=source)  # unknown operators, bad params, cycles: refused before rendering
         _schedule(spec, source)
+        _absolute_paths(spec, source, lake)
         if target == "k8s-cronjob":
             text = render_k8s_cronjob(spec, spec_text=Path(source).read_text(), spec_file=Path(source).name,
                                       image=image, lake=lake, namespace=namespace, source=source)

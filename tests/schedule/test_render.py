@@ -115,3 +115,21 @@ def test_job_without_schedule_is_refused(tmp_path):
         render_jobs([job], target="airflow", out=tmp_path / "out")
     result = run_cli(["schedule", "render", "--target", "cron-tab", str(job), "--out", str(tmp_path / "o")])
     assert result.returncode == 2 and "choose one of k8s-cronjob, airflow" in result.stderr
+
+
+def test_relative_lake_or_inputs_are_refused_before_rendering(tmp_path):
+    """A scheduled run's working directory is the scheduler's (an Airflow task's temporary directory, the pod's
+    WORKDIR): a relative lake.root would be written there and lost, relative inputs would match nothing."""
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=1)
+    relative_lake = write_job(tmp_path / "rel-lake.yaml", {**job_raw(corpus, "./lake/demo"), "schedule": "@daily"})
+    for target in ("airflow", "k8s-cronjob"):
+        with pytest.raises(SpecError, match=r"rel-lake.yaml: lake.root: './lake/demo' is a relative path.*or pass --lake"):
+            render_jobs([relative_lake], target=target, out=tmp_path / "out")
+    assert render_jobs([relative_lake], target="airflow", out=tmp_path / "out", lake="/data/lake")
+    with pytest.raises(SpecError, match=r"--lake: 'lake' is a relative path"):
+        render_jobs([relative_lake], target="airflow", out=tmp_path / "out", lake="lake")
+    raw = {**job_raw(corpus, "s3://lake/prod"), "schedule": "@daily"}
+    raw["inputs"] = [{**raw["inputs"][0], "uri": "data/demo/*.jsonl.*"}]
+    relative_inputs = write_job(tmp_path / "rel-inputs.yaml", raw)
+    result = run_cli(["schedule", "render", "--target", "airflow", str(relative_inputs), "--out", str(tmp_path / "o")])
+    assert result.returncode == 2 and "inputs.0.uri: 'data/demo/*.jsonl.*' is a relative path" in result.stderr
