@@ -60,7 +60,7 @@ class Move:
     shards: int
     bytes: int
     storage_class: str | None = None
-    leftover: bool = False  # a delete of files the manifest already dropped (an interrupted apply)
+    leftover: bool = False  # a delete of files no manifest names (an interrupted apply); a token-only replica stays
     verify: bool = False  # repair (and a copy of token files only): replicas were checked by sha256, not only by size
     token_files: int = 0  # copy: token files (.bin/.idx/.ids each) the tier lacks, copied too; delete: removed too
     token_bytes: int = 0
