@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -69,11 +69,13 @@ def run_suites(
     commit: bool = True,
     suites_dir: str | Path | None = None,
     engine: Literal["local", "ray", "spark"] | Engine = "local",
+    progress: Callable[[str, int, int | None], None] | None = None,
 ) -> list[QAResult]:
     """Run several suites on one table version: one streaming pass over the columns they name, in bounded
     memory (``datahub.qa.validate.run_suites_streaming``), or on an engine (``datahub.qa.engine``: Ray tasks
     computing the same aggregates per file, or Great Expectations' Spark engine on a Spark DataFrame). A named
-    engine is started here (embedded, local) and stopped after; pass a started ``Engine`` to use a cluster."""
+    engine is started here (embedded, local) and stopped after; pass a started ``Engine`` to use a cluster.
+    ``progress(stage, done, total)`` follows the local pass's rows (called from no engine pass)."""
     from datahub.config.suites import load_suite
     from datahub.qa.validate import run_suites_streaming
 
@@ -84,7 +86,8 @@ def run_suites(
         running = engine_in_scope(engine, scope, purpose="QA")
         if running is None:
             dataset = lake.dataset(table, version)
-            outcomes = run_suites_streaming(dataset, loaded, total_rows=dataset.count_rows())  # rows from footers
+            outcomes = run_suites_streaming(dataset, loaded, total_rows=dataset.count_rows(),  # rows from footers
+                                            progress=progress)
         elif running.name == "ray":
             outcomes = run_suites_on_ray(running, lake, loaded, table=table, version=version)
         else:

@@ -128,6 +128,26 @@ def test_progress_is_log_lines_when_not_a_terminal(capsys):
     assert len(lines) == 2 and lines[0].endswith("run demo: rows 10 (0s)") and "run demo: qa 0" in lines[1]
 
 
+def test_qa_prints_its_rows_as_log_lines_when_piped(lake_with_runs):
+    """A QA pass over a large table takes minutes: like a run, it is never silent in a cron log."""
+    lake, _, _ = lake_with_runs
+    out = datahub("qa", "--lake", str(lake), "--no-record")
+    assert out.returncode == 0, out.stderr
+    assert "qa samples: rows 0/3" in out.stderr and "passed" in out.stdout
+    quiet = datahub("qa", "--lake", str(lake), "--no-record", "--json")
+    assert "rows" not in quiet.stderr and json.loads(quiet.stdout)["success"] is True
+
+
+def test_qa_reports_rows_done_through_its_python_api(lake_with_runs):
+    from datahub.lake import Lake
+    from datahub.qa import run_suites
+
+    lake, _, _ = lake_with_runs
+    seen: list[tuple[str, int, int | None]] = []
+    run_suites(Lake(lake), suites=["samples.v1"], commit=False, progress=lambda *call: seen.append(call))
+    assert seen[0] == ("rows", 0, 3) and seen[-1] == ("rows", 3, 3)
+
+
 def test_a_run_prints_phases_and_the_stats_sink(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.jsonl").write_text("".join(json.dumps({"text": f"a document about topic {i} and more words"}) + "\n"

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
-from datahub.cli.output import console, print_json
+from datahub.cli.output import console, print_json, progress
 
 
 def register(app: typer.Typer) -> None:
@@ -41,8 +41,9 @@ def register(app: typer.Typer) -> None:
             running = make_engine(spec)
             running.start()
         try:
-            results = run_suites(open_lake(lake_ref(lake_arg, lake, command="qa")), suites=suite, table=table,
-                                 version=version, commit=not no_record, engine=running or "local")
+            with progress(f"qa {table}", enabled=not as_json) as update:
+                results = run_suites(open_lake(lake_ref(lake_arg, lake, command="qa")), suites=suite, table=table,
+                                     version=version, commit=not no_record, engine=running or "local", progress=update)
         finally:
             if running is not None:
                 running.stop()
