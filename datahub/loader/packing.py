@@ -202,7 +202,7 @@ class TokenFiles:
             import json
 
             where = str(source)
-            source = TokenManifest.from_dict(json.loads(Path(where).read_text()), where=where)
+            source = TokenManifest.from_dict(_manifest_json(where), where=where)
         if isinstance(source, TokenManifest):
             from datahub.loader.token_replicas import open_replicas
 
@@ -217,6 +217,24 @@ class TokenFiles:
             raise SpecError("PackedDataset: no token files given; pass a token manifest or indexed file prefixes")
         identity = "\n".join(f"{Path(f.prefix).name} {f.num_documents} {f.num_tokens}" for f in files)
         return cls(files, digest=hashlib.sha256(identity.encode()).hexdigest(), append_eod=append_eod)
+
+
+def _manifest_json(where: str) -> Any:
+    """A token manifest's JSON; a missing file or a text export's manifest is a ManifestError saying which file to give."""
+    import json
+
+    from datahub.loader.errors import ManifestError
+
+    hint = ("give the tokens-manifest.json that `datahub export --tokenizer` writes (RELEASE/tokens-SHA12/ on the "
+            "tier, or LAKE/_exports/RELEASE/tokens-SHA12.json)")
+    try:
+        data = json.loads(Path(where).read_text())
+    except FileNotFoundError:
+        raise ManifestError(f"{where}: no such token manifest; {hint}") from None
+    if isinstance(data, dict) and "shards" in data and "files" not in data:
+        raise ManifestError(f"{where}: the manifest of a text export (WebDataset shards, read by ReleaseDataset), not "
+                            f"of token files; {hint}")
+    return data
 
 
 class TokenLayout:

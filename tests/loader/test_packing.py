@@ -492,3 +492,15 @@ def test_token_manifest_replicas_are_hashed_once_per_verdict_store(
     assert len(hashed) == 3 * len(corpus[0]), "a later dataset trusts the verdicts"
     PackedDataset(str(path), verify="always", **SETTINGS)
     assert len(hashed) == 6 * len(corpus[0])
+
+
+def test_a_missing_token_manifest_or_a_text_manifest_says_which_file_to_give(tmp_path: Path) -> None:
+    from datahub.loader.errors import ManifestError
+
+    with pytest.raises(ManifestError, match=r"nope/tokens-manifest.json: no such token manifest; give the "
+                                            r"tokens-manifest.json that `datahub export --tokenizer` writes"):
+        PackedDataset(str(tmp_path / "nope" / "tokens-manifest.json"), **SETTINGS)
+    text = tmp_path / "manifest.json"  # what `datahub export` without --tokenizer publishes next to the shards
+    text.write_text(json.dumps({"manifest_version": 1, "release": "r", "shards": [{"name": "r-000000.tar"}]}))
+    with pytest.raises(ManifestError, match=r"manifest.json: the manifest of a text export .*, not of token files"):
+        PackedDataset(str(text), **SETTINGS)
