@@ -96,3 +96,11 @@ def test_a_typo_in_the_lake_path_makes_tier_plan_fail(lake, tmp_path):
     out = datahub("tier", "plan", "--lake", str(lake.parent / "lkae"), "--storage", str(storage))
     assert_clean_error(out, "no lake at")
     assert "nothing to move" in datahub("tier", "plan", "--lake", str(lake), "--storage", str(storage)).stdout
+
+
+def test_a_merge_threshold_out_of_range_is_refused_as_a_bad_option_value(lake):
+    out = datahub("release", "merge", "m", "--from", "a", "--from", "b", "--dedup", "near", "--threshold", "2",
+                  "--lake", str(lake))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert "Invalid value for --threshold: must be in (0, 1], got 2.0" in out.stderr, out.stderr
+    assert "validation error" not in out.stderr and "pydantic" not in out.stderr

@@ -157,7 +157,8 @@ def register(app: typer.Typer) -> None:
         dedup: DedupChoice = typer.Option(DedupChoice.exact, "--dedup",
                                           help="Cross-release dedup: exact (normalized content hash), near (MinHash-LSH) or none."),
         no_dedup: bool = typer.Option(False, "--no-dedup", help="Keep every row (the same as --dedup none)."),
-        threshold: float = typer.Option(0.8, "--threshold", help="--dedup near: Jaccard similarity of near duplicates."),
+        threshold: float = typer.Option(0.8, "--threshold", help="--dedup near: Jaccard similarity of near duplicates, "
+                                                                 "in (0, 1]."),
         verify: bool = typer.Option(True, "--verify/--no-verify",
                                     help="--dedup near: drop only candidates whose exact shingle Jaccard reaches --threshold."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weighted sampling."),
@@ -166,6 +167,8 @@ def register(app: typer.Typer) -> None:
         """Combine releases into a new frozen one (deduplicated, optionally weighted)."""
         from datahub.release import merge_releases, parse_weights
 
+        if not 0 < threshold <= 1:  # before any reading, and not as the dedup params' pydantic dump
+            raise typer.BadParameter(f"must be in (0, 1], got {threshold}", param_hint="--threshold")
         mode = cast("DedupMode", "none" if no_dedup else dedup.value)  # DedupChoice lists the modes
         release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=mode,
                                  threshold=threshold, verify=verify, seed=seed)
