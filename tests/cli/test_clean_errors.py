@@ -104,3 +104,14 @@ def test_a_merge_threshold_out_of_range_is_refused_as_a_bad_option_value(lake):
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "Invalid value for --threshold: must be in (0, 1], got 2.0" in out.stderr, out.stderr
     assert "validation error" not in out.stderr and "pydantic" not in out.stderr
+
+
+def test_file_tokens_zero_is_refused_not_taken_as_the_default(lake, tmp_path):
+    from tests.export.test_tokens import train_tokenizer
+
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n")
+    out = datahub("export", "t0", "--lake", str(lake), "--tier", "cfs", "--storage", str(storage), "--table", "samples",
+                  "--tokenizer", str(train_tokenizer(tmp_path / "tok.json")), "--file-tokens", "0")
+    assert_clean_error(out, "--file-tokens must be >= 1, got 0")
+    assert not (tmp_path / "cfs").exists()

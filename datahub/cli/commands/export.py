@@ -125,7 +125,8 @@ def _export_tokens(the_lake: Any, release: str, *, tokenizer: Path, table: str |
     from datahub.export.tokens import DEFAULT_FILE_TOKENS, export_table_tokens, export_tokens
 
     options: dict[str, Any] = {"tokenizer": tokenizer, "tier": tier, "storage": config, "eod_token": eod_token,
-                               "file_tokens": file_tokens or DEFAULT_FILE_TOKENS, "add_special_tokens": add_special_tokens,
+                               "file_tokens": DEFAULT_FILE_TOKENS if file_tokens is None else file_tokens,  # 0 is refused
+                               "add_special_tokens": add_special_tokens,
                                "shuffle_seed": shuffle_seed, "engine": engine, "workers": workers, "verify": verify}
     with progress(f"export {release} tokens", enabled=not as_json) as update:
         if table is not None:
