@@ -226,9 +226,12 @@ def format_validation_error(source: str, error: ValidationError, *, prefix: str 
             msg = "unknown field; remove it or check the spelling"
         elif item["type"] == "missing":
             msg = "required field is missing; add it"
+        elif item["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")  # our validators' own sentences
         got = item.get("input")
-        got_text = "" if item["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"{source}: {loc}: {msg}{got_text}")
+        quiet = item["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) or repr(got) in msg
+        got_text = "" if quiet else f" (got {got!r})"
+        lines.append(f"{source}: {loc + ': ' if loc else ''}{msg}{got_text}")  # a model-wide check has no field
     return "\n".join(lines)
 
 

@@ -79,3 +79,38 @@ def test_empty_lake_root_is_refused_with_field_and_fix(tmp_path, monkeypatch, ro
     message = error_of(tmp_path, BASE.replace("lake: {root: /tmp/x}", f"lake: {{root: {root}}}"))
     assert "job.yaml: lake.root:" in message and "is empty" in message
     assert "current directory" in message and "lake: {root: /data/lake}" in message and "export" in message
+
+
+def test_validator_messages_read_as_sentences_with_their_field():
+    """Our own validators' ValueErrors: no pydantic 'Value error, ' prefix, no second '(got ...)' when the message
+    already shows the value, and no empty field for a check over the whole file."""
+    from pydantic import BaseModel, ValidationError, field_validator, model_validator
+
+    from datahub.config.spec import format_validation_error
+
+    class Tier(BaseModel):
+        endpoint_url: str
+
+        @field_validator("endpoint_url")
+        @classmethod
+        def _scheme(cls, value: str) -> str:
+            if not value.startswith("http"):
+                raise ValueError(f"must start with http:// or https://, got {value!r}")
+            return value
+
+    class Config(BaseModel):
+        tiers: dict[str, Tier]
+
+        @model_validator(mode="after")
+        def _named(self) -> "Config":
+            if "hot" not in self.tiers:
+                raise ValueError("policy.classes.hot names unknown tiers ['hot']")
+            return self
+
+    with pytest.raises(ValidationError) as bad_field:
+        Config(tiers={"c": {"endpoint_url": "localhost:7480"}})
+    assert format_validation_error("s.yaml", bad_field.value) == \
+        "s.yaml: tiers.c.endpoint_url: must start with http:// or https://, got 'localhost:7480'"
+    with pytest.raises(ValidationError) as whole:
+        Config(tiers={"c": {"endpoint_url": "http://x"}})
+    assert format_validation_error("s.yaml", whole.value) == "s.yaml: policy.classes.hot names unknown tiers ['hot']"

@@ -16,7 +16,7 @@ def test_errors_name_the_file_and_field(tmp_path) -> None:
     with pytest.raises(SpecError) as info:
         load_storage_config(path)
     message = str(info.value)
-    assert f"{path}: tiers.ceph.ceph.endpoint_url: Value error, must start with http://" in message
+    assert f"{path}: tiers.ceph.ceph.endpoint_url: must start with http://" in message
     assert f"{path}: tiers.ceph.ceph.bucket: required field is missing" in message
     with pytest.raises(SpecError, match=r"^s\.yaml: .*policy\.classes\.hot names unknown tiers \[.ceph.\]"):
         validate_storage_config({"tiers": {"cfs": {"kind": "cfs", "path": "/x"}},
