@@ -182,19 +182,27 @@ def register(app: typer.Typer) -> None:
 
     @group.command("promote")
     def promote_(name: str = typer.Argument(...), lake: str = LAKE,
-                 channel: str = typer.Option("stable", "--channel", help="Channel to move.")) -> None:
+                 channel: str = typer.Option("stable", "--channel", help="Channel to move."),
+                 as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Point a channel at a release."""
         from datahub.release import promote
 
         promote(_lake(lake), name, channel=channel)
+        if as_json:
+            print_json({"channel": channel, "release": name})
+            return
         console().print(f"[green]{channel}[/] -> {name}")
 
     @group.command("rollback")
-    def rollback_(lake: str = LAKE, channel: str = typer.Option("stable", "--channel", help="Channel to move back.")) -> None:
+    def rollback_(lake: str = LAKE, channel: str = typer.Option("stable", "--channel", help="Channel to move back."),
+                  as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
         """Move a channel back to the release it pointed at before."""
         from datahub.release import rollback
 
         release = rollback(_lake(lake), channel=channel)
+        if as_json:
+            print_json({"channel": channel, "release": release.name if release else None})
+            return
         console().print(f"[yellow]{channel}[/] rolled back -> {release.name if release else '-'}")
 
     @group.command("redact")
@@ -262,10 +270,14 @@ def _register_archive(group: typer.Typer) -> None:
         lake: str = LAKE,
         undo: bool = typer.Option(False, "--undo", help="Un-archive: the policy places it by channel and reads again."),
         reason: Optional[str] = typer.Option(None, "--reason", help="Why (kept with the event)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Archive a release: an append-only event; `datahub tier apply` then moves it to the cold tiers."""
         from datahub.release.events import archive_release
 
         changed = archive_release(_lake(lake), name, undo=undo, reason=reason)
         state = "unarchived" if undo else "archived"
+        if as_json:
+            print_json({"release": name, "state": state, "changed": changed})
+            return
         console().print(f"release {name} {state}" if changed else f"release {name} was already {state}")

@@ -138,8 +138,8 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
 
 @tier_app.command("touch")
 def touch(release: str = typer.Argument(..., help="The release that was read."), lake: str = _LAKE,
-          reader: Optional[str] = typer.Option(None, "--reader", help="Who read it (job name, host): kept with the event.")
-          ) -> None:
+          reader: Optional[str] = typer.Option(None, "--reader", help="Who read it (job name, host): kept with the event."),
+          as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Record that a release was read today, so the policy keeps it hot (at most one event per release per day).
 
     Run it where a training job starts (or from rank 0): trainers usually hold read-only lake credentials,
@@ -150,4 +150,7 @@ def touch(release: str = typer.Argument(..., help="The release that was read."),
     from datahub.cli.lake_option import open_lake
 
     recorded = record_read(open_lake(lake), release, reader=reader)
+    if as_json:
+        print_json({"release": release, "recorded": recorded})
+        return
     console().print(f"read of {release} recorded" if recorded else f"read of {release} already recorded today")

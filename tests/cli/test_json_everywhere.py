@@ -1,0 +1,72 @@
+"""Every command that prints a result takes --json (a script in Airflow or cron parses it, not the text)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.main import get_command
+
+from datahub.cli.main import app
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def datahub(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
+def commands(command=None, path: tuple[str, ...] = ()):
+    command = command or get_command(app)
+    subcommands = getattr(command, "commands", None)
+    if not subcommands:
+        yield " ".join(path), command
+        return
+    for name, sub in subcommands.items():
+        yield from commands(sub, (*path, name))
+
+
+def test_every_command_has_json():
+    missing = [name for name, command in commands()
+               if "--json" not in {opt for param in command.params for opt in param.opts}]
+    assert not missing, missing
+
+
+@pytest.fixture(scope="module")
+def lake_with_a_release(tmp_path_factory) -> Path:
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.lake import Lake
+    from datahub.pipeline.run import run_job
+    from datahub.release.create import create_release
+
+    root = tmp_path_factory.mktemp("json")
+    (root / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} about rivers and the valley towns"}) + "\n"
+                                          for i in range(3)))
+    spec = validate_job_spec({"name": "small", "lake": {"root": str(root / "lake")},
+                              "inputs": [{"uri": str(root / "a.jsonl")}], "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    create_release(Lake(root / "lake"), "r1")
+    create_release(Lake(root / "lake"), "r2")
+    return root / "lake"
+
+
+def test_channel_and_event_commands_print_json(lake_with_a_release):
+    lake = str(lake_with_a_release)
+
+    def run_json(*args: str) -> object:
+        out = datahub(*args, "--lake", lake, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert run_json("release", "promote", "r1", "--channel", "beta") == {"channel": "beta", "release": "r1"}
+    assert run_json("release", "promote", "r2", "--channel", "beta") == {"channel": "beta", "release": "r2"}
+    assert run_json("release", "rollback", "--channel", "beta") == {"channel": "beta", "release": "r1"}
+    assert run_json("release", "archive", "r2") == {"release": "r2", "state": "archived", "changed": True}
+    assert run_json("release", "archive", "r2") == {"release": "r2", "state": "archived", "changed": False}
+    assert run_json("tier", "touch", "r1") == {"release": "r1", "recorded": True}
