@@ -66,10 +66,13 @@ class SampleStory:
         return dict(self.__dict__)
 
 
-def _fate(events: list[dict[str, Any]]) -> str:
+def _fate(sample_id: str, events: list[dict[str, Any]]) -> str:
     if not events:
         return "unknown"
-    pipeline = [e for e in events if not (e["run_id"] or "").startswith("release/")]
+    # a drop whose dup_of is this very id dropped another record with the same content (a second copy in the
+    # inputs, or a page seen again by a later run): the sample itself lives on in the kept record
+    pipeline = [e for e in events if not (e["run_id"] or "").startswith("release/")
+                and not (isinstance(e["ref"], dict) and e["ref"].get("dup_of") == sample_id)]
     if any(e["action"] == "quarantined" for e in pipeline):
         return "quarantined"
     if any(e["action"] == "dropped" for e in pipeline):
@@ -91,7 +94,7 @@ def story_from_events(sample_id: str, rows: list[dict[str, Any]]) -> SampleStory
     ]
     releases = list(dict.fromkeys(e["ref"] for e in events if e["action"] == "released"))
     exports = [e["ref"] for e in events if e["action"] == "exported"]
-    return SampleStory(sample_id, _fate(events), origins, events, releases, exports)
+    return SampleStory(sample_id, _fate(sample_id, events), origins, events, releases, exports)
 
 
 def sample_lineage(lake: Lake, sample_id: str) -> SampleStory:

@@ -1,0 +1,35 @@
+"""The fate of a sample id whose content came twice: exact dedup drops the second record as a duplicate of the
+same id (dup_of is the sample itself), so the sample is kept, not dropped (the demo corpus has 10 such samples,
+and every incremental run that sees a page again makes one)."""
+
+from __future__ import annotations
+
+import json
+
+from datahub.config.spec import validate_job_spec
+from datahub.engines.arrow import ArrowEngine
+from datahub.lake import Lake
+from datahub.lineage import sample_lineage, source_lineage
+from datahub.pipeline.run import run_job
+from datahub.release.create import create_release
+from datahub.sample_id import sample_id_of
+
+TWICE = "a page that was crawled twice, word for word, about rivers and valley towns"
+ONCE = "a page that was crawled once, about mountains and the long history of the towns"
+
+
+def test_a_sample_whose_second_copy_was_dropped_is_kept(tmp_path):
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in (TWICE, ONCE, TWICE)))
+    spec = validate_job_spec({"name": "twice", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": str(source)}],
+                              "graph": {"exact": {"op": "exact_dedup"}, "samples": {"sink": "samples", "after": ["exact"]}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = Lake(tmp_path / "lake")
+    create_release(lake, "r1")
+    story = sample_lineage(lake, sample_id_of(TWICE))
+    drop = next(e for e in story.events if e["action"] == "dropped")
+    assert drop["ref"]["dup_of"] == sample_id_of(TWICE)  # the second record, a copy of the same sample
+    assert story.fate == "kept" and story.releases == ["r1"]
+    assert sample_lineage(lake, sample_id_of(ONCE)).fate == "kept"
+    records = source_lineage(lake, str(source)).records
+    assert [r["fate"] for r in records] == ["kept", "kept", "kept"]  # one sample id, kept (from its first record)
