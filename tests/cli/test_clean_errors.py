@@ -115,3 +115,15 @@ def test_file_tokens_zero_is_refused_not_taken_as_the_default(lake, tmp_path):
                   "--tokenizer", str(train_tokenizer(tmp_path / "tok.json")), "--file-tokens", "0")
     assert_clean_error(out, "--file-tokens must be >= 1, got 0")
     assert not (tmp_path / "cfs").exists()
+
+
+def test_run_takes_a_lake_yaml_as_every_other_command_does(tmp_path):
+    """README: every command takes --lake ROOT_OR_YAML. Before, `datahub run JOB --lake lake.yaml` made lake.root the
+    YAML's own path (its first write failed with 'lake.yaml/_leases: Not a directory')."""
+    lake_file = tmp_path / "lake.yaml"
+    lake_file.write_text(f"root: {tmp_path / 'from-yaml'}\nstorage_options: {{AWS_REGION: us-east-1}}\n")
+    out = datahub("run", "jobs/demo.yaml", "--lake", str(lake_file), "--check", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["lake"] == str(tmp_path / "from-yaml")
+    root = datahub("run", "jobs/demo.yaml", "--lake", str(tmp_path / "plain"), "--check")
+    assert root.returncode == 0 and f"lake {tmp_path / 'plain'}," in root.stdout

@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
         job: Path = typer.Argument(..., help="Job spec YAML, e.g. jobs/demo.yaml.", exists=False),
-        lake: Optional[str] = typer.Option(None, "--lake", help="Override lake.root (a path or s3://bucket/prefix)."),
+        lake: Optional[str] = typer.Option(None, "--lake", help="Override the spec's lake: a root (a path or "
+                                           "s3://bucket/prefix) for lake.root, or a lake YAML with root + "
+                                           "storage_options (or another job spec) for the whole lake section."),
         engine: Optional[str] = typer.Option(None, "--engine", help="Override engine.kind: ray | spark."),
         set_: list[str] = typer.Option([], "--set", help="Override any spec field: --set graph.dedup.params.threshold=0.9 (repeatable)."),
         full: bool = typer.Option(False, "--full", help="Reprocess every input file, not only new ones."),
@@ -32,21 +34,27 @@ def register(app: typer.Typer) -> None:
         from datahub.pipeline.run import run_job
         from datahub.qa import run_for_job
 
+        from datahub.cli.lake_option import is_lake_file, load_lake_spec
+
         overrides = list(set_)
-        if lake:
+        lake_file = lake is not None and is_lake_file(lake)
+        if lake and not lake_file:
             overrides.append(f"lake.root={lake}")
         if engine:
             overrides.append(f"engine.kind={engine}")
         spec = load_job_spec(job, overrides)
+        if lake_file:  # as every other command's --lake: the file's root and storage options, not a root named *.yaml
+            assert lake is not None
+            spec = spec.model_copy(update={"lake": load_lake_spec(lake)})
         if check:
             build_graph(spec, source=str(job))  # operators, params, edges: what run_job checks first
             files = list_input_files(spec.inputs, source=str(job))
             if as_json:
-                print_json({"job": spec.name, "valid": True, "inputs": [f.uri for f in files]})
+                print_json({"job": spec.name, "valid": True, "lake": spec.lake.root, "inputs": [f.uri for f in files]})
             else:
                 out = console()
                 out.print(f"[green]ok[/] {plain(job)}: job {plain(repr(spec.name))}, {len(spec.graph)} graph nodes, "
-                          f"{len(files)} input files:")
+                          f"lake {plain(spec.lake.root)}, {len(files)} input files:", soft_wrap=True)
                 for f in files:
                     out.print(f"  {plain(f.uri)}  ({f.size} bytes)", soft_wrap=True)
             return
