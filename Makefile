@@ -22,7 +22,7 @@ install: $(STAMP)
 demo: install
 	rm -rf lake/demo lake/demo-cfs
 	$(BIN)/datahub run jobs/demo.yaml
-	$(BIN)/datahub inspect lake/demo
+	$(BIN)/datahub inspect --lake lake/demo
 	$(BIN)/datahub release create demo-v1 --lake lake/demo
 	$(BIN)/datahub export demo-v1 --lake lake/demo --tier cfs --storage jobs/storage.demo.yaml --shard-samples 50
 	$(BIN)/python -c "from datahub.loader import ReleaseDataset; ds = ReleaseDataset('demo-v1', lake='lake/demo'); \

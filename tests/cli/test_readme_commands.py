@@ -1,5 +1,6 @@
-"""The README's command examples, as a new user copies them: every `datahub ...` line of a ```bash block names a
-real command, only options that command has, and every option it requires."""
+"""The README's command examples, as a new user copies them, and the commands `make demo` runs: every `datahub ...`
+line of a ```bash block (or of the Makefile) names a real command, only options that command has, every option it
+requires, and no deprecated positional lake."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typer.main import get_command
 from datahub.cli.main import app
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+MAKEFILE = README.parent / "Makefile"
+# commands whose first positional argument is the lake, deprecated for --lake (it prints a note on every use)
+DEPRECATED_POSITIONAL_LAKE = {"inspect", "runs", "qa", "report"}
 
 
 def readme_command_lines() -> list[str]:
@@ -25,6 +29,12 @@ def readme_command_lines() -> list[str]:
     return lines
 
 
+def makefile_command_lines() -> list[str]:
+    """Each `$(BIN)/datahub ...` command the Makefile runs (`make demo` is a new user's first command)."""
+    return [line.strip().split("#")[0].strip().removeprefix("$(BIN)/") for line in MAKEFILE.read_text().splitlines()
+            if line.strip().startswith("$(BIN)/datahub ")]
+
+
 def problems(line: str) -> list[str]:
     command = get_command(app)
     words = line.split()[1:]
@@ -36,6 +46,8 @@ def problems(line: str) -> list[str]:
         return [f"no such command: {' '.join(line.split()[:3])}"]
     options = {name for param in command.params for name in (*param.opts, *getattr(param, "secondary_opts", ()))}
     found = []
+    if line.split()[1] in DEPRECATED_POSITIONAL_LAKE and "--lake" not in line:
+        found.append("deprecated positional LAKE: use --lake")
     for flag in sorted(set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", line)) - options):
         found.append(f"unknown option {flag}")
     for param in command.params:
@@ -51,7 +63,16 @@ def test_readme_bash_commands_match_the_cli():
     assert not stale, stale
 
 
+def test_makefile_demo_commands_match_the_cli():
+    lines = makefile_command_lines()
+    assert any(line.startswith("datahub release create") for line in lines)
+    stale = {line: found for line in lines if (found := problems(line))}
+    assert not stale, stale
+
+
 def test_the_check_finds_a_stale_example():
     assert problems("datahub release promote corpus-v2 --channel stable") == ["missing required --lake"]
     assert problems("datahub tier plan --lake l/ --storage s.yaml --dry-run") == ["unknown option --dry-run"]
     assert problems("datahub releases list --lake l/") == ["no such command: datahub releases list"]
+    assert problems("datahub inspect lake/demo") == ["deprecated positional LAKE: use --lake"]
+    assert problems("datahub inspect --lake lake/demo samples") == []
