@@ -114,3 +114,23 @@ def test_validator_messages_read_as_sentences_with_their_field():
     with pytest.raises(ValidationError) as whole:
         Config(tiers={"c": {"endpoint_url": "http://x"}})
     assert format_validation_error("s.yaml", whole.value) == "s.yaml: policy.classes.hot names unknown tiers ['hot']"
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys: a graph node copied and left under the same name vanished silently."""
+    text = """\
+        name: t
+        lake: {root: /tmp/x}
+        inputs: [{uri: /tmp/in.jsonl}]
+        graph:
+          quality: {op: gopher_quality}
+          quality: {op: length_filter}
+          samples: {sink: samples, after: [quality]}
+        """
+    message = error_of(tmp_path, text)
+    assert message.endswith("job.yaml: line 6, column 3: not valid YAML: duplicate key 'quality' (first at line 5); "
+                            "rename or remove one"), message
+    merged = "name: t\nbase: &base {root: /tmp/x}\nlake:\n  <<: *base\n  root: /tmp/y\n"  # a merge key overridden: fine
+    from datahub.config.yaml_file import read_yaml
+
+    assert read_yaml(write(tmp_path, merged), missing="")["lake"] == {"root": "/tmp/y"}
