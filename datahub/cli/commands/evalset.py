@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from datahub.cli.lake_option import LAKE_HELP
-from datahub.cli.output import console, print_json
+from datahub.cli.output import console, plain, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -85,12 +85,12 @@ def register(app: typer.Typer) -> None:
                                   progress=advance)
         if as_json:
             print_json({**found.as_dict(), "examples": dict(list(sorted(found.refs.items()))[:20])})
-            return
-        out = console()
-        if not found.evalsets:
-            out.print("no eval sets registered: nothing to check against")
-        elif found.count:
-            out.print(f"[bold red]contaminated[/]: {found.describe()}")
+        elif not found.evalsets:
+            console().print("no eval sets registered: nothing to check against")
+        elif found.count:  # the description's "[set@1: n sample(s)]" is text, not Rich markup
+            console().print(f"[bold red]contaminated[/]: {plain(found.describe())}", soft_wrap=True)
         else:
-            out.print(f"[green]clean[/]: {found.rows_checked} rows of {table} v{found.version} share no "
-                      f"{ngram}-gram with {', '.join(found.evalsets)}")
+            console().print(f"[green]clean[/]: {found.rows_checked} rows of {table} v{found.version} share no "
+                            f"{ngram}-gram with {', '.join(found.evalsets)}")
+        if found.count:  # like a failed `datahub qa`: a scheduled check fails the job
+            raise typer.Exit(1)

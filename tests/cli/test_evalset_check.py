@@ -1,0 +1,44 @@
+"""`datahub evalset check` as a scheduled gate: a contaminated table fails the command (like a failed `datahub qa`),
+and the printed summary keeps its "[set@version: n sample(s)]" (text, not Rich markup)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+LEAKED = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge the boxing match tonight"
+CLEAN = "a different document about rivers, mountains and the long history of the valley towns and their bridges"
+
+
+def datahub(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+
+
+def test_a_contaminated_table_fails_the_check_and_names_the_set(tmp_path):
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.run import run_job
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in (LEAKED, CLEAN)))
+    spec = validate_job_spec({"name": "c", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": str(tmp_path / "a.jsonl")}],
+                              "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = str(tmp_path / "lake")
+    (tmp_path / "bench.jsonl").write_text(json.dumps({"question": "what happened?", "answer": LEAKED}) + "\n")
+    (tmp_path / "other.jsonl").write_text(json.dumps({"question": "unrelated", "answer": "nothing shared here"}) + "\n")
+
+    assert datahub("evalset", "add", "other", str(tmp_path / "other.jsonl"), "--lake", lake).returncode == 0
+    clean = datahub("evalset", "check", "--lake", lake)
+    assert clean.returncode == 0 and "clean: 2 rows" in clean.stdout, clean.stdout + clean.stderr
+
+    assert datahub("evalset", "add", "bench", str(tmp_path / "bench.jsonl"), "--lake", lake).returncode == 0
+    dirty = datahub("evalset", "check", "--lake", lake)
+    assert dirty.returncode == 1, dirty.stdout + dirty.stderr
+    assert "overlap eval sets [bench@1: 1 sample(s)]; e.g." in dirty.stdout, dirty.stdout
+    as_json = datahub("evalset", "check", "--lake", lake, "--json")
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["by_evalset"] == {"bench@1": 1}
