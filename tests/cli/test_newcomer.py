@@ -19,6 +19,7 @@ from datahub.engines.arrow import ArrowEngine
 from datahub.errors import SpecError
 from datahub.lake import Lake
 from datahub.pipeline.run import run_job
+from datahub.sample_id import sample_id_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,6 +109,27 @@ def test_error_text_is_printed_as_written_not_as_markup(tmp_path):
     assert out.returncode == 2
     assert "must match [a-z][a-z0-9_-]*" in out.stderr, out.stderr
     assert "\x1b[" not in out.stderr  # piped: no colour codes
+
+
+def test_a_take_down_reason_in_brackets_prints_as_given(tmp_path):
+    """Rich took '[legal]' in a redact reason for markup: redact, release show and lineage printed ' takedown #7'."""
+    from datahub.config.spec import validate_job_spec
+    from datahub.release.create import create_release
+
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(json.dumps({"text": f"document {i} about the valley towns"}) + "\n" for i in range(2)))
+    spec = validate_job_spec({"name": "b", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": str(source)}],
+                              "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    create_release(Lake(tmp_path / "lake"), "r1")
+    sample = sample_id_of("document 0 about the valley towns")
+    lake = ["--lake", str(tmp_path / "lake")]
+    redact = datahub("release", "redact", "r2", "--from", "r1", "--sample", sample, "--reason", "[legal] takedown #7", *lake)
+    assert redact.returncode == 0, redact.stderr
+    assert "reason        [legal] takedown #7" in redact.stdout, redact.stdout
+    assert "'reason': '[legal] takedown #7'" in datahub("release", "show", "r2", *lake).stdout
+    assert "reason redacted: [legal] takedown #7" in datahub("lineage", sample, *lake).stdout
+    assert "redacted: [legal] takedown #7" in datahub("lineage", "--source", str(source), *lake).stdout
 
 
 def test_run_check_lists_the_inputs(tmp_path):

@@ -30,8 +30,8 @@ def _print_story(story: SampleStory) -> None:
             detail.append(f"reason {event['reason']}")
         if event["ref"] is not None:
             detail.append(f"{event['ref']}")
-        out.print(f"  {event['ts'][:19]}  [{color}]{action:<11}[/] {event['op'] or '':<24} run {event['run_id']}  "
-                  + "  ".join(detail), soft_wrap=True)
+        out.print(f"  {event['ts'][:19]}  [{color}]{action:<11}[/] {plain(event['op'] or ''):<24} run "
+                  f"{plain(event['run_id'])}  " + plain("  ".join(detail)), soft_wrap=True)  # a reason may hold [brackets]
     if story.releases:
         out.print(f"  in releases: {', '.join(story.releases)}")
 
@@ -40,13 +40,14 @@ def _print_source(story: SourceStory) -> None:
     from rich.table import Table
 
     out = console()
-    out.print(f"[bold]{story.source_uri}[/]: " + ", ".join(f"{k} {v}" for k, v in story.counts.items()))
+    out.print(f"[bold]{plain(story.source_uri)}[/]: " + ", ".join(f"{k} {v}" for k, v in story.counts.items()),
+              soft_wrap=True)
     grid = Table()
     for column in ("offset", "sample_id", "fate", "reason", "by", "releases"):
         grid.add_column(column, overflow="fold")  # never "…": a sample id must copy whole
     for r in story.records:
-        grid.add_row(str(r["source_offset"]), r.get("sample_id") or "-", r["fate"], r.get("reason") or "",
-                     r.get("op") or "", ", ".join(r.get("releases") or []))
+        grid.add_row(str(r["source_offset"]), r.get("sample_id") or "-", r["fate"], plain(r.get("reason") or ""),
+                     plain(r.get("op") or ""), ", ".join(r.get("releases") or []))
     out.print(grid)
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional, cast
 
 import typer
 
-from datahub.cli.output import console, print_json
+from datahub.cli.output import console, plain, print_json
 
 if TYPE_CHECKING:
     from datahub.lake.lake import Lake
@@ -114,7 +114,7 @@ def register(app: typer.Typer) -> None:
             return
         _print_release(release, title=f"[bold]release {name}[/]")
         if release.details:
-            console().print(f"  details       {release.details}")
+            console().print(f"  details       {plain(release.details)}", soft_wrap=True)
 
     @group.command("diff")
     def diff(
@@ -227,7 +227,7 @@ def register(app: typer.Typer) -> None:
             return
         _print_release(release, title=f"[bold green]release {new} created without {release.details['removed']} sample(s)[/]")
         out = console()
-        out.print(f"  reason        {reason}")
+        out.print(f"  reason        {plain(reason)}", soft_wrap=True)  # as given: "[legal] #7" is not markup
         out.print("  [bold]releases holding the redacted samples[/] (they stay readable by time travel until "
                   "`datahub release vacuum --drop-release NAME --apply`):")
         for name, count in release.details["contained_in"].items():
