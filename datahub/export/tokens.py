@@ -59,8 +59,8 @@ from datahub.export.spill import ShardSpill, buckets_allowed
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.release.records import get_release
-from datahub.shards.indexed import (BIN_SUFFIX, IDS_SUFFIX, IDX_SUFFIX, encode_ids, encode_index, index_pieces,
-                                    token_dtype)
+from datahub.shards.indexed import (BIN_SUFFIX, IDS_SUFFIX, IDX_SUFFIX, encode_ids, encode_index, holds_newline,
+                                    index_pieces, token_dtype)
 from datahub.shards.token_manifest import (TOKEN_MANIFEST_NAME, FilePart, TokenFileRecord, TokenizerInfo, TokenManifest,
                                            publish_lake_token_manifest, read_lake_token_manifest, token_dir)
 from datahub.storage.config import StorageConfig
@@ -299,7 +299,7 @@ def plan_files(counted: Iterable[pa.Table], *, shuffle_seed: int | None, file_to
                 continue
             if table.column(KEY_COLUMN).null_count:
                 raise IntegrityError(f"{where}: rows have a null sample_id; fix the table before exporting")
-            if pc.any(pc.match_substring(table.column(KEY_COLUMN), "\n")).as_py():
+            if holds_newline(table.column(KEY_COLUMN)):
                 raise IntegrityError(f"{where}: a sample_id holds a newline; it cannot go in a .ids file (one id a "
                                      "line): fix the table before exporting")
             planner.add(pa.table({KEY_COLUMN: table.column(KEY_COLUMN), "size": table.column("tokens")}))
