@@ -411,8 +411,10 @@ class BucketPlan:
     def _load(self, bucket: int) -> pa.Table:
         if self._loaded is None or self._loaded[0] != bucket:
             self._loaded = None  # the one bucket held is given back before the next is read
-            with pa.OSFile(self.path(bucket)) as handle:
-                self._loaded = (bucket, pa.ipc.open_file(handle).read_all())
+            # memory-mapped (the table's buffers keep the map): a bucket read again (the token export reads the plan
+            # in several passes) costs page-cache mappings, not a copy
+            with pa.memory_map(self.path(bucket)) as source:
+                self._loaded = (bucket, pa.ipc.open_file(source).read_all())
         return self._loaded[1]
 
     def rows(self, start: int, count: int) -> list[tuple[int, pa.Table]]:

@@ -89,3 +89,18 @@ def test_a_rule_that_leaves_samples_out_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="left 2 of 2"):
         sort_buckets(lambda bucket: table, 1, directory=str(tmp_path), seeded=False, extensions=(), shard_size=None,
                      shard_samples=None, where="test", cuts=Lazy(100))
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_the_plan_read_again_is_mapped_not_copied(tmp_path, seed) -> None:
+    """The token export reads the plan's records in several passes (chunks, .bin checks, .ids, .idx twice, lineage,
+    digest): a bucket is memory-mapped, so a pass allocates no copy of the records it hands out."""
+    plan = plan_files(_counted(6 * 700, 9), shuffle_seed=seed, file_tokens=10**12, where="test",
+                      directory=str(tmp_path / "plan"), bucket_rows=700)
+    assert plan.buckets >= 3
+    for _ in range(2):
+        before = pa.total_allocated_bytes()
+        held = list(plan_records(plan, 0, plan.num_samples))
+        assert sum(r.num_rows for r in held) == plan.num_samples
+        assert pa.total_allocated_bytes() - before < sum(r.nbytes for r in held) // 10
+        del held
