@@ -89,6 +89,9 @@ def test_quarantine_command_counts_by_reason_with_examples(lake_with_runs):
     text = datahub("quarantine", "--lake", str(lake), "--reason", "invalid_json")
     assert text.returncode == 0 and "invalid_json" in text.stdout and "missing_text_field" not in text.stdout
     assert f"{source}:4" in text.stdout
+    typo = datahub("quarantine", "--lake", str(lake), "--reason", "invalid_jsn")  # a typo names what is there
+    assert typo.returncode == 0 and "with reason invalid_jsn (reasons there: invalid_json, invalid_stream, " \
+                                    "missing_text_field)" in typo.stdout, typo.stdout
 
 
 def test_lineage_of_an_unknown_sample_or_source_exits_non_zero(lake_with_runs):

@@ -66,7 +66,10 @@ def register(app: typer.Typer) -> None:
             return
         out = console()
         if not summary["reasons"]:
-            out.print(f"nothing quarantined in {plain(summary['lake'])}" + (f" with reason {plain(reason)}" if reason else ""))
+            present = [] if reason is None else [item["reason"] for item in
+                                                 quarantine_summary(lake, job_run=run, examples=0)["reasons"]]
+            out.print(f"nothing quarantined in {plain(summary['lake'])}" + (f" with reason {plain(reason)}" if reason else "")
+                      + (f" (reasons there: {plain(', '.join(sorted(present)))})" if present else ""), soft_wrap=True)
             return
         grid = Table(title=f"quarantine in {plain(summary['lake'])}: {summary['total']} records")
         grid.add_column("reason", overflow="fold")
