@@ -54,25 +54,48 @@ class TokenBatch:
     per array (a file descriptor handed over per tensor measured ~6x slower per batch, ``benchmarks/loader.py``).
     """
 
-    __slots__ = ("raw", "single", "_made", "_pinned")
+    __slots__ = ("_raw", "single", "_made", "_pinned")
 
     def __init__(self, raw: dict[str, np.ndarray], *, single: bool = False) -> None:
-        self.raw, self.single = raw, single
+        self._raw: dict[str, np.ndarray] | None = raw
+        self.single = single
         self._made: dict[str, np.ndarray] = {}
         self._pinned: dict[str, Any] | None = None  # pin_memory()'s torch tensors, which to_torch() returns
+
+    @property
+    def raw(self) -> dict[str, np.ndarray]:
+        """The compact form (tokens, real lengths, piece starts, source). A batch from a DataLoader worker holds only
+        the made arrays (``from_transfer``): its compact form is derived from them when asked (pickling, repr)."""
+        if self._raw is None:
+            self._raw = self._compact()
+        return self._raw
+
+    def _compact(self) -> dict[str, np.ndarray]:
+        made = {key: value[None] if self.single else value for key, value in self._made.items()}
+        lengths = made["loss_mask"].sum(axis=1, dtype=np.int32)
+        raw = {"tokens": made["tokens"], "lengths": lengths}
+        if "position_ids" in made:
+            # a real row's pieces start where its positions restart (its first piece at column 0); a padding row has
+            # none (its positions restart only at column 0, as position_ids makes them for every row)
+            raw["starts"] = (made["position_ids"] == 0) & (lengths > 0)[:, None]
+        if "source" in made:
+            raw["source"] = made["source"]
+        return raw
 
     def __getstate__(self) -> tuple[dict[str, np.ndarray], bool]:
         return self.raw, self.single
 
     def __setstate__(self, state: tuple[dict[str, np.ndarray], bool]) -> None:
-        self.raw, self.single = state
+        self._raw, self.single = state
         self._made, self._pinned = {}, None
 
     def keys(self) -> list[str]:
+        if self._raw is None:  # from a worker: every array is made, in this order
+            return list(self._made)
         names = ["tokens", "loss_mask"]
-        if "starts" in self.raw:
+        if "starts" in self._raw:
             names += ["position_ids", "segment_ids"]
-        return names + (["source"] if "source" in self.raw else [])
+        return names + (["source"] if "source" in self._raw else [])
 
     def items(self) -> list[tuple[str, np.ndarray]]:
         return [(key, self[key]) for key in self.keys()]
@@ -81,7 +104,7 @@ class TokenBatch:
         return key in self.keys()
 
     def __len__(self) -> int:
-        return 1 if self.single else len(self.raw["tokens"])
+        return 1 if self.single else len(self["tokens"])
 
     def __getitem__(self, key: str) -> np.ndarray:
         made = self._made.get(key)
@@ -112,16 +135,15 @@ class TokenBatch:
         return value[0] if self.single else value
 
     def to_transfer(self) -> tuple[bool, dict[str, np.ndarray]]:
-        """Every array made (in the DataLoader worker, where that work runs in parallel) plus the compact form, for
-        ``datahub.loader.worker_transport``, which writes them into shared memory instead of the result pipe."""
-        arrays = {f"raw:{key}": value for key, value in self.raw.items()}
-        arrays.update((f"made:{key}", value) for key, value in self.items())
-        return self.single, arrays
+        """Every array made (in the DataLoader worker, where that work runs in parallel), for
+        ``datahub.loader.worker_transport``, which writes them into shared memory instead of the result pipe. The
+        compact form stays behind: the trainer uses the made arrays (``raw`` derives it from them if asked)."""
+        return self.single, dict(self.items())
 
     @classmethod
     def from_transfer(cls, single: bool, arrays: dict[str, np.ndarray]) -> TokenBatch:
-        batch = cls({key[4:]: value for key, value in arrays.items() if key.startswith("raw:")}, single=single)
-        batch._made = {key[5:]: value for key, value in arrays.items() if key.startswith("made:")}
+        batch = cls.__new__(cls)
+        batch._raw, batch.single, batch._made, batch._pinned = None, single, arrays, None
         return batch
 
     def to_torch(self) -> dict[str, Any]:
@@ -130,6 +152,8 @@ class TokenBatch:
 
         if self._pinned is not None:
             return dict(self._pinned)
+        if self._raw is None:  # from a worker: every array made, contiguous views of the ring
+            return {key: torch.from_numpy(value) for key, value in self._made.items()}
         return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in self.items()}
 
     def pin_memory(self) -> TokenBatch:
@@ -142,14 +166,16 @@ class TokenBatch:
 
         if not torch.accelerator.is_available():
             return self
-        pinned = TokenBatch(self.raw, single=self.single)
+        pinned = TokenBatch.from_transfer(self.single, {})
+        pinned._raw = self._raw
         pinned._pinned = {key: torch.from_numpy(np.ascontiguousarray(value)).pin_memory()
                           for key, value in self.items()}
         pinned._made = {key: tensor.numpy() for key, tensor in pinned._pinned.items()}
         return pinned
 
     def __repr__(self) -> str:
-        shapes = ", ".join(f"{key}{list(self.raw[key].shape)}" for key in self.raw)
+        raw = self.raw
+        shapes = ", ".join(f"{key}{list(raw[key].shape)}" for key in raw)
         return f"TokenBatch({shapes})"
 
 

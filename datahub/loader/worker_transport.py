@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import math
 import mmap
 import os
+import pickle
 import re
 import tempfile
 import threading
@@ -243,9 +243,25 @@ def _reserve(size: int) -> tuple[_Ring, tuple[int, int]] | None:
     return None
 
 
+class _Pending:
+    """An item the trainer holds: its end mark in the worker's stream, and whether it is garbage yet. ``release``
+    is the callback of a weak reference to the object every view of the item keeps alive (a plain weakref: a
+    ``weakref.finalize`` per item cost the trainer ~2 us each to make and to call, twice per token batch)."""
+
+    __slots__ = ("view", "end", "freed", "ref")
+
+    def __init__(self, view: _RingView, end: int) -> None:
+        self.view, self.end, self.freed = view, end, False
+        self.ref: weakref.ref[Any] | None = None
+
+    def release(self, _gone: Any = None) -> None:
+        self.view._free(self)
+
+
 class _RingView:
-    """The trainer's mapping of one worker's ring. ``region`` gives an item's bytes as a pyarrow Buffer viewing the
-    ring; once that view and every earlier item's are garbage, the ring's release mark moves past them."""
+    """The trainer's mapping of one worker's ring. ``region`` gives an item's bytes as a memoryview of the ring,
+    ``array`` as a numpy array over them; once that object (kept alive by every view of the item) and every earlier
+    item's are garbage, the ring's release mark moves past them."""
 
     def __init__(self, path: str) -> None:
         try:
@@ -260,25 +276,40 @@ class _RingView:
         self.path = path
         self.view = memoryview(self.map)
         self.released = np.frombuffer(self.map, dtype=np.uint64, count=1)
-        self.pending: deque[list[Any]] = deque()  # [end, freed] per item in the worker's order
-        self.lock = threading.RLock()  # a finalizer may run in the thread that holds it (a collection mid-call)
+        self.pending: deque[_Pending] = deque()  # per item in the worker's order
+        self.lock = threading.RLock()  # a callback may run in the thread that holds it (a collection mid-call)
 
-    def region(self, offset: int, size: int, end: int) -> memoryview:
+    def _check(self, offset: int, size: int) -> None:
         if _HEADER + offset + size > len(self.view):
             raise WorkerBatchLostError(f"shared-memory ring {self.path}: a batch at {offset}+{size} lies past its end")
-        window = self.view[_HEADER + offset : _HEADER + offset + size]
-        entry = [end, False]
+
+    def _hold(self, item: Any, end: int) -> None:
+        """Release the item's bytes (in the worker's order) once ``item`` is garbage."""
+        entry = _Pending(self, end)
+        entry.ref = weakref.ref(item, entry.release)  # the entry (in pending) keeps the weakref, so it fires
         with self.lock:
             self.pending.append(entry)
-        weakref.finalize(window, self._free, entry)  # fires when the last view of the item is gone
+
+    def region(self, offset: int, size: int, end: int) -> memoryview:
+        self._check(offset, size)
+        window = self.view[_HEADER + offset : _HEADER + offset + size]
+        self._hold(window, end)  # fires when the last view of the item is gone
         return window
 
-    def _free(self, entry: list[Any]) -> None:
+    def array(self, offset: int, size: int, end: int) -> np.ndarray:
+        """The item's bytes as one uint8 array; arrays made on it (``np.ndarray(..., buffer=it)``) keep it alive
+        (numpy stops collapsing a view's base at it: its own base is a memoryview, not an array)."""
+        self._check(offset, size)
+        base = np.frombuffer(self.map, dtype=np.uint8, count=size, offset=_HEADER + offset)
+        self._hold(base, end)
+        return base
+
+    def _free(self, entry: _Pending) -> None:
         with self.lock:
-            entry[1] = True
+            entry.freed = True
             mark = None
-            while self.pending and self.pending[0][1]:
-                mark = self.pending.popleft()[0]
+            while self.pending and self.pending[0].freed:
+                mark = self.pending.popleft().end
             if mark is not None:
                 self.released[0] = mark
 
@@ -293,16 +324,22 @@ _views: dict[str, _RingView] = {}  # the trainer's mappings, by ring path
 _views_lock = threading.Lock()
 
 
-def _region(path: str, offset: int, size: int, end: int) -> memoryview:
-    """The item's bytes in the ring at ``path``, viewed in place (see ``_RingView``): every view of them (numpy
-    arrays, pyarrow buffers) keeps this memoryview alive."""
+def _view(path: str) -> _RingView:
+    """The trainer's mapping of the ring at ``path`` (mapped at its first item)."""
     with _views_lock:
         view = _views.get(path)
         if view is None:
             for old in [v for v in _views.values() if v.idle() and not os.path.exists(v.path)]:
                 del _views[old.path]  # its worker is gone and no batch views it: unmapped when collected
             view = _views[path] = _RingView(path)
-    return view.region(offset, size, end)
+    return view
+
+
+def _region(path: str, offset: int, size: int, end: int) -> memoryview:
+    """The item's bytes in the ring at ``path``, viewed in place (see ``_RingView``): every view of them (numpy
+    arrays, pyarrow buffers) keeps this memoryview alive."""
+    view = _views.get(path)  # a dict read is atomic; a miss maps it under the lock
+    return (view if view is not None else _view(path)).region(offset, size, end)
 
 
 def _rebuilt(rebuild: Callable[..., Any], *args: Any) -> Any:
@@ -341,39 +378,45 @@ def _reduce_record_batch(batch: pa.RecordBatch) -> tuple[Callable[..., Any], tup
 
 
 Layout = tuple[tuple[str, str, tuple[int, ...], int], ...]  # per array: name, dtype, shape, offset in the region
-_layouts: dict[Layout, list[tuple[str, np.dtype[Any], int, tuple[int, ...], int]]] = {}  # parsed, in the trainer
+# the trainer's parsed layouts, by the pickled layout the descriptor carries (one bytes object to unpickle and hash
+# per item instead of a tuple of tuples): per array its name, dtype, shape and offset
+_layouts: dict[bytes, list[tuple[str, np.dtype[Any], tuple[int, ...], int]]] = {}
+_layout_keys: dict[Layout, bytes] = {}  # in a worker: each layout's pickled form
 
 
-def _parsed(layout: Layout) -> list[tuple[str, np.dtype[Any], int, tuple[int, ...], int]]:
-    """``layout`` with dtypes and element counts made once per distinct layout (a worker sends the same few)."""
-    parsed = _layouts.get(layout)
+def _parsed(key: bytes) -> list[tuple[str, np.dtype[Any], tuple[int, ...], int]]:
+    """The layout pickled in ``key`` with its dtypes made, once per distinct layout (a worker sends the same few)."""
+    parsed = _layouts.get(key)
     if parsed is None:
         if len(_layouts) >= 256:
             _layouts.clear()
-        parsed = _layouts[layout] = [(name, np.dtype(dtype), math.prod(shape), shape, at)
-                                     for name, dtype, shape, at in layout]
+        layout: Layout = pickle.loads(key)
+        parsed = _layouts[key] = [(name, np.dtype(dtype), shape, at) for name, dtype, shape, at in layout]
     return parsed
 
 
-def _bundle_from_ring(kind: type[ArrayBundle], meta: Any, layout: Layout, path: str, offset: int, size: int,
+def _layout_key(layout: Layout) -> bytes:
+    key = _layout_keys.get(layout)
+    if key is None:
+        if len(_layout_keys) >= 256:
+            _layout_keys.clear()
+        key = _layout_keys[layout] = pickle.dumps(layout, protocol=pickle.HIGHEST_PROTOCOL)
+    return key
+
+
+def _bundle_from_ring(kind: type[ArrayBundle], meta: Any, layout: bytes, path: str, offset: int, size: int,
                       end: int) -> Any:
-    data = _region(path, offset, size, end)
-    # np.frombuffer(memoryview) re-wraps it in a new memoryview that does not reference `data`: keep the region
-    # alive through one base array that every array views (the finalizer is moved onto it)
-    base = np.frombuffer(data, dtype=np.uint8)
-    arrays = {name: base[at:at + count * dtype.itemsize].view(dtype).reshape(shape)
-              for name, dtype, count, shape, at in _parsed(layout)}
-    _keep_alive(data, base)
-    return kind.from_transfer(meta, arrays)
+    """The bundle's arrays as views of the ring (one base array per item, which each of them keeps alive), or the
+    error as torch's ``ExceptionWrapper`` (see ``_rebuilt``; inlined: this runs once per batch in the trainer)."""
+    try:
+        view = _views.get(path)
+        base = (view if view is not None else _view(path)).array(offset, size, end)
+        return kind.from_transfer(meta, {name: np.ndarray(shape, dtype, base, at)
+                                         for name, dtype, shape, at in _parsed(layout)})
+    except Exception:  # noqa: BLE001 - handed to the trainer whole, never swallowed
+        from torch._utils import ExceptionWrapper
 
-
-def _keep_alive(window: memoryview, base: np.ndarray) -> None:
-    """Tie ``window``'s lifetime (its finalizer releases the region) to ``base``, which every array views."""
-    _alive[id(base)] = window
-    weakref.finalize(base, _alive.pop, id(base), None)
-
-
-_alive: dict[int, memoryview] = {}
+        return ExceptionWrapper(where="in the trainer, reading a DataLoader worker's batch from shared memory")
 
 
 def _bundle_inline(kind: type[ArrayBundle], meta: Any, arrays: dict[str, np.ndarray]) -> Any:
@@ -397,7 +440,7 @@ def _reduce_bundle(item: ArrayBundle) -> tuple[Callable[..., Any], tuple[Any, ..
             for (name, _, _, at) in layout:
                 flat = arrays[name].reshape(-1).view(np.uint8)
                 ring.bytes[base + at : base + at + flat.nbytes] = flat
-            return _rebuilt, (_bundle_from_ring, type(item), meta, layout, ring.path, offset, size, end)
+            return _bundle_from_ring, (type(item), meta, _layout_key(layout), ring.path, offset, size, end)
     return _bundle_inline, (type(item), meta, arrays)
 
 

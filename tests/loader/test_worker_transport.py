@@ -305,6 +305,47 @@ def test_bundles_rebuild_from_ring_with_each_layout_parsed_once(tmp_path: Path,
         unlink_quietly(worker_transport._rings[os.getpid()].path)
 
 
+@pytest.mark.parametrize("case", ["batches", "single", "no-boundaries", "padding-rank", "mixture"])
+def test_a_token_batch_from_the_ring_pickles_and_repeats_as_the_batch_read_in_process(
+        tmp_path: Path, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # only the made arrays cross the ring; a batch the trainer pickles again (a checkpointed batch, another queue)
+    # or asks for its compact form derives it from them, and rebuilds every array as the worker made it
+    import pickle
+
+    from datahub.loader import MixtureDataset
+
+    monkeypatch.setattr(worker_transport, "_rings", {})
+    monkeypatch.setattr(worker_transport, "_made", {})
+    monkeypatch.setattr(worker_transport, "_views", {})
+    prefixes, _ = write_tokens(tmp_path / "tok", files=2, documents=30, max_len=50)
+    settings: dict[str, Any] = {"seq_len": 32, "batch_size": 4, "seed": 1, "shuffle_buffer": 20}
+    if case == "mixture":
+        other, _ = write_tokens(tmp_path / "other", files=1, documents=20, max_len=40, first_id=10**6, name="o")
+        dataset: Any = MixtureDataset({"a": PackedDataset(prefixes, **settings), "b": PackedDataset(other, **settings)},
+                                      {"a": 0.5, "b": 0.5}, rank=0, world_size=1, batch_size=4)
+    else:
+        settings.update({"single": {"batch_size": None}, "no-boundaries": {"document_boundaries": False},
+                         "padding-rank": {"world_size": 7, "rank": 6}}.get(case, {}))
+        dataset = PackedDataset(prefixes, **{"rank": 0, "world_size": 1, **settings})
+    batches = list(dataset)
+    if case == "padding-rank":
+        assert not batches[-1]["loss_mask"][-1].any(), "the rank's last sequence is padding"
+    try:
+        for batch in batches:
+            rebuild, args = worker_transport._reduce_bundle(batch)
+            got = rebuild(*args)
+            assert got.keys() == batch.keys() and len(got) == len(batch)
+            for key, value in batch.raw.items():
+                assert np.array_equal(got.raw[key], value), key
+            again = pickle.loads(pickle.dumps(got))
+            assert again.keys() == batch.keys() and repr(again) and repr(got)
+            for key in batch.keys():
+                assert np.array_equal(again[key], batch[key]) and again[key].dtype == batch[key].dtype, key
+                assert np.array_equal(got[key], batch[key]), key
+    finally:
+        unlink_quietly(worker_transport._rings[os.getpid()].path)
+
+
 def test_trainer_threads_map_rings_at_once_without_breaking_the_view_table(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # two threads of the trainer unpickle batches of new rings at once (two DataLoaders' pin_memory threads, or one
