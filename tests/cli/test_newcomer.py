@@ -58,6 +58,13 @@ def test_piped_tables_never_wrap_or_cut_ids(lake_with_runs):
     assert "succeeded" in row  # one row per run: nothing wrapped onto a second line
 
 
+def test_runs_of_an_unknown_job_name_the_jobs_there(lake_with_runs):
+    lake, _, _ = lake_with_runs
+    out = datahub("runs", "--lake", str(lake), "--job", "a-job-with-a-typo")
+    assert out.returncode == 0 and "no runs recorded" in out.stdout
+    assert "(jobs there: a-job-with-a-rather-long-name-for-wrapping)" in out.stdout, out.stdout
+
+
 def test_the_lake_is_accepted_as_option_and_deprecated_positional(lake_with_runs):
     lake, run_id, _ = lake_with_runs
     new = datahub("runs", "--lake", str(lake), "--json")

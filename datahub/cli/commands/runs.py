@@ -26,13 +26,16 @@ def register(app: typer.Typer) -> None:
         from datahub.pipeline.history import list_runs
 
         lake = lake_ref(lake_arg, lake, command="runs")
-        items = list_runs(open_lake(lake), job=job)
+        the_lake = open_lake(lake)
+        items = list_runs(the_lake, job=job)
         if as_json:
             print_json(items)
             return
         out = console()
         if not items:
-            out.print(f"no runs recorded in {lake}" + (f" for job {job!r}" if job else ""))
+            jobs = sorted({str(i["job"]) for i in list_runs(the_lake)}) if job else []  # a typo names what is there
+            out.print(f"no runs recorded in {escape(lake)}" + (f" for job {escape(repr(job))}" if job else "")
+                      + (f" (jobs there: {escape(', '.join(jobs))})" if jobs else ""), soft_wrap=True)
             return
         grid = Table(title=f"runs in {lake}")
         for column in ("run", "job", "status", "started", "duration", "inputs", "read", "written", "dropped", "quarantined"):
