@@ -9,6 +9,7 @@ largest duplicate clusters); other tables have none.
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,14 +56,16 @@ window.addEventListener('load', function () {
 </script>"""
 
 
-def build_report(lake: Lake, *, out_dir: str | Path, table: str = "samples", version: int | None = None) -> Report:
-    """Write ``out_dir/index.html`` plus one PNG per section that has data."""
+def build_report(lake: Lake, *, out_dir: str | Path, table: str = "samples", version: int | None = None,
+                 progress: Callable[[str, int, int | None], None] | None = None) -> Report:
+    """Write ``out_dir/index.html`` plus one PNG per section that has data; ``progress(stage, done, total)``
+    follows the pass over the table's rows."""
     from datahub.report import plots
     from datahub.report.media import media_plots
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = collect(lake, table=table, version=version)
+    data = collect(lake, table=table, version=version, progress=progress)
     drawn = {
         "signals": plots.signal_histograms(data.signals, out / "signals.png"),
         "drops": plots.bar_chart(data.drops, out / "drops.png", title="dropped samples by operator / reason"),

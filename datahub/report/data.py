@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,12 +86,13 @@ def _finite_signals(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
     return out
 
 
-def collect(lake: Lake, *, table: str = "samples", version: int | None = None,
-            batch_rows: int = BATCH_ROWS) -> ReportData:
+def collect(lake: Lake, *, table: str = "samples", version: int | None = None, batch_rows: int = BATCH_ROWS,
+            progress: Callable[[str, int, int | None], None] | None = None) -> ReportData:
     """Stream the columns the report shows (``quality``, ``source_uri``, ``ingest_run_id``; never ``text``),
     ``batch_rows`` at a time. Held: counters of languages, sources, run ids and drop reasons, per numeric signal its
     range in a first pass and its histogram counts in a second (``quality`` read again), and the duplicate clusters'
-    member counts in sorted runs spilled to local disk: nothing per row."""
+    member counts in sorted runs spilled to local disk: nothing per row. ``progress("rows", done, total)`` follows
+    the first pass (the longest), so a long report is never silent."""
     if version is None:
         version = int(lake.table(table).version())
     dataset = lake.dataset(table, version)
@@ -101,8 +103,13 @@ def collect(lake: Lake, *, table: str = "samples", version: int | None = None,
     run_ids: set[str] = set()
     # scan_batches: the dataset scanner reads ahead of its consumer whatever its readahead settings say
     batches = scan_batches(dataset, columns=columns, batch_rows=batch_rows) if columns else iter(())
+    total = dataset.count_rows() if progress is not None else None  # from the files' footers
+    if progress is not None:
+        progress("rows", 0, total)
     for batch in batches:
         data.rows += batch.num_rows
+        if progress is not None:
+            progress("rows", data.rows, total)
         for name, values in _finite_signals(batch).items():
             ranges.setdefault(name, _SignalRange()).update(values)
         if "quality" in columns and pa.types.is_struct(batch.schema.field("quality").type):

@@ -170,6 +170,18 @@ def test_qa_prints_its_rows_as_log_lines_when_piped(lake_with_runs):
     assert "rows" not in quiet.stderr and json.loads(quiet.stdout)["success"] is True
 
 
+def test_report_prints_its_rows_as_log_lines_when_piped(lake_with_runs, tmp_path):
+    lake, _, _ = lake_with_runs
+    out = datahub("report", "--lake", str(lake), "--out", str(tmp_path / "report"))
+    assert out.returncode == 0, out.stderr
+    assert "report samples: rows 0/3" in out.stderr and "report written" in out.stdout
+    seen: list[tuple[str, int, int | None]] = []
+    from datahub.report import build_report
+
+    build_report(Lake(lake), out_dir=tmp_path / "again", progress=lambda *call: seen.append(call))
+    assert seen[0] == ("rows", 0, 3) and seen[-1] == ("rows", 3, 3)
+
+
 def test_qa_reports_rows_done_through_its_python_api(lake_with_runs):
     from datahub.lake import Lake
     from datahub.qa import run_suites

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
-from datahub.cli.output import console, print_json
+from datahub.cli.output import console, print_json, progress
 
 
 def register(app: typer.Typer) -> None:
@@ -25,7 +25,9 @@ def register(app: typer.Typer) -> None:
         from datahub.cli.lake_option import open_lake
         from datahub.report import build_report
 
-        written = build_report(open_lake(lake_ref(lake_arg, lake, command="report")), out_dir=out, table=table, version=version)
+        with progress(f"report {table}", enabled=not as_json) as update:
+            written = build_report(open_lake(lake_ref(lake_arg, lake, command="report")), out_dir=out, table=table,
+                                   version=version, progress=update)
         if as_json:
             print_json(written.as_dict())
         else:
