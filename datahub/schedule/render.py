@@ -163,7 +163,9 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
         raise SpecError(f"--target {target!r}: choose one of {', '.join(TARGETS)}")
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[RenderedFile] = []
+    rendered_from: list[str] = []
+    texts: list[str] = []
     for job_file in job_files:
         source = os.fspath(job_file)
         spec = load_job_spec(source)
@@ -178,6 +180,13 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
             job_path = f"{jobs_dir.rstrip('/')}/{Path(source).name}" if jobs_dir else str(Path(source).resolve())
             text = render_airflow_dag(spec, job_path=job_path, lake=lake, source=source)
             path = out_dir / f"datahub_{spec.name.replace('-', '_').replace('.', '_')}.py"
-        path.write_text(text)
+        earlier = next((i for i, w in enumerate(written) if w.path == path), None)
+        if earlier is not None:  # one file (and one CronJob / DAG id) per job: the second would replace the first
+            raise SpecError(f"{source}: name: job {spec.name!r} renders to {path}, as job {written[earlier].job!r} of "
+                            f"{rendered_from[earlier]} does; give each scheduled job its own name")
         written.append(RenderedFile(path=path, target=target, job=spec.name))
+        rendered_from.append(source)
+        texts.append(text)
+    for rendered, text in zip(written, texts):  # nothing is written unless every job rendered
+        rendered.path.write_text(text)
     return written

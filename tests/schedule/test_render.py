@@ -133,3 +133,17 @@ def test_relative_lake_or_inputs_are_refused_before_rendering(tmp_path):
     relative_inputs = write_job(tmp_path / "rel-inputs.yaml", raw)
     result = run_cli(["schedule", "render", "--target", "airflow", str(relative_inputs), "--out", str(tmp_path / "o")])
     assert result.returncode == 2 and "inputs.0.uri: 'data/demo/*.jsonl.*' is a relative path" in result.stderr
+
+
+def test_two_jobs_with_one_name_are_refused_before_anything_is_written(tmp_path):
+    """Both would render to one file (one CronJob, one DAG id): the second replaced the first without a word."""
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=1)
+    first = write_job(tmp_path / "web.yaml", {**job_raw(corpus, "/data/lake-us", name="web"), "schedule": "@daily"})
+    second = write_job(tmp_path / "web-eu.yaml", {**job_raw(corpus, "/data/lake-eu", name="web"), "schedule": "@daily"})
+    for target in ("airflow", "k8s-cronjob"):
+        out = tmp_path / target
+        with pytest.raises(SpecError, match=r"web-eu.yaml: name: job 'web' renders to .*, as job 'web' of .*web.yaml "
+                                            r"does; give each scheduled job its own name"):
+            render_jobs([first, second], target=target, out=out)
+        assert list(out.iterdir()) == []
+    assert len(render_jobs([first], target="airflow", out=tmp_path / "one")) == 1
