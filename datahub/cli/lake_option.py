@@ -70,6 +70,9 @@ def load_lake_spec(path: str | Path) -> LakeSpec:
         raw, section = raw["lake"], "lake"  # a job spec (or any file with a lake: section)
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: expected a mapping with root: (and storage_options:), got {type(raw).__name__}")
+    if "tiers" in raw and "root" not in raw:  # --lake and --storage both take a YAML: an easy mix-up
+        raise SpecError(f"{path}: a storage config (tiers:), not a lake; give it as --storage, and the lake as --lake "
+                        "ROOT or a lake YAML with root: (and storage_options:)")
     raw = expand_env(raw, source=str(path), field=section)
     options = raw.get("storage_options")
     if isinstance(options, dict):  # YAML reads `AWS_ALLOW_HTTP: true` as a bool; delta-rs wants strings

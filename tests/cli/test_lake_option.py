@@ -47,6 +47,10 @@ def test_lake_file_errors_name_the_file_and_field(tmp_path) -> None:
     job.write_text("name: j\nlake: {root: '${DH_TEST_NEVER_SET}'}\n")
     with pytest.raises(SpecError, match=r"job\.yaml: lake\.root: environment variable DH_TEST_NEVER_SET is not set"):
         open_lake(str(job))
+    storage = tmp_path / "storage.yaml"
+    storage.write_text("tiers:\n  cfs: {kind: cfs, path: /x}\n")
+    with pytest.raises(SpecError, match=r"storage\.yaml: a storage config \(tiers:\), not a lake; give it as --storage"):
+        open_lake(str(storage))
     listed = tmp_path / "list.yaml"
     listed.write_text("- root: /x\n")
     with pytest.raises(SpecError, match=r"list\.yaml: expected a mapping with root:"):
