@@ -260,6 +260,29 @@ def test_tier_plan_names_the_rule_that_moves_a_release(tmp_path):
     assert rules == {"r1": "--tiers given on the command line"}
 
 
+def test_tier_plan_gives_a_table_export_the_rule_of_its_class(tmp_path):
+    """An export of a bare table version has no release record: the plan dates it from its manifest (class warm),
+    and the printed rule must be that one, not 'class cold: never read' beside '[class warm]'."""
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+    from tests.export.helpers import make_lake
+
+    lake = str(tmp_path / "lake")
+    make_lake(lake, 5)
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs: {{kind: cfs, path: {tmp_path / 'cfs'}}}\n  cfs2: {{kind: cfs, path: {tmp_path / 'cfs2'}}}\n"
+                       "policy:\n  classes: {warm: [cfs2], cold: [cfs2]}\n  cold_if_unread_days: 180\n")
+    runner = CliRunner()
+    exported = runner.invoke(app, ["export", "t1", "--table", "samples", "--lake", lake, "--tier", "cfs", "--storage", str(storage)])
+    assert exported.exit_code == 0, exported.output
+    plan = runner.invoke(app, ["tier", "plan", "--lake", lake, "--storage", str(storage), "--json"])
+    assert plan.exit_code == 0, plan.output
+    result = json.loads(plan.stdout)
+    assert {m["storage_class"] for m in result["moves"]} == {"warm"}
+    assert result["rules"]["t1"].startswith("class warm: "), result["rules"]
+
+
 def test_lineage_fate_of_a_redacted_sample_is_redacted(tmp_path, job_spec):
     from typer.testing import CliRunner
 

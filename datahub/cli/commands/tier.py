@@ -40,12 +40,15 @@ def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[
 def _rules(the_lake: Lake, config: StorageConfig, plan: TierPlan, targets: dict[str, list[str]] | None) -> dict[str, str]:
     """Per release with a move: the rule that placed it (a policy rule in words, or --tiers)."""
     from datahub.export.tiering import release_states
+    from datahub.shards.manifest import read_lake_manifest
     from datahub.storage.policy import storage_class_rule
 
     names = sorted({m.release for m in plan.moves})
     rules = {name: "--tiers given on the command line" for name in names if targets and name in targets}
     by_policy = [name for name in names if name not in rules]
-    for name, state in release_states(the_lake, by_policy).items():
+    # as the plan does: an export of a bare table version (no release record) dates from its manifest
+    manifests = {name: manifest for name in by_policy if (manifest := read_lake_manifest(the_lake, name)) is not None}
+    for name, state in release_states(the_lake, by_policy, manifests=manifests).items():
         klass, why = storage_class_rule(state, config.policy)
         rules[name] = f"class {klass}: {why}; policy.classes.{klass} = {config.policy.classes.get(klass)}"
     return rules
