@@ -85,7 +85,7 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         self,
         release_or_manifest: str | Mapping[str, Any] | Manifest,
         *,
-        lake: str | None = None,
+        lake: str | os.PathLike[str] | None = None,
         storage: StorageArg = None,
         tier_preference: Sequence[str] | None = None,
         region: str | None = None,

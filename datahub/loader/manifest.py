@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ from datahub.shards.manifest import Manifest
 def load_manifest(
     release_or_manifest: str | Mapping[str, Any] | Manifest,
     *,
-    lake: str | None = None,
+    lake: str | os.PathLike[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     read_policy: ReadPolicy | None = None,
 ) -> Manifest:
@@ -41,7 +42,7 @@ def load_manifest(
             raise ManifestError(
                 f"release name {ref!r} given without lake=; pass lake='/path/to/lake' or a manifest path"
             )
-        ref = f"{lake.rstrip('/')}/_exports/{ref}/manifest.json"
+        ref = f"{os.fspath(lake).rstrip('/')}/_exports/{ref}/manifest.json"  # a str or a pathlib.Path
     elif not ref.endswith(".json"):
         ref = ref.rstrip("/") + "/manifest.json"
     policy = read_policy or DEFAULT_READ_POLICY

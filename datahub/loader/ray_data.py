@@ -7,6 +7,7 @@ the same tier failover, cache and checksum as ReleaseDataset. Ray is imported on
 from __future__ import annotations
 
 import codecs
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ def _read_shards(batch: dict[str, Any], source: ShardSource) -> Any:
 def ray_dataset(
     release_or_manifest: str | Mapping[str, Any] | Manifest,
     *,
-    lake: str | None = None,
+    lake: str | os.PathLike[str] | None = None,
     storage: StorageArg = None,
     tier_preference: Sequence[str] | None = None,
     verify: Verify = True,

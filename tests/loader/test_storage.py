@@ -90,6 +90,8 @@ def test_release_name_resolves_under_lake_exports(tmp_path: Path) -> None:
     write_release(tmp_path / "lake" / "_exports" / "demo-v1", samples_per_shard=(3,))
     dataset = ReleaseDataset("demo-v1", lake=str(tmp_path / "lake"), rank=0, world_size=1)
     assert len(list(dataset)) == 3
+    as_path = ReleaseDataset("demo-v1", lake=tmp_path / "lake", rank=0, world_size=1)  # a pathlib.Path, as Lake takes
+    assert len(list(as_path)) == 3
     with pytest.raises(Exception, match="without lake="):
         ReleaseDataset("demo-v1", rank=0, world_size=1)
 
