@@ -11,18 +11,21 @@ URIs, manifests or ``repr``.
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import functools
 import hashlib
 import logging
+import mmap
 import os
 import re
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.storage.tier_spec import CephTier, CfsTier, HdfsTier
@@ -45,6 +48,18 @@ _WRITE_PIECE = 64 * 1024
 # fsync 1.65-1.92 -> 0.92-0.93 s of the upload threads, write phase 3.1 -> 2.65-2.8 s
 _WRITEBACK_PIECE = 4 * 2**20
 _SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+# A cfs object of at least _DIRECT_MIN bytes is written with O_DIRECT (the tier's ``direct_io``): from the caller's
+# memory to the device, without the copy into the page cache that was the largest single CPU item of a local export
+# on a 2-core VM (issue 16: 1.3-2.4 CPU-s of ~8.5 for 2.5 GB of 32 MB shards, copy_folio_from_iter_atomic). 40 x 32 MB
+# files, fsync each, ext4: buffered 64 KiB writes 0.37-0.39 s sys; O_DIRECT 4 MiB writes from page-aligned memory
+# 0.07-0.08 s sys, through an aligned bounce buffer 0.04-0.09 s sys + 0.09 s user (1 MiB pieces 0.13 s sys, 64 KiB
+# 0.52 s). Smaller objects (journal entries, manifests) stay buffered: nothing to gain there.
+_DIRECT_MIN = 2**20
+_DIRECT_PIECE = 4 * 2**20
+# a direct write's file offset, length and source address are multiples of a page (logical block sizes are 512 or
+# 4096 bytes); the file's tail past the last multiple is written buffered
+_DIRECT_ALIGN = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; elsewhere every write is buffered
 
 
 class Tier:
@@ -222,7 +237,7 @@ class Tier:
         """Write ``data`` at ``uri`` atomically: readers see the old object or the whole new one."""
         try:
             if isinstance(self.spec, CfsTier):
-                _publish_posix(Path(uri), data)
+                _publish_posix(Path(uri), data, direct_io=self.spec.direct_io)
             elif isinstance(self.spec, CephTier):
                 fs = self.filesystem()
                 fs.pipe_file(self._path(uri), data)  # one PUT (or one completed multipart upload)
@@ -573,23 +588,107 @@ def _abandoned(path: Path, older_than: float) -> bool:
         os.close(fd)  # a writer never reopens a temp name, so removing it after this is safe
 
 
-def _publish_posix(path: Path, data: bytes) -> None:
+def _publish_posix(path: Path, data: bytes, *, direct_io: Literal["auto", "on", "off"] = "off") -> None:
+    """Write ``data`` at ``path`` atomically: a locked temp file, fsync, rename. ``direct_io`` (the cfs tier's
+    setting): ``auto`` writes an object of at least ``_DIRECT_MIN`` bytes with O_DIRECT where the filesystem accepts
+    it, else buffered; ``on`` raises where it refuses; ``off`` writes buffered."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:12]}"
     try:
         with open(temp, "wb", buffering=0) as handle:
             _hold(handle.fileno())
-            view, written, flushed = memoryview(data).cast("B"), 0, 0
-            while written < len(view):  # small writes (see _WRITE_PIECE); a raw write may also be short
-                written += handle.write(view[written:written + _WRITE_PIECE]) or 0
-                if written - flushed >= _WRITEBACK_PIECE:  # start writing back what is written (fsync waits less)
-                    _start_writeback(handle.fileno(), flushed, written - flushed)
-                    flushed = written
+            view = memoryview(data).cast("B")
+            written = (_write_direct(handle.fileno(), view, required=direct_io == "on")
+                       if direct_io != "off" and len(view) >= _DIRECT_MIN else 0)
+            _write_buffered(handle.fileno(), view, written)
             os.fsync(handle.fileno())  # on NFS, rename only publishes what the server holds
             os.replace(temp, path)  # still held: a sweep never takes a temp file being renamed
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
+
+
+def _write_buffered(fd: int, view: memoryview, written: int) -> None:
+    """Write ``view[written:]`` through the page cache in small pieces (see _WRITE_PIECE), starting the writeback
+    of every _WRITEBACK_PIECE written; a write may be short."""
+    flushed = written
+    while written < len(view):
+        written += os.write(fd, view[written:written + _WRITE_PIECE])
+        if written - flushed >= _WRITEBACK_PIECE:  # start writing back what is written (fsync waits less)
+            _start_writeback(fd, flushed, written - flushed)
+            flushed = written
+
+
+def _write_direct(fd: int, view: memoryview, *, required: bool) -> int:
+    """Write the page-multiple head of ``view`` to the empty file ``fd`` with O_DIRECT, ``_DIRECT_PIECE`` per write
+    (from ``view`` itself when it is page-aligned, else through this thread's aligned bounce buffer); returns the
+    bytes written, for the rest to be written buffered. Where the filesystem refuses O_DIRECT (ramfs, tmpfs before
+    Linux 6.6, some FUSE mounts: EINVAL when the flag is set or at a write) that is 0 or where it stopped, or an
+    OSError when ``required``. The file is left without O_DIRECT."""
+    head = len(view) - len(view) % _DIRECT_ALIGN
+    if not _set_direct(fd, True):
+        if required:
+            raise OSError(errno.EINVAL, "the filesystem refuses O_DIRECT (direct_io: on); set direct_io: auto or off")
+        return 0
+    written = 0
+    try:
+        address = _address(view)
+        bounce = None if address is not None and address % _DIRECT_ALIGN == 0 else _bounce_buffer()
+        while written < head:
+            stop = min(written + _DIRECT_PIECE, head)
+            if bounce is None:
+                piece = view[written:stop]
+            else:
+                piece = bounce[:stop - written]
+                piece[:] = view[written:stop]
+            try:
+                count = os.write(fd, piece)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                if required:
+                    raise OSError(exc.errno, f"an O_DIRECT write was refused ({exc.strerror}; direct_io: on); "
+                                             "set direct_io: auto or off") from exc
+                break  # the flag was taken but the write refused: the rest goes buffered
+            written += count
+            if count != len(piece):  # short (the next offset may be unaligned): the rest goes buffered
+                break
+    finally:
+        _set_direct(fd, False)
+    return written
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Set or clear O_DIRECT on an open file; False where the filesystem (or the platform) refuses it."""
+    if not _O_DIRECT:
+        return False
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | _O_DIRECT if on else flags & ~_O_DIRECT)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return False
+    return True
+
+
+def _address(view: memoryview) -> int | None:
+    """Where a writable buffer's first byte is in memory; None for a read-only one (e.g. ``bytes``) or an empty one."""
+    if view.readonly or not len(view):
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+_bounce = threading.local()
+
+
+def _bounce_buffer() -> memoryview:
+    """This thread's page-aligned ``_DIRECT_PIECE`` buffer for direct writes of unaligned memory (an anonymous
+    mapping: page-aligned; kept for the thread's life, so an export's upload threads map it once)."""
+    buffer: memoryview | None = getattr(_bounce, "buffer", None)
+    if buffer is None:
+        buffer = _bounce.buffer = memoryview(mmap.mmap(-1, _DIRECT_PIECE))
+    return buffer
 
 
 def _start_writeback(fd: int, offset: int, length: int) -> None:

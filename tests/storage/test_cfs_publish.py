@@ -1,4 +1,4 @@
-"""Tier.publish on cfs: a temp file written in small pieces, its writeback started as it goes, fsync, rename."""
+"""Tier.publish on cfs, buffered: a temp file written in small pieces, its writeback started as it goes, fsync, rename."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ DATA = os.urandom(13 * 2**20 + 777)
 
 
 def _tier(root: Path):
-    return validate_storage_config({"tiers": {"t": {"kind": "cfs", "path": str(root)}}}).tier("t")
+    # buffered writes (direct_io: off): the writeback hints belong to that path (test_cfs_direct_io.py: O_DIRECT)
+    return validate_storage_config({"tiers": {"t": {"kind": "cfs", "path": str(root), "direct_io": "off"}}}).tier("t")
 
 
 def test_publish_starts_writeback_of_each_written_stretch_and_publishes_the_bytes(tmp_path, monkeypatch) -> None:
