@@ -34,6 +34,7 @@ import hashlib
 import importlib
 import json
 import logging
+import mmap
 import os
 import re
 from collections import deque
@@ -585,9 +586,11 @@ class _Built:
 def _build_shards(local: _LocalRows, writer: ShardWriter, todo: list[int], *, buffers: int) -> Iterator[_Built]:
     """Shards in order, each gathered from the spill in export order and framed in place (while the previous one
     uploads). ``buffers`` byte buffers are reused in turn: ``_write_shards`` asks for shard k only when shard
-    k - ``buffers`` is published, so its buffer is free (no fresh pages per shard)."""
+    k - ``buffers`` is published, so its buffer is free (no fresh pages per shard). The buffers are anonymous
+    mappings, page-aligned, so a cfs tier writes the shards from them with O_DIRECT without a bounce copy
+    (``datahub.storage.tier``, ``direct_io``)."""
     spill, plan = local.spill, local.plan
-    ring: list[bytearray] = []
+    ring: list[mmap.mmap] = []
     # per turn, the lowest rank a later shard of ``todo`` gathers: the spill's buckets below it are removed once the
     # shard is gathered, so its upload writes into the pages they held (``BucketSpill.release``)
     needed = np.minimum.accumulate([plan.spans[i].start for i in todo][::-1])[::-1].tolist()[1:] + [plan.num_samples]
@@ -599,9 +602,9 @@ def _build_shards(local: _LocalRows, writer: ShardWriter, todo: list[int], *, bu
         capacity = members + int(index_reserve(members, span.samples)) + 2 * BLOCK + RECORD
         slot = turn % buffers
         if slot == len(ring):
-            ring.append(bytearray(capacity + capacity // 16))
+            ring.append(mmap.mmap(-1, capacity + capacity // 16))
         elif len(ring[slot]) < capacity:  # with room to spare: shards of one size differ by a few KB
-            ring[slot] = bytearray(capacity + capacity // 16)
+            ring[slot] = mmap.mmap(-1, capacity + capacity // 16)
         view = memoryview(ring[slot])
         keys: list[str] = []
         member_sizes: list[np.ndarray] = []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
@@ -125,10 +126,14 @@ class ShardWriter(Sink[ShardDone, list[ShardDone]]):
         reused buffer from a local export, written as it is to a cfs tier)."""
         target = tier or self.tier()
         name = shard_name(self.release, index)
-        digest = hashlib.sha256(body).hexdigest()  # hashlib releases the GIL: overlaps the next build
         uri = target.uri(self.release, name)
-        # a cfs tier writes any buffer (a file write): the view goes as it is, without a copy
-        target.publish(uri, cast(bytes, body) if target.kind == "cfs" else bytes(body))
+        # hashed on a helper thread while the tier writes (hashlib releases the GIL): a cfs tier's O_DIRECT write
+        # waits for the device, a ceph PUT for the network, and the hash fills that wait
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="datahub-export-sha256") as hasher:
+            hashed = hasher.submit(lambda: hashlib.sha256(body).hexdigest())
+            # a cfs tier writes any buffer (a file write): the view goes as it is, without a copy
+            target.publish(uri, cast(bytes, body) if target.kind == "cfs" else bytes(body))
+            digest = hashed.result()
         if target.size(uri) != len(body):
             raise IntegrityError(f"tier {target.name}: {uri} has the wrong size after writing; check the tier and re-run")
         start = self.starts[index]

@@ -353,3 +353,38 @@ def test_the_garbage_collector_is_paused_while_shards_are_built_and_restored_aft
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_shards_go_to_a_cfs_tier_with_o_direct_from_the_export_buffers_as_the_same_bytes(tmp_path, monkeypatch) -> None:
+    """A cfs tier (direct_io: auto) writes every shard with O_DIRECT straight from the local export's page-aligned
+    buffers, without a copy through the bounce buffer, and the shards are the bytes a buffered tier (off) gets."""
+    import datahub.storage.tier as tier_module
+    from datahub.storage import validate_storage_config
+
+    monkeypatch.setattr(tier_module, "_DIRECT_MIN", 4096)  # this test's shards are tens of KB, real ones 32 MB+
+    bounced: list[int] = []
+    real_bounce, real_direct = tier_module._bounce_buffer, tier_module._write_direct
+    monkeypatch.setattr(tier_module, "_bounce_buffer", lambda: (bounced.append(1), real_bounce())[1])
+    direct: list[tuple[int, int]] = []
+
+    def write_direct(fd, view, *, required):
+        direct.append((len(view), real_direct(fd, view, required=required)))
+        return direct[-1][1]
+
+    monkeypatch.setattr(tier_module, "_write_direct", write_direct)
+    storage = validate_storage_config({"tiers": {
+        "direct": {"kind": "cfs", "path": str(tmp_path / "direct")},
+        "buffered": {"kind": "cfs", "path": str(tmp_path / "buffered"), "direct_io": "off"}}})
+    lake, version = make_lake(tmp_path / "lake", 120, with_binary=True)
+    first = _export(lake, version, storage, tier="direct", shard_samples=25)
+    assert [size for size, _ in direct] == [s.size for s in first.shards]
+    assert [written for _, written in direct] == [s.size - s.size % 4096 for s in first.shards] and not bounced
+    direct.clear()
+    second = _export(make_lake(tmp_path / "lake2", 120, with_binary=True)[0], version, storage, tier="buffered",
+                     shard_samples=25)
+    assert not direct
+    assert [s.sha256 for s in first.shards] == [s.sha256 for s in second.shards]
+    for shard, buffered in zip(first.shards, second.shards):
+        data = Path(shard.replicas["direct"]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (shard.size, shard.sha256)
+        assert data == Path(buffered.replicas["buffered"]).read_bytes()
