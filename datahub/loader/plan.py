@@ -51,22 +51,37 @@ Intervals = list[tuple[int, int]]  # half-open ranges of positions in G
 
 def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """rank/world_size given, else torch.distributed when initialized, else RANK/WORLD_SIZE env, else (0, 1)."""
+    origin = "given"
     if rank is None or world_size is None:
         detected: tuple[int, int] | None = None
         try:
             import torch.distributed as dist
 
             if dist.is_available() and dist.is_initialized():
-                detected = (dist.get_rank(), dist.get_world_size())
+                detected, origin = (dist.get_rank(), dist.get_world_size()), "torch.distributed"
         except ImportError:
             pass
         if detected is None:
-            detected = (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+            detected = (_env_int("RANK", 0), _env_int("WORLD_SIZE", 1))
+            origin = "the RANK and WORLD_SIZE environment variables" + ("" if "WORLD_SIZE" in os.environ or
+                                                                        "RANK" not in os.environ else " (WORLD_SIZE unset: 1)")
         rank = detected[0] if rank is None else rank
         world_size = detected[1] if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size}")
+        raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size} (from {origin}); "
+                         "pass rank= and world_size=, or set both variables")
     return rank, world_size
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={text!r} is not an integer (the loader reads RANK and "
+                         "WORLD_SIZE when torch.distributed is not initialized)") from None
 
 
 def _seed_words(digest: str, *extra: int) -> list[int]:

@@ -94,5 +94,17 @@ def test_rank_and_world_size_from_env(manifest_path: str, monkeypatch: pytest.Mo
         ReleaseDataset(manifest_path, rank=3, world_size=3)
 
 
+def test_a_rank_without_world_size_in_the_environment_says_where_they_came_from(
+        manifest_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=r"got rank=1, world_size=1 \(from the RANK and WORLD_SIZE environment "
+                                         r"variables \(WORLD_SIZE unset: 1\)\); pass rank= and world_size="):
+        ReleaseDataset(manifest_path)
+    monkeypatch.setenv("RANK", "one")
+    with pytest.raises(ValueError, match=r"environment variable RANK='one' is not an integer"):
+        ReleaseDataset(manifest_path)
+
+
 def test_is_a_torch_iterable_dataset(manifest_path: str) -> None:
     assert isinstance(ReleaseDataset(manifest_path, rank=0, world_size=1), torch.utils.data.IterableDataset)
