@@ -39,7 +39,8 @@ def list_runs(lake: Lake, *, job: str | None = None) -> list[dict[str, Any]]:
             if r["run_id"] in succeeded:
                 item["status"] = "failed (resumed)"
             else:  # job_spec and full are null in lakes written before they were recorded
-                command = rerun_command(r["job_name"], job_spec=r.get("job_spec"), lake=lake.root, full=bool(r.get("full")))
+                # lake.ref: the lake YAML the lake was opened from, if any, so the pasted command has its storage options
+                command = rerun_command(r["job_name"], job_spec=r.get("job_spec"), lake=lake.ref, full=bool(r.get("full")))
                 item["hint"] = f"fix the error above, then re-run (it completes this run first): {command}"
         out.append(item)
     for lease in list_leases(lake):

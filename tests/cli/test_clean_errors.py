@@ -127,3 +127,16 @@ def test_run_takes_a_lake_yaml_as_every_other_command_does(tmp_path):
     assert json.loads(out.stdout)["lake"] == str(tmp_path / "from-yaml")
     root = datahub("run", "jobs/demo.yaml", "--lake", str(tmp_path / "plain"), "--check")
     assert root.returncode == 0 and f"lake {tmp_path / 'plain'}," in root.stdout
+
+
+def test_the_resume_hint_of_a_run_on_a_lake_yaml_names_the_yaml(tmp_path):
+    """A failed run's hint is pasted as is: `--lake LAKE.yaml` keeps the lake's storage options, its root would not."""
+    lake_file = tmp_path / "lake.yaml"
+    lake_file.write_text(f"root: {tmp_path / 'lake'}\n")
+    failed = subprocess.run([sys.executable, "-m", "datahub.cli.main", "run", "jobs/demo.yaml", "--engine", "spark",
+                             "--lake", str(lake_file)], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "JAVA_HOME": str(tmp_path / "no-java")})  # fails fast: no Java there
+    assert failed.returncode == 2 and "needs Java" in failed.stderr, failed.stderr
+    runs = datahub("runs", "--lake", str(lake_file))
+    assert runs.returncode == 0, runs.stderr
+    assert f"datahub run {REPO / 'jobs/demo.yaml'} --lake {lake_file}" in runs.stdout, runs.stdout
