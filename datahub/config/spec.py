@@ -200,7 +200,13 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
         if not keys:
             raise SpecError(f"--set {item!r}: empty key")
         node: Any = raw
-        for key in keys[:-1]:
+        for depth, key in enumerate(keys):
+            if isinstance(node, list) and key.isdigit() and int(key) >= len(node):
+                at = ".".join(keys[:depth + 1])
+                raise SpecError(f"{source}: --set {at}: the list has {len(node)} item(s)"
+                                + (f" (0..{len(node) - 1})" if node else "") + "; an index past its end cannot be set")
+            if depth == len(keys) - 1:
+                break
             if isinstance(node, list) and key.isdigit():
                 node = node[int(key)]
                 continue

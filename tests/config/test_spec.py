@@ -134,3 +134,12 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
     from datahub.config.yaml_file import read_yaml
 
     assert read_yaml(write(tmp_path, merged), missing="")["lake"] == {"root": "/tmp/y"}
+
+
+def test_set_with_a_list_index_past_the_end_is_an_error(tmp_path):
+    path = write(tmp_path, BASE)
+    for item in ("inputs.5.uri=/tmp/other.jsonl", "inputs.5={uri: /tmp/other.jsonl}"):
+        with pytest.raises(SpecError, match=r"job.yaml: --set inputs.5: the list has 1 item\(s\) \(0..0\); an index past its "
+                                            r"end cannot be set"):
+            load_job_spec(path, [item])
+    assert load_job_spec(path, ["inputs.0.uri=/tmp/other.jsonl"]).inputs[0].uri == "/tmp/other.jsonl"
