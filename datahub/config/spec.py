@@ -213,7 +213,11 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
             if not isinstance(node, dict):
                 raise SpecError(f"{source}: --set {path}: {key!r} is not inside a mapping")
             node = node.setdefault(key, {})
-        value = yaml.safe_load(text) if text.strip() else ""
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as exc:
+            raise SpecError(f"{source}: --set {path}: the value {text!r} is not valid YAML "
+                            f"({getattr(exc, 'problem', None) or exc}); quote it or fix it, e.g. --set {path}='...'") from None
         if isinstance(node, list) and keys[-1].isdigit():
             node[int(keys[-1])] = value
         elif isinstance(node, dict):

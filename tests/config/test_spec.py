@@ -143,3 +143,9 @@ def test_set_with_a_list_index_past_the_end_is_an_error(tmp_path):
                                             r"end cannot be set"):
             load_job_spec(path, [item])
     assert load_job_spec(path, ["inputs.0.uri=/tmp/other.jsonl"]).inputs[0].uri == "/tmp/other.jsonl"
+
+
+def test_set_with_a_value_that_is_not_yaml_is_an_error(tmp_path):
+    with pytest.raises(SpecError, match=r"job.yaml: --set limits: the value '\{' is not valid YAML \(expected the node "
+                                        r"content, but found '<stream end>'\)"):
+        load_job_spec(write(tmp_path, BASE), ["limits={"])
