@@ -27,7 +27,7 @@ from datahub.loader.prefetch import Prefetcher
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
 from datahub.loader.regions import region_preference
-from datahub.loader.storage_options import StorageArg, as_storage, readable_tiers, tier_options
+from datahub.loader.storage_options import StorageArg, as_storage, readable_tiers, tier_list, tier_options
 from datahub.loader.storage_options import manifest_options as manifest_options_for
 from datahub.shards.index import index_tar
 from datahub.loader import worker_transport
@@ -131,6 +131,7 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         self._decode = make_decoder(decode)  # per-sample reads; arrow batches gather columns (_iterate_arrow)
         if transform is not None:  # applied to every decoded sample, before batching (e.g. image augmentation)
             self._decode = _Transformed(self._decode, transform)
+        tier_preference = tier_list(tier_preference)  # "cfs" alone is ["cfs"]
         if tier_preference is None:  # the reader's region's replicas first, the others as failover
             tier_preference = region_preference(readable_tiers(self.manifest, None), storage_config, region)
         self.source = ShardSource(self.manifest, tier_preference=tier_preference,

@@ -17,7 +17,7 @@ from datahub.loader.manifest import load_manifest
 from datahub.shards.manifest import Manifest
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
-from datahub.loader.storage_options import StorageArg, as_storage, manifest_options, readable_tiers, tier_options
+from datahub.loader.storage_options import StorageArg, as_storage, manifest_options, readable_tiers, tier_list, tier_options
 from datahub.shards.index import index_tar
 
 _utf8 = codecs.utf_8_decode
@@ -67,6 +67,7 @@ def ray_dataset(
     storage_config = as_storage(storage)
     options = manifest_options(storage_config, release_or_manifest) if isinstance(release_or_manifest, str) else None
     manifest = load_manifest(release_or_manifest, lake=lake, storage_options=options, read_policy=read_policy)
+    tier_preference = tier_list(tier_preference)  # "cfs" alone is ["cfs"]
     source = ShardSource(manifest, tier_preference=tier_preference, verify=verify, read_policy=read_policy,
                          storage=tier_options(storage_config, tiers=readable_tiers(manifest, tier_preference)))
     shard_indexes = list(range(len(manifest.shards)))

@@ -62,3 +62,11 @@ def manifest_options(storage: Mapping[str, Mapping[str, Any]] | StorageConfig | 
         if uri.startswith(tier.root_uri.rstrip("/") + "/"):
             return tier.reader_options()
     return {}
+
+
+def tier_list(tier_preference: str | Sequence[str] | None) -> list[str] | None:
+    """``tier_preference`` as a list of tier names: one name given as a string is that tier alone (as a string it
+    would otherwise be iterated as the tiers 'c', 'f', 's')."""
+    if tier_preference is None:
+        return None
+    return [tier_preference] if isinstance(tier_preference, str) else list(tier_preference)

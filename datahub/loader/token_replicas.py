@@ -23,7 +23,7 @@ from datahub.errors import IntegrityError, SpecError
 from datahub.loader.errors import NoReadableReplicaError
 from datahub.loader.regions import reader_region, region_order, region_preference, tier_regions
 from datahub.loader.shard_source import default_verdicts_dir
-from datahub.loader.storage_options import StorageArg, as_storage
+from datahub.loader.storage_options import StorageArg, as_storage, tier_list
 from datahub.loader.verified import Identity, VerifiedFiles
 from datahub.shards.indexed import IndexedDataset
 from datahub.shards.token_manifest import PARTS, TokenFileRecord
@@ -142,6 +142,7 @@ def open_replicas(records: Sequence[TokenFileRecord], tiers: Sequence[str] | Non
     """Every record's good replica; the verdict store is ``verdicts_dir`` (default: the user's, as for shards).
     ``tiers`` None: the reader's region's tiers first (``region`` or ``DATAHUB_REGION``, labels from ``storage``)."""
     storage_config = as_storage(storage)
+    tiers = tier_list(tiers)  # "cfs" alone is ["cfs"]
     if tiers is None:
         tiers = region_preference(sorted({tier for record in records for tier in record.replicas}), storage_config,
                                   region)

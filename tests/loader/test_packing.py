@@ -504,3 +504,9 @@ def test_a_missing_token_manifest_or_a_text_manifest_says_which_file_to_give(tmp
     text.write_text(json.dumps({"manifest_version": 1, "release": "r", "shards": [{"name": "r-000000.tar"}]}))
     with pytest.raises(ManifestError, match=r"manifest.json: the manifest of a text export .*, not of token files"):
         PackedDataset(str(text), **SETTINGS)
+
+
+def test_one_token_tier_given_as_a_string_is_that_tier(corpus: tuple[list[str], int], tmp_path: Path) -> None:
+    path, copies = _two_tier_token_manifest(corpus, tmp_path / "tiers")
+    dataset = PackedDataset(str(path), tier_preference="nvme", **SETTINGS)  # not the tiers 'n', 'v', 'm', 'e'
+    assert [f.prefix for f in dataset.files.files] == copies

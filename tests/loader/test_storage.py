@@ -33,6 +33,13 @@ def test_reads_from_the_preferred_tier(tmp_path: Path, two_tiers: dict) -> None:
     assert {tier for tier, _ in dataset.source.reads} == {"ceph"}
 
 
+def test_one_tier_given_as_a_string_is_that_tier(tmp_path: Path, two_tiers: dict) -> None:
+    """tier_preference="ceph" is ["ceph"], not the tiers 'c', 'e', 'p', 'h' (which held no replica)."""
+    dataset, ids = read_all(tmp_path, tier_preference="ceph")
+    assert ids == all_ids(two_tiers)
+    assert {tier for tier, _ in dataset.source.reads} == {"ceph"}
+
+
 def test_corrupt_and_missing_replicas_fail_over_and_log_once(
     tmp_path: Path, two_tiers: dict, caplog: pytest.LogCaptureFixture
 ) -> None:
