@@ -73,7 +73,10 @@ def _run() -> int:
         return 2
     except OSError as exc:
         # a path the user gave that cannot be made or read (--out on a file, a lake root under a missing mount,
-        # no permission): a message that names it, not a traceback
+        # no permission): a message that names it, not a traceback; an OSError that names no path (a connection
+        # reset, a timeout) is not the user's path: its traceback stays
+        if exc.filename is None or not exc.strerror:
+            raise
         from datahub.cli.output import console, plain
 
         console(stderr=True).print(f"[bold red]error:[/] {plain(os_error_text(exc))}", soft_wrap=True)
@@ -87,9 +90,7 @@ def _run() -> int:
 
 
 def os_error_text(exc: OSError) -> str:
-    """``exc`` as a person reads it: the path, what is wrong with it, and what to check."""
-    if exc.filename is None or not exc.strerror:
-        return str(exc)
+    """``exc`` (an OSError that names a path) as a person reads it: the path, what is wrong, and what to check."""
     paths = f"{exc.filename}" + (f" -> {exc.filename2}" if exc.filename2 is not None else "")
     return f"{paths}: {exc.strerror}; check that path and its permissions"
 
