@@ -53,6 +53,14 @@ def create_release(
     version = latest if version is None else version
     if not 0 <= version <= latest:
         raise ReleaseError(f"{table} has versions 0..{latest}; --version {version} does not exist")
+    columns = lake.dataset(table, version).schema.names
+    if "sample_id" not in columns or "text" not in columns:  # e.g. quarantine: raw rejected records, no samples
+        raise ReleaseError(
+            f"release {name!r} refused: table {table!r} is not a table of samples (no sample_id and text columns; "
+            f"it has {', '.join(columns)}); a release freezes samples, e.g. --table samples"
+            + (f"; the quarantined records are listed by: datahub quarantine --lake {lake.ref}"
+               if table == "quarantine" else "")
+        )
     verdict = qa_verdict(lake, table=table, version=version)
     if verdict.ran and not verdict.passed:
         raise ReleaseError(

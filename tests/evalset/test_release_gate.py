@@ -81,3 +81,28 @@ def test_cli_refuses_then_allows(tmp_path):
     allowed = datahub("release", "create", "r1", "--lake", lake.root, "--allow-contamination", "held-out split", "--json")
     assert allowed.returncode == 0, allowed.stderr
     assert json.loads(allowed.stdout)["details"]["contamination"]["allowed"] == "held-out split"
+
+
+def test_a_table_that_is_not_of_samples_is_refused_by_name_not_with_a_traceback(tmp_path):
+    """The quarantine table holds raw rejected records (no sample_id, no text): neither the eval-set check nor a
+    release can read it, so both say so (before: pyarrow's 'No match for FieldRef.Name(sample_id)' traceback)."""
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+
+    from datahub.errors import SpecError
+    from datahub.lake.tables import QUARANTINE
+
+    lake = _lake(tmp_path, CLEAN)
+    raw = json.dumps({"text": item_text("q1")}).encode()  # eval text inside a rejected record
+    lake.commit("quarantine", pa.Table.from_pylist(
+        [{"source_uri": "s3://bucket/a.jsonl", "source_offset": 7, "source_format": "jsonl", "reason": "oversize",
+          "detail": None, "raw": raw, "raw_size": len(raw), "run_id": "job-aaaaaaaaaaaa",
+          "ts": datetime.now(timezone.utc)}], QUARANTINE), txn="q/job-aaaaaaaaaaaa")
+    with pytest.raises(SpecError, match=r"table 'quarantine' is not a table of samples \(no sample_id and text "
+                                        r"columns; it has source_uri, .*raw.*\).*--table samples"):
+        contamination(lake, table="quarantine")
+    with pytest.raises(ReleaseError, match=r"release 'q1' refused: table 'quarantine' is not a table of samples .*"
+                                           r"datahub quarantine --lake "):
+        create_release(lake, "q1", table="quarantine")
+    assert list_releases(lake) == []
