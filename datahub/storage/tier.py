@@ -256,7 +256,7 @@ class Tier:
                     _remove_quietly(fs, temp)
                     raise
         except OSError as exc:
-            raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
+            raise self._write_error(uri, exc) from exc
 
     def publish_stream(self, uri: str, chunks: Iterable[bytes], *, size: int | None, sha256: str | None
                        ) -> tuple[int, str]:
@@ -333,8 +333,21 @@ class Tier:
         except OSError as exc:
             if source_failed:
                 raise
-            raise StorageError(f"tier {self.name}: cannot write {uri}: {exc}") from exc
+            raise self._write_error(uri, exc) from exc
         return written, digest.hexdigest()
+
+    def _write_error(self, uri: str, exc: OSError) -> StorageError:
+        """What a failed write says. s3fs raises ``FileNotFoundError(None)`` for a missing bucket (the botocore
+        ``NoSuchBucket`` is its cause), which printed as ``cannot write URI: None``."""
+        cause = exc.__cause__
+        error = getattr(cause, "response", {}).get("Error", {}) if cause is not None else {}
+        if isinstance(self.spec, CephTier) and error.get("Code") == "NoSuchBucket":
+            return StorageError(f"tier {self.name}: cannot write {uri}: bucket {self.spec.bucket!r} does not exist on "
+                                f"{self.spec.endpoint_url}; create it (e.g. aws --endpoint-url "
+                                f"{self.spec.endpoint_url} s3 mb s3://{self.spec.bucket}), or fix "
+                                f"tiers.{self.name}.bucket in the storage config")
+        reason = cause if cause is not None and str(exc) == "None" else exc  # s3fs's bare errors: say botocore's
+        return StorageError(f"tier {self.name}: cannot write {uri}: {reason}")
 
     def publish_verified(self, uri: str, data: bytes, *, sha256: str | None = None) -> str:
         """Publish, then read back and compare sha256; returns the digest. Raises IntegrityError on mismatch."""
