@@ -127,6 +127,21 @@ def _parse_time(text: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+def _no_manifest(lake: Lake, name: str) -> SpecError:
+    """A release with no export yet, or a name that is neither a release nor an export (a typo)."""
+    import difflib
+
+    from datahub.release.records import release_exists
+
+    if release_exists(lake, name):
+        return SpecError(f"release {name!r}: no export manifest in {lake.root}/_exports; run `datahub export` first")
+    exported = exported_releases(lake)
+    close = difflib.get_close_matches(name, exported, n=3)
+    shown = ", ".join(exported[:20]) + (f", ... ({len(exported)} in all)" if len(exported) > 20 else "")
+    return SpecError(f"no release or export {name!r} in lake {lake.root} (exported there: {shown or 'none'})"
+                     + (f"; did you mean {', '.join(map(repr, close))}?" if close else ""))
+
+
 def plan_tiers(
     lake: Lake,
     *,
@@ -150,7 +165,7 @@ def plan_tiers(
     for name in names:
         manifest = read_lake_manifest(lake, name)
         if manifest is None:
-            raise SpecError(f"release {name!r}: no export manifest in {lake.root}/_exports; run `datahub export` first")
+            raise _no_manifest(lake, name)
         manifests[name] = manifest
     if states is None:
         states = release_states(lake, [n for n in names if n not in targets], manifests=manifests)

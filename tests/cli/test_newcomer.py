@@ -283,6 +283,31 @@ def test_tier_plan_gives_a_table_export_the_rule_of_its_class(tmp_path):
     assert result["rules"]["t1"].startswith("class warm: "), result["rules"]
 
 
+def test_tier_apply_of_a_mistyped_release_names_the_exports_and_the_close_ones(tmp_path):
+    """`tier apply --release corpus-v9` (a typo) said "no export manifest ...; run `datahub export` first", which
+    sends the user to export a release that does not exist; a release not exported yet keeps that advice."""
+    from typer.testing import CliRunner
+
+    from datahub.cli.main import app
+    from datahub.release import create_release
+    from tests.export.helpers import make_lake
+
+    lake = str(tmp_path / "lake")
+    make_lake(lake, 5)
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs: {{kind: cfs, path: {tmp_path / 'cfs'}}}\n")
+    runner = CliRunner()
+    exported = runner.invoke(app, ["export", "corpus-v1", "--table", "samples", "--lake", lake, "--tier", "cfs",
+                                   "--storage", str(storage)])
+    assert exported.exit_code == 0, exported.output
+    typo = runner.invoke(app, ["tier", "apply", "--lake", lake, "--storage", str(storage), "--release", "corpus-v9"])
+    assert str(typo.exception) == (f"no release or export 'corpus-v9' in lake {lake} (exported there: corpus-v1); "
+                                   "did you mean 'corpus-v1'?")  # the CLI prints it as 'error: ...', exit 2
+    create_release(Lake(lake), "corpus-v2")
+    unexported = runner.invoke(app, ["tier", "plan", "--lake", lake, "--storage", str(storage), "--release", "corpus-v2"])
+    assert "run `datahub export` first" in str(unexported.exception), unexported.output
+
+
 def test_lineage_fate_of_a_redacted_sample_is_redacted(tmp_path, job_spec):
     from typer.testing import CliRunner
 
