@@ -65,10 +65,9 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 def check_name(name: str, *, what: str = "release name") -> str:
     if not _NAME.match(name or ""):
-        raise ReleaseError(
-            f"{what} {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or digit "
-            "(it names a Delta table directory for merged and redacted releases)"
-        )
+        why = " (it names a Delta table directory for merged and redacted releases)" if what == "release name" else ""
+        raise ReleaseError(f"{what} {name!r}: use 1-128 letters, digits, '_', '.' or '-', starting with a letter or "
+                           f"digit{why}")
     return name
 
 

@@ -68,6 +68,10 @@ def test_channels_move_and_roll_back(tmp_path):
         rollback(lake, channel="stable")
     with pytest.raises(ReleaseError, match="no release"):
         promote(lake, "r9", channel="stable")
+    with pytest.raises(ReleaseError) as bad_channel:  # the release name's reason (a table directory) is not a channel's
+        promote(lake, "r1", channel="Stable Channel")
+    assert str(bad_channel.value) == ("channel name 'Stable Channel': use 1-128 letters, digits, '_', '.' or '-', "
+                                      "starting with a letter or digit")
     assert [e.action for e in channel_history(lake, "stable")] == ["promote", "promote", "rollback"]
     assert get_release(lake, "r2").version == v_two and get_release(lake, "r2").row_count == 2  # releases do not move
 
