@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from datahub.config.spec import format_validation_error
 from datahub.config.yaml_file import read_yaml
@@ -97,7 +98,27 @@ def validate_storage_config(raw: dict[str, Any], *, source: str = "<storage>") -
     try:
         return StorageConfig(**raw, source=source)
     except ValidationError as exc:
-        raise SpecError(format_validation_error(source, exc)) from None
+        raise SpecError(format_validation_error(source, _in_yaml_terms(exc))) from None
+
+
+def _in_yaml_terms(error: ValidationError) -> ValidationError:
+    """The error with the YAML's field paths: pydantic puts a tagged union's tag, the tier's kind, into the path
+    (``tiers.c.ceph.endpoint_url`` for the YAML's ``tiers.c.endpoint_url``)."""
+    kinds = {get_args(model.model_fields["kind"].annotation)[0] for model in (CfsTier, CephTier, HdfsTier)}
+    items = []
+    for item in error.errors(include_url=False):
+        loc, ctx = item["loc"], item.get("ctx", {})
+        kind: str | PydanticCustomError = item["type"]
+        if len(loc) > 2 and loc[0] == "tiers" and loc[2] in kinds:
+            loc = loc[:2] + loc[3:]
+        elif item["type"] in ("union_tag_not_found", "union_tag_invalid"):  # pydantic's "Unable to extract tag
+            # using discriminator 'kind'" and "Input tag 'nfs' found using 'kind' does not match any of ..."
+            loc, ctx = loc + ("kind",), {"tag": repr(ctx.get("tag")), "kinds": ", ".join(sorted(kinds))}
+            kind = (PydanticCustomError("kind_missing", "required field is missing; add it: one of {kinds}", ctx)
+                    if item["type"] == "union_tag_not_found" else
+                    PydanticCustomError("kind_unknown", "{tag} is not a tier kind; use one of {kinds}", ctx))
+        items.append(InitErrorDetails(type=kind, loc=loc, input=item["input"], ctx=ctx))
+    return ValidationError.from_exception_data(error.title, items)
 
 
 def load_storage_config(path: str | os.PathLike[str]) -> StorageConfig:

@@ -34,7 +34,7 @@ def test_export_then_tier_plan_and_apply(tmp_path) -> None:
     bad.write_text("tiers:\n  cfs:\n    kind: cfs\n    mount: /mnt/cfs\n")
     failed = runner.invoke(app, ["export", "r2", "--lake", str(tmp_path / "lake"), "--tier", "cfs", "--storage", str(bad),
                                  "--table", "samples"])
-    assert failed.exit_code != 0 and "tiers.cfs.cfs.path" in str(failed.exception)
+    assert failed.exit_code != 0 and "tiers.cfs.path" in str(failed.exception)
 
 
 def test_relative_cfs_path_resolves_against_the_working_directory(tmp_path, monkeypatch) -> None:

@@ -16,8 +16,16 @@ def test_errors_name_the_file_and_field(tmp_path) -> None:
     with pytest.raises(SpecError) as info:
         load_storage_config(path)
     message = str(info.value)
-    assert f"{path}: tiers.ceph.ceph.endpoint_url: must start with http://" in message
-    assert f"{path}: tiers.ceph.ceph.bucket: required field is missing" in message
+    assert f"{path}: tiers.ceph.endpoint_url: must start with http://" in message  # the YAML's path, not pydantic's
+    assert f"{path}: tiers.ceph.bucket: required field is missing" in message  # (tiers.ceph.ceph.bucket: the kind tag)
+    path.write_text("tiers:\n  hot:\n    kind: cfs\n    pth: /mnt/cfs\n  x:\n    path: /x\n  z:\n    kind: nfs\n")
+    with pytest.raises(SpecError) as info:
+        load_storage_config(path)
+    assert str(info.value).splitlines() == [
+        f"{path}: tiers.hot.path: required field is missing; add it",
+        f"{path}: tiers.hot.pth: unknown field; remove it or check the spelling",
+        f"{path}: tiers.x.kind: required field is missing; add it: one of ceph, cfs, hdfs",
+        f"{path}: tiers.z.kind: 'nfs' is not a tier kind; use one of ceph, cfs, hdfs"]
     with pytest.raises(SpecError, match=r"^s\.yaml: .*policy\.classes\.hot names unknown tiers \[.ceph.\]"):
         validate_storage_config({"tiers": {"cfs": {"kind": "cfs", "path": "/x"}},
                                  "policy": {"classes": {"hot": ["ceph"]}}}, source="s.yaml")
