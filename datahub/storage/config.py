@@ -95,6 +95,11 @@ class StorageConfig(_Model):
 def validate_storage_config(raw: dict[str, Any], *, source: str = "<storage>") -> StorageConfig:
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: expected a mapping with 'tiers' (and optionally 'policy'), got {type(raw).__name__}")
+    job_spec = any(key in raw for key in ("lake", "inputs", "graph"))
+    if "tiers" not in raw and (job_spec or "root" in raw):  # --lake and --storage both take a YAML: an easy mix-up
+        what = "a job spec (lake:, graph:; --lake takes its lake: section)" if job_spec else "a lake YAML (root:)"
+        raise SpecError(f"{source}: {what}, not a storage config; give it as --lake, and the tiers as --storage "
+                        "STORAGE.yaml (tiers:, see schemas/storage.example.yaml)")
     try:
         return StorageConfig(**raw, source=source)
     except ValidationError as exc:

@@ -33,6 +33,21 @@ def test_errors_name_the_file_and_field(tmp_path) -> None:
         load_storage_config(tmp_path / "missing.yaml")
 
 
+def test_a_job_spec_or_lake_yaml_given_as_storage_says_which_option_takes_it(tmp_path) -> None:
+    """`--storage jobs/demo.yaml` printed one 'unknown field' line per job spec section and 'tiers: required'."""
+    job = tmp_path / "demo.yaml"
+    job.write_text("name: demo\nlake: {root: /tmp/lake}\ninputs: [{uri: /tmp/a.jsonl}]\ngraph: {}\n")
+    with pytest.raises(SpecError) as info:
+        load_storage_config(job)
+    assert str(info.value) == (f"{job}: a job spec (lake:, graph:; --lake takes its lake: section), not a storage "
+                               "config; give it as --lake, and the tiers as --storage STORAGE.yaml (tiers:, see "
+                               "schemas/storage.example.yaml)")
+    lake = tmp_path / "lake.yaml"
+    lake.write_text("root: s3://bucket/lake\nstorage_options: {AWS_REGION: us-east-1}\n")
+    with pytest.raises(SpecError, match=r"lake\.yaml: a lake YAML \(root:\), not a storage config; give it as --lake"):
+        load_storage_config(lake)
+
+
 def test_ceph_credentials_come_from_env_or_file_and_stay_out_of_repr(tmp_path, monkeypatch) -> None:
     config = validate_storage_config({"tiers": {"ceph": {"kind": "ceph", "endpoint_url": "http://127.0.0.1:1",
                                                          "bucket": "b", "credentials": {"key_env": "K", "secret_env": "S"}}}})
