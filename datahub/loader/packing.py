@@ -33,7 +33,7 @@ import numpy as np
 from datahub.errors import SpecError
 from datahub.loader.plan import EpochOrder
 from datahub.loader.storage_options import StorageArg
-from datahub.loader.strided import StridedDataset
+from datahub.loader.strided import StridedDataset, _get_worker_info
 from datahub.shards.indexed import IndexedDataset
 
 STATE_FORMAT = "datahub.loader.packed/1"
@@ -377,6 +377,7 @@ class PackedDataset(StridedDataset):
         self._start = 0  # tokens of this epoch's stream consumed before this iteration
         self._layout: TokenLayout | None = None
         self._layout_epoch = -1
+        self._prepare_for_workers()
 
     # --- the stream -------------------------------------------------------------------------------------
 
@@ -387,6 +388,24 @@ class PackedDataset(StridedDataset):
                                        shuffle_buffer=self.shuffle_buffer)
             self._layout_epoch = epoch
         return self._layout
+
+    def _prepare_for_workers(self) -> None:
+        """In the owner, after its position is set: build the epoch's layout and the block at the resume point now,
+        so that DataLoader workers forked later share them (copy-on-write) instead of each fresh worker building its
+        own: ~3.5 ms of CPU per worker and epoch on the benchmark's 28.7k-document release (cold: new pages for the
+        temporaries in a new process), against ~1.5 ms once here. Skipped inside a worker and while live (persistent)
+        workers read this dataset: they were forked before and build their own."""
+        if _get_worker_info() is not None or self._worker_use._workers_alive():
+            return
+        layout = self.layout()
+        if self._start < layout.num_tokens:
+            layout.pieces(self._start, self._start + 1)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a spawned DataLoader worker's copy): without the layout, which the copy builds when it reads."""
+        state = self.__dict__.copy()
+        state["_layout"], state["_layout_epoch"] = None, -1
+        return state
 
     @property
     def num_tokens(self) -> int:
@@ -450,6 +469,7 @@ class PackedDataset(StridedDataset):
         """Start ``epoch`` from its first token (clears a loaded resume point)."""
         self.epoch, self._start, self._yielded = int(epoch), 0, 0
         self._position_changed()
+        self._prepare_for_workers()
 
     def _identity(self) -> dict[str, Any]:
         return {"digest": self.files.digest, "seed": self.seed, "shuffle": self.shuffle,
@@ -481,3 +501,4 @@ class PackedDataset(StridedDataset):
         self._load_worker_state(state)
         self.epoch, self._start, self._yielded = int(state["epoch"]), int(state["tokens"]), 0
         self._position_changed()
+        self._prepare_for_workers()

@@ -510,3 +510,42 @@ def test_one_token_tier_given_as_a_string_is_that_tier(corpus: tuple[list[str], 
     path, copies = _two_tier_token_manifest(corpus, tmp_path / "tiers")
     dataset = PackedDataset(str(path), tier_preference="nvme", **SETTINGS)  # not the tiers 'n', 'v', 'm', 'e'
     assert [f.prefix for f in dataset.files.files] == copies
+
+
+def _layout_before_reading(worker_id: int) -> None:  # worker_init_fn: what the worker's copy holds at its start
+    from torch.utils.data import get_worker_info
+
+    dataset = get_worker_info().dataset
+    built = dataset._layout is not None and dataset._layout_epoch == dataset.epoch and bool(dataset._layout._blocks)
+    with open(os.environ["DATAHUB_TEST_LAYOUT_LOG"], "a") as log:
+        log.write(f"{os.getpid()} {built}\n")
+
+
+def test_fresh_workers_share_the_owners_layout_and_persistent_ones_build_their_own(
+        corpus: tuple[list[str], int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner builds an epoch's layout (and the block at its resume point) when its position is set, so forked
+    workers inherit it instead of each building its own every epoch; the order read is the same. While persistent
+    workers live, set_epoch leaves the layout to them (they were forked before), and a pickled copy (a spawned
+    worker's) carries none."""
+    import pickle
+
+    prefixes, _ = corpus
+    log = tmp_path / "layout.log"
+    monkeypatch.setenv("DATAHUB_TEST_LAYOUT_LOG", str(log))
+    reference = [b["tokens"].tolist() for b in PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS)]
+    dataset = PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS)
+    assert dataset._layout is not None and dataset._layout_epoch == SETTINGS["epoch"]
+    assert pickle.loads(pickle.dumps(dataset))._layout is None
+    loader = DataLoader(dataset, batch_size=None, num_workers=2, worker_init_fn=_layout_before_reading)
+    assert sorted(b["tokens"].tolist() for b in loader) == sorted(reference)
+    assert [line.split()[1] for line in log.read_text().splitlines()] == ["True", "True"]
+
+    persistent = PackedDataset(prefixes, rank=0, world_size=1, **SETTINGS)
+    loader = DataLoader(persistent, batch_size=None, num_workers=2, persistent_workers=True)
+    first = sorted(b["tokens"].tolist() for b in loader)
+    persistent.set_epoch(5)
+    assert persistent._layout_epoch == SETTINGS["epoch"], "live persistent workers build epoch 5's layout themselves"
+    fifth = sorted(b["tokens"].tolist() for b in loader)
+    assert first == sorted(reference)
+    assert fifth == sorted(b["tokens"].tolist() for b in PackedDataset(prefixes, rank=0, world_size=1,
+                                                                        **{**SETTINGS, "epoch": 5}))
