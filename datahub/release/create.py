@@ -3,6 +3,7 @@ checked against the registered evaluation sets (``datahub.evalset``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -10,7 +11,8 @@ import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
-from datahub.release.freeze import committed_params, freeze, history_runs, refuse_taken
+from datahub.release.freeze import committed_params, freeze, history_runs, logged_rows, refuse_taken
+from datahub.release.progress import Progress
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name
 from datahub.release.exclude import exclude_redacted
@@ -28,6 +30,7 @@ def create_release(
     require_qa: bool = False,
     creator: str | None = None,
     allow_contamination: str | None = None,
+    progress: Progress | None = None,
 ) -> Release:
     """Freeze ``table`` at ``version`` (default: latest) as release ``name``.
 
@@ -39,6 +42,7 @@ def create_release(
     Samples taken down by an earlier ``release redact`` (its ids, or every row of its ``source_uri``) stay out:
     when the version holds any, the release is materialized in ``release_<name>`` without them
     (``details["redacted_excluded"]``, and a ``dropped`` lineage row each).
+    ``progress(stage, done, total)`` gets the rows of each pass (eval-set check, then ``freeze``'s).
     """
     if allow_contamination is not None and not allow_contamination.strip():
         raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
@@ -75,7 +79,8 @@ def create_release(
         )
     from datahub.evalset.check import contamination
 
-    found = contamination(lake, table=table, version=version)
+    checked = _rows_done(progress, "eval-set check", logged_rows(lake, table, version)) if progress else None
+    found = contamination(lake, table=table, version=version, progress=checked)
     if found.count and allow_contamination is None:
         raise ReleaseError(
             f"release {name!r} refused: {found.describe()}\n"
@@ -100,7 +105,19 @@ def create_release(
 
     return freeze(lake, name, table=frozen, version=frozen_version, kind="create",
                   qa_status=verdict.status, creator=creator, details=details, released_reason_of=reason_of,
-                  extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix)
+                  extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
+
+
+def _rows_done(progress: Progress, stage: str, total: int | None) -> Callable[[int], None]:
+    """A ``progress(rows in a batch)`` callback (``contamination``'s) as ``progress(stage, rows done, total)``."""
+    done = 0
+
+    def batch_done(rows: int) -> None:
+        nonlocal done
+        done += rows
+        progress(stage, done, total)
+
+    return batch_done
 
 
 def _half_created_version(lake: Lake, name: str, table: str) -> int | None:

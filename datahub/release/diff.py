@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
+from datahub.release.progress import Progress, counted
 from datahub.release.records import Release, get_release
 
 
@@ -42,13 +43,16 @@ class ReleaseDiff:
 _ID_ROWS = pa.schema([("sample_id", pa.string()), ("source_code", pa.int32())])
 
 
-def _sort_ids(lake: Lake, release: Release, runs: SortedRuns, sources: dict[str | None, int]) -> None:
+def _sort_ids(lake: Lake, release: Release, runs: SortedRuns, sources: dict[str | None, int],
+              progress: Progress | None = None) -> None:
     """Add the release's (sample_id, code of its source_uri) rows to ``runs``, which keeps each id's first row: its
     first source in scan order. ``sources``: source_uri (None when the table has none) -> code, filled here."""
     dataset = lake.dataset(release.table, release.version)
     has_source = "source_uri" in dataset.schema.names
-    for batch in scan_batches(dataset, columns=["sample_id", "source_uri"] if has_source else ["sample_id"],
-                              batch_rows=ID_BATCH_ROWS):
+    batches = scan_batches(dataset, columns=["sample_id", "source_uri"] if has_source else ["sample_id"],
+                           batch_rows=ID_BATCH_ROWS)
+    for batch in counted(batches, progress, f"read {release.name}", total=release.row_count,
+                         rows=lambda batch: batch.num_rows):
         ids = batch.column("sample_id").cast(pa.string())
         valid = pc.is_valid(ids)  # sample_id is never null in a lake table; a null one is no sample to compare
         source = (batch.column("source_uri").cast(pa.string()) if has_source
@@ -90,12 +94,14 @@ def _count_codes(counts: dict[int, int], codes: pa.ChunkedArray) -> None:
             counts[code] = counts.get(code, 0) + count
 
 
-def diff_releases(lake: Lake, old: str, new: str, *, with_ids: bool = False) -> ReleaseDiff:
+def diff_releases(lake: Lake, old: str, new: str, *, with_ids: bool = False,
+                  progress: Progress | None = None) -> ReleaseDiff:
     """Compare release ``old`` to release ``new`` (sample ids overall and per source_uri).
 
     Each release's distinct ids (with their first source) are sorted in runs spilled to local disk
     (``datahub.lake.external_sort``) and the two sorted streams are merged, so memory stays bounded whatever the
-    releases' sizes (the ids of ``with_ids`` excepted)."""
+    releases' sizes (the ids of ``with_ids`` excepted). ``progress(stage, done, total)`` gets the rows read of
+    each release (``read OLD``, ``read NEW``) and the distinct ids compared (``compare``)."""
     old_release, new_release = get_release(lake, old), get_release(lake, new)
     sources: dict[str | None, int] = {}
     added = removed = unchanged = 0
@@ -104,9 +110,11 @@ def diff_releases(lake: Lake, old: str, new: str, *, with_ids: bool = False) -> 
     added_ids: list[str] = []
     removed_ids: list[str] = []
     with SortedRuns(_ID_ROWS, "sample_id") as old_ids, SortedRuns(_ID_ROWS, "sample_id") as new_ids:
-        _sort_ids(lake, old_release, old_ids, sources)
-        _sort_ids(lake, new_release, new_ids, sources)
-        for a, b in _aligned(old_ids.merged(), new_ids.merged()):
+        _sort_ids(lake, old_release, old_ids, sources, progress)
+        _sort_ids(lake, new_release, new_ids, sources, progress)
+        pairs = counted(_aligned(old_ids.merged(), new_ids.merged()), progress, "compare", total=None,
+                        rows=lambda pair: pair[0].num_rows + pair[1].num_rows)
+        for a, b in pairs:
             in_a = pc.is_in(b.column("sample_id"), value_set=a.column("sample_id").combine_chunks())
             in_b = pc.is_in(a.column("sample_id"), value_set=b.column("sample_id").combine_chunks())
             gained, lost = b.filter(pc.invert(in_a)), a.filter(pc.invert(in_b))

@@ -28,6 +28,7 @@ from datahub.lake.tables import LINEAGE
 from datahub.lake.scan import scan_batches
 from datahub.release.digest import DIGEST_SCHEME, digest_sum
 from datahub.release.materialize import commit_rows
+from datahub.release.progress import Progress, counted
 from datahub.release.records import RELEASES, RELEASES_TABLE, Release, get_release, release_exists
 
 RELEASE_OP = "release@1"
@@ -299,6 +300,7 @@ def freeze(
     released_reason_of: Callable[[pa.Array], pa.Array] | None = None,
     params: dict[str, Any] | None = None,
     fix: str = "",
+    progress: Progress | None = None,
 ) -> Release:
     """Record ``name`` -> (``table``, ``version``) with its digest and one lineage row per sample.
 
@@ -311,6 +313,7 @@ def freeze(
     once, a chunk's share at a time. ``params`` (the command's arguments) are recorded with the lineage commit
     together with the frozen table, version and digest; a re-run after a crash between the lineage and the
     ``releases`` commit that would record other ones is refused, naming ``fix`` (``refuse_other_try``).
+    ``progress`` gets the rows of the id pass (``samples``) and the lineage rows written (``lineage``).
     """
     # The release is read by time travel: the frozen table must keep its log even when another
     # writer (Spark add-actions, an older datahub) created it without the property.
@@ -319,15 +322,20 @@ def freeze(
     txn = release_txn(name)
     default_reason = None if kind == "create" else kind
     with SortedRuns(_ID_ROWS, "sample_id") as runs:
-        released = _collect(_id_batches(lake, table, version, sample_ids,
-                                        released_reason if released_reason is not None else default_reason,
-                                        reason_column, reason_prefix, released_reason_of), runs)
+        batches = _id_batches(lake, table, version, sample_ids,
+                              released_reason if released_reason is not None else default_reason,
+                              reason_column, reason_prefix, released_reason_of)
+        total = None
+        if progress is not None:  # the bar's end: the given ids, or the rows the Delta log counts
+            total = len(sample_ids) if sample_ids is not None else logged_rows(lake, table, version)
+        released = _collect(counted(batches, progress, "samples", total=total, rows=lambda batch: len(batch[0])), runs)
         extra = _extra_blocks(extra_lineage)
         frozen = {**(params or {}), "frozen": f"{table}@v{version}", "rows": released.rows,
                   "digest": f"{released.digest:032x}"}
         refuse_other_try(lake, name, "lineage", frozen, fix=fix)
         if released.ids or extra is not None:
-            commit_rows(lake, "lineage", _lineage_chunks(name, released, runs.merged(), ts, extra),
+            chunks = _lineage_chunks(name, released, runs.merged(), ts, extra)
+            commit_rows(lake, "lineage", counted(chunks, progress, "lineage", total=None, rows=len),
                         schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS,
                         metadata={"datahub.release": name, PARAMS_KEY: params_text(frozen)})
     if run_ids is None or jobs is None:
@@ -355,6 +363,13 @@ def freeze(
     if committed is None:  # a concurrent creator of the same name won
         raise ReleaseError(f"release {name!r} was created concurrently by another writer; names are immutable")
     return get_release(lake, name)
+
+
+def logged_rows(lake: Lake, table: str, version: int) -> int | None:
+    """The rows of ``table`` at ``version`` from the Delta log's add actions (no data file read), or None when a
+    writer left a file's count out."""
+    counts = lake.table(table, version).get_add_actions(flatten=True).column("num_records").to_pylist()
+    return None if any(count is None for count in counts) else int(sum(counts))
 
 
 def _default_creator() -> str:

@@ -35,6 +35,7 @@ from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import (ROW, SOURCE_COLUMN, DedupMode, Duplicates, Inputs, RowCursor,
                                          exact_duplicates, near_duplicates)
+from datahub.release.progress import Progress, counted
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release
 
 MERGE_OP = "release.merge@1"
@@ -227,6 +228,7 @@ def merge_releases(
     verify: bool = True,
     seed: int = 0,
     creator: str | None = None,
+    progress: Progress | None = None,
 ) -> Release:
     """Merge releases ``sources`` into release ``new`` (rows materialized in ``release_<new>``).
 
@@ -234,7 +236,8 @@ def merge_releases(
     each drop confirmed by exact shingle Jaccard unless ``verify=False``) or ``none``. Every pass streams the
     inputs in batches; what is held is bounded (``release.merge_dedup`` says what grows: for ``near``, a few bytes
     per row that shares a band key with another row); the drops' lineage rows are spilled as found and streamed
-    to ``freeze``.
+    to ``freeze``. ``progress(stage, done, total)`` gets the rows of each pass over the inputs, of the rows written,
+    then ``freeze``'s.
     """
     check_name(new)
     refuse_taken(lake, new)
@@ -252,7 +255,7 @@ def merge_releases(
     ts = datetime.now(timezone.utc)
     table = MATERIALIZED_PREFIX + new
     datasets = [lake.dataset(p.table, p.version) for p in parents]
-    inputs = Inputs(sources, datasets)
+    inputs = Inputs(sources, datasets, progress=progress, total=sum(p.row_count for p in parents))
     with _Drops(new, ts) as drops:
         _merge_rows(lake, new, parents, datasets, inputs, drops, share=share, seed=seed, dedup=dedup,
                     threshold=threshold, verify=verify, params=params)
@@ -269,7 +272,7 @@ def merge_releases(
             lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
             creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
             reason_prefix="merged_from:", run_ids=sorted({r for p in parents for r in p.run_ids}),
-            jobs=sorted({j for p in parents for j in p.jobs}), params=params, fix=_FIX,
+            jobs=sorted({j for p in parents for j in p.jobs}), params=params, fix=_FIX, progress=progress,
         )
 
 
@@ -292,6 +295,8 @@ def _merge_rows(lake: Lake, new: str, parents: list[Release], datasets: list[Any
         drops.kept = kept.total
         chosen, drops.quotas = kept.chosen()
         # written here and committed as add actions: delta-rs's writer buffers up to a target-size file of rows
-        commit_rows(lake, MATERIALIZED_PREFIX + new, _kept_rows(parents, datasets, chosen), txn=release_txn(new),
+        written = sum(drops.quotas.values()) if drops.quotas else kept.total
+        rows = counted(_kept_rows(parents, datasets, chosen), inputs.progress, "write", total=written, rows=len)
+        commit_rows(lake, MATERIALIZED_PREFIX + new, rows, txn=release_txn(new),
                     schema=_merged_schema(datasets), row_group_rows=ROW_BATCH_ROWS,
                     metadata={"datahub.release": new, PARAMS_KEY: params_text(params)})

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 from datahub.errors import ReleaseError
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.scan import scan_batches
+from datahub.release.progress import Progress, counted
 
 DedupMode = Literal["exact", "near", "none"]
 SOURCE_COLUMN = "release_source"
@@ -77,15 +78,24 @@ Drop = Callable[[Duplicates], None]  # a group of drops, as found
 class Inputs:
     """The input releases' datasets read as one numbered row stream; the row counts are known after a first pass."""
 
-    def __init__(self, names: list[str], datasets: list[Any]) -> None:
+    def __init__(self, names: list[str], datasets: list[Any], *, progress: Progress | None = None,
+                 total: int | None = None) -> None:
         self.names = names
         self.datasets = datasets
         self.counts: list[int] | None = None
+        self.progress = progress  # told the rows read of each pass over the inputs, of ``total``
+        self.total = total
+        self.passes = 0
 
     def batches(self, columns: list[str], batch_rows: int | None = None
                 ) -> Iterator[tuple[int, int, pa.RecordBatch]]:
         """(input index, number of the first row, batch) over every input, ``columns`` that each input has,
         ``batch_rows`` (default ``ID_BATCH_ROWS``) at a time."""
+        self.passes += 1
+        return counted(self._batches(columns, batch_rows), self.progress, f"inputs, pass {self.passes}",
+                       total=self.total, rows=lambda item: item[2].num_rows)
+
+    def _batches(self, columns: list[str], batch_rows: int | None) -> Iterator[tuple[int, int, pa.RecordBatch]]:
         counts, first = [], 0
         for index, dataset in enumerate(self.datasets):
             names = pa.schema(dataset.schema).names

@@ -26,6 +26,7 @@ from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other
 from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, RangeSplit, SortedIds, add_taken,
                                     rows_kept, taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
+from datahub.release.progress import Progress, counted
 from datahub.release.records import (
     MATERIALIZED_PREFIX,
     REDACTED,
@@ -146,6 +147,7 @@ def redact(
     source_uri: str | None = None,
     creator: str | None = None,
     partition_ids: int = PARTITION_IDS,
+    progress: Progress | None = None,
 ) -> Release:
     """Release ``new`` = release ``source`` minus the given samples (``sample_ids``, the ids in ``ids_files``: see
     ``ids_file_chunks``) or every sample of ``source_uri``.
@@ -155,7 +157,8 @@ def redact(
     partitions of at most ``partition_ids`` given ids (the lookup set held), and each partition is looked up in its
     own rows (``datahub.release.lookup``); the rows that go are spilled (their ids, sorted, and row numbers), then
     whole rows that stay are written to the new table; each release is read for ``contained_in`` the same way.
-    Nothing per given id or per removed row is held, whatever the take-down's size.
+    Nothing per given id or per removed row is held, whatever the take-down's size. ``progress(stage, done, total)``
+    gets the rows found to remove, the rows written, then ``freeze``'s.
     """
     check_name(new)
     if not reason or not reason.strip():
@@ -185,8 +188,10 @@ def redact(
         with SortedIds(run_rows=partition_ids) as removed, SortedIds(run_rows=partition_ids) as named, \
                 taken_row_runs() as gone:
             removed_rows = 0
-            for taken in taken_rows(dataset, given, partition_ids=partition_ids,
-                                    sources={source_uri: 0} if source_uri is not None else None):
+            hits = taken_rows(dataset, given, partition_ids=partition_ids,
+                               sources={source_uri: 0} if source_uri is not None else None)
+            for taken in counted(hits, progress, "find the rows to remove", total=None,
+                                 rows=lambda taken: len(taken.ids)):
                 removed_rows += len(taken.ids)
                 removed.add(taken.ids)
                 add_taken(gone, taken)
@@ -216,7 +221,8 @@ def redact(
 
             # pass 2: every column of the rows that stay, streamed into the commit; written here and committed as add
             # actions: delta-rs's writer buffers up to a target-size file of rows
-            commit_rows(lake, table, rows_kept(dataset, gone), txn=release_txn(new), schema=pa.schema(dataset.schema),
+            kept = counted(rows_kept(dataset, gone), progress, "write", total=parent.row_count - removed_rows, rows=len)
+            commit_rows(lake, table, kept, txn=release_txn(new), schema=pa.schema(dataset.schema),
                         row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new,
                                                                  "datahub.redact_reason": reason,
                                                                  PARAMS_KEY: params_text(params)})
@@ -228,7 +234,7 @@ def redact(
             return freeze(lake, new, table=table, version=version, kind="redact", qa_status="inherited",
                           parents=[source], creator=creator, details=details, extra_lineage=dropped(),
                           run_ids=list(parent.run_ids), jobs=list(parent.jobs), params=params,
-                          fix="the same --from, --reason and samples")
+                          fix="the same --from, --reason and samples", progress=progress)
 
 
 def _ids_sha256(ids: SortedIds) -> str:

@@ -182,6 +182,32 @@ def test_report_prints_its_rows_as_log_lines_when_piped(lake_with_runs, tmp_path
     assert seen[0] == ("rows", 0, 3) and seen[-1] == ("rows", 3, 3)
 
 
+def test_release_commands_print_their_passes_as_log_lines_when_piped(tmp_path):
+    """release create, redact, merge and diff printed nothing until done (minutes at real sizes)."""
+    from datahub.evalset import add_evalset
+    from tests.evalset.helpers import write_evalset
+    from tests.release.helpers import add_samples
+
+    texts = [f"document number {i} about rivers, bridges and the towns along them" for i in range(5)]
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, texts, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    root = str(lake.root)
+    created = datahub("release", "create", "r1", "--lake", root)
+    assert created.returncode == 0, created.stderr
+    assert "release create r1: eval-set check 5/5" in created.stderr
+    assert "release create r1: samples 0/5" in created.stderr and "release r1 created" in created.stdout
+    redacted = datahub("release", "redact", "r2", "--from", "r1", "--sample", sample_id_of(texts[0]), "--reason", "PII",
+                       "--lake", root)
+    assert redacted.returncode == 0 and "release redact r2: write 0/4" in redacted.stderr, redacted.stderr
+    merged = datahub("release", "merge", "m1", "--from", "r1", "--from", "r2", "--lake", root)
+    assert merged.returncode == 0 and "release merge m1: inputs, pass 1 0/9" in merged.stderr, merged.stderr
+    diffed = datahub("release", "diff", "r1", "r2", "--lake", root)
+    assert diffed.returncode == 0 and "release diff r1 r2: read r1 0/5" in diffed.stderr, diffed.stderr
+    quiet = datahub("release", "diff", "r1", "r2", "--lake", root, "--json")
+    assert quiet.stderr == "" and json.loads(quiet.stdout)["removed"] == 1
+
+
 def test_qa_reports_rows_done_through_its_python_api(lake_with_runs):
     from datahub.lake import Lake
     from datahub.qa import run_suites

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional, cast
 
 import typer
 
-from datahub.cli.output import console, plain, print_json
+from datahub.cli.output import console, plain, print_json, progress
 
 if TYPE_CHECKING:
     from datahub.lake.lake import Lake
@@ -69,8 +69,9 @@ def register(app: typer.Typer) -> None:
         """Freeze a table version as a release; refused when its latest QA results failed or it overlaps an eval set."""
         from datahub.release import create_release
 
-        release = create_release(_lake(lake), name, table=table, version=version, require_qa=require_qa,
-                                 allow_contamination=allow_contamination)
+        with progress(f"release create {name}", enabled=not as_json) as update:
+            release = create_release(_lake(lake), name, table=table, version=version, require_qa=require_qa,
+                                     allow_contamination=allow_contamination, progress=update)
         if as_json:
             print_json(release.as_dict())
             return
@@ -129,7 +130,8 @@ def register(app: typer.Typer) -> None:
 
         from datahub.release import diff_releases
 
-        result = diff_releases(_lake(lake), old, new, with_ids=ids)
+        with progress(f"release diff {old} {new}", enabled=not as_json) as update:
+            result = diff_releases(_lake(lake), old, new, with_ids=ids, progress=update)
         if as_json:
             print_json(result.as_dict())
             return
@@ -170,8 +172,9 @@ def register(app: typer.Typer) -> None:
         if not 0 < threshold <= 1:  # before any reading, and not as the dedup params' pydantic dump
             raise typer.BadParameter(f"must be in (0, 1], got {threshold}", param_hint="--threshold")
         mode = cast("DedupMode", "none" if no_dedup else dedup.value)  # DedupChoice lists the modes
-        release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=mode,
-                                 threshold=threshold, verify=verify, seed=seed)
+        with progress(f"release merge {new}", enabled=not as_json) as update:
+            release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=mode,
+                                     threshold=threshold, verify=verify, seed=seed, progress=update)
         if as_json:
             print_json(release.as_dict())
             return
@@ -220,8 +223,9 @@ def register(app: typer.Typer) -> None:
         from datahub.release import redact
 
         # the ids file is read a block at a time by redact (a take-down list of millions of ids is never held)
-        release = redact(_lake(lake), new, source=source, reason=reason, sample_ids=list(sample),
-                         ids_files=[ids_file] if ids_file else [], source_uri=source_uri)
+        with progress(f"release redact {new}", enabled=not as_json) as update:
+            release = redact(_lake(lake), new, source=source, reason=reason, sample_ids=list(sample),
+                             ids_files=[ids_file] if ids_file else [], source_uri=source_uri, progress=update)
         if as_json:
             print_json(release.as_dict())
             return
