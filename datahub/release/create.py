@@ -42,7 +42,8 @@ def create_release(
     Samples taken down by an earlier ``release redact`` (its ids, or every row of its ``source_uri``) stay out:
     when the version holds any, the release is materialized in ``release_<name>`` without them
     (``details["redacted_excluded"]``, and a ``dropped`` lineage row each).
-    ``progress(stage, done, total)`` gets the rows of each pass (eval-set check, then ``freeze``'s).
+    ``progress(stage, done, total)`` gets the rows of each pass (eval-set check, the taken-down rows left out,
+    then ``freeze``'s).
     """
     if allow_contamination is not None and not allow_contamination.strip():
         raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
@@ -93,7 +94,7 @@ def create_release(
     params = {"kind": "create", "table": table, "version": version, "allow_contamination": allow_contamination}
     fix = "the first try's --version and --allow-contamination"
     frozen, frozen_version, excluded, dropped = exclude_redacted(lake, name, table=table, version=version,
-                                                                 params=params, fix=fix)
+                                                                 params=params, fix=fix, progress=progress)
     details.update(excluded)
     run_ids, jobs = history_runs(lake, table, version)
     reason_of = None  # freeze scans the version's ids in bounded batches; an allowed contamination is their reason

@@ -30,6 +30,7 @@ from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, S
                                     taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import ROW
+from datahub.release.progress import Progress, counted
 from datahub.release.records import MATERIALIZED_PREFIX, REDACTED_TABLE, Release, list_releases
 from datahub.release.redact import REDACT_OP
 
@@ -83,11 +84,12 @@ class _Found:
 
 
 def _find(dataset: Any, redactions: _Redactions, ids: SortedIds, partition_ids: int, hit_rows: SortedRuns,
-          hit_ids: SortedRuns) -> _Found:
+          hit_ids: SortedRuns, progress: Progress | None = None) -> _Found:
     """The rows of ``dataset`` that go (``lookup.taken_rows``: one read of the version, each partition of the
     redacted ids looked up in its own rows), to ``hit_rows`` (row numbers) and ``hit_ids`` (id, row, redaction)."""
     found = _Found(0, 0, set())
-    for taken in taken_rows(dataset, ids, partition_ids=partition_ids, sources=redactions.by_source):
+    hits = taken_rows(dataset, ids, partition_ids=partition_ids, sources=redactions.by_source)
+    for taken in counted(hits, progress, "find taken-down rows", total=None, rows=lambda taken: len(taken.ids)):
         found.rows += len(taken.ids)
         found.digest += digest_sum(taken.ids)
         found.applied.update(pc.unique(taken.codes).to_pylist())
@@ -100,7 +102,7 @@ def _find(dataset: Any, redactions: _Redactions, ids: SortedIds, partition_ids: 
 
 
 def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params: dict[str, Any] | None = None,
-                     fix: str = "", partition_ids: int | None = None
+                     fix: str = "", partition_ids: int | None = None, progress: Progress | None = None
                      ) -> tuple[str, int, dict[str, Any], Iterator[pa.Table] | None]:
     """What release ``name`` of ``table`` at ``version`` freezes, once the samples of earlier take-downs
     (``release redact``: their ids and source files) are left out.
@@ -112,7 +114,8 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
     count and the redactions applied, and one ``dropped`` lineage row per excluded sample, a stream sorted by
     sample_id read once (spilled to local disk until then). A re-run after a crash finds the materialized commit by
     its txn; one that would exclude other rows or read another version (``params``) is refused
-    (``refuse_other_try``). ``partition_ids``: default ``PARTITION_IDS``.
+    (``refuse_other_try``). ``partition_ids``: default ``PARTITION_IDS``. ``progress(stage, done, total)`` gets the
+    rows found to leave out and the rows written.
     """
     partition_ids = partition_ids or PARTITION_IDS
     redactions = _Redactions.of(lake)
@@ -129,7 +132,7 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
                 hit_rows.close()
                 hit_ids.close()
                 return table, version, {}, None
-            found = _find(dataset, redactions, redacted, partition_ids, hit_rows, hit_ids)
+            found = _find(dataset, redactions, redacted, partition_ids, hit_rows, hit_ids, progress)
         if not found.rows:
             hit_rows.close()
             hit_ids.close()
@@ -138,7 +141,8 @@ def exclude_redacted(lake: Lake, name: str, *, table: str, version: int, params:
         excluded = {**(params or {}), "table": table, "version": version, "excluded": f"{found.digest:032x}"}
         refuse_other_try(lake, name, out, excluded, fix=fix)
         with hit_rows:
-            commit_rows(lake, out, rows_kept(dataset, hit_rows), schema=pa.schema(dataset.schema),
+            kept = counted(rows_kept(dataset, hit_rows), progress, "write", total=None, rows=len)
+            commit_rows(lake, out, kept, schema=pa.schema(dataset.schema),
                         txn=release_txn(name), row_group_rows=ROW_BATCH_ROWS,
                         metadata={"datahub.release": name, "datahub.redactions_excluded_from": f"{table}@v{version}",
                                   PARAMS_KEY: params_text(excluded)})

@@ -34,6 +34,11 @@ def test_create_merge_redact_and_diff_report_the_rows_of_each_pass(tmp_path):
     assert _stages(seen)["find the rows to remove"] == (1, None)
     assert _stages(seen)["write"] == (4, 4) and _stages(seen)["samples"] == (4, 4)
 
+    seen, progress = _calls()  # a release of the table after the take-down leaves its sample out: a pass more
+    create_release(lake, "r3", progress=progress)
+    assert _stages(seen)["find taken-down rows"] == (1, None) and _stages(seen)["write"] == (4, None)
+    assert _stages(seen)["samples"] == (4, 4)
+
     seen, progress = _calls()
     merge_releases(lake, "m1", sources=["r1", "r2"], progress=progress)
     assert _stages(seen)["inputs, pass 1"] == (9, 9)  # every row of both inputs, then the 5 distinct ones written
