@@ -157,9 +157,9 @@ def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None
     code = "\n".join([
         "from datahub.loader import worker_transport as t",
         "t._STALL_S = 0.01",
-        "ring, _ = t._reserve(256 << 10)",  # _SLOTS (6) items of 256 KB: a 2 MiB ring (8 fit), not the largest
+        "ring, _ = t._reserve(256 << 10)",  # _SLOTS (6) items of 256 KB: a 1.5 MiB ring, not the largest
         "print(ring.capacity)",
-        "for _ in range(7): assert t._reserve(256 << 10)[0] is ring",
+        "for _ in range(5): assert t._reserve(256 << 10)[0] is ring",
         "full, _ = t._reserve(256 << 10)",  # nothing released: full for _STALL_S, so a new ring twice as big
         "print(full is not ring, full.capacity)",
         "big, _ = t._reserve(3 << 20)",  # more than a quarter of that ring: one sized for it
@@ -168,26 +168,26 @@ def test_a_ring_is_sized_for_its_items_and_grows_when_full_or_outgrown() -> None
     ])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2])).stdout.split()
-    assert out == [str(2 << 20), "True", str(4 << 20), "True", str(16 << 20), "2", str(1 << 20)], out
+    assert out == [str(3 << 19), "True", str(3 << 20), "True", str(16 << 20), "2", str(1 << 20)], out
 
 
 def test_rings_outgrown_by_larger_items_do_not_count_toward_the_ring_limit() -> None:
-    # items that keep growing (a worker's first batches small, later ones large) make rings 1, 2, 5 and 12 MiB (_SLOTS
-    # of each): those are outgrown, not held by the trainer, so a trainer keeping batches afterwards still fills
+    # items that keep growing (a worker's first batches small, later ones large) make rings of 1, 1.8, 4.7 and 12 MiB
+    # (_SLOTS of each, in 64 KiB steps): those are outgrown, not held by the trainer, so a trainer keeping batches afterwards still fills
     # _MAX_RINGS rings (the 12 MiB one and _MAX_RINGS - 1 new ones) before the pipe, as without the outgrown ones
     code = "\n".join([
         "from datahub.loader import worker_transport as t",
         "t._STALL_S = 0.01",
         "sizes = [100 << 10, 300 << 10, 800 << 10, 2 << 20]",
         "rings = [t._reserve(size)[0] for size in sizes]",
-        "print([ring.capacity >> 20 for ring in rings], t._outgrown)",
+        "print([ring.capacity >> 16 for ring in rings], t._outgrown)",
         "kept = 0",
         "while t._reserve(2 << 20) is not None: kept += 1",  # nothing released: stalls, new rings, then the pipe
         "print(len(t._retired) - 3, kept > 8)",
     ])
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=str(Path(__file__).resolve().parents[2])).stdout.split("\n")
-    assert out[0].startswith("[1, 2, 5, 12]") and out[0].endswith(": 3}"), out
+    assert out[0].startswith("[16, 29, 75, 192]") and out[0].endswith(": 3}"), out
     assert out[1] == f"{worker_transport._MAX_RINGS} True", out
 
 
