@@ -25,8 +25,8 @@ class CfsTier(_Model):
     path: str = Field(..., description="directory on the mount, e.g. /mnt/cfs/releases (relative: from the current directory)")
     region: str | None = Field(None, description=_REGION_HELP)
     direct_io: Literal["auto", "on", "off"] = Field(
-        "auto", description="write large objects (shards) with O_DIRECT, past the page cache: auto (default) where "
-        "the filesystem accepts it, else buffered; on: an error where it refuses; off: always buffered (readers "
+        "auto", description="write large objects (shards) with O_DIRECT, past the page cache: auto (default) on a "
+        "local block-device filesystem (ext4, xfs, btrfs, ...) that accepts it, buffered on NFS/CFS, FUSE and tmpfs; on: an error where it refuses; off: always buffered (readers "
         "right after an export then find the shards in the page cache)")
 
     @field_validator("path")

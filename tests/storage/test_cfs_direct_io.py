@@ -52,6 +52,13 @@ def _resident_pages(path: str) -> int:
         mapping.close()
 
 
+@pytest.fixture
+def block_fs(tmp_path) -> None:
+    """Tests that expect ``direct_io: auto`` to write directly need tmp_path on a local block-device filesystem."""
+    if not tier_module._direct_by_default(str(tmp_path)):
+        pytest.skip(f"{tmp_path} is on {tier_module._filesystem_type(str(tmp_path))}: auto writes buffered there")
+
+
 class _WriteLog:
     """Records every os.write: file offset, length, whether O_DIRECT was set, and the source address."""
 
@@ -75,7 +82,7 @@ class _WriteLog:
 
 
 @pytest.mark.parametrize("source", ["bytes", "aligned"])
-def test_direct_publish_writes_the_same_bytes_past_the_page_cache(tmp_path, source) -> None:
+def test_direct_publish_writes_the_same_bytes_past_the_page_cache(block_fs, tmp_path, source) -> None:
     data = os.urandom(SIZE)
     target, buffered = _tier(tmp_path / "direct"), _tier(tmp_path / "buffered", "off")
     uri, plain = target.uri("rel", "shard.tar"), buffered.uri("rel", "shard.tar")
@@ -90,7 +97,7 @@ def test_direct_publish_writes_the_same_bytes_past_the_page_cache(tmp_path, sour
     assert not [p for p in Path(uri).parent.iterdir() if p.name not in ("shard.tar", "fresh.tar")]
 
 
-def test_direct_writes_are_aligned_pieces_and_the_tail_is_buffered(tmp_path, monkeypatch) -> None:
+def test_direct_writes_are_aligned_pieces_and_the_tail_is_buffered(block_fs, tmp_path, monkeypatch) -> None:
     data = os.urandom(SIZE)
     log = _WriteLog(monkeypatch)
     target = _tier(tmp_path / "cfs")
@@ -104,7 +111,7 @@ def test_direct_writes_are_aligned_pieces_and_the_tail_is_buffered(tmp_path, mon
     assert Path(target.uri("rel", "a.tar")).read_bytes() == data
 
 
-def test_unaligned_memory_goes_direct_through_an_aligned_bounce_buffer(tmp_path, monkeypatch) -> None:
+def test_unaligned_memory_goes_direct_through_an_aligned_bounce_buffer(block_fs, tmp_path, monkeypatch) -> None:
     data = os.urandom(SIZE)
     log = _WriteLog(monkeypatch)
     target = _tier(tmp_path / "cfs")
@@ -124,7 +131,7 @@ def test_small_objects_and_direct_io_off_are_written_buffered(tmp_path, monkeypa
     assert Path(off.uri("rel", "a.tar")).read_bytes() == data
 
 
-def test_a_refused_direct_write_falls_back_to_buffered_or_fails_when_required(tmp_path, monkeypatch) -> None:
+def test_a_refused_direct_write_falls_back_to_buffered_or_fails_when_required(block_fs, tmp_path, monkeypatch) -> None:
     """Some filesystems take the O_DIRECT flag and refuse the write (EINVAL): auto writes buffered, on says so."""
     data = os.urandom(SIZE)
     log = _WriteLog(monkeypatch, refuse_direct=True)
@@ -173,3 +180,30 @@ def test_a_filesystem_that_refuses_o_direct_still_publishes(ramfs) -> None:
     with pytest.raises(StorageError, match="refuses O_DIRECT"):
         required.publish(required.uri("rel", "a.tar"), _aligned(data))
     assert not list(Path(required.uri("rel")).iterdir())
+
+
+def test_auto_writes_buffered_on_tmpfs_and_on_network_filesystems(monkeypatch, tmp_path) -> None:
+    """auto goes direct only on a local block-device filesystem: NFS (CFS) would wait for the server on every
+    direct write; tmpfs has no device behind it. A mount point with a space is read as /proc/mounts escapes it."""
+    table = tmp_path / "mounts"
+    table.write_text("/dev/vda / ext4 rw 0 0\n"
+                     "server:/export /mnt/cfs\\040data nfs4 rw,vers=4.1 0 0\n"
+                     "tmpfs /dev/shm tmpfs rw 0 0\n"
+                     "/dev/vdb /mnt/cfs\\040data/local xfs rw 0 0\n")
+    kind = tier_module._filesystem_type
+    assert kind("/mnt/cfs data/releases", str(table)) == "nfs4"
+    assert kind("/mnt/cfs data", str(table)) == "nfs4"
+    assert kind("/mnt/cfs datax", str(table)) == "ext4"  # a name that only starts like the mount point
+    assert kind("/mnt/cfs data/local/x", str(table)) == "xfs"
+    assert kind("/dev/shm/x", str(table)) == "tmpfs"
+    if not os.path.isdir("/dev/shm") or tier_module._filesystem_type("/dev/shm") != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm here")
+    import tempfile
+
+    log = _WriteLog(monkeypatch)
+    data = os.urandom(SIZE)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as root:
+        target = _tier(Path(root))
+        target.publish(target.uri("rel", "a.tar"), _aligned(data))
+        assert Path(target.uri("rel", "a.tar")).read_bytes() == data
+    assert log.writes and not log.direct
