@@ -39,6 +39,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden here
                 continue
             key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            try:
+                hash(key)
+            except TypeError:  # `? [a, b]`: SafeLoader's own construct_mapping says "found unhashable key" with the line
+                continue
             if key in seen:
                 first = seen[key].start_mark.line + 1
                 raise yaml.constructor.ConstructorError(

@@ -136,6 +136,12 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path):
     assert read_yaml(write(tmp_path, merged), missing="")["lake"] == {"root": "/tmp/y"}
 
 
+def test_an_unhashable_key_is_a_yaml_error_with_its_line(tmp_path):
+    """`? [a, b]` is a key YAML cannot use in a mapping: a spec error naming the line, not a TypeError traceback."""
+    message = error_of(tmp_path, "name: t\n? [a, b]\n: 1\n")
+    assert "job.yaml: line 2, column 3: not valid YAML: found unhashable key" in message, message
+
+
 def test_set_with_a_list_index_past_the_end_is_an_error(tmp_path):
     path = write(tmp_path, BASE)
     for item in ("inputs.5.uri=/tmp/other.jsonl", "inputs.5={uri: /tmp/other.jsonl}"):
