@@ -7,6 +7,7 @@ so adding a command group never edits this file. Command modules import heavy li
 
 from __future__ import annotations
 
+import errno
 import importlib
 import pkgutil
 import sys
@@ -75,7 +76,7 @@ def _run() -> int:
         # a path the user gave that cannot be made or read (--out on a file, a lake root under a missing mount,
         # no permission): a message that names it, not a traceback; an OSError that names no path (a connection
         # reset, a timeout) is not the user's path: its traceback stays
-        if exc.filename is None or not exc.strerror:
+        if exc.filename is None or not exc.strerror or exc.errno not in _PATH_ERRNOS:
             raise
         from datahub.cli.output import console, plain
 
@@ -87,6 +88,11 @@ def _run() -> int:
         print(exc.code, file=sys.stderr)
         return 1
     return 0
+
+
+# what a path the user gave can be wrong with (an I/O error or a full disk in the middle of a run keeps its traceback)
+_PATH_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM,
+                          errno.EROFS, errno.ENAMETOOLONG, errno.ELOOP})
 
 
 def os_error_text(exc: OSError) -> str:

@@ -31,3 +31,12 @@ def test_an_os_error_without_a_path_keeps_its_traceback(exc: OSError, monkeypatc
     monkeypatch.setattr(main.sys, "argv", ["datahub", "inspect"])
     with pytest.raises(type(exc)):
         main._run()
+
+
+@pytest.mark.parametrize("exc", [OSError(errno.EIO, "Input/output error", "/lake/samples/part-0.parquet"),
+                                 OSError(errno.ENOSPC, "No space left on device", "/lake/_tmp/x")])
+def test_an_io_error_in_the_middle_of_a_run_keeps_its_traceback(exc: OSError, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(main, "app", _failing(exc))
+    monkeypatch.setattr(main.sys, "argv", ["datahub", "inspect"])
+    with pytest.raises(OSError):
+        main._run()
