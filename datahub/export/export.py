@@ -602,9 +602,9 @@ def _build_shards(local: _LocalRows, writer: ShardWriter, todo: list[int], *, bu
         capacity = members + int(index_reserve(members, span.samples)) + 2 * BLOCK + RECORD
         slot = turn % buffers
         if slot == len(ring):
-            ring.append(mmap.mmap(-1, capacity + capacity // 16))
+            ring.append(mmap.mmap(-1, capacity + capacity // 16, flags=mmap.MAP_PRIVATE))
         elif len(ring[slot]) < capacity:  # with room to spare: shards of one size differ by a few KB
-            ring[slot] = mmap.mmap(-1, capacity + capacity // 16)
+            ring[slot] = mmap.mmap(-1, capacity + capacity // 16, flags=mmap.MAP_PRIVATE)
         view = memoryview(ring[slot])
         keys: list[str] = []
         member_sizes: list[np.ndarray] = []

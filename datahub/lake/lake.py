@@ -99,7 +99,10 @@ class Lake:
             ) from None
         except DeltaError:
             # delta-rs says "LogSegment end version 1 not the same as the specified end version 9"
-            latest = self.table(name).version() if version is not None else None
+            try:
+                latest = self.table(name).version() if version is not None else None
+            except (DeltaError, LakeError):  # the table itself cannot be opened: the first error says why
+                latest = None
             if latest is not None and version is not None and version > latest:
                 raise LakeError(f"{self.table_uri(name)}: no version {version} of table {name!r}; its latest is "
                                 f"{latest} (datahub inspect --lake {self.ref} {name} shows it)") from None

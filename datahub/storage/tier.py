@@ -340,7 +340,8 @@ class Tier:
         """What a failed write says. s3fs raises ``FileNotFoundError(None)`` for a missing bucket (the botocore
         ``NoSuchBucket`` is its cause), which printed as ``cannot write URI: None``."""
         cause = exc.__cause__
-        error = getattr(cause, "response", {}).get("Error", {}) if cause is not None else {}
+        response = getattr(cause, "response", None)
+        error = response.get("Error", {}) if isinstance(response, dict) else {}
         if isinstance(self.spec, CephTier) and error.get("Code") == "NoSuchBucket":
             return StorageError(f"tier {self.name}: cannot write {uri}: bucket {self.spec.bucket!r} does not exist on "
                                 f"{self.spec.endpoint_url}; create it (e.g. aws --endpoint-url "
@@ -733,7 +734,7 @@ def _bounce_buffer() -> memoryview:
     mapping: page-aligned; kept for the thread's life, so an export's upload threads map it once)."""
     buffer: memoryview | None = getattr(_bounce, "buffer", None)
     if buffer is None:
-        buffer = _bounce.buffer = memoryview(mmap.mmap(-1, _DIRECT_PIECE))
+        buffer = _bounce.buffer = memoryview(mmap.mmap(-1, _DIRECT_PIECE, flags=mmap.MAP_PRIVATE))
     return buffer
 
 
