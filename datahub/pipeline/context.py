@@ -3,12 +3,12 @@ the narrow ``datahub.operator.OperatorContext`` protocol."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from datahub.pipeline.faults import checkpoint
 from datahub.pipeline.sinks.side_outputs import stage_side_output
+from datahub.progress import Progress as ProgressFn  # the name datahub.pipeline.run imports
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -18,8 +18,6 @@ if TYPE_CHECKING:
     from datahub.engines.frame import Frame
     from datahub.lake.add_actions import StagedFiles
     from datahub.lake.lake import Lake
-
-ProgressFn = Callable[[str, int, int | None], None]  # (stage, done, total or None)
 
 
 @dataclass

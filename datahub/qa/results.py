@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -18,6 +18,7 @@ from datahub.engines.registry import engine_in_scope
 from datahub.errors import SpecError
 from datahub.lake.lake import Lake
 from datahub.lake.tables import QA_RESULTS
+from datahub.progress import Progress
 from datahub.qa.engine import run_suites_on_ray, run_suites_on_spark
 
 QA_TABLE = "qa_results"
@@ -69,7 +70,7 @@ def run_suites(
     commit: bool = True,
     suites_dir: str | Path | None = None,
     engine: Literal["local", "ray", "spark"] | Engine = "local",
-    progress: Callable[[str, int, int | None], None] | None = None,
+    progress: Progress | None = None,
 ) -> list[QAResult]:
     """Run several suites on one table version: one streaming pass over the columns they name, in bounded
     memory (``datahub.qa.validate.run_suites_streaming``), or on an engine (``datahub.qa.engine``: Ray tasks

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from datahub.config.suites import Suite
 from datahub.lake.scan import scan_batches
+from datahub.progress import Progress, counted
 from datahub.qa.aggregates import EXACT_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
 
 BATCH_ROWS = 4096
@@ -181,7 +182,7 @@ def merge_partials(plan: PassPlan, partials: Iterable[Partial]) -> Partial:
 
 
 def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int, batch_rows: int = BATCH_ROWS,
-                         progress: Callable[[str, int, int | None], None] | None = None
+                         progress: Progress | None = None
                          ) -> list[tuple[bool, list[dict[str, Any]]]]:
     """Run ``suites`` over a ``pyarrow.dataset`` of Parquet files (``Lake.dataset``) in one pass of ``batch_rows``
     batches (``scan_batches``: no read-ahead, so a slow pass holds one batch), reading only the columns
@@ -189,19 +190,8 @@ def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int, 
     ``progress("rows", done, total_rows)`` is called after each batch (a long pass is never silent)."""
     plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=total_rows, batch_rows=batch_rows)
     batches: Iterable[pa.RecordBatch] = scan_batches(dataset, columns=list(plan.read), batch_rows=batch_rows)
-    if progress is not None:
-        batches = _counted(batches, progress, total_rows)
+    batches = counted(batches, progress, "rows", total=total_rows, rows=lambda batch: batch.num_rows)
     return finish_pass(plan, aggregate_batches(plan, batches))
-
-
-def _counted(batches: Iterable[pa.RecordBatch], progress: Callable[[str, int, int | None], None],
-             total_rows: int) -> Iterator[pa.RecordBatch]:
-    done = 0
-    progress("rows", done, total_rows)
-    for batch in batches:
-        yield batch
-        done += batch.num_rows
-        progress("rows", done, total_rows)
 
 
 def finish_pass(plan: PassPlan, done: Partial) -> list[tuple[bool, list[dict[str, Any]]]]:

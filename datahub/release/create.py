@@ -11,8 +11,8 @@ import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
+from datahub.progress import Progress
 from datahub.release.freeze import committed_params, freeze, history_runs, logged_rows, refuse_taken
-from datahub.release.progress import Progress
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name
 from datahub.release.exclude import exclude_redacted

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
-from datahub.release.progress import Progress, counted
+from datahub.progress import Progress, counted
 from datahub.release.records import Release, get_release
 
 

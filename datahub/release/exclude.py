@@ -24,13 +24,13 @@ from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
+from datahub.progress import Progress, counted
 from datahub.release.digest import digest_sum
 from datahub.release.freeze import PARAMS_KEY, params_text, refuse_other_try, release_txn
 from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, SortedIds, add_taken, rows_kept,
                                     taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import ROW
-from datahub.release.progress import Progress, counted
 from datahub.release.records import MATERIALIZED_PREFIX, REDACTED_TABLE, Release, list_releases
 from datahub.release.redact import REDACT_OP
 

@@ -26,9 +26,9 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.tables import LINEAGE
 from datahub.lake.scan import scan_batches
+from datahub.progress import Progress, counted
 from datahub.release.digest import DIGEST_SCHEME, digest_sum
 from datahub.release.materialize import commit_rows
-from datahub.release.progress import Progress, counted
 from datahub.release.records import RELEASES, RELEASES_TABLE, Release, get_release, release_exists
 
 RELEASE_OP = "release@1"

@@ -30,12 +30,12 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.lake.tables import LINEAGE
+from datahub.progress import Progress, counted
 from datahub.release.digest import id_keys
 from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import (ROW, SOURCE_COLUMN, DedupMode, Duplicates, Inputs, RowCursor,
                                          exact_duplicates, near_duplicates)
-from datahub.release.progress import Progress, counted
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release
 
 MERGE_OP = "release.merge@1"

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from datahub.errors import ReleaseError
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.scan import scan_batches
-from datahub.release.progress import Progress, counted
+from datahub.progress import Progress, counted
 
 DedupMode = Literal["exact", "near", "none"]
 SOURCE_COLUMN = "release_source"

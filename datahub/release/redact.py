@@ -22,11 +22,11 @@ import pyarrow.compute as pc
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
+from datahub.progress import Progress, counted
 from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
 from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, RangeSplit, SortedIds, add_taken,
                                     rows_kept, taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
-from datahub.release.progress import Progress, counted
 from datahub.release.records import (
     MATERIALIZED_PREFIX,
     REDACTED,

@@ -9,12 +9,12 @@ largest duplicate clusters); other tables have none.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from datahub.lake.lake import Lake
+from datahub.progress import Progress
 from datahub.report.data import ReportData, collect
 
 
@@ -57,7 +57,7 @@ window.addEventListener('load', function () {
 
 
 def build_report(lake: Lake, *, out_dir: str | Path, table: str = "samples", version: int | None = None,
-                 progress: Callable[[str, int, int | None], None] | None = None) -> Report:
+                 progress: Progress | None = None) -> Report:
     """Write ``out_dir/index.html`` plus one PNG per section that has data; ``progress(stage, done, total)``
     follows the pass over the table's rows."""
     from datahub.report import plots

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ import pyarrow.compute as pc
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
+from datahub.progress import Progress, counted
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _finite_signals(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
 
 
 def collect(lake: Lake, *, table: str = "samples", version: int | None = None, batch_rows: int = BATCH_ROWS,
-            progress: Callable[[str, int, int | None], None] | None = None) -> ReportData:
+            progress: Progress | None = None) -> ReportData:
     """Stream the columns the report shows (``quality``, ``source_uri``, ``ingest_run_id``; never ``text``),
     ``batch_rows`` at a time. Held: counters of languages, sources, run ids and drop reasons, per numeric signal its
     range in a first pass and its histogram counts in a second (``quality`` read again), and the duplicate clusters'
@@ -104,12 +104,8 @@ def collect(lake: Lake, *, table: str = "samples", version: int | None = None, b
     # scan_batches: the dataset scanner reads ahead of its consumer whatever its readahead settings say
     batches = scan_batches(dataset, columns=columns, batch_rows=batch_rows) if columns else iter(())
     total = dataset.count_rows() if progress is not None else None  # from the files' footers
-    if progress is not None:
-        progress("rows", 0, total)
-    for batch in batches:
+    for batch in counted(batches, progress, "rows", total=total, rows=lambda batch: batch.num_rows):
         data.rows += batch.num_rows
-        if progress is not None:
-            progress("rows", data.rows, total)
         for name, values in _finite_signals(batch).items():
             ranges.setdefault(name, _SignalRange()).update(values)
         if "quality" in columns and pa.types.is_struct(batch.schema.field("quality").type):

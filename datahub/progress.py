@@ -1,5 +1,6 @@
-"""Progress of a release command's passes: ``progress(stage, done, total)`` callbacks, the shape ``run_suites`` and
-``build_report`` take; the CLI shows them (a bar on a terminal, a log line at most every 10 s off one)."""
+"""Progress of a long pass: ``progress(stage, done, total)`` callbacks, the shape ``run_job``, ``run_suites``,
+``build_report`` and the release commands take; the CLI shows them (a bar on a terminal, a log line at most every
+10 s off one)."""
 
 from __future__ import annotations
 
