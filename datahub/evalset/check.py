@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from datahub.errors import SpecError
 from datahub.lake.lake import Lake
+from datahub.lake.tables import not_of_samples
 from operators.decontam.evalsets import load_index
 from operators.decontam.ngrams import DEFAULT_NGRAM
 
@@ -51,10 +52,10 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
                   progress: Callable[[int], None] | None = None) -> Contamination:
     """Stream ``table`` at ``version`` (default latest) and find samples sharing n-grams with the eval sets."""
     version = int(lake.table(table).version()) if version is None else version
-    columns = lake.dataset(table, version).schema.names
-    if "sample_id" not in columns or "text" not in columns:  # e.g. quarantine: raw records, no samples yet
-        raise SpecError(f"table {table!r} is not a table of samples (no sample_id and text columns; it has "
-                        f"{', '.join(columns)}): the eval-set check reads samples' text; check e.g. --table samples")
+    problem = not_of_samples(table, lake.dataset(table, version).schema.names, reads="the eval-set check reads samples",
+                             lake_ref=lake.ref)
+    if problem is not None:
+        raise SpecError(problem)
     index = load_index(lake, evalsets, ngram=ngram)
     checked = sorted({ref.split(":", 1)[0] for ref in index.refs})
     if not len(index):

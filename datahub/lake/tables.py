@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pyarrow as pa
 
 SCHEMA_VERSION = "1"
@@ -21,6 +23,19 @@ SAMPLES = pa.schema(
         ("meta", pa.string()),
     ]
 )
+
+
+
+def not_of_samples(table: str, columns: Sequence[str], *, reads: str, lake_ref: str) -> str | None:
+    """Why ``table`` (its ``columns``) is not a table of samples (no ``sample_id`` and ``text``: e.g. quarantine's raw
+    records), naming its columns and the fix; None when it is one. ``reads`` says who needs samples."""
+    if "sample_id" in columns and "text" in columns:
+        return None
+    return (f"table {table!r} is not a table of samples (no sample_id and text columns; it has {', '.join(columns)}); "
+            f"{reads}, e.g. --table samples"
+            + (f"; the quarantined records are listed by: datahub quarantine --lake {lake_ref}"
+               if table == "quarantine" else ""))
+
 
 QUARANTINE = pa.schema(
     [

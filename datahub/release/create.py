@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
+from datahub.lake.tables import not_of_samples
 from datahub.progress import Progress
 from datahub.release.freeze import committed_params, freeze, history_runs, logged_rows, refuse_taken
 from datahub.release.qa_gate import qa_command, qa_verdict
@@ -58,14 +59,10 @@ def create_release(
     version = latest if version is None else version
     if not 0 <= version <= latest:
         raise ReleaseError(f"{table} has versions 0..{latest}; --version {version} does not exist")
-    columns = lake.dataset(table, version).schema.names
-    if "sample_id" not in columns or "text" not in columns:  # e.g. quarantine: raw rejected records, no samples
-        raise ReleaseError(
-            f"release {name!r} refused: table {table!r} is not a table of samples (no sample_id and text columns; "
-            f"it has {', '.join(columns)}); a release freezes samples, e.g. --table samples"
-            + (f"; the quarantined records are listed by: datahub quarantine --lake {lake.ref}"
-               if table == "quarantine" else "")
-        )
+    problem = not_of_samples(table, lake.dataset(table, version).schema.names, reads="a release freezes samples",
+                             lake_ref=lake.ref)
+    if problem is not None:
+        raise ReleaseError(f"release {name!r} refused: {problem}")
     verdict = qa_verdict(lake, table=table, version=version)
     if verdict.ran and not verdict.passed:
         raise ReleaseError(
