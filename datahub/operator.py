@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from datahub.close_names import did_you_mean
 from datahub.errors import MissingDependencyError, OperatorError
 
 if TYPE_CHECKING:
@@ -274,11 +275,8 @@ def get_operator(name: str) -> type[Operator]:
     try:
         return _REGISTRY[name]
     except KeyError:
-        import difflib
-
-        close = difflib.get_close_matches(name, _REGISTRY, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise OperatorError(f"unknown operator {name!r}{hint} (known: {', '.join(sorted(_REGISTRY))})") from None
+        raise OperatorError(f"unknown operator {name!r}{did_you_mean(name, _REGISTRY)} "
+                            f"(known: {', '.join(sorted(_REGISTRY))})") from None
 
 
 def registered_operators() -> dict[str, type[Operator]]:

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from datahub.close_names import did_you_mean
 from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, SpecError, StorageError
 from datahub.export.export import EXPORT_OP, publish_manifest
@@ -42,6 +43,8 @@ from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_l
 from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifests, token_dir
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
+from datahub.release.events import ReleaseActivity, release_activity
+from datahub.release.records import list_releases, release_exists
 from datahub.shards.index import embedded_keys, index_tar
 from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
@@ -103,9 +106,6 @@ def release_states(lake: Lake, names: list[str], *, manifests: Mapping[str, Mani
     """The policy's inputs per release: channels (``release_channels``), archived flag and last read
     (``release_events``), and when it was released. An export of a bare table version (no release
     record) has only its manifest's ``created``."""
-    from datahub.release.events import ReleaseActivity, release_activity
-    from datahub.release.records import list_releases
-
     releases = {r.name: r for r in list_releases(lake)}
     activity = release_activity(lake)
     states = {}
@@ -129,17 +129,12 @@ def _parse_time(text: str) -> datetime | None:
 
 def _no_manifest(lake: Lake, name: str) -> SpecError:
     """A release with no export yet, or a name that is neither a release nor an export (a typo)."""
-    import difflib
-
-    from datahub.release.records import release_exists
-
     if release_exists(lake, name):
         return SpecError(f"release {name!r}: no export manifest in {lake.root}/_exports; run `datahub export` first")
     exported = exported_releases(lake)
-    close = difflib.get_close_matches(name, exported, n=3)
     shown = ", ".join(exported[:20]) + (f", ... ({len(exported)} in all)" if len(exported) > 20 else "")
     return SpecError(f"no release or export {name!r} in lake {lake.root} (exported there: {shown or 'none'})"
-                     + (f"; did you mean {', '.join(map(repr, close))}?" if close else ""))
+                     + did_you_mean(name, exported))
 
 
 def plan_tiers(

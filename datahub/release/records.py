@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.close_names import did_you_mean
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
 
@@ -136,12 +137,9 @@ def get_release(lake: Lake, name: str) -> Release:
     match = rows.filter(pc.equal(rows.column("name"), name)) if rows.num_rows else rows
     if not match.num_rows:
         known = rows.column("name").to_pylist() if rows.num_rows else []
-        import difflib
-
-        close = difflib.get_close_matches(name, known, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ReleaseError(
-            f"no release {name!r} in lake {lake.root}{hint} (list them with: datahub release list --lake {lake.ref})"
+            f"no release {name!r} in lake {lake.root}{did_you_mean(name, known)} "
+            f"(list them with: datahub release list --lake {lake.ref})"
         )
     channels = tuple(sorted(c for c, r in channel_pointers(lake).items() if r == name))
     return release_from_row(match.to_pylist()[0], channels)
