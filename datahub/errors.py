@@ -36,6 +36,10 @@ class LakeError(TerminalError):
     """The lake is not in the state an operation needs (missing table, schema clash)."""
 
 
+class EngineUnavailableError(TransientError):
+    """The cluster an engine was given (a Ray address, a Spark master) does not answer; it may once it is up."""
+
+
 class CommitConflictError(TransientError):
     """Another writer committed first; re-reading and retrying the commit can succeed."""
 

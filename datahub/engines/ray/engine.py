@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import pyarrow as pa
 
 from datahub.engines.base import Engine, ReadFn
+from datahub.engines.cluster import check_ray_address
 from datahub.engines.frame import Aggregate, BatchFn, Frame
 from datahub.engines.ray import watchdog
 
@@ -249,6 +250,8 @@ class RayEngine(Engine):
             # cached at import when unset (so the driver and its workers agree even if ray was imported before
             # this line, which "token" would not). A mode the user set wins (export RAY_AUTH_MODE=token).
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        else:  # Ray retries an unreachable GCS for minutes, and a ray:// address without ray[client] is a traceback
+            check_ray_address(str(kwargs["address"]))
         before = watchdog.children(os.getpid()) if embedded and watchdog.supported() else None
         ray.init(**kwargs)
         self._started_ray = True

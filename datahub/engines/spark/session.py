@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from datahub.engines.cluster import check_spark_master
 from datahub.errors import MissingDependencyError, TerminalError
 
 if TYPE_CHECKING:
@@ -98,6 +99,8 @@ def build_session(spec: EngineSpec, *, environ: Mapping[str, str] | None = None)
         raise MissingDependencyError(f"the Spark engine needs pyspark ({exc}); install it with: pip install 'datahub[spark]'") from exc
     find_java(env)
     conf = session_conf(spec, python=sys.executable, environ=env)
+    # an unreachable master costs Spark a minute of retries and pages of Java stack traces before it gives up
+    check_spark_master(conf.get("spark.master"))
     builder: Any = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
