@@ -57,7 +57,9 @@ def list_runs(lake: Lake, *, job: str | None = None) -> list[dict[str, Any]]:
             "duration_s": None if stale else round(datetime.now(timezone.utc).timestamp() - lease.acquired, 1),
             "inputs": None, "records_read": None, "samples_written": None, "dropped": None, "quarantined": None,
             "error": "the run stopped without recording a result (killed?)" if stale else None,
-            "hint": f"interrupted, re-run with: {lease.rerun_command()}" if stale else f"lease {lease.describe()}",
+            # lake.ref, as for a failed run: the lake YAML runs was given keeps its storage options in the command
+            "hint": (f"interrupted, re-run with: {lease.rerun_command(lake.ref)}" if stale
+                     else f"lease {lease.describe()}"),
         })
     out.sort(key=lambda item: item["started"] or datetime.min.replace(tzinfo=timezone.utc))
     return out

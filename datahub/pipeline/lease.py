@@ -75,9 +75,10 @@ class LeaseInfo:
     def is_stale(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.expires or self.holder_gone()
 
-    def rerun_command(self) -> str:
-        """The command that resumes the interrupted run (the re-run completes it first)."""
-        return rerun_command(self.job, job_spec=self.source, lake=self.lake, full=self.full)
+    def rerun_command(self, lake: str | None = None) -> str:
+        """The command that resumes the interrupted run (the re-run completes it first). ``lake``: the lake as the
+        user names it (``Lake.ref``: the lake YAML with its storage options), else the root the lease recorded."""
+        return rerun_command(self.job, job_spec=self.source, lake=lake or self.lake, full=self.full)
 
     def describe(self) -> str:
         def when(ts: float) -> str:

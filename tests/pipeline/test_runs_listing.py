@@ -98,3 +98,23 @@ def test_failed_cli_run_text_shows_status_error_and_the_exact_resume_command(tmp
     assert statuses == [(run_id, "failed (resumed)"), (run_id, "succeeded"), (result["run_id"], "succeeded")]
     again = run_cli(["runs", str(lake_root)], env={"COLUMNS": "160"})
     assert "fix the error above" not in again.stdout and "failed (resumed)" in again.stdout
+
+
+def test_the_resume_hint_of_an_interrupted_run_names_the_lake_yaml_runs_was_given(tmp_path):
+    """Like a failed run's hint: a run killed on a lake opened with `--lake LAKE.yaml` is resumed with that YAML (it
+    carries the storage options a bare root lacks), not the root its lease recorded."""
+    import subprocess
+    import sys
+
+    lake_root, lake_file = tmp_path / "lake", tmp_path / "lake.yaml"
+    lake_root.mkdir()
+    lake_file.write_text(f"root: {lake_root}\n")
+    killed = ("import os; from datahub.lake import Lake; from datahub.pipeline.lease import JobLease; "
+              f"JobLease(Lake({str(lake_root)!r}), 'demo', source='/jobs/demo.yaml').acquire(); os._exit(9)")
+    # the process exits holding the lease, as a killed run does
+    assert subprocess.run([sys.executable, "-c", killed], check=False).returncode == 9
+    listed = run_cli(["runs", "--lake", str(lake_file), "--json"])
+    assert listed.returncode == 0, listed.stderr
+    [item] = json.loads(listed.stdout)
+    assert item["status"] == "interrupted"
+    assert item["hint"] == f"interrupted, re-run with: datahub run /jobs/demo.yaml --lake {lake_file}"
