@@ -15,8 +15,10 @@ a tier (or a tier the release is on that lacks them) copies them too, with the s
 tier the text moves off removes them too, only once each has another replica verified by sha256 on a configured
 tier, the token manifests dropping the tier first, then the text manifest, the bytes last
 (``datahub.export.token_copies``). A token-only replica (token manifests name the tier, the text manifest does not:
-token files exported there on purpose, e.g. to a cfs tier that ``PackedDataset`` memory-maps) is kept; a delete
-never leaves that state behind, since it drops the token manifests before the text manifest.
+token files exported there on purpose, e.g. to a cfs tier that ``PackedDataset`` memory-maps) is kept by the policy
+(cron); a plan with ``drop_token_only`` (``tier apply --tiers``: the user states the release's whole placement)
+removes one on a tier it leaves out, the same verified way, after the copy to the placement. A delete never leaves
+that state behind, since it drops the token manifests before the text manifest.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Move:
     bytes: int
     storage_class: str | None = None
     leftover: bool = False  # a delete of files no manifest names (an interrupted apply); a token-only replica stays
+    token_only: bool = False  # a delete of a token-only replica (--tiers leaves its tier out): token files only
     verify: bool = False  # repair (and a copy of token files only): replicas were checked by sha256, not only by size
     token_files: int = 0  # copy: token files (.bin/.idx/.ids each) the tier lacks, copied too; delete: removed too
     token_bytes: int = 0
@@ -147,8 +150,13 @@ def plan_tiers(
     now: datetime | None = None,
     verify: bool = False,
     max_bytes_per_s: float | None = None,
+    drop_token_only: bool = False,
 ) -> TierPlan:
     """What ``apply_tiers`` would do. ``targets`` (release -> tiers) overrides the policy for those releases.
+
+    A token-only replica (token files on a tier the text manifest does not name) stays, unless ``drop_token_only``
+    and the release is in ``targets`` (``tier apply --tiers``: the whole placement stated): then a tier outside its
+    targets gets a ``token_only`` delete of its token files, carried out after the copies to the targets.
 
     Replicas a release keeps are checked (size; sha256 too with ``verify``, reading them under
     ``max_bytes_per_s`` if given): damaged or missing ones become a ``repair`` move (copied again from an intact
@@ -207,8 +215,13 @@ def plan_tiers(
             if tier in held or tier in wanted:
                 continue
             # the text manifest does not name the tier: token folders a token manifest names there are a token-only
-            # replica, put there on purpose (a killed delete never leaves one: it drops token manifests first); kept
-            if _leftovers(storage.tier(tier), name, token_folders_on(tier, token_manifests)):
+            # replica, put there on purpose (a killed delete never leaves one: it drops token manifests first); kept,
+            # unless the user stated the release's whole placement
+            token_only = token_replicas_on(tier, token_manifests)
+            if token_only.files and drop_token_only and name in targets:
+                moves.append(Move(name, "delete", tier, None, 0, 0, klass, token_only=True,
+                                  token_files=token_only.files, token_bytes=token_only.bytes))
+            elif _leftovers(storage.tier(tier), name, token_folders_on(tier, token_manifests)):
                 moves.append(Move(name, "delete", tier, None, 0, 0, klass, leftover=True))
     return TierPlan(tuple(moves))
 
@@ -246,7 +259,8 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
                   hashed=hashed)
         elif move.action == "repair":
             _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap)
-        elif not _delete(lake, manifest, move.tier, storage=storage, cap=cap, hashed=hashed):
+        elif not _delete(lake, manifest, move.tier, storage=storage, cap=cap, hashed=hashed,
+                         token_only=move.token_only):
             continue
         done.append(move)
         report("moves", step + 1, len(ordered))
@@ -415,20 +429,26 @@ def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageCo
 
 
 def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig,
-            cap: BandwidthCap | None = None, hashed: HashedParts | None = None) -> bool:
+            cap: BandwidthCap | None = None, hashed: HashedParts | None = None, token_only: bool = False) -> bool:
     """Delete the release's replicas on a tier, its token files included; False when a leftover directory (the
     manifest does not name the tier) is spared because a writer is at work in it: a second-tier export journals there
     before its manifest names the tier, and deleting under it published a manifest of deleted replicas. On a tier the
-    text manifest does not name, the token folders a token manifest names (a token-only replica) stay; the rest goes.
+    text manifest does not name, the token folders a token manifest names (a token-only replica) stay and the rest
+    goes, unless ``token_only`` (a planned delete of that replica: ``--tiers`` leaves the tier out): then all goes.
 
     Every token file there must have another replica verified by sha256 (under ``cap``; by size for the parts in
     ``hashed``, which this apply's copies read back) first; then each token manifest drops the tier, then the text
     manifest (readers move off), and only then the bytes go. A kill before the text manifest leaves a delete move,
     after it a leftover (no manifest names the files), which the next plan finishes; neither is a token-only
-    replica."""
+    replica. A killed ``token_only`` delete is still that replica (the lake's token manifest names the tier) or,
+    once the token manifests dropped the tier, a leftover."""
     tier = storage.tier(tier_name)
     held = tier_name in {t for s in manifest.shards for t in s.replicas}
     token_manifests = read_lake_token_manifests(lake, manifest.release)
+    if token_only and held:  # the text was copied there since the plan: a token-only delete never takes text
+        log.warning("tier %s: %r holds the text now; its token files there are not a token-only replica, kept (plan "
+                    "again)", tier_name, manifest.release)
+        return False
     if not held:
         live = tier.live_writes(tier.uri(manifest.release), within=STALE_PARTIAL_S)
         if live:
@@ -436,7 +456,7 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
                         "running export or copy?); left alone, a later apply deletes it once abandoned", tier_name,
                         manifest.release, manifest.release, int(STALE_PARTIAL_S), live[0])
             return False
-        keep = token_folders_on(tier_name, token_manifests)
+        keep = set() if token_only else token_folders_on(tier_name, token_manifests)
         if keep:
             for entry in _leftovers(tier, manifest.release, keep):
                 tier.delete(tier.uri(manifest.release, entry), recursive=True)
@@ -457,8 +477,8 @@ def _delete(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageC
     checkpoint("tier:delete:before_files")  # the same point since the token manifests go first; kept for crash tests
     tier.delete(tier.uri(manifest.release), recursive=True)
     if tokens.files:
-        log.info("tier %s: removed %d token files of %r with the release (each verified on another tier first)",
-                 tier_name, tokens.files, manifest.release)
+        log.info("tier %s: removed %d token files of %r %s (each verified on another tier first)", tier_name,
+                 tokens.files, manifest.release, "with the release" if held else "(a token-only replica)")
     return True
 
 

@@ -19,7 +19,8 @@ and refuses the delete otherwise; then ``drop_token_replicas`` publishes each to
 copies, then the lake's), so no reader picks those replicas; then the caller drops the tier from the text manifest and
 deletes the bytes with the release's directory. Token manifests go before the text manifest, so a tier that token
 manifests name and the text manifest does not is never a half-done delete: it is a token-only replica (token files
-exported there on purpose, e.g. to a cfs tier for ``PackedDataset`` beside text on Ceph), and tier apply keeps it.
+exported there on purpose, e.g. to a cfs tier for ``PackedDataset`` beside text on Ceph): a policy run keeps it, and
+``tier apply --tiers`` (the release's whole placement) removes it from a tier not listed, through the same two steps.
 The loader memory-maps token files from a cfs or local path only: a release moved off every cfs tier must be copied
 back to one (``tier apply --tiers ...,CFS``, or a token export to it) before ``PackedDataset`` reads it.
 """

@@ -2,13 +2,16 @@
 file has another replica verified (size and sha256) on a configured tier, the token manifests first (tier copies,
 then the lake's: readers move off), then the text manifest, the bytes last; resumable after SIGKILL at any step, and
 the loader never picks a removed replica. A token-only replica (token files exported on purpose to a tier that never
-held the text) is kept, apply after apply. Two or three cfs tiers here; the real Ceph RGW, across regions, in
+held the text) is kept by policy runs, apply after apply; `tier apply --tiers` (the whole placement) removes one on a
+tier it does not list, the same verified way. Two or three cfs tiers here; the real Ceph RGW, across regions, in
 test_token_removal_ceph.py."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +25,7 @@ from datahub.export.tokens import export_table_tokens
 from datahub.lake import Lake
 from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifest, read_tier_token_manifest, token_dir
 from datahub.storage import StorageConfig
-from tests.export.test_token_tiering import PARTS, _exported, _storage, _tier_apply
+from tests.export.test_token_tiering import PARTS, REPO, _exported, _storage, _tier_apply
 from tests.export.test_tokens import make_lake, train_tokenizer
 
 
@@ -111,16 +114,26 @@ def tier_files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def policy_apply(tmp_path: Path, storage_yaml: Path) -> subprocess.CompletedProcess[str]:
+    """`datahub tier apply --release r --json` without --tiers: the storage YAML's policy places the release."""
+    return subprocess.run([sys.executable, "-m", "datahub.cli.main", "tier", "apply", "--lake", str(tmp_path / "lake"),
+                           "--storage", str(storage_yaml), "--release", "r", "--json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+
+
 def test_token_files_exported_to_a_tier_without_the_text_are_kept_there(tmp_path) -> None:
     """Text on 'hot'; token files exported on purpose to 'packed', a cfs tier that never held the text (so that
-    PackedDataset memory-maps them there). `tier apply --tiers hot`, twice: the token files are copied to the
-    release's tier and stay on 'packed' (files and manifest), and PackedDataset reads every token there. Before,
-    the first apply copied them, then removed them from 'packed' as the leftover of a delete."""
+    PackedDataset memory-maps them there). `tier apply` by the policy (every class on 'hot'; no --tiers, as cron
+    runs it), twice: the token files are copied to the release's tier and stay on 'packed' (files and manifest), and
+    PackedDataset reads every token there. Before 06ccfe4, the first apply copied them, then removed them from
+    'packed' as the leftover of a delete."""
     storage, storage_yaml = _storage(tmp_path, "hot", "packed")
+    with storage_yaml.open("a") as out:
+        out.write("policy:\n  classes: {hot: [hot], warm: [hot], cold: [hot]}\n")
     lake, tokens = split_export(tmp_path, storage, text="hot", tokens="packed")
     expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"])
     before = tier_files(tmp_path / "packed")
-    runs = [_tier_apply(tmp_path, storage_yaml, "hot") for _ in range(2)]
+    runs = [policy_apply(tmp_path, storage_yaml) for _ in range(2)]
     assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
     assert [[(m["action"], m["tier"], m["token_files"]) for m in json.loads(run.stdout)["moves"]] for run in runs] == [
         [("copy", "hot", len(tokens.files))], []]
@@ -134,7 +147,62 @@ def test_token_files_exported_to_a_tier_without_the_text_are_kept_there(tmp_path
     assert {k: v for k, v in after.items() if k != manifest_name} == {k: v for k, v in before.items()
                                                                        if k != manifest_name}
     assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"]) == expected
-    assert plan_tiers(lake, storage=storage, targets={"r": ["hot"]}).moves == ()
+    assert plan_tiers(lake, storage=storage, targets={"r": ["hot"]}).moves == ()  # the API keeps it by default
+
+
+def test_tier_apply_with_tiers_removes_a_token_only_replica_on_a_tier_not_listed(tmp_path) -> None:
+    """`tier apply --tiers hot` states the release's whole placement: the token-only replica on 'packed' is copied
+    to 'hot' and then removed from 'packed' (each file verified on 'hot' first; `tier plan` shows the delete with
+    its token files and bytes); PackedDataset reads every token from 'hot'. Before, it stayed on 'packed' for ever:
+    no command removed it."""
+    storage, storage_yaml = _storage(tmp_path, "hot", "packed")
+    lake, tokens = split_export(tmp_path, storage, text="hot", tokens="packed")
+    expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"])
+    token_bytes = sum(record.part(p).size for record in tokens.files for p in PARTS)
+    shown = subprocess.run([sys.executable, "-m", "datahub.cli.main", "tier", "plan", "--lake", str(tmp_path / "lake"),
+                            "--storage", str(storage_yaml), "--release", "r", "--tiers", "hot"],
+                           capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert (f"r: delete from packed, 0 shards, 0 bytes, {len(tokens.files)} token files, {token_bytes} bytes "
+            "(token-only replica: --tiers leaves this tier out)") in " ".join(shown.stdout.split())
+    runs = [_tier_apply(tmp_path, storage_yaml, "hot") for _ in range(2)]
+    assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
+    assert [[(m["action"], m["tier"], m["token_files"], m["token_only"]) for m in json.loads(run.stdout)["moves"]]
+            for run in runs] == [[("copy", "hot", len(tokens.files), False),
+                                  ("delete", "packed", len(tokens.files), True)], []]
+    moved = read_lake_token_manifest(lake, "r")
+    assert moved is not None and moved.tiers == ["hot"] and all(set(r.replicas) == {"hot"} for r in moved.files)
+    assert read_tier_token_manifest(storage.tier("hot"), "r", tokens.tokenizer.sha256) == moved
+    assert named_replicas_intact(lake, storage) and read_lake_manifest(lake, "r").tiers == ["hot"]
+    assert not (tmp_path / "packed" / "r").exists()
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed", "hot"]) == expected
+    assert plan_tiers(lake, storage=storage, targets={"r": ["hot"]}, drop_token_only=True).moves == ()
+
+
+@pytest.mark.parametrize("kill_at", ["tier:delete:after_token_tier_manifest", "tier:delete:after_token_manifests",
+                                     "tier:delete:before_files"])
+def test_a_killed_removal_of_a_token_only_replica_is_finished_by_the_next_apply(tmp_path, kill_at) -> None:
+    """SIGKILL while `tier apply --tiers hot` removes the token-only replica on 'packed': before the lake's token
+    manifest drops 'packed' it is still that replica (the next --tiers apply removes it), after it files no manifest
+    names (a leftover, which any next apply finishes, by policy too). The loader reads every token all along."""
+    storage, storage_yaml = _storage(tmp_path, "hot", "packed")
+    lake, tokens = split_export(tmp_path, storage, text="hot", tokens="packed")
+    expected = packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed"])
+    killed = _tier_apply(tmp_path, storage_yaml, "hot", kill_at=kill_at)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert named_replicas_intact(lake, storage) and read_lake_manifest(lake, "r").tiers == ["hot"]
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed", "hot"]) == expected
+    dropped = kill_at != "tier:delete:after_token_tier_manifest"
+    assert read_lake_token_manifest(lake, "r").tiers == (["hot"] if dropped else ["hot", "packed"])
+    plan = plan_tiers(lake, storage=storage, targets={"r": ["hot"]}, drop_token_only=True)
+    assert [(m.action, m.tier, m.leftover, m.token_only) for m in plan.moves] == [
+        ("delete", "packed", dropped, not dropped)]
+    resumed = _tier_apply(tmp_path, storage_yaml, "hot")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert read_lake_token_manifest(lake, "r").tiers == ["hot"] and not (tmp_path / "packed" / "r").exists()
+    assert named_replicas_intact(lake, storage)
+    assert packed_tokens(lake_tokens_path(tmp_path, tokens), ["packed", "hot"]) == expected
+    assert plan_tiers(lake, storage=storage, targets={"r": ["hot"]}, drop_token_only=True).moves == ()
 
 
 def test_a_token_only_replica_keeps_its_token_files_when_a_leftover_beside_them_goes(tmp_path) -> None:

@@ -20,7 +20,7 @@ from datahub.export.tiering import plan_tiers
 from datahub.shards.token_manifest import read_lake_token_manifest, read_tier_token_manifest, token_dir
 from datahub.storage import load_storage_config
 from tests.ceph import S3Endpoint, ceph_s3  # noqa: F401
-from tests.export.test_token_removal import lake_tokens_path, packed_tokens, split_export, tier_files
+from tests.export.test_token_removal import lake_tokens_path, packed_tokens, policy_apply, split_export, tier_files
 from tests.export.test_token_tiering import PARTS, _exported, _tier_apply
 
 pytestmark = pytest.mark.ceph
@@ -80,9 +80,10 @@ def test_a_release_moved_to_another_regions_ceph_leaves_no_token_files_behind(tm
 
 def test_token_files_exported_to_cfs_stay_while_the_text_is_on_ceph(tmp_path: Path, ceph_s3: S3Endpoint) -> None:
     """The text on Ceph; token files exported on purpose to a cfs tier that never held it, so PackedDataset memory-maps
-    them. `datahub tier apply --tiers ceph`, twice: the token files are copied to Ceph (the release's placement) and
-    kept on cfs, files and manifest; PackedDataset then reads every token from cfs. Before, the first apply removed
-    them from cfs as the leftover of a delete, and packed reads stopped until a cfs tier was added back."""
+    them. `datahub tier apply` by the policy (every class on Ceph; no --tiers), twice: the token files are copied to
+    Ceph (the release's placement) and kept on cfs, files and manifest; PackedDataset then reads every token from cfs.
+    Before 06ccfe4, the first apply removed them from cfs as the leftover of a delete, and packed reads stopped until
+    a cfs tier was added back. Then `--tiers ceph` (the whole placement) removes them from cfs, verified on Ceph."""
     bucket = ceph_s3.new_bucket("token-only")
     credentials = tmp_path / "ceph.credentials"
     credentials.write_text(f"access_key_id={ceph_s3.key}\nsecret_access_key={ceph_s3.secret}\n")
@@ -90,13 +91,14 @@ def test_token_files_exported_to_cfs_stay_while_the_text_is_on_ceph(tmp_path: Pa
     storage_yaml.write_text(yaml.safe_dump({"tiers": {
         "ceph": {"kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": bucket, "prefix": "releases",
                  "s3_region": ceph_s3.region, "credentials": {"file": str(credentials)}},
-        "packed": {"kind": "cfs", "path": str(tmp_path / "packed")}}}))
+        "packed": {"kind": "cfs", "path": str(tmp_path / "packed")}},
+        "policy": {"classes": {"hot": ["ceph"], "warm": ["ceph"], "cold": ["ceph"]}}}))
     storage = load_storage_config(storage_yaml)
     lake, tokens = split_export(tmp_path, storage, text="ceph", tokens="packed")
     path = lake_tokens_path(tmp_path, tokens)
     expected = packed_tokens(path, ["packed"])
     before = tier_files(tmp_path / "packed")
-    runs = [_tier_apply(tmp_path, storage_yaml, "ceph") for _ in range(2)]
+    runs = [policy_apply(tmp_path, storage_yaml) for _ in range(2)]
     assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
     assert [[(m["action"], m["tier"], m["token_files"]) for m in json.loads(run.stdout)["moves"]] for run in runs] == [
         [("copy", "ceph", len(tokens.files))], []]
@@ -112,3 +114,8 @@ def test_token_files_exported_to_cfs_stay_while_the_text_is_on_ceph(tmp_path: Pa
     assert packed_tokens(path, ["packed"]) == expected
     assert _region_tokens(path, storage_yaml, "")[0] == expected  # no preference: the only local replica, packed
     assert plan_tiers(lake, storage=storage, targets={"r": ["ceph"]}).moves == ()
+    dropped = _tier_apply(tmp_path, storage_yaml, "ceph")
+    assert dropped.returncode == 0, dropped.stderr[-2000:]
+    assert [(m["action"], m["tier"], m["token_files"]) for m in json.loads(dropped.stdout)["moves"]] == [
+        ("delete", "packed", len(tokens.files))]
+    assert read_lake_token_manifest(lake, "r").tiers == ["ceph"] and not (tmp_path / "packed" / "r").exists()

@@ -73,6 +73,7 @@ def _print_plan(plan: TierPlan, rules: dict[str, str] | None = None, regions: di
         what = {"copy": f"copy {at(m.source)} -> {at(m.tier)}",
                 "repair": f"repair on {at(m.tier)} from {at(m.source)}"}.get(m.action, f"delete from {at(m.tier)}")
         extra = " (leftover of an interrupted apply)" if m.leftover else ""
+        extra += " (token-only replica: --tiers leaves this tier out)" if m.token_only else ""
         extra += " (damaged or missing replicas)" if m.action == "repair" else ""
         rule = (rules or {}).get(m.release)
         tokens = f", {m.token_files} token files, {m.token_bytes} bytes" if m.token_files else ""
@@ -90,7 +91,9 @@ _LAKE = typer.Option(..., "--lake", help=LAKE_HELP)
 _STORAGE = typer.Option([], "--storage", help="Storage YAML; give it twice to add a second region's tiers.")
 _RELEASE = typer.Option([], "--release", help="Only this release (repeatable).")
 _VERIFY = typer.Option(False, "--verify", help="Check kept replicas by sha256 too (not only size).")
-_TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on.")
+_TIERS = typer.Option(None, "--tiers", help="Override the policy: comma-separated tiers the --release should be on, "
+                                            "its whole placement: token files exported to a tier not listed (a "
+                                            "token-only replica) are copied to these tiers and removed there.")
 _WORKERS = typer.Option(2, "--workers", min=1, help="Shards copied at once (each streamed 8 MiB at a time).")
 _MAX_MB_S = typer.Option(None, "--max-mb-s", min=0.001,
                          help="Cap the reads (MB/s, all workers together): apply's source replicas and "
@@ -107,7 +110,7 @@ def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] =
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
     result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify,
-                        max_bytes_per_s=max_mb_s * 1e6 if max_mb_s else None)
+                        max_bytes_per_s=max_mb_s * 1e6 if max_mb_s else None, drop_token_only=targets is not None)
     rules = _rules(the_lake, config, result, targets)
     regions = _regions(config)
     if as_json:
@@ -122,14 +125,16 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
           workers: int = _WORKERS, max_mb_s: Optional[float] = _MAX_MB_S) -> None:
     """Copy -> verify checksum at the destination -> update manifests -> delete sources. Safe to re-run.
     Token files (export --tokenizer) move with the release: copied to its new tiers, and deleted from a tier it
-    leaves once each is verified by sha256 on another tier. Kept replicas are checked (size; sha256 with --verify)
-    and damaged ones copied again from an intact tier."""
+    leaves once each is verified by sha256 on another tier. Token files exported to a tier the text is not on (a
+    token-only replica, e.g. a cfs tier for PackedDataset) stay there on policy runs; with --tiers (the release's
+    whole placement) they are copied to those tiers and removed from a tier not listed, the same verified way.
+    Kept replicas are checked (size; sha256 with --verify) and damaged ones copied again from an intact tier."""
     from datahub.export.tiering import TierPlan, apply_tiers, plan_tiers
 
     the_lake, config, releases, targets = _inputs(lake, storage, release, tiers)
     max_bytes_per_s = max_mb_s * 1e6 if max_mb_s else None
     result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify,
-                        max_bytes_per_s=max_bytes_per_s)
+                        max_bytes_per_s=max_bytes_per_s, drop_token_only=targets is not None)
     with progress("tier apply", enabled=not as_json) as update:
         done = apply_tiers(the_lake, result, storage=config, progress=update, workers=workers,
                            max_bytes_per_s=max_bytes_per_s)
