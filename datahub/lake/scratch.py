@@ -5,9 +5,11 @@ those of processes running at the same time.
 
 ``scratch_dir`` is the folder of a block (an export); ``HeldScratch`` the folder of an object (a ``SortedRuns``, a
 redact's ``SortedIds``), removed by ``close()`` or when the object is collected, whichever comes first. A process
-sweeps a prefix in a parent folder at its first ``HeldScratch`` there only (one listdir of TMPDIR, not one per sort or
-lookup): what a process killed before it left is gone then, and what one killed later leaves is swept by the next
-process, as each command is one; a forked child (another pid) sweeps again.
+sweeps a prefix in a parent folder at its first ``HeldScratch`` there, then again only once ``SWEEP_AGAIN_S`` have
+passed since its last sweep there (one listdir of TMPDIR per ten minutes, not one per sort or lookup): what a process
+killed before a sweep left is gone then, and what one killed later leaves is swept by the next process to spill there
+(each command is one) or, in a long-lived process (a reused Ray worker, a service), by its own first spill ten minutes
+on; a forked child (another pid) sweeps again.
 
 The lock is an ``fcntl.flock`` on ``.lock`` inside the folder, taken before the folder gets its swept name (it is
 created under a hidden name and renamed), so a sweep never sees a live folder unlocked. A folder without ``.lock``
@@ -22,6 +24,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from typing import IO
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".lock"
+SWEEP_AGAIN_S = 600.0  # a process sweeps a prefix's parent again after this long (monotonic seconds)
 
 
 def _locked_folder(prefix: str, parent: str | None) -> tuple[str, IO[bytes]]:
@@ -66,10 +70,10 @@ def scratch_dir(prefix: str, *, parent: str | None = None) -> Iterator[str]:
 class HeldScratch:
     """A locked scratch folder ``{parent}/{prefix}XXXXXXXX`` (``path``) for an object's spill: removed by ``close()``
     or when this object is collected (keep it as an attribute of its owner); folders of ``prefix`` that killed
-    processes left in ``parent`` are swept first, once per process (``_sweep_once``)."""
+    processes left in ``parent`` are swept first, at most once per ``SWEEP_AGAIN_S`` per process (``_sweep_due``)."""
 
     def __init__(self, prefix: str, *, parent: str | None = None) -> None:
-        _sweep_once(prefix, parent or tempfile.gettempdir())
+        _sweep_due(prefix, parent or tempfile.gettempdir())
         self.path, handle = _locked_folder(prefix, parent)
         self._finalizer = weakref.finalize(self, _remove, self.path, handle)
 
@@ -77,20 +81,25 @@ class HeldScratch:
         self._finalizer()
 
 
-_swept: set[tuple[int, str, str]] = set()  # (pid, prefix, parent) this process has swept
+_swept: dict[tuple[int, str, str], float] = {}  # (pid, prefix, parent) -> when this process last swept there
 _swept_lock = threading.Lock()
+_clock = time.monotonic  # the sweeps' clock (tests replace it)
 
 
-def _sweep_once(prefix: str, parent: str) -> None:
+def _sweep_due(prefix: str, parent: str) -> None:
     """``sweep_stale`` unless this process (its pid: a forked child is another) swept ``prefix`` in ``parent``
-    already. What a later sweep here could find was left by a process killed after this one's first sweep: the next
-    process to spill there sweeps it."""
+    less than ``SWEEP_AGAIN_S`` ago. What a sweep here could find meanwhile was left by a process killed after this
+    one's last sweep: the next process to spill there, or this one's next spill once the time is up, sweeps it."""
     key = (os.getpid(), prefix, os.path.realpath(parent))
     with _swept_lock:
-        if key in _swept:
+        last = _swept.get(key)
+        started = _clock()
+        if last is not None and started - last < SWEEP_AGAIN_S:
             return
         sweep_stale(prefix, parent=parent)
-        _swept.add(key)  # only once it went through: a failed sweep is tried again
+        # only once it went through (a failed sweep is tried again); timed from its start, so the window of the next
+        # sweep covers a process killed while this one listed
+        _swept[key] = started
 
 
 def sweep_stale(prefix: str, *, parent: str | None = None) -> list[str]:

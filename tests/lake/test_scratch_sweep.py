@@ -151,3 +151,50 @@ def test_a_process_sweeps_a_prefix_once_and_the_next_process_what_was_killed_mea
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_long_lived_process_sweeps_again_once_ten_minutes_have_passed(tmp_path: Path, monkeypatch) -> None:
+    """A reused Ray worker or a service spills again and again in one process: a sort killed after its first sweep
+    stays while this process's sweep is recent (one listdir per SWEEP_AGAIN_S), and its next spill once that time
+    has passed (a patched monotonic clock, no sleeps) removes it; a running sort's folder is still kept."""
+    import pyarrow as pa
+
+    from datahub.lake import scratch
+    from datahub.lake.external_sort import SortedRuns
+
+    now = [1000.0]
+    monkeypatch.setattr(scratch, "_clock", lambda: now[0])
+    swept: list[list[str]] = []  # what each sweep of this process removed
+    real_sweep = scratch.sweep_stale
+
+    def counting_sweep(prefix: str, *, parent: str | None = None) -> list[str]:
+        swept.append([os.path.basename(p) for p in real_sweep(prefix, parent=parent)])
+        return swept[-1]
+
+    def sort_here() -> None:
+        with SortedRuns(pa.schema([("k", pa.string())]), "k", run_rows=2, directory=str(tmp_path)) as runs:
+            runs.add(pa.table({"k": ["c", "b", "a"]}))
+            assert [k for t in runs.merged() for k in t.column("k").to_pylist()] == ["a", "b", "c"]
+
+    monkeypatch.setattr(scratch, "sweep_stale", counting_sweep)
+    sort_here()
+    assert swept == [[]]
+    killed = _start(SORT, str(tmp_path), "kill", tmpdir=tmp_path)
+    assert killed.stdout is not None and killed.stdout.readline().strip() == "spilled"
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    left = _folders(tmp_path, SORT_PREFIX)
+    assert len(left) == 1
+    now[0] += scratch.SWEEP_AGAIN_S - 1
+    sort_here()
+    assert len(swept) == 1 and _folders(tmp_path, SORT_PREFIX) == left  # swept less than ten minutes ago
+    with SortedRuns(pa.schema([("k", pa.string())]), "k", run_rows=2, directory=str(tmp_path)) as held:
+        held.add(pa.table({"k": ["z", "y", "x"]}))  # a sort still running (its folder locked) while the next sweeps
+        running = sorted(set(_folders(tmp_path, SORT_PREFIX)) - set(left))
+        assert len(running) == 1
+        now[0] += 2
+        sort_here()
+        assert swept[1:] == [left]  # ten minutes since the last sweep: swept again
+        assert _folders(tmp_path, SORT_PREFIX) == running  # the killed sort's removed, the running one's kept
+        sort_here()
+        assert len(swept) == 2  # and not again before ten more minutes
+    assert _folders(tmp_path, SORT_PREFIX) == []
