@@ -73,8 +73,19 @@ class Move:
 
 
 @dataclass(frozen=True)
+class KeptTokens:
+    """A token-only replica the plan keeps (no ``drop_token_only``): token files on a tier the text is not on."""
+
+    release: str
+    tier: str
+    token_files: int
+    token_bytes: int
+
+
+@dataclass(frozen=True)
 class TierPlan:
     moves: tuple[Move, ...]
+    kept: tuple[KeptTokens, ...] = ()  # token-only replicas left where they are (``tier plan`` says so)
 
     @property
     def bytes_to_copy(self) -> int:
@@ -86,7 +97,7 @@ class TierPlan:
 
     def as_dict(self) -> dict[str, Any]:
         return {"moves": [asdict(m) for m in self.moves], "bytes_to_copy": self.bytes_to_copy,
-                "bytes_to_delete": self.bytes_to_delete}
+                "bytes_to_delete": self.bytes_to_delete, "kept_token_only": [asdict(k) for k in self.kept]}
 
 
 def exported_releases(lake: Lake) -> list[str]:
@@ -173,6 +184,7 @@ def plan_tiers(
     if states is None:
         states = release_states(lake, [n for n in names if n not in targets], manifests=manifests)
     moves: list[Move] = []
+    kept: list[KeptTokens] = []
     for name in names:
         manifest = manifests[name]
         token_manifests = read_lake_token_manifests(lake, name)
@@ -221,9 +233,12 @@ def plan_tiers(
             if token_only.files and drop_token_only and name in targets:
                 moves.append(Move(name, "delete", tier, None, 0, 0, klass, token_only=True,
                                   token_files=token_only.files, token_bytes=token_only.bytes))
-            elif _leftovers(storage.tier(tier), name, token_folders_on(tier, token_manifests)):
+                continue
+            if token_only.files:
+                kept.append(KeptTokens(name, tier, token_only.files, token_only.bytes))
+            if _leftovers(storage.tier(tier), name, token_folders_on(tier, token_manifests)):
                 moves.append(Move(name, "delete", tier, None, 0, 0, klass, leftover=True))
-    return TierPlan(tuple(moves))
+    return TierPlan(tuple(moves), tuple(kept))
 
 
 def token_folders_on(tier: str, manifests: Iterable[TokenManifest]) -> set[str]:

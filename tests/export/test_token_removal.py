@@ -137,6 +137,15 @@ def test_token_files_exported_to_a_tier_without_the_text_are_kept_there(tmp_path
     assert [run.returncode for run in runs] == [0, 0], runs[-1].stderr[-2000:]
     assert [[(m["action"], m["tier"], m["token_files"]) for m in json.loads(run.stdout)["moves"]] for run in runs] == [
         [("copy", "hot", len(tokens.files))], []]
+    token_bytes = sum(record.part(p).size for record in tokens.files for p in PARTS)
+    assert [json.loads(run.stdout)["kept_token_only"] for run in runs] == [
+        [{"release": "r", "tier": "packed", "token_files": len(tokens.files), "token_bytes": token_bytes}]] * 2
+    shown = subprocess.run([sys.executable, "-m", "datahub.cli.main", "tier", "plan", "--lake", str(tmp_path / "lake"),
+                            "--storage", str(storage_yaml), "--release", "r"],
+                           capture_output=True, text=True, timeout=300, cwd=REPO, check=False)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert (f"r: kept {len(tokens.files)} token files, {token_bytes} bytes on packed (a token-only replica; `tier "
+            "apply --release r --tiers ...` without packed removes them)") in " ".join(shown.stdout.split())
     kept = read_lake_token_manifest(lake, "r")
     assert kept is not None and kept.tiers == ["hot", "packed"]
     assert all(set(record.replicas) == {"hot", "packed"} for record in kept.files)
@@ -170,6 +179,7 @@ def test_tier_apply_with_tiers_removes_a_token_only_replica_on_a_tier_not_listed
     assert [[(m["action"], m["tier"], m["token_files"], m["token_only"]) for m in json.loads(run.stdout)["moves"]]
             for run in runs] == [[("copy", "hot", len(tokens.files), False),
                                   ("delete", "packed", len(tokens.files), True)], []]
+    assert [json.loads(run.stdout)["kept_token_only"] for run in runs] == [[], []]
     moved = read_lake_token_manifest(lake, "r")
     assert moved is not None and moved.tiers == ["hot"] and all(set(r.replicas) == {"hot"} for r in moved.files)
     assert read_tier_token_manifest(storage.tier("hot"), "r", tokens.tokenizer.sha256) == moved

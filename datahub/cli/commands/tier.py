@@ -61,6 +61,10 @@ def _regions(config: StorageConfig) -> dict[str, str]:
 
 def _print_plan(plan: TierPlan, rules: dict[str, str] | None = None, regions: dict[str, str] | None = None) -> None:
     out = console()
+    for k in plan.kept:
+        out.print(plain(f"  {k.release}: kept {k.token_files} token files, {k.token_bytes} bytes on {k.tier} (a "
+                        f"token-only replica; `tier apply --release {k.release} --tiers ...` without {k.tier} "
+                        "removes them)"), soft_wrap=True)
     if not plan.moves:
         out.print("nothing to move: every release is where the policy wants it")
         return
@@ -139,9 +143,9 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
         done = apply_tiers(the_lake, result, storage=config, progress=update, workers=workers,
                            max_bytes_per_s=max_bytes_per_s)
     if as_json:
-        print_json({**TierPlan(tuple(done)).as_dict(), "regions": _regions(config)})
+        print_json({**TierPlan(tuple(done), result.kept).as_dict(), "regions": _regions(config)})
         return
-    _print_plan(TierPlan(tuple(done)), regions=_regions(config))
+    _print_plan(TierPlan(tuple(done), result.kept), regions=_regions(config))
 
 
 @tier_app.command("touch")
