@@ -22,6 +22,7 @@ from datahub.engines.frame import Frame
 from datahub.engines.sink import SplitFn, SplitWritten
 from datahub.engines.spark.arrow import IPC_DDL, ReadFiles, encode
 from datahub.engines.spark.frame import SparkFrame
+from datahub.engines.spark.quiet import map_in_arrow
 from datahub.engines.spark.sink import write_split
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class SparkEngine(Engine):
         """One Spark task per input file; rows leave the task as Arrow IPC blobs."""
         n = max(1, len(files))
         index = self.session.sparkContext.parallelize([(i,) for i in range(len(files))], numSlices=n)
-        df = self.session.createDataFrame(index, "index long").mapInArrow(ReadFiles(read, tuple(files)), IPC_DDL)
+        df = map_in_arrow(self.session.createDataFrame(index, "index long"), ReadFiles(read, tuple(files)), IPC_DDL)
         return SparkFrame(self.session, df, schema=None, encoded=True, name="ingest")
 
     def from_arrow(self, table: pa.Table) -> SparkFrame:

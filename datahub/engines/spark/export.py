@@ -13,6 +13,7 @@ from datahub.engines.base import Engine
 from datahub.engines.sink import RESULT, Sink, WriteTask, task_results
 from datahub.engines.spark.engine import SparkEngine
 from datahub.engines.spark.jobs import jobs_ended_on_exit
+from datahub.engines.spark.quiet import map_in_arrow, pandas_notice_ignored
 
 R = TypeVar("R")
 
@@ -60,8 +61,8 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
     session = engine.session
     spark_schema = pa.schema([_spark_type(f) for f in routed_schema])
     index = session.sparkContext.parallelize([(i,) for i in range(len(tasks))], numSlices=len(tasks))
-    routed = session.createDataFrame(index, "task long").mapInArrow(_Read(tuple(tasks), read, spark_schema),
-                                                                   from_arrow_schema(spark_schema))
+    routed = map_in_arrow(session.createDataFrame(index, "task long"), _Read(tuple(tasks), read, spark_schema),
+                          from_arrow_schema(spark_schema))
     if workers:
         routed = routed.repartition(workers, key)
     writer = _Write(WriteTask(sink), routed_schema)
@@ -69,6 +70,7 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
     def write_group(group: pa.Table) -> pa.Table:  # a plain function: Spark reads its arity (a key argument or not)
         return writer(group)
 
-    written = routed.groupBy(key).applyInArrow(write_group, from_arrow_schema(RESULT))
+    with pandas_notice_ignored():
+        written = routed.groupBy(key).applyInArrow(write_group, from_arrow_schema(RESULT))
     with jobs_ended_on_exit(session):  # a failed task: its job's other tasks end before the caller cleans up
         return task_results(written.toArrow())

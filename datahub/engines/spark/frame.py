@@ -21,6 +21,7 @@ from datahub.engines.sink import Sink, WriteTask
 from datahub.engines.spark.arrow import IPC_DDL, ApplyChain, RowCounts, SchemasOf, decode, spark_name, spark_schema
 from datahub.engines.spark.jobs import TaggedJobs, jobs_ended_on_exit
 from datahub.engines.spark.parquet import WRITTEN_DDL, SinkPartition, WriteParquet
+from datahub.engines.spark.quiet import map_in_arrow
 from datahub.errors import TerminalError
 from datahub.lake.files import ParquetTarget, conform, spark_compatible_schema, unify
 
@@ -76,14 +77,14 @@ class SparkFrame(Frame):
         if self.encoded and not self.fns:
             return self.df
         chain = ApplyChain(self.fns, None if self.encoded else self._schema, node=self.name)
-        return self.df.mapInArrow(chain, IPC_DDL)
+        return map_in_arrow(self.df, chain, IPC_DDL)
 
     def _discover(self) -> tuple[DataFrame, pa.Schema]:
         """Persist the blobs and unify the schemas of every batch: the exact schema of real rows."""
         if self._known is not None:
             return self._known
         blobs = _keep(self._encoded_df(), eager=False)  # computed by the schema job just below
-        found = {row[0] for row in blobs.mapInArrow(SchemasOf(), "schema binary").collect() if row[0] is not None}
+        found = {row[0] for row in map_in_arrow(blobs, SchemasOf(), "schema binary").collect() if row[0] is not None}
         schemas = [pa.ipc.read_schema(pa.py_buffer(s)) for s in sorted(found)]
         if not schemas:  # no partitions at all: ask the functions about an empty input
             schemas = [self._empty_output_schema()]
@@ -116,7 +117,7 @@ class SparkFrame(Frame):
             return self.df
         if self._rows is None:
             blobs, schema = self._discover()
-            self._rows = blobs.mapInArrow(ApplyChain((), None, schema, node=self.name), spark_schema(schema))
+            self._rows = map_in_arrow(blobs, ApplyChain((), None, schema, node=self.name), spark_schema(schema))
         return self._rows
 
     @property
@@ -204,7 +205,7 @@ class SparkFrame(Frame):
             return int(self.df.count())
         from pyspark.sql import functions as F
 
-        total = self._encoded_df().mapInArrow(RowCounts(), "rows long").agg(F.sum("rows")).collect()[0][0]
+        total = map_in_arrow(self._encoded_df(), RowCounts(), "rows long").agg(F.sum("rows")).collect()[0][0]
         return int(total or 0)
 
     def iter_batches(self) -> Iterator[pa.Table]:
@@ -262,14 +263,14 @@ class SparkFrame(Frame):
         target = ParquetTarget(directory.rstrip("/"), spark_compatible_schema(schema or frame_schema),
                                tuple(sorted((storage_options or {}).items())), prefix)
         with jobs_ended_on_exit(self.session):  # a failed task: no other one writes a file after the caller cleaned up
-            rows = blobs.mapInArrow(WriteParquet(target), WRITTEN_DDL).collect()
+            rows = map_in_arrow(blobs, WriteParquet(target), WRITTEN_DDL).collect()
         return [DataFile(uri=r["uri"], size=int(r["size"]), rows=int(r["rows"]), stats=r["stats"]) for r in rows]
 
     def write(self, sink: Sink[R, Any]) -> list[R]:
         """One task per partition, given all of its batches (``datahub.engines.sink``)."""
         blobs, _ = self._discover()
         with jobs_ended_on_exit(self.session):  # a failed task: the others end before the sink's abort runs
-            rows = blobs.mapInArrow(SinkPartition(WriteTask(sink)), "result binary").collect()
+            rows = map_in_arrow(blobs, SinkPartition(WriteTask(sink)), "result binary").collect()
         return [pickle.loads(row["result"]) for row in rows]
 
     def encoded_blobs(self) -> tuple[DataFrame, pa.Schema]:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from datahub.engines.cluster import check_spark_master
+from datahub.engines.spark.quiet import driver_log_options, pandas_notice_ignored
 from datahub.errors import MissingDependencyError, TerminalError
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def session_conf(spec: EngineSpec, *, python: str, environ: Mapping[str, str]) -
         conf["spark.master"] = master
     if master is not None and master.startswith("local"):
         conf["spark.sql.shuffle.partitions"] = str(max(4, 2 * _local_cores(master)))
+    conf.update(driver_log_options(environ))  # the driver JVM's start-up notices stay out of a cron log
     if _is_local(master):  # an embedded or loopback cluster: never listen on other interfaces
         conf["spark.driver.bindAddress"] = "127.0.0.1"
         conf["spark.driver.host"] = "127.0.0.1"
@@ -104,7 +106,8 @@ def build_session(spec: EngineSpec, *, environ: Mapping[str, str] | None = None)
     builder: Any = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    with pandas_notice_ignored():  # pyspark's pandas-3 notice on its first session (datahub passes it no pandas)
+        session = builder.getOrCreate()
     configure_context(session, conf)
     return session
 

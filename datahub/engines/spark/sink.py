@@ -25,6 +25,7 @@ from datahub.engines.spark.arrow import ApplyChain, decode, encode, ipc_blobs, s
 from datahub.engines.spark.frame import SparkFrame
 from datahub.engines.spark.jobs import jobs_ended_on_exit
 from datahub.engines.spark.parquet import WRITTEN_DDL, WriteParquet
+from datahub.engines.spark.quiet import map_in_arrow
 from datahub.lake.add_actions import DataFile, StagedFiles
 from datahub.lake.files import ParquetTarget, conform, data_file, file_prefix, file_schema, parquet_files, spark_compatible_schema
 from datahub.lake.lake import SORTED_LAYOUT
@@ -121,7 +122,7 @@ def write_split(
     samples = target(table, samples_schema(schema))
     quarantine = target("quarantine", QUARANTINE)
     lineage = target("lineage", LINEAGE, row_group_rows)
-    written = blobs.mapInArrow(SplitAndWrite(split, schema, samples, quarantine, lineage is not None), SPLIT_DDL)
+    written = map_in_arrow(blobs, SplitAndWrite(split, schema, samples, quarantine, lineage is not None), SPLIT_DDL)
     written = written.persist(StorageLevel.MEMORY_AND_DISK)  # run the split once; lineage rows are read again below
     # a failed task: the others end (and write no file) before the run's abort removes what was written
     with _unpersisted(written), jobs_ended_on_exit(frame.session):
@@ -136,11 +137,11 @@ def write_split(
                 files[row["kind"]].append(data_file(row.asDict()))
         lineage_files: list[DataFile] = []
         if lineage is not None and lineage_total:
-            typed = written.filter(F.col("kind") == LINEAGE_KIND).select("ipc").mapInArrow(
-                ApplyChain((), None, LINEAGE, node="lineage"), spark_schema(LINEAGE))
+            typed = map_in_arrow(written.filter(F.col("kind") == LINEAGE_KIND).select("ipc"),
+                                 ApplyChain((), None, LINEAGE, node="lineage"), spark_schema(LINEAGE))
             ranges = max(1, math.ceil(lineage_total / lineage_rows_per_file))
             ordered = typed.repartitionByRange(ranges, lineage_column).sortWithinPartitions(lineage_column)
-            lineage_files = [data_file(r.asDict()) for r in ordered.mapInArrow(WriteParquet(lineage, encoded=False), WRITTEN_DDL).collect()]
+            lineage_files = [data_file(r.asDict()) for r in map_in_arrow(ordered, WriteParquet(lineage, encoded=False), WRITTEN_DDL).collect()]
     return SplitWritten(
         counts=counts,
         samples=_staged(files[SAMPLES_KIND], samples, samples_schema(schema)),

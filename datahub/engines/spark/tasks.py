@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from datahub.engines.base import Engine
 from datahub.engines.spark.arrow import spark_name, spark_schema, spark_side_schema
+from datahub.engines.spark.quiet import map_in_arrow
 
 
 @dataclass(frozen=True)
@@ -35,5 +36,5 @@ def read_dataframe(engine: Engine, files: Sequence[Any], read: Callable[[Any], I
     file; nothing is collected on the driver."""
     session = engine.session  # type: ignore[attr-defined]
     index = session.sparkContext.parallelize([(i,) for i in range(len(files))], numSlices=max(1, len(files)))
-    return session.createDataFrame(index, "index long").mapInArrow(_ReadTyped(read, tuple(files), schema),
-                                                                   spark_schema(schema))
+    return map_in_arrow(session.createDataFrame(index, "index long"), _ReadTyped(read, tuple(files), schema),
+                        spark_schema(schema))
