@@ -18,15 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from datahub.config.lake_file import LAKE_FILE_SUFFIXES, is_lake_file, load_lake_spec  # noqa: F401  (its home before)
 from datahub.errors import SpecError
 
 if TYPE_CHECKING:
-    from datahub.config.spec import LakeSpec
     from datahub.lake.lake import Lake
 
-LAKE_FILE_SUFFIXES = (".yaml", ".yml")
 LAKE_HELP = "Lake root (a path or s3://bucket/prefix), or a lake YAML with root + storage_options (or a job spec)."
 
 
@@ -49,44 +48,6 @@ def lake_ref(positional: str | None, option: str | None, *, command: str) -> str
         sys.stderr.write(f"note: `datahub {command} LAKE` is deprecated and will be removed; "
                          f"use `datahub {command} --lake {ref}`\n")
     return ref
-
-
-def is_lake_file(ref: str) -> bool:
-    """A local ``.yaml``/``.yml`` path names a lake file; anything else is a lake root."""
-    return "://" not in ref and ref.endswith(LAKE_FILE_SUFFIXES)
-
-
-def load_lake_spec(path: str | Path) -> LakeSpec:
-    """The validated ``LakeSpec`` in a lake YAML (top level, or the ``lake:`` section of a job spec)."""
-    from pydantic import ValidationError
-
-    from datahub.config.spec import LakeSpec, expand_env, format_validation_error
-    from datahub.config.yaml_file import read_yaml
-
-    path = Path(path)
-    raw = read_yaml(path, missing="lake file not found; --lake takes a lake root or a YAML with root: and storage_options:")
-    section = ""
-    if isinstance(raw, dict) and isinstance(raw.get("lake"), dict):
-        raw, section = raw["lake"], "lake"  # a job spec (or any file with a lake: section)
-    if not isinstance(raw, dict):
-        raise SpecError(f"{path}: expected a mapping with root: (and storage_options:), got {type(raw).__name__}")
-    if "tiers" in raw and "root" not in raw:  # --lake and --storage both take a YAML: an easy mix-up
-        raise SpecError(f"{path}: a storage config (tiers:), not a lake; give it as --storage, and the lake as --lake "
-                        "ROOT or a lake YAML with root: (and storage_options:)")
-    raw = expand_env(raw, source=str(path), field=section)
-    options = raw.get("storage_options")
-    if isinstance(options, dict):  # YAML reads `AWS_ALLOW_HTTP: true` as a bool; delta-rs wants strings
-        raw = {**raw, "storage_options": {k: _option_text(v) for k, v in options.items()}}
-    try:
-        return LakeSpec(**raw)
-    except ValidationError as exc:
-        raise SpecError(format_validation_error(str(path), exc)) from None
-
-
-def _option_text(value: Any) -> Any:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value) if isinstance(value, (int, float)) else value
 
 
 def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None, must_exist: bool = True) -> Lake:

@@ -9,7 +9,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from datahub.config.lake_file import is_lake_file, load_lake_spec
 from datahub.errors import IntegrityError
+from datahub.lake.lake import fsspec_options
 from datahub.loader.errors import ManifestError, ManifestUnavailableError, ReplicaUnavailableError, replica_error
 from datahub.loader.read_policy import DEFAULT_READ_POLICY, ReadPolicy, limit_transport_retries
 from datahub.retry import retry
@@ -29,7 +31,8 @@ def load_manifest(
     not answer (then ``ManifestUnavailableError``); a missing or unreadable one raises ``ManifestError`` at once.
 
     A release name (no ``/``, not ending in ``.json``) is resolved, for now, as
-    ``{lake}/_exports/{release}/manifest.json``; resolving through the lake's ``releases``
+    ``{lake}/_exports/{release}/manifest.json``; ``lake`` is a root or a lake YAML (``root:`` and
+    ``storage_options:``, as ``--lake`` takes), whose options read the manifest; resolving through the lake's ``releases``
     table is the release module's job and will replace this convention.
     """
     if isinstance(release_or_manifest, Manifest):
@@ -42,7 +45,9 @@ def load_manifest(
             raise ManifestError(
                 f"release name {ref!r} given without lake=; pass lake='/path/to/lake' or a manifest path"
             )
-        ref = f"{os.fspath(lake).rstrip('/')}/_exports/{ref}/manifest.json"  # a str or a pathlib.Path
+        root, lake_options = _lake_root(lake)
+        ref = f"{root.rstrip('/')}/_exports/{ref}/manifest.json"
+        storage_options = {**lake_options, **(storage_options or {})}
     elif not ref.endswith(".json"):
         ref = ref.rstrip("/") + "/manifest.json"
     policy = read_policy or DEFAULT_READ_POLICY
@@ -53,6 +58,16 @@ def load_manifest(
     except ValueError as error:
         raise ManifestError(f"cannot read manifest {ref}: not JSON ({error})") from error
     return _parse(data, where=ref)
+
+
+def _lake_root(lake: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
+    """The root of ``lake`` (a root, or a lake YAML as every command's ``--lake`` takes) and the filesystem options
+    its ``storage_options`` give (endpoint and keys of an S3 lake)."""
+    ref = os.fspath(lake)  # a str or a pathlib.Path
+    if not is_lake_file(ref):
+        return ref, {}
+    spec = load_lake_spec(ref)
+    return spec.root, fsspec_options(spec.storage_options)
 
 
 def _read(ref: str, options: Mapping[str, Any]) -> bytes:
