@@ -129,6 +129,19 @@ def test_run_takes_a_lake_yaml_as_every_other_command_does(tmp_path):
     assert root.returncode == 0 and f"lake {tmp_path / 'plain'}," in root.stdout
 
 
+def test_run_refuses_set_lake_fields_with_a_lake_yaml(tmp_path):
+    """The lake YAML replaces the spec's lake section, so a --set lake.* beside it was dropped without a word."""
+    lake_file = tmp_path / "lake.yaml"
+    lake_file.write_text(f"root: {tmp_path / 'from-yaml'}\n")
+    out = datahub("run", "jobs/demo.yaml", "--lake", str(lake_file), "--set", f"lake.root={tmp_path / 'other'}",
+                  "--check")
+    assert out.returncode == 2, out.stdout
+    assert f"--set lake.root={tmp_path / 'other'} and --lake {lake_file} both set the lake" in out.stderr, out.stderr
+    kept = datahub("run", "jobs/demo.yaml", "--lake", str(tmp_path / "plain"), "--set",
+                   f"lake.root={tmp_path / 'other'}", "--check")
+    assert kept.returncode == 0, kept.stderr
+
+
 def test_the_resume_hint_of_a_run_on_a_lake_yaml_names_the_yaml(tmp_path):
     """A failed run's hint is pasted as is: `--lake LAKE.yaml` keeps the lake's storage options, its root would not."""
     lake_file = tmp_path / "lake.yaml"

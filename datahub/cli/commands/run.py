@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 import typer
 
 from datahub.cli.output import console, plain, print_json, progress
+from datahub.errors import SpecError
 
 if TYPE_CHECKING:
     from datahub.pipeline.run import RunResult
@@ -38,6 +39,10 @@ def register(app: typer.Typer) -> None:
 
         overrides = list(set_)
         lake_file = lake is not None and is_lake_file(lake)
+        clash = [o for o in overrides if o.split("=", 1)[0].strip() == "lake" or o.startswith("lake.")]
+        if lake_file and clash:  # the file replaces the spec's lake section: the override would be dropped silently
+            raise SpecError(f"--set {clash[0]} and --lake {lake} both set the lake; put the field in {lake}, or give "
+                            "--lake a root directory or URI with --set")
         if lake and not lake_file:
             overrides.append(f"lake.root={lake}")
         if engine:
