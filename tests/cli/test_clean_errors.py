@@ -7,17 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def datahub(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    """The CLI as cron runs it: a real subprocess, stdout and stderr piped."""
-    return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+from tests.cli.conftest import REPO, datahub
 
 
 def assert_clean_error(out: subprocess.CompletedProcess[str], *expected: str) -> None:
@@ -28,23 +21,6 @@ def assert_clean_error(out: subprocess.CompletedProcess[str], *expected: str) ->
         assert text in out.stderr, out.stderr
 
 
-@pytest.fixture(scope="module")
-def lake(tmp_path_factory) -> Path:
-    """A lake after one run of three documents (the in-process Arrow engine): samples v1."""
-    from datahub.config.spec import validate_job_spec
-    from datahub.engines.arrow import ArrowEngine
-    from datahub.pipeline.run import run_job
-
-    root = tmp_path_factory.mktemp("clean-errors")
-    (root / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} about rivers and the valley towns"}) + "\n"
-                                          for i in range(3)))
-    spec = validate_job_spec({"name": "small", "lake": {"root": str(root / "lake")},
-                              "inputs": [{"uri": str(root / "a.jsonl")}], "graph": {"samples": {"sink": "samples"}}})
-    result = run_job(spec, engine=ArrowEngine())
-    assert result.status == "succeeded", result.error
-    return root / "lake"
-
-
 def test_a_lake_root_that_cannot_be_made_is_an_error_naming_it(tmp_path):
     a_file = tmp_path / "notes.txt"
     a_file.write_text("not a directory\n")
@@ -52,66 +28,66 @@ def test_a_lake_root_that_cannot_be_made_is_an_error_naming_it(tmp_path):
     assert_clean_error(out, str(a_file / "lake"), "Not a directory", "check that path")
 
 
-def test_report_out_on_an_existing_file_is_an_error_naming_it(lake, tmp_path):
+def test_report_out_on_an_existing_file_is_an_error_naming_it(small_lake, tmp_path):
     a_file = tmp_path / "report.html"
     a_file.write_text("")
-    out = datahub("report", "--lake", str(lake), "--out", str(a_file))
+    out = datahub("report", "--lake", str(small_lake), "--out", str(a_file))
     assert_clean_error(out, str(a_file), "File exists")
 
 
 @pytest.mark.parametrize("command", [["qa", "--no-record"], ["report", "--out", "REPORT"]])
-def test_a_table_version_past_the_latest_is_an_error_naming_the_latest(lake, tmp_path, command):
+def test_a_table_version_past_the_latest_is_an_error_naming_the_latest(small_lake, tmp_path, command):
     command = [str(tmp_path / "report") if arg == "REPORT" else arg for arg in command]
-    out = datahub(*command, "--lake", str(lake), "--version", "7")
+    out = datahub(*command, "--lake", str(small_lake), "--version", "7")
     assert_clean_error(out, "no version 7 of table 'samples'; its latest is 1")
-    negative = datahub(*command, "--lake", str(lake), "--version", "-1")
+    negative = datahub(*command, "--lake", str(small_lake), "--version", "-1")
     assert_clean_error(negative, "no version -1 of table 'samples'")
 
 
-def test_lineage_of_a_source_given_as_a_relative_path_finds_its_records(lake):
+def test_lineage_of_a_source_given_as_a_relative_path_finds_its_records(small_lake):
     """The job lists local inputs as absolute paths; the user types the path they gave the job."""
-    root = lake.parent
-    relative = datahub("lineage", "--source", "a.jsonl", "--lake", str(lake), "--json", cwd=root)
+    root = small_lake.parent
+    relative = datahub("lineage", "--source", "a.jsonl", "--lake", str(small_lake), "--json", cwd=root)
     assert relative.returncode == 0, relative.stderr
     story = json.loads(relative.stdout)
     assert story["source_uri"] == str(root / "a.jsonl") and len(story["records"]) == 3
-    as_url = datahub("lineage", "--source", f"file://{root / 'a.jsonl'}", "--lake", str(lake), "--json")
+    as_url = datahub("lineage", "--source", f"file://{root / 'a.jsonl'}", "--lake", str(small_lake), "--json")
     assert as_url.returncode == 0 and json.loads(as_url.stdout) == story
-    missing = datahub("lineage", "--source", "b.jsonl", "--lake", str(lake), cwd=root)
+    missing = datahub("lineage", "--source", "b.jsonl", "--lake", str(small_lake), cwd=root)
     assert missing.returncode == 1 and "no record of b.jsonl" in missing.stderr
 
 
 @pytest.mark.parametrize("command", [["runs"], ["quarantine"], ["release", "list"], ["inspect"], ["evalset", "list"]])
-def test_a_typo_in_the_lake_path_is_an_error_not_an_empty_lake(lake, command):
+def test_a_typo_in_the_lake_path_is_an_error_not_an_empty_lake(small_lake, command):
     """Before, `datahub runs --lake lake/dmeo` said 'no runs recorded' with exit 0 (and `tier plan` 'nothing to move')."""
-    typo = lake.parent / "lkae"
+    typo = small_lake.parent / "lkae"
     out = datahub(*command, "--lake", str(typo))
     assert_clean_error(out, f"--lake {typo}: no lake at {typo} (no such directory)")
-    assert datahub(*command, "--lake", str(lake)).returncode == 0
+    assert datahub(*command, "--lake", str(small_lake)).returncode == 0
 
 
-def test_a_typo_in_the_lake_path_makes_tier_plan_fail(lake, tmp_path):
+def test_a_typo_in_the_lake_path_makes_tier_plan_fail(small_lake, tmp_path):
     storage = tmp_path / "storage.yaml"
     storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n")
-    out = datahub("tier", "plan", "--lake", str(lake.parent / "lkae"), "--storage", str(storage))
+    out = datahub("tier", "plan", "--lake", str(small_lake.parent / "lkae"), "--storage", str(storage))
     assert_clean_error(out, "no lake at")
-    assert "nothing to move" in datahub("tier", "plan", "--lake", str(lake), "--storage", str(storage)).stdout
+    assert "nothing to move" in datahub("tier", "plan", "--lake", str(small_lake), "--storage", str(storage)).stdout
 
 
-def test_a_merge_threshold_out_of_range_is_refused_as_a_bad_option_value(lake):
+def test_a_merge_threshold_out_of_range_is_refused_as_a_bad_option_value(small_lake):
     out = datahub("release", "merge", "m", "--from", "a", "--from", "b", "--dedup", "near", "--threshold", "2",
-                  "--lake", str(lake))
+                  "--lake", str(small_lake))
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert "Invalid value for --threshold: must be in (0, 1], got 2.0" in out.stderr, out.stderr
     assert "validation error" not in out.stderr and "pydantic" not in out.stderr
 
 
-def test_file_tokens_zero_is_refused_not_taken_as_the_default(lake, tmp_path):
+def test_file_tokens_zero_is_refused_not_taken_as_the_default(small_lake, tmp_path):
     from tests.export.test_tokens import train_tokenizer
 
     storage = tmp_path / "storage.yaml"
     storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n")
-    out = datahub("export", "t0", "--lake", str(lake), "--tier", "cfs", "--storage", str(storage), "--table", "samples",
+    out = datahub("export", "t0", "--lake", str(small_lake), "--tier", "cfs", "--storage", str(storage), "--table", "samples",
                   "--tokenizer", str(train_tokenizer(tmp_path / "tok.json")), "--file-tokens", "0")
     assert_clean_error(out, "--file-tokens must be >= 1, got 0")
     assert not (tmp_path / "cfs").exists()

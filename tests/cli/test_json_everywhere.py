@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from typer.main import get_command
 
 from datahub.cli.main import app
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def datahub(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "datahub.cli.main", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+from tests.cli.conftest import datahub
 
 
 def commands(command=None, path: tuple[str, ...] = ()):
@@ -38,22 +29,13 @@ def test_every_command_has_json():
 
 
 @pytest.fixture(scope="module")
-def lake_with_a_release(tmp_path_factory) -> Path:
-    from datahub.config.spec import validate_job_spec
-    from datahub.engines.arrow import ArrowEngine
+def lake_with_a_release(small_lake) -> Path:
     from datahub.lake import Lake
-    from datahub.pipeline.run import run_job
     from datahub.release.create import create_release
 
-    root = tmp_path_factory.mktemp("json")
-    (root / "a.jsonl").write_text("".join(json.dumps({"text": f"document {i} about rivers and the valley towns"}) + "\n"
-                                          for i in range(3)))
-    spec = validate_job_spec({"name": "small", "lake": {"root": str(root / "lake")},
-                              "inputs": [{"uri": str(root / "a.jsonl")}], "graph": {"samples": {"sink": "samples"}}})
-    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
-    create_release(Lake(root / "lake"), "r1")
-    create_release(Lake(root / "lake"), "r2")
-    return root / "lake"
+    create_release(Lake(small_lake), "r1")
+    create_release(Lake(small_lake), "r2")
+    return small_lake
 
 
 def test_channel_and_event_commands_print_json(lake_with_a_release):
