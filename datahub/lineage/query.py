@@ -105,11 +105,27 @@ def sample_lineage(lake: Lake, sample_id: str) -> SampleStory:
 @dataclass(frozen=True)
 class SourceStory:
     source_uri: str
-    records: list[dict[str, Any]]  # one per record (source_offset): sample_id, fate, reason, op, ref, releases
-    counts: dict[str, int]
+    # one per sample of a record (source_offset): sample_id, fate, reason, op, ref, releases; a record that became
+    # several samples (a trajectory's segments) has one entry per segment, in step order (step_offset); a record that
+    # never got a sample id (quarantined at ingest) has one entry without one
+    records: list[dict[str, Any]]
+    counts: dict[str, int]  # entries by fate
+    record_count: int = 0  # distinct records (offsets) of the file
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def _step_offsets(lake: Lake, sample_ids: list[str]) -> dict[str, int]:
+    """``step_offset`` of the given samples (segments of one record), for listing them in step order."""
+    if not sample_ids or not lake.exists("samples"):
+        return {}
+    dataset = lake.dataset("samples")
+    if "step_offset" not in dataset.schema.names:
+        return {}
+    rows = dataset.to_table(columns=["sample_id", "step_offset"], filter=ds.field("sample_id").isin(sample_ids))
+    return {i: o for i, o in zip(rows.column("sample_id").to_pylist(), rows.column("step_offset").to_pylist())
+            if o is not None}
 
 
 def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
@@ -118,7 +134,7 @@ def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
     Records that never got a sample_id (unparseable) come from the ``quarantine`` table.
     Two records of one file with the same text share a sample_id, so they share a fate.
     """
-    records: dict[int, dict[str, Any]] = {}
+    records: dict[tuple[int, str | None], dict[str, Any]] = {}
     if lake.exists(LINEAGE_TABLE):
         needle = json.dumps(source_uri)
         ingested = lake.dataset(LINEAGE_TABLE).to_table(
@@ -128,8 +144,9 @@ def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
         for row in ingested.to_pylist():
             ref = _ref(row["ref"])
             if isinstance(ref, dict) and ref.get("source_uri") == source_uri:
-                records[int(ref["source_offset"])] = {"source_offset": int(ref["source_offset"]),
-                                                      "sample_id": row["sample_id"], "ingest_run_id": row["run_id"]}
+                offset = int(ref["source_offset"])
+                records[(offset, row["sample_id"])] = {"source_offset": offset, "sample_id": row["sample_id"],
+                                                       "ingest_run_id": row["run_id"]}
         ids = sorted({r["sample_id"] for r in records.values()})
         events = lineage_events(lake, ids).to_pylist() if ids else []
         by_id: dict[str, list[dict[str, Any]]] = {}
@@ -142,16 +159,30 @@ def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
                           reason=last_drop["reason"] if last_drop and story.fate != "kept" else None,
                           op=last_drop["op"] if last_drop and story.fate != "kept" else None,
                           ref=last_drop["ref"] if last_drop and story.fate != "kept" else None)
+        per_offset: dict[int, int] = {}
+        for offset, _ in records:
+            per_offset[offset] = per_offset.get(offset, 0) + 1
+        steps = _step_offsets(lake, sorted(i for (o, i) in records if i is not None and per_offset[o] > 1))
+        for (_, sample_id), record in records.items():
+            if sample_id in steps:
+                record["step_offset"] = steps[sample_id]
     if lake.exists("quarantine"):
         bad = lake.read("quarantine", columns=["source_offset", "reason", "detail", "run_id"],
                         filters=ds.field("source_uri") == source_uri)
+        by_offset: dict[int, list[dict[str, Any]]] = {}
+        for (offset, _), record in records.items():
+            by_offset.setdefault(offset, []).append(record)
         for row in bad.to_pylist():
             offset = int(row["source_offset"])
-            record = records.setdefault(offset, {"source_offset": offset, "sample_id": None, "releases": [],
-                                                 "op": None, "ref": None, "ingest_run_id": row["run_id"]})
-            record.update(fate="quarantined", reason=row["reason"], detail=row["detail"])
-    ordered = [records[k] for k in sorted(records)]
+            if offset not in by_offset:
+                by_offset[offset] = [records.setdefault((offset, None), {
+                    "source_offset": offset, "sample_id": None, "releases": [], "op": None, "ref": None,
+                    "ingest_run_id": row["run_id"]})]
+            for record in by_offset[offset]:
+                record.update(fate="quarantined", reason=row["reason"], detail=row["detail"])
+    ordered = [records[k] for k in sorted(records, key=lambda k: (k[0], records[k].get("step_offset", -1),
+                                                                  k[1] or ""))]
     counts: dict[str, int] = {}
     for record in ordered:
         counts[record["fate"]] = counts.get(record["fate"], 0) + 1
-    return SourceStory(source_uri, ordered, dict(sorted(counts.items())))
+    return SourceStory(source_uri, ordered, dict(sorted(counts.items())), record_count=len({k[0] for k in records}))

@@ -40,8 +40,9 @@ def _print_source(story: SourceStory) -> None:
     from rich.table import Table
 
     out = console()
-    out.print(f"[bold]{plain(story.source_uri)}[/]: " + ", ".join(f"{k} {v}" for k, v in story.counts.items()),
-              soft_wrap=True)
+    records = "1 record" if story.record_count == 1 else f"{story.record_count} records"
+    out.print(f"[bold]{plain(story.source_uri)}[/]: {records}: " + ", ".join(f"{k} {v}" for k, v in story.counts.items()),
+              soft_wrap=True)  # counts are of samples: a long trajectory's record is several (one per segment)
     grid = Table()
     for column in ("offset", "sample_id", "fate", "reason", "by", "releases"):
         grid.add_column(column, overflow="fold")  # never "…": a sample id must copy whole
