@@ -42,3 +42,37 @@ def test_a_contaminated_table_fails_the_check_and_names_the_set(tmp_path):
     assert "overlap eval sets [bench@1: 1 sample(s)]; e.g." in dirty.stdout, dirty.stdout
     as_json = datahub("evalset", "check", "--lake", lake, "--json")
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["by_evalset"] == {"bench@1": 1}
+
+
+def test_a_release_made_before_the_eval_set_was_registered_is_checked_by_name(tmp_path):
+    """A release frozen before a benchmark was registered passed the create gate; `evalset check --release NAME`
+    checks exactly what it froze (its table and version) and names the release, the sample and the eval item.
+    Before, there was no --release: the user had to find the release's table and version themselves."""
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.lake import Lake
+    from datahub.pipeline.run import run_job
+    from datahub.release.create import create_release
+    from datahub.sample_id import sample_id_of
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in (LEAKED, CLEAN)))
+    spec = validate_job_spec({"name": "c", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": str(tmp_path / "a.jsonl")}],
+                              "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = str(tmp_path / "lake")
+    create_release(Lake(lake), "r1")  # no eval set yet: the gate had nothing to check
+    (tmp_path / "bench.jsonl").write_text(json.dumps({"id": "q7", "question": "what happened?", "answer": LEAKED}) + "\n")
+    assert datahub("evalset", "add", "bench", str(tmp_path / "bench.jsonl"), "--lake", lake).returncode == 0
+
+    dirty = datahub("evalset", "check", "--release", "r1", "--lake", lake)
+    assert dirty.returncode == 1, dirty.stdout + dirty.stderr
+    assert "release r1 (samples v1)" in dirty.stdout and f"{sample_id_of(LEAKED)} (bench@1:q7)" in dirty.stdout, dirty.stdout
+    as_json = datahub("evalset", "check", "--release", "r1", "--lake", lake, "--json")
+    assert as_json.returncode == 1
+    found = json.loads(as_json.stdout)
+    assert found["release"] == "r1" and found["examples"] == {sample_id_of(LEAKED): "bench@1:q7"}
+
+    typo = datahub("evalset", "check", "--release", "r2", "--lake", lake)
+    assert typo.returncode == 2 and "no release 'r2'" in typo.stderr and "Traceback" not in typo.stderr, typo.stderr
+    both = datahub("evalset", "check", "--release", "r1", "--version", "1", "--lake", lake)
+    assert both.returncode == 2 and "--release r1 already fixes the table and version" in both.stderr, both.stderr

@@ -66,31 +66,45 @@ def register(app: typer.Typer) -> None:
         lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
         table: str = typer.Option("samples", "--table", help="Table to check."),
         version: Optional[int] = typer.Option(None, "--version", help="Delta version (default: latest)."),
+        release: Optional[str] = typer.Option(None, "--release", help="Check what this release froze (its table "
+                                              "and version), e.g. one made before an eval set was registered."),
         ngram: int = typer.Option(13, "--ngram", min=3, help="Words per n-gram."),
         min_overlap: int = typer.Option(1, "--min-overlap", min=1, help="Matching n-grams that make a sample contaminated."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Count samples of a table version that share n-grams with the registered eval sets (streamed)."""
+        """Count samples of a table version (or of a release) that share n-grams with the registered eval sets
+        (streamed); exit 1 when any does, naming the eval sets and example sample ids."""
         from datahub.cli.lake_option import open_lake
         from datahub.cli.output import progress
+        from datahub.errors import SpecError
         from datahub.evalset import contamination
+        from datahub.release import get_release
 
+        root = open_lake(lake)
+        if release is not None:
+            if version is not None or table != "samples":
+                raise SpecError(f"--release {release} already fixes the table and version; drop --table and --version")
+            frozen = get_release(root, release)
+            table, version = frozen.table, frozen.version
+        what = f"release {release} ({table} v{{version}})" if release is not None else f"{table} v{{version}}"
         done = [0]
         with progress(f"checking {table}", enabled=not as_json) as update:
             def advance(rows: int) -> None:
                 done[0] += rows
                 update("rows", done[0])
 
-            found = contamination(open_lake(lake), table=table, version=version, ngram=ngram, min_overlap=min_overlap,
+            found = contamination(root, table=table, version=version, ngram=ngram, min_overlap=min_overlap,
                                   progress=advance)
+        what = what.format(version=found.version)
         if as_json:
-            print_json({**found.as_dict(), "examples": dict(list(sorted(found.refs.items()))[:20])})
+            print_json({**found.as_dict(), **({"release": release} if release is not None else {}),
+                        "examples": dict(list(sorted(found.refs.items()))[:20])})
         elif not found.evalsets:
             console().print("no eval sets registered: nothing to check against")
         elif found.count:  # the description's "[set@1: n sample(s)]" is text, not Rich markup
-            console().print(f"[bold red]contaminated[/]: {plain(found.describe())}", soft_wrap=True)
+            console().print(f"[bold red]contaminated[/]: {plain(what)}: {plain(found.describe())}", soft_wrap=True)
         else:
-            console().print(f"[green]clean[/]: {found.rows_checked} rows of {table} v{found.version} share no "
+            console().print(f"[green]clean[/]: {found.rows_checked} rows of {plain(what)} share no "
                             f"{ngram}-gram with {', '.join(found.evalsets)}")
         if found.count:  # like a failed `datahub qa`: a scheduled check fails the job
             raise typer.Exit(1)
