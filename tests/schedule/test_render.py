@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -147,3 +148,48 @@ def test_two_jobs_with_one_name_are_refused_before_anything_is_written(tmp_path)
             render_jobs([first, second], target=target, out=out)
         assert list(out.iterdir()) == []
     assert len(render_jobs([first], target="airflow", out=tmp_path / "one")) == 1
+
+
+def test_cron_target_writes_a_crontab_line_that_runs_from_crons_bare_environment(jobs, tmp_path):
+    """README: scheduled runs come "from cron, a Kubernetes CronJob or Airflow", but `--target cron` was refused
+    ('choose one of k8s-cronjob, airflow') and a hand-written line met cron's PATH (/usr/bin:/bin, no venv) and
+    working directory (the home directory). The rendered line names the executable and the job by absolute path
+    and holds a lock so a slow run is not started twice (as concurrencyPolicy Forbid / max_active_runs=1 do)."""
+    out = tmp_path / "cron"
+    result = run_cli(["schedule", "render", "--target", "cron", *map(str, jobs), "--out", str(out), "--lake",
+                      str(tmp_path / "lake"), "--json"])
+    assert result.returncode == 0, result.stderr
+    written = json.loads(result.stdout)
+    assert [(w["job"], w["target"]) for w in written] == [("Nightly_Web", "cron"), ("hourly-code", "cron")]
+    text = (out / "datahub-nightly-web.cron").read_text()
+    entries = [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(entries) == 1 and "crontab" in text  # the header says how to install it
+    fields = entries[0].split(None, 5)
+    assert fields[:5] == ["0", "3", "*", "*", "*"]
+    command = shlex.split(fields[5])
+    assert command[:3] == ["flock", "-n", command[2]] and command[2].startswith("/")
+    executable, *args = command[3:]
+    assert os.path.isabs(executable) and os.access(executable, os.X_OK), executable
+    assert args == ["run", str(jobs[0].resolve()), "--lake", str(tmp_path / "lake")]
+    hourly = [line for line in (out / "datahub-hourly-code.cron").read_text().splitlines() if line.startswith("@hourly ")]
+    assert len(hourly) == 1
+    # the command as cron runs it: from / with cron's PATH; --check validates the spec and lists the inputs
+    bare = subprocess.run(["/bin/sh", "-c", fields[5] + " --check --json"], cwd="/", capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RAY_AUTH_MODE": "disabled"})
+    assert bare.returncode == 0, bare.stderr
+    assert json.loads(bare.stdout)["lake"] == str(tmp_path / "lake")
+
+
+def test_relative_inputs_for_a_cronjob_name_the_images_workdir(tmp_path):
+    """Settled: relative inputs stay refused for k8s CronJobs. The pod resolves them against its image's WORKDIR,
+    not the checkout you render from, where they look right; data baked into the image has an absolute path there.
+    The message says so and gives that path (before, it only said 'the scheduler's working directory')."""
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=1)
+    raw = {**job_raw(corpus, "s3://lake/prod"), "schedule": "@daily"}
+    raw["inputs"] = [{**raw["inputs"][0], "uri": "data/demo/*.jsonl.*"}]
+    job = write_job(tmp_path / "rel-inputs.yaml", raw)
+    with pytest.raises(SpecError, match=r"inputs.0.uri: 'data/demo/\*.jsonl.\*' is a relative path.*image's WORKDIR "
+                                        r"\(/opt/datahub in docker/Dockerfile\).*'/opt/datahub/data/demo/\*.jsonl.\*'"):
+        render_jobs([job], target="k8s-cronjob", out=tmp_path / "out")
+    with pytest.raises(SpecError, match=r"relative path.*cron starts the job in the crontab owner's home directory"):
+        render_jobs([job], target="cron", out=tmp_path / "out")

@@ -11,22 +11,23 @@ from datahub.cli.output import console, print_json
 
 
 def register(app: typer.Typer) -> None:
-    group = typer.Typer(help="Run jobs on a schedule with an existing scheduler (Kubernetes, Airflow).",
+    group = typer.Typer(help="Run jobs on a schedule with an existing scheduler (cron, Kubernetes, Airflow).",
                         no_args_is_help=True)
     app.add_typer(group, name="schedule")
 
     @group.command("render")
     def render(
         jobs: list[Path] = typer.Argument(..., help="Job spec YAML files with a `schedule:` cron field."),
-        target: str = typer.Option(..., "--target", help="k8s-cronjob | airflow"),
-        out: Path = typer.Option(Path("deploy"), "--out", help="Directory to write manifests / DAG files into."),
+        target: str = typer.Option(..., "--target", help="k8s-cronjob | airflow | cron (a crontab line)."),
+        out: Path = typer.Option(Path("deploy"), "--out", help="Directory to write manifests / DAG files / crontab lines into."),
         image: str = typer.Option("datahub:latest", "--image", help="Container image for k8s-cronjob (see docker/)."),
         lake: Optional[str] = typer.Option(None, "--lake", help="Pass --lake to `datahub run` (lake root as seen by the scheduled pod/worker)."),
-        jobs_dir: Optional[str] = typer.Option(None, "--jobs-dir", help="airflow: where the job files live on the workers."),
+        jobs_dir: Optional[str] = typer.Option(None, "--jobs-dir", help="airflow, cron: where the job files live on the workers / cron host (default: their absolute path here)."),
         namespace: Optional[str] = typer.Option(None, "--namespace", help="k8s-cronjob: metadata.namespace."),
         as_json: bool = typer.Option(False, "--json", help="Print the written files as JSON."),
     ) -> None:
-        """Write one CronJob manifest (concurrencyPolicy Forbid) or Airflow DAG per job; each calls `datahub run`."""
+        """Write one CronJob manifest (concurrencyPolicy Forbid), Airflow DAG or crontab line (flock -n) per job; each
+        calls `datahub run`. Lake and input paths must be absolute (a scheduled run does not start in this directory)."""
         from datahub.schedule.render import Target, render_jobs
 
         written = render_jobs([str(j) for j in jobs], target=cast(Target, target), out=out, image=image, lake=lake,
