@@ -129,3 +129,24 @@ def test_the_resume_hint_of_a_run_on_a_lake_yaml_names_the_yaml(tmp_path):
     runs = datahub("runs", "--lake", str(lake_file))
     assert runs.returncode == 0, runs.stderr
     assert f"datahub run {REPO / 'jobs/demo.yaml'} --lake {lake_file}" in runs.stdout, runs.stdout
+
+
+def test_quarantine_of_a_mistyped_run_id_names_the_runs_that_quarantined(tmp_path):
+    """`datahub quarantine --run RUN` with a run id one character off said "nothing quarantined" (as for a run
+    that quarantined nothing), so the user believed the run was clean; now the line names the runs that did."""
+    from tests.cli.conftest import make_small_lake
+
+    lake = make_small_lake(tmp_path)  # a.jsonl has no bad record: add a run that quarantines one
+    (tmp_path / "b.jsonl").write_text('{"text": "a fine record about rivers"}\n{not json\n')
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.run import run_job
+
+    spec = validate_job_spec({"name": "small", "lake": {"root": str(lake)},
+                              "inputs": [{"uri": str(tmp_path / "*.jsonl")}], "graph": {"samples": {"sink": "samples"}}})
+    run_id = run_job(spec, engine=ArrowEngine()).run_id
+    right = datahub("quarantine", "--lake", str(lake), "--run", run_id, "--examples", "0")
+    assert right.returncode == 0 and "invalid_json" in right.stdout, right.stdout + right.stderr
+    typo = datahub("quarantine", "--lake", str(lake), "--run", run_id[:-1] + "x")
+    assert typo.returncode == 0, typo.stderr
+    assert f"by run {run_id[:-1] + 'x'!r}" in typo.stdout and f"did you mean {run_id!r}?" in typo.stdout, typo.stdout

@@ -48,6 +48,21 @@ def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | N
     return out
 
 
+def _other_runs(root: str, run: str) -> str:
+    """A mistyped --run id must not read as a clean run: the runs that did quarantine records, the closest first."""
+    from datahub.cli.lake_option import open_lake
+    from datahub.close_names import did_you_mean
+
+    lake = open_lake(root)
+    if not lake.exists("quarantine"):
+        return ""
+    runs = sorted(set(lake.read("quarantine", columns=["run_id"]).column("run_id").unique().to_pylist()) - {None, run})
+    if not runs:
+        return ""
+    listed = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
+    return f" (runs that quarantined records: {listed}{did_you_mean(run, runs)})"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("quarantine")
     def quarantine(
@@ -69,7 +84,9 @@ def register(app: typer.Typer) -> None:
             present = [] if reason is None else [item["reason"] for item in
                                                  quarantine_summary(lake, job_run=run, examples=0)["reasons"]]
             out.print(f"nothing quarantined in {plain(summary['lake'])}" + (f" with reason {plain(reason)}" if reason else "")
-                      + (f" (reasons there: {plain(', '.join(sorted(present)))})" if present else ""), soft_wrap=True)
+                      + (f" by run {plain(repr(run))}" if run else "")
+                      + (f" (reasons there: {plain(', '.join(sorted(present)))})" if present else "")
+                      + (plain(_other_runs(lake, run)) if run else ""), soft_wrap=True)
             return
         grid = Table(title=f"quarantine in {plain(summary['lake'])}: {summary['total']} records")
         grid.add_column("reason", overflow="fold")
