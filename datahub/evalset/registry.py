@@ -27,8 +27,11 @@ from datahub.sample_id import sample_ids
 from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE
 
 PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
-ANSWER_FIELDS = ("answer", "output", "target", "label", "solution", "completion", "response")
-ID_FIELDS = ("id", "item_id")
+ANSWER_FIELDS = ("answer", "output", "target", "label", "solution", "canonical_solution", "completion", "response")
+ID_FIELDS = ("id", "item_id", "task_id", "question_id")  # HumanEval's task_id, MT-Bench's question_id
+# chat benchmarks: OpenAI messages, ShareGPT conversations, MT-Bench turns (a list of user turns)
+CONVERSATION_FIELDS = ("messages", "conversations", "turns")
+ANSWER_ROLES = frozenset({"assistant", "gpt", "model", "bot", "chatgpt"})
 EVALSET_OP = "evalset.add@1"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -67,6 +70,34 @@ def _pick(record: dict[str, Any], fields: tuple[str, ...]) -> Any:
     return None
 
 
+def _content(message: Any) -> tuple[str | None, str | None]:
+    """(role, text) of one message: OpenAI {role, content (a string or text parts)}, ShareGPT {from, value}, or a
+    plain string (an MT-Bench user turn)."""
+    if isinstance(message, str):
+        return "user", message
+    if not isinstance(message, dict):
+        return None, _text(message)
+    role = message.get("role", message.get("from"))
+    content = message.get("content", message.get("value"))
+    if isinstance(content, list):  # OpenAI content parts: the text ones
+        content = "\n".join(p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return (str(role).lower() if role is not None else None), _text(content)
+
+
+def _conversation(record: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(prompt, answer) of a chat item: every non-assistant turn, then every assistant turn, one per line."""
+    turns = _pick(record, CONVERSATION_FIELDS)
+    if not isinstance(turns, list):
+        return None, None
+    prompt: list[str] = []
+    answer: list[str] = []
+    for message in turns:
+        role, text = _content(message)
+        if text:
+            (answer if role in ANSWER_ROLES else prompt).append(text)
+    return ("\n".join(prompt) or None), ("\n".join(answer) or None)
+
+
 def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -98,8 +129,11 @@ def read_items(path: str | Path) -> pa.Table:
     for number, (line, record) in enumerate(_records(path)):
         prompt, answer = _text(_pick(record, PROMPT_FIELDS)), _text(_pick(record, ANSWER_FIELDS))
         if prompt is None and answer is None:
+            prompt, answer = _conversation(record)
+        if prompt is None and answer is None:
             raise SpecError(f"{path}:{line}: no prompt or answer text; expected one of the fields "
-                            f"{', '.join(PROMPT_FIELDS)} and/or {', '.join(ANSWER_FIELDS)} (got {', '.join(sorted(record)) or 'none'})")
+                            f"{', '.join(PROMPT_FIELDS)} and/or {', '.join(ANSWER_FIELDS)}, or a conversation in "
+                            f"{', '.join(CONVERSATION_FIELDS)} (got {', '.join(sorted(record)) or 'none'})")
         item_id = _pick(record, ID_FIELDS)
         ids.append(str(item_id) if item_id is not None else str(number))
         prompts.append(prompt)

@@ -66,7 +66,7 @@ def test_a_release_made_before_the_eval_set_was_registered_is_checked_by_name(tm
 
     dirty = datahub("evalset", "check", "--release", "r1", "--lake", lake)
     assert dirty.returncode == 1, dirty.stdout + dirty.stderr
-    assert "release r1 (samples v1)" in dirty.stdout and f"{sample_id_of(LEAKED)} (bench@1:q7)" in dirty.stdout, dirty.stdout
+    assert "release r1: 1 sample(s) of samples v1 overlap" in dirty.stdout and f"{sample_id_of(LEAKED)} (bench@1:q7)" in dirty.stdout, dirty.stdout
     as_json = datahub("evalset", "check", "--release", "r1", "--lake", lake, "--json")
     assert as_json.returncode == 1
     found = json.loads(as_json.stdout)

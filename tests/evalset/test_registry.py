@@ -78,3 +78,27 @@ def test_bad_names_and_unknown_sets(tmp_path):
     add_evalset(lake, "bench", path)
     with pytest.raises(LakeError, match=r"missing not registered.*registered: bench"):
         load_index(lake, ["missing"])
+
+
+def test_chat_and_code_benchmark_layouts_are_read_whole(tmp_path):
+    """The chat demo's next step is a chat benchmark: its items are conversations (OpenAI `messages`, ShareGPT
+    `conversations`, MT-Bench `turns` with `question_id`), and HumanEval's answer is `canonical_solution` under a
+    `task_id`. Before, the first three were refused ("no prompt or answer text ... (got messages)") and HumanEval
+    registered its prompt only (so a leaked solution was never matched) under positional ids."""
+    path = tmp_path / "bench.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "c1", "messages": [{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": [{"type": "text", "text": "How do I list files?"}]},
+                                  {"role": "assistant", "content": "Use ls -la in the directory."}]},
+        {"id": "s1", "conversations": [{"from": "human", "value": "What is a symlink?"},
+                                       {"from": "gpt", "value": "A file that points at another path."}]},
+        {"question_id": 81, "category": "writing", "turns": ["Compose a travel blog post.", "Rewrite it in limericks."]},
+        {"task_id": "HumanEval/0", "prompt": "def add(a, b):\n", "canonical_solution": "    return a + b\n"},
+    ]) + "\n")
+    items = read_items(path).to_pylist()
+    assert [i["item_id"] for i in items] == ["c1", "s1", "81", "HumanEval/0"]
+    assert items[0]["prompt"] == "Be brief.\nHow do I list files?" and items[0]["answer"] == "Use ls -la in the directory."
+    assert items[1]["prompt"] == "What is a symlink?" and items[1]["answer"] == "A file that points at another path."
+    assert items[2]["prompt"] == "Compose a travel blog post.\nRewrite it in limericks." and items[2]["answer"] is None
+    assert items[3]["answer"] == "    return a + b\n"
+    assert items[3]["text"] == "def add(a, b):\n\n    return a + b\n"

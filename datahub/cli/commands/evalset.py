@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
     def add(
         name: str = typer.Argument(..., help="Eval set name, e.g. mmlu (refs read NAME@VERSION:ITEM)."),
         path: str = typer.Argument(..., help="JSONL (.gz) or Parquet: one item per record with prompt/question and "
-                                             "answer/output fields, optional id."),
+                                             "answer/output fields, or a conversation (messages, conversations, "
+                                             "turns); optional id (id, task_id, question_id)."),
         lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
@@ -102,7 +103,8 @@ def register(app: typer.Typer) -> None:
         elif not found.evalsets:
             console().print("no eval sets registered: nothing to check against")
         elif found.count:  # the description's "[set@1: n sample(s)]" is text, not Rich markup
-            console().print(f"[bold red]contaminated[/]: {plain(what)}: {plain(found.describe())}", soft_wrap=True)
+            named = f"release {release}: " if release is not None else ""
+            console().print(f"[bold red]contaminated[/]: {plain(named + found.describe())}", soft_wrap=True)
         else:
             console().print(f"[green]clean[/]: {found.rows_checked} rows of {plain(what)} share no "
                             f"{ngram}-gram with {', '.join(found.evalsets)}")
