@@ -18,9 +18,9 @@ def _help(*path: str) -> str:
 
 
 @pytest.mark.parametrize("path, verdict", [
-    (("qa",), "exit 1 when a suite fails"),
-    (("lineage",), "exit 1 when nothing is found"),
-    (("evalset", "check"), "exit 1 when any does"),
+    (("qa",), "Exit 1 when a suite fails"),
+    (("lineage",), "Exit 1 when nothing is found"),
+    (("evalset", "check"), "Exit 1 when any does"),
 ])
 def test_verdict_commands_state_their_exit_codes(path, verdict):
     text = _help(*path)

@@ -73,8 +73,9 @@ def register(app: typer.Typer) -> None:
         min_overlap: int = typer.Option(1, "--min-overlap", min=1, help="Matching n-grams that make a sample contaminated."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Count samples of a table version (or of a release) that share n-grams with the registered eval sets
-        (streamed); exit 1 when any does, naming the eval sets and example sample ids."""
+        """Count samples of a table version (or of a release) that share n-grams with the registered eval sets (streamed).
+
+        Exit 1 when any does, naming the eval sets and example sample ids."""
         from datahub.cli.lake_option import open_lake
         from datahub.cli.output import progress
         from datahub.errors import SpecError

@@ -72,8 +72,9 @@ def register(app: typer.Typer) -> None:
         source: Optional[str] = typer.Option(None, "--source", help="An input file URI: what became of each record."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """The story of one sample (origin, operators, drops, releases, exports), or of one input file; exit 1
-        when nothing is found (an unknown sample id or source)."""
+        """The story of one sample (origin, operators, drops, releases, exports), or of one input file.
+
+        Exit 1 when nothing is found (an unknown sample id or source)."""
         from datahub.cli.lake_option import open_lake
         from datahub.lineage import optimize_lineage, sample_lineage, source_lineage
 

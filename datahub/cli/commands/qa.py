@@ -26,8 +26,9 @@ def register(app: typer.Typer) -> None:
         address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address or Spark master URL "
                                               "(default: an embedded local engine)."),
     ) -> None:
-        """Validate a table version against QA suites and record the outcome in qa_results; exit 1 when a suite
-        fails (the version is then unreleasable), 2 on a usage error."""
+        """Validate a table version against QA suites and record the outcome in qa_results.
+
+        Exit 1 when a suite fails (the version is then unreleasable), 2 on a usage error."""
         from datahub.cli.lake_option import open_lake
         from datahub.qa import run_suites
 
