@@ -66,13 +66,18 @@ class SampleStory:
         return dict(self.__dict__)
 
 
+def _pipeline_events(sample_id: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pipeline's events about the sample itself: not a release's, and not the drop of another copy of it (a
+    drop whose dup_of is this very id dropped another record with the same content, a second copy in the inputs
+    or a page seen again by a later run: the sample itself lives on in the kept record)."""
+    return [e for e in events if not (e["run_id"] or "").startswith("release/")
+            and not (isinstance(e["ref"], dict) and e["ref"].get("dup_of") == sample_id)]
+
+
 def _fate(sample_id: str, events: list[dict[str, Any]]) -> str:
     if not events:
         return "unknown"
-    # a drop whose dup_of is this very id dropped another record with the same content (a second copy in the
-    # inputs, or a page seen again by a later run): the sample itself lives on in the kept record
-    pipeline = [e for e in events if not (e["run_id"] or "").startswith("release/")
-                and not (isinstance(e["ref"], dict) and e["ref"].get("dup_of") == sample_id)]
+    pipeline = _pipeline_events(sample_id, events)
     if any(e["action"] == "quarantined" for e in pipeline):
         return "quarantined"
     if any(e["action"] == "dropped" for e in pipeline):
@@ -154,7 +159,9 @@ def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
             by_id.setdefault(event["sample_id"], []).append(event)
         for record in records.values():
             story = story_from_events(record["sample_id"], by_id.get(record["sample_id"], []))
-            last_drop = next((e for e in reversed(story.events) if e["action"] in ("dropped", "quarantined")), None)
+            # the drop that decided the fate (the one _fate counts), else a release's take-down
+            deciding = _pipeline_events(record["sample_id"], story.events) if story.fate != "redacted" else story.events
+            last_drop = next((e for e in reversed(deciding) if e["action"] in ("dropped", "quarantined")), None)
             record.update(fate=story.fate, releases=story.releases,
                           reason=last_drop["reason"] if last_drop and story.fate != "kept" else None,
                           op=last_drop["op"] if last_drop and story.fate != "kept" else None,

@@ -33,3 +33,23 @@ def test_a_sample_whose_second_copy_was_dropped_is_kept(tmp_path):
     assert sample_lineage(lake, sample_id_of(ONCE)).fate == "kept"
     records = source_lineage(lake, str(source)).records
     assert [r["fate"] for r in records] == ["kept", "kept", "kept"]  # one sample id, kept (from its first record)
+
+
+def test_a_file_story_gives_the_drop_that_decided_the_fate(tmp_path):
+    """A sample whose content came twice and was then dropped by a later operator: the file's story showed the
+    second copy's 'exact_duplicate' (dup_of the sample itself) as the reason when that event sorted last, while the
+    sample is gone because of the later drop (seen on the image demo: image_exact_dedup named instead of
+    image_dedup's near_duplicate)."""
+    short_twice = "a short page seen twice"
+    source = tmp_path / "a.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in (short_twice, ONCE, short_twice)))
+    spec = validate_job_spec({"name": "twice", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": str(source)}],
+                              "graph": {"exact": {"op": "exact_dedup"},
+                                        "length": {"op": "length_filter", "params": {"min_chars": 40}, "after": ["exact"]},
+                                        "samples": {"sink": "samples", "after": ["length"]}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = Lake(tmp_path / "lake")
+    assert sample_lineage(lake, sample_id_of(short_twice)).fate == "dropped"
+    records = source_lineage(lake, str(source)).records
+    assert [(r["fate"], r["reason"], r["op"]) for r in records] == [
+        ("dropped", "too_few_chars", "length_filter@1"), ("kept", None, None), ("dropped", "too_few_chars", "length_filter@1")]
