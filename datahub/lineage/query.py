@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 from datahub.lake.lake import Lake
 
 LINEAGE_TABLE = "lineage"
+SCAN_ROWS = 16_384  # rows per batch of a scan over the whole lineage table (a --source lookup)
 # Order of actions inside one run (events of one run share a timestamp).
 _ACTION_ORDER = {"ingested": 0, "modified": 1, "annotated": 2, "quarantined": 3, "dropped": 4, "released": 5, "exported": 6}
 
@@ -142,11 +143,12 @@ def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
     records: dict[tuple[int, str | None], dict[str, Any]] = {}
     if lake.exists(LINEAGE_TABLE):
         needle = json.dumps(source_uri)
-        ingested = lake.dataset(LINEAGE_TABLE).to_table(
-            columns=["sample_id", "ref", "run_id"], filter=ds.field("action") == "ingested"
-        )
-        ingested = ingested.filter(pc.match_substring(ingested.column("ref"), needle))
-        for row in ingested.to_pylist():
+        # streamed: the lake's ingested events are read a batch at a time and only this file's are kept
+        scanner = lake.dataset(LINEAGE_TABLE).scanner(columns=["sample_id", "ref", "run_id"], batch_size=SCAN_ROWS,
+                                                      filter=ds.field("action") == "ingested",
+                                                      fragment_readahead=1, batch_readahead=1)  # pyarrow: 4 and 16
+        matched = (batch.filter(pc.match_substring(batch.column("ref"), needle)) for batch in scanner.to_batches())
+        for row in (row for batch in matched for row in batch.to_pylist()):
             ref = _ref(row["ref"])
             if isinstance(ref, dict) and ref.get("source_uri") == source_uri:
                 offset = int(ref["source_offset"])
