@@ -64,10 +64,11 @@ from datahub.export.source import TableSource
 from datahub.export.spill import BUCKET_BYTES, BucketSpill, RecordSpill, buckets_allowed
 from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive
-from datahub.export.write import ROUTED, ShardDone, ShardWriter, shard_name
+from datahub.export.write import ROUTED, ShardDone, ShardWriter, hashing_thread, shard_name
 from datahub.export.exported_lineage import commit_shard_index
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
+from datahub.progress import Progress
 from datahub.release.records import get_release
 from datahub.storage.config import StorageConfig
 from datahub.storage.tier import STALE_PARTIAL_S, Tier
@@ -82,8 +83,11 @@ FORMAT = "webdataset-ustar-1"
 _RELEASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNITS = {"": 1, "b": 1, "kb": 1000, "mb": 1000**2, "gb": 1000**3, "kib": 1024, "mib": 1024**2, "gib": 1024**3}
 
-Progress = Callable[..., None]
 EngineChoice = Literal["local", "ray", "spark"] | Engine
+
+
+def _no_progress(stage: str, done: int, total: int | None) -> None:
+    """The ``progress`` of a caller that passes none."""
 
 
 def parse_size(value: str | int) -> int:
@@ -151,7 +155,7 @@ def export_table_version(
     if shuffle_seed is not None:
         settings["order"] = ORDER  # exports before the keyed order have no "order": their key differs
     export_key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
-    report = progress or (lambda stage, done, total=None: None)
+    report = progress or _no_progress
     source = TableSource(lake, table, int(version))
     sweep_stale(EXPORT_PREFIX, parent=spill_dir)  # what killed exports left (their runs: the release's size)
 
@@ -645,11 +649,12 @@ def _write_shards(built: Iterator[_Built], writer: ShardWriter, *, upload_worker
     gap is ignored by ``_Journal.verified``, so a re-run uploads from the first unjournalled shard (same bytes).
     """
     tier = writer.tier()
-    with ThreadPoolExecutor(max_workers=upload_workers, thread_name_prefix="datahub-export-upload") as pool:
+    with hashing_thread() as hasher, \
+            ThreadPoolExecutor(max_workers=upload_workers, thread_name_prefix="datahub-export-upload") as pool:
         pending: deque[Future[ShardDone]] = deque()
         try:
             for shard in built:
-                pending.append(pool.submit(writer.publish, shard.index, shard.body, tier=tier))
+                pending.append(pool.submit(writer.publish, shard.index, shard.body, tier=tier, hasher=hasher))
                 del shard  # the future holds the bytes until uploaded
                 while len(pending) > upload_workers:
                     yield pending.popleft().result()

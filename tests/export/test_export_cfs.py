@@ -390,3 +390,25 @@ def test_shards_go_to_a_cfs_tier_with_o_direct_from_the_export_buffers_as_the_sa
         data = Path(shard.replicas["direct"]).read_bytes()
         assert (len(data), hashlib.sha256(data).hexdigest()) == (shard.size, shard.sha256)
         assert data == Path(buffered.replicas["buffered"]).read_bytes()
+
+
+def test_a_local_export_hashes_its_shards_on_one_thread_started_once(tmp_path, monkeypatch) -> None:
+    """The shards of a local export are hashed on one long-lived thread of the export (while each is written), not on
+    a thread started per shard; the manifest's sha256s are the shards' bytes."""
+    import threading
+
+    started: list[str] = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        started.append(self.name)
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    lake, version = make_lake(tmp_path / "lake", 120)
+    manifest = _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs")), shard_samples=20)
+    assert len(manifest.shards) == 6
+    assert len([name for name in started if name.startswith("datahub-export-sha256")]) == 1
+    for shard in manifest.shards:
+        data = Path(shard.replicas["cfs"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == shard.sha256
