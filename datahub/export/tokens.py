@@ -12,11 +12,15 @@ Flow (the release is never held in one process, nor its ids: the driver plans on
    and only ``(sample_id, tokens)`` comes back; the driver orders the documents and cuts files at ``file_tokens``
    on local disk, key bucket by key bucket (``datahub.export.plan.SummaryPlan``, as the text export);
 2. write: every staged data file is read back and each document routed to its file by the files' first keys
-   (``ShardRouter``). On an engine a file's documents are grouped by its shuffle, ordered and written whole by
-   one task through the write seam (``TokenFileWriter``); in this process they are routed to runs of about
-   ``CHUNK_BYTES`` of their file's export order (``FileChunks``) and spilled to local disk by run, and a file is
-   streamed a run at a time (``StreamedTokenFile``): ``.bin`` from the spill, ``.ids`` and ``.idx`` from the plan,
-   so its size (``file_tokens``) does not set this process's memory. Each part's size and sha256 come back;
+   (``ShardRouter``). In this process they are routed to runs of about ``CHUNK_BYTES`` of their file's export
+   order (``FileChunks``) and spilled to local disk by run, and a file is streamed a run at a time
+   (``StreamedTokenFile``): ``.bin`` from the spill, ``.ids`` and ``.idx`` from the plan. On Ray they are routed to
+   the same chunks and kept sorted on the workers' disks (``spill_runs``), and one task per file gathers its
+   chunks one after the other (``write_pieces``); on Spark a file's documents are sorted by the shuffle in export
+   order and streamed to one task in batches (``write_sorted``); an engine task writes ``.bin`` as the documents
+   come and ``.ids``/``.idx`` from what it kept of them on its disk (``OrderedTokenFile``, the write seam's
+   ``TokenFileWriter``). So a file's size (``file_tokens``) sets no process's memory. Each part's size and sha256
+   come back;
 3. lineage: ``exported`` events (ref: the file's prefix URI and the document's index in it), one commit;
 4. the manifest, last: in the tier's token folder, then under the lake; the ``_partial`` folder is removed.
 
@@ -367,43 +371,6 @@ def _piece_ends(nbytes: np.ndarray) -> np.ndarray:
     return np.asarray(ends, dtype=np.int64)
 
 
-def _joined_chunks(chunks: list[pa.Array], size: int) -> list[pa.Array]:
-    """Runs of consecutive ``chunks`` joined into arrays of about ``size`` bytes, each run let go once joined (one
-    run held twice at a time): a file's documents arrive in thousands of small batches, and a piece is taken chunk
-    by chunk."""
-    joined: list[pa.Array] = []
-    run: list[pa.Array] = []
-    held = 0
-    chunks.reverse()
-    while chunks:
-        chunk = chunks.pop()
-        run.append(chunk)
-        if len(chunk):  # large_binary: the values' own bytes (nbytes of a slice counts its parent's buffers)
-            offsets = np.frombuffer(chunk.buffers()[1], dtype=np.int64)
-            held += int(offsets[chunk.offset + len(chunk)] - offsets[chunk.offset])
-        del chunk
-        if held >= size or not chunks:
-            joined.append(pa.concat_arrays(run) if len(run) > 1 else run[0])
-            run, held = [], 0
-    return joined
-
-
-def _gathered(chunks: list[pa.Array], starts: np.ndarray, rows: np.ndarray) -> pa.Array:
-    """The values at ``rows`` (positions across ``chunks``, which begin at ``starts``), in that order: taken chunk by
-    chunk (``take`` on a ChunkedArray would first join every chunk into one copy, pyarrow 26), then put in order."""
-    rows = rows.astype(np.int64, copy=False)
-    chunk_of = np.searchsorted(starts, rows, side="right") - 1
-    by_chunk = np.argsort(chunk_of, kind="stable")
-    grouped = chunk_of[by_chunk]
-    cuts = np.flatnonzero(grouped[1:] != grouped[:-1]) + 1
-    parts = [chunks[int(chunk_of[group[0]])].take(pa.array(rows[group] - starts[chunk_of[group[0]]]))
-             for group in np.split(by_chunk, cuts) if len(group)]
-    taken = pa.concat_arrays(parts) if parts else chunks[0].slice(0, 0)
-    back = np.empty(len(rows), dtype=np.int64)
-    back[by_chunk] = np.arange(len(rows), dtype=np.int64)
-    return taken.take(pa.array(back))
-
-
 def file_prefix(release: str, index: int) -> str:
     return f"{release}-{index:06d}"
 
@@ -435,47 +402,11 @@ class TokenFileDone:
 
 PIECE_BYTES = 8 * 2**20  # ``.bin`` is written in pieces of about this size (ordered a piece at a time)
 IDS_PIECE = 1 << 16  # ids encoded at a time for .ids (~4 MiB of 64-character ids)
-GATHER_BYTES = 64 * 2**20  # a file's documents are regrouped into arrays of about this size to be taken from
 # A local export spills a file's documents in runs of its export order of about this many routed bytes, and holds one
 # run at a time (read back, about twice) while the file is written, whatever --file-tokens is.
 CHUNK_BYTES = 32 * 2**20
 CHUNK_DOCUMENT_BYTES = 48  # routed bytes of a document besides its tokens and id (file, hash, offsets, arrays' slack)
 RECORDS_PIECE = 1 << 16  # plan records read at a time for a file's runs, .ids, .idx and lineage
-
-
-@dataclass(frozen=True)
-class BuiltTokenFile:
-    """One token file ready to publish: its documents and ids as routed, their export order, and the ``.idx`` bytes.
-    ``.bin`` (the documents in export order) and ``.ids`` are made a piece at a time as they are written, never
-    whole; the tier hashes the pieces as they go by."""
-
-    index: int
-    documents: pa.ChunkedArray  # routed order, in arrays of ~GATHER_BYTES (never one): each document's token bytes
-    ids: pa.Array  # routed order
-    order: pa.Array  # positions in ``ids`` and ``documents``, export order
-    idx: bytes
-    piece_ends: np.ndarray  # export-order document counts at which ``.bin`` pieces end
-
-    def body_pieces(self) -> Iterator[bytes]:
-        chunks = self.documents.chunks
-        starts = np.concatenate([[0], np.cumsum([len(c) for c in chunks], dtype=np.int64)])
-        order = np.asarray(self.order).astype(np.int64)  # sort_indices gives uint64: int64 arithmetic below
-        begin = 0
-        for end in self.piece_ends.tolist():
-            piece = _gathered(chunks, starts, order[begin:end])
-            offsets = np.frombuffer(piece.buffers()[1], dtype=np.int64)[piece.offset:piece.offset + len(piece) + 1]
-            data = piece.buffers()[2]
-            if data is not None and offsets[-1] > offsets[0]:
-                yield data.slice(int(offsets[0]), int(offsets[-1] - offsets[0])).to_pybytes()
-            begin = end
-
-    def ids_pieces(self) -> Iterator[bytes]:
-        """``.ids`` a slice at a time (encoding checks each id: no null, no newline)."""
-        for start in range(0, len(self.order), IDS_PIECE):
-            yield encode_ids(self.ids.take(self.order.slice(start, IDS_PIECE)))
-
-    def idx_pieces(self) -> Iterator[bytes]:
-        yield self.idx
 
 
 def plan_records(plan: BucketPlan, start: int, count: int, *, step: int = RECORDS_PIECE) -> Iterator[pa.Table]:
@@ -624,12 +555,107 @@ class StreamedTokenFile:
         return index_pieces(lengths, count=self.span.samples, dtype=self.dtype)
 
 
+@dataclass
+class OrderedTokenFile:
+    """One token file written by an engine task from its documents as they arrive, a batch at a time: ``batches``
+    are routed rows of this file, each a contiguous range of its export order and the ranges in order (rows within
+    a batch in any order: a Ray write task gets a chunk of several runs' rows, a Spark task sorted batches).
+    ``.bin`` is written batch by batch (each batch ordered and taken a piece at a time); the documents' ids and
+    token counts go to files in ``scratch`` (the task's local disk), from which ``.ids`` and ``.idx`` are then
+    streamed. Memory: one batch, whatever the file's size. Checked as it is written: the batches follow one another
+    in export order, and the file's documents and tokens are the plan's (``.bin`` is published first, so a failed
+    check publishes no part of the file)."""
+
+    index: int
+    where: str
+    batches: Iterator[pa.Table]
+    samples: int  # documents the plan gives the file
+    tokens: int  # tokens counted for it
+    dtype: np.dtype[Any]
+    seeded: bool
+    scratch: str
+
+    @property
+    def _ids_path(self) -> str:
+        return os.path.join(self.scratch, "ids")
+
+    @property
+    def _lengths_path(self) -> str:
+        return os.path.join(self.scratch, "lengths.int64")
+
+    def body_pieces(self) -> Iterator[bytes]:
+        documents_seen, tokens_seen = 0, 0
+        last: tuple[int, str] | None = None  # the export key of the previous batch's last document
+        with open(self._ids_path, "wb") as ids_out, open(self._lengths_path, "wb") as lengths_out:
+            for rows in self.batches:
+                if not rows.num_rows:
+                    continue
+                if pc.any(pc.not_equal(rows["shard"], self.index)).as_py():
+                    raise IntegrityError(f"{self.where}: documents of several token files given to one writer")
+                ids = rows[KEY_COLUMN].combine_chunks()
+                if self.seeded:
+                    hashes = np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
+                    order = pc.sort_indices(pa.table({"h": hashes, "id": ids}),
+                                            sort_keys=[("h", "ascending"), ("id", "ascending")])
+                else:
+                    hashes = np.zeros(len(ids), dtype=np.uint64)
+                    order = pc.sort_indices(ids)
+                positions = np.asarray(order).astype(np.int64)
+                first = (int(hashes[positions[0]]), ids[int(positions[0])].as_py())
+                if last is not None and first <= last:
+                    raise IntegrityError(f"{self.where}: its documents came to the writer out of export order (from "
+                                         f"document {documents_seen}); re-run the export")
+                last = (int(hashes[positions[-1]]), ids[int(positions[-1])].as_py())
+                del hashes
+                documents = rows["tokens"].combine_chunks()
+                del rows
+                ids_out.write(encode_ids(ids.take(order)))
+                del ids
+                offsets = np.frombuffer(documents.buffers()[1], dtype=np.int64)[documents.offset:
+                                                                                documents.offset + len(documents) + 1]
+                nbytes = np.diff(offsets)[positions]  # export order
+                lengths = nbytes // self.dtype.itemsize
+                lengths.tofile(lengths_out)
+                documents_seen += len(lengths)
+                tokens_seen += int(lengths.sum())
+                begin = 0
+                for end in _piece_ends(nbytes).tolist():
+                    piece = documents.take(order.slice(begin, end - begin))
+                    piece_offsets = np.frombuffer(piece.buffers()[1], dtype=np.int64)[piece.offset:
+                                                                                      piece.offset + len(piece) + 1]
+                    data = piece.buffers()[2]
+                    if data is not None and piece_offsets[-1] > piece_offsets[0]:
+                        yield data.slice(int(piece_offsets[0]), int(piece_offsets[-1] - piece_offsets[0])).to_pybytes()
+                    begin = end
+                del documents, order
+        if documents_seen != self.samples:
+            raise IntegrityError(f"{self.where}: {documents_seen} documents routed, the plan has {self.samples}; the "
+                                 "table version changed underneath? re-run the export")
+        if tokens_seen != self.tokens:
+            raise IntegrityError(f"{self.where}: {tokens_seen} tokens written, {self.tokens} counted; the tokenizer "
+                                 "gave different ids on two passes (a nondeterministic tokenizer?)")
+
+    def ids_pieces(self) -> Iterator[bytes]:
+        with open(self._ids_path, "rb") as source:
+            while piece := source.read(PIECE_BYTES):
+                yield piece
+
+    def idx_pieces(self) -> Iterator[bytes]:
+        def lengths() -> Iterator[np.ndarray]:
+            with open(self._lengths_path, "rb") as source:
+                while piece := source.read(8 * RECORDS_PIECE):
+                    yield np.frombuffer(piece, dtype=np.int64)
+
+        return index_pieces(lengths, count=self.samples, dtype=self.dtype)
+
+
 @dataclass(frozen=True)
 class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
     """The token export's sink on the write seam: ``route`` routes documents in reading tasks, ``write`` (an engine
-    task) gets all routed documents of one file, orders them, builds and publishes ``.bin``/``.idx``/``.ids`` and
-    returns its ``TokenFileDone``; a local export publishes a ``StreamedTokenFile`` (a chunk at a time) through the
-    same ``publish``. Picklable (the tokenizer travels as its JSON). No ``abort``: published files stay,
+    task) gets the routed documents of one file a batch at a time in export order (a chunk of Ray's runs, Spark's
+    sorted batches), publishes ``.bin``/``.idx``/``.ids`` as they come (``OrderedTokenFile``) and returns its
+    ``TokenFileDone``; a local export publishes a ``StreamedTokenFile`` (a chunk at a time) through the same
+    ``publish``. Picklable (the tokenizer travels as its JSON). No ``abort``: published files stay,
     journalled, for a re-run to keep."""
 
     release: str
@@ -668,44 +694,7 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         bits = hashes.view(np.int64) if hashes is not None else np.zeros(len(ids), dtype=np.int64)
         return pa.table([pa.array(files, pa.int64()), pa.array(bits, pa.int64()), ids, documents], schema=ROUTED)
 
-    def build(self, rows: pa.Table) -> BuiltTokenFile:
-        """One file's parts from its routed documents (any order in, export order out). The caller hands ``rows``
-        over: its other columns are dropped at once, and no part is copied whole (the documents' batches are joined
-        into arrays of ~``GATHER_BYTES``, a run at a time, and taken in export order a piece at a time as ``.bin``
-        is written; the ids are encoded slice by slice)."""
-        index = int(rows["shard"][0].as_py())
-        where = file_prefix(self.release, index)
-        if pc.any(pc.not_equal(rows["shard"], index)).as_py():
-            raise IntegrityError(f"{where}: documents of several token files given to one writer")
-        if rows.num_rows != self.router.samples[index]:
-            raise IntegrityError(f"{where}: {rows.num_rows} documents routed, the plan has {self.router.samples[index]}; "
-                                 "the table version changed underneath? re-run the export")
-        ids = rows[KEY_COLUMN].combine_chunks()
-        hashes = (np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)
-                  if self.shuffle_seed is not None else None)
-        documents = rows["tokens"]  # a file's documents are held once (ordered a piece at a time)
-        rows_type = documents.type
-        del rows
-        if hashes is not None:
-            order = pc.sort_indices(pa.table({"h": hashes, "id": ids}), sort_keys=[("h", "ascending"), ("id", "ascending")])
-            del hashes
-        else:
-            order = pc.sort_indices(ids)
-        itemsize = self.tokenizer.dtype.itemsize
-        read = documents.chunks
-        del documents  # the batches as read go as they are joined
-        chunks = _joined_chunks(read, GATHER_BYTES)
-        nbytes = np.concatenate([np.zeros(0, dtype=np.int64)] + [
-            np.diff(np.frombuffer(c.buffers()[1], dtype=np.int64)[c.offset:c.offset + len(c) + 1])
-            for c in chunks])[np.asarray(order)]  # export order
-        lengths = nbytes // itemsize
-        if int(lengths.sum()) != self.tokens[index]:
-            raise IntegrityError(f"{where}: {int(lengths.sum())} tokens written, {self.tokens[index]} counted; the "
-                                 "tokenizer gave different ids on two passes (a nondeterministic tokenizer?)")
-        return BuiltTokenFile(index, pa.chunked_array(chunks, rows_type), ids, order,
-                              encode_index(lengths, dtype=self.tokenizer.dtype), _piece_ends(nbytes))
-
-    def publish(self, built: BuiltTokenFile | StreamedTokenFile, *, tier: Tier | None = None) -> TokenFileDone:
+    def publish(self, built: OrderedTokenFile | StreamedTokenFile, *, tier: Tier | None = None) -> TokenFileDone:
         """Publish ``.bin`` (first: a streamed file's checks against the plan run as it is written, so a failed one
         publishes no part), ``.ids`` and ``.idx``, each atomically, streamed a piece at a time and hashed as it is
         written (sizes checked after), then journal the file. (Ids with a newline were refused by the plan.)"""
@@ -725,7 +714,17 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         return done
 
     def write(self, batches: Iterable[pa.Table]) -> TokenFileDone:
-        return self.publish(self.build(pa.concat_tables(list(batches))))
+        """An engine task: one file's routed documents, a batch at a time (each batch a contiguous range of the
+        file's export order, the ranges in order: ``OrderedTokenFile``), published as they come."""
+        stream = iter(batches)
+        first = next((batch for batch in stream if batch.num_rows), None)
+        if first is None:
+            raise IntegrityError(f"release {self.release!r}: a token file writer was given no documents; re-run the export")
+        index = int(first["shard"][0].as_py())
+        with tempfile.TemporaryDirectory(prefix="datahub-token-file-") as scratch:
+            return self.publish(OrderedTokenFile(index, file_prefix(self.release, index), itertools.chain([first], stream),
+                                                 self.router.samples[index], self.tokens[index], self.tokenizer.dtype,
+                                                 self.shuffle_seed is not None, scratch))
 
     def commit(self, results: list[TokenFileDone]) -> list[TokenFileDone]:
         return sorted(results, key=lambda done: done.index)
@@ -779,6 +778,7 @@ def export_table_tokens(
     verify: bool = False,
     spill_dir: str | None = None,
     bucket_rows: int | None = None,
+    chunk_bytes: int | None = None,
 ) -> TokenManifest:
     """Write ``table`` at Delta ``version`` as Megatron token files on ``tier``; return the token manifest.
 
@@ -786,7 +786,9 @@ def export_table_tokens(
     ("local": this process; "ray"/"spark" or a started ``Engine``: tasks, ``workers`` at once). Exporting
     again to a tier that holds them checks the files (size; sha256 too with ``verify``) and rewrites damaged
     ones; to another tier it adds that tier's replicas. The plan is made on local disk (``bucket_rows`` documents a
-    bucket at most, for tests), so the driver's memory does not grow with the release.
+    bucket at most, for tests), so the driver's memory does not grow with the release. A file is written a chunk of
+    about ``chunk_bytes`` of its documents at a time (default ``CHUNK_BYTES``; on Spark a batch of its sorted rows),
+    in this process or in an engine task, so its size (``file_tokens``) does not set the writer's memory.
     """
     import re
 
@@ -796,6 +798,8 @@ def export_table_tokens(
         raise SpecError(f"--file-tokens must be >= 1, got {file_tokens}")
     if workers is not None and workers < 1:
         raise SpecError(f"--workers must be >= 1, got {workers}")
+    if chunk_bytes is not None and chunk_bytes < 1:
+        raise SpecError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     loaded = tokenizer if isinstance(tokenizer, LoadedTokenizer) else \
         load_tokenizer(tokenizer, eod_token=eod_token, add_special_tokens=add_special_tokens)
     target = tier if isinstance(tier, Tier) else _tier(tier, storage)
@@ -849,7 +853,8 @@ def export_table_tokens(
             report("files", len(done), len(plan.spans))
             finished = {d.index for d in done}
             todo = [s.index for s in plan.spans if s.index not in finished]
-            for written in _write(files, staging, writer, plan, todo, running, workers=workers, spill_dir=scratch):
+            for written in _write(files, staging, writer, plan, todo, running, workers=workers, spill_dir=scratch,
+                                  chunk_bytes=chunk_bytes):
                 done.append(written)
                 report("files", len(done), len(plan.spans))
                 checkpoint(f"export-tokens:after_file:{written.index}")
@@ -954,17 +959,21 @@ def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], st
 
 
 def _write(files: list[str], staging: Staging, writer: TokenFileWriter, plan: BucketPlan, todo: list[int],
-           engine: Engine | None, *, workers: int | None, spill_dir: str | None) -> Iterator[TokenFileDone]:
-    """Write the files ``todo`` from the staged tokens, in this process (spill files group the documents by chunk
-    and each file is streamed a chunk at a time) or on an engine (its shuffle groups them, a file to a task)."""
+           engine: Engine | None, *, workers: int | None, spill_dir: str | None,
+           chunk_bytes: int | None = None) -> Iterator[TokenFileDone]:
+    """Write the files ``todo`` from the staged tokens, a chunk of a file's export order at a time wherever they are
+    written: in this process (spill files group the documents by chunk, ``StreamedTokenFile``), on Ray (sorted runs
+    on the workers' disks, a file's task gathers a chunk of them at a time) or on Spark (a file's rows sorted by its
+    shuffle, streamed to its task in batches); an engine task writes through ``OrderedTokenFile``."""
     if not todo:
         return
     only = frozenset(todo) if len(todo) < len(writer.starts) else None
-    if engine is None:
-        tier = writer.tier()
-        chunks = plan_chunks(plan, itemsize=writer.tokenizer.dtype.itemsize)
+    if engine is None or engine.name == "ray":
+        chunks = plan_chunks(plan, itemsize=writer.tokenizer.dtype.itemsize, chunk_bytes=chunk_bytes)
         wanted = None if only is None else frozenset(c for index in todo for c in chunks.of_file(index))
         read = RoutedStaged(staging, writer, wanted, chunks.router)
+    if engine is None:
+        tier = writer.tier()
         with tempfile.TemporaryDirectory(prefix="datahub-tokens-", dir=spill_dir) as directory:
             spill = ShardSpill(directory, ROUTED)
             for file in files:
@@ -976,11 +985,94 @@ def _write(files: list[str], staging: Staging, writer: TokenFileWriter, plan: Bu
                                                        writer.tokenizer.dtype, writer.shuffle_seed is not None),
                                      tier=tier)
         return
-    read = RoutedStaged(staging, writer, only)
-    write_groups = importlib.import_module(f"datahub.engines.{engine.name}.export").write_groups
+    if engine.name == "ray":
+        yield from _write_ray(files, read, writer, chunks, todo, engine, workers=workers, spill_dir=spill_dir)
+        return
+    spark_export = importlib.import_module(f"datahub.engines.{engine.name}.export")
     writer.start()
-    yield from writer.commit(write_groups(engine, files, read=read, key="shard", sink=writer, routed_schema=ROUTED,
-                                          workers=workers))
+    yield from writer.commit(spark_export.write_sorted(
+        engine, files, read=RoutedStaged(staging, writer, only), key="shard", order=("order_hash", KEY_COLUMN),
+        unsigned=("order_hash",), sink=writer, routed_schema=ROUTED, workers=workers))
+
+
+@dataclass(frozen=True)
+class SortedChunkRun:
+    """A Ray write pass's read task over one staged data file: its documents routed to their chunks (``FileChunks``)
+    and sorted by chunk, then export order, kept as a run on the task's disk (``spill_runs``); what comes back is
+    how many of its rows each chunk takes (picklable)."""
+
+    routed: RoutedStaged
+
+    def __call__(self, file: str) -> tuple[pa.Table, pa.Table]:
+        parts = list(self.routed(file))
+        rows = pa.concat_tables(parts) if parts else ROUTED.empty_table()
+        del parts
+        chunk = np.asarray(rows["shard"].combine_chunks(), dtype=np.int64)
+        hashes = np.asarray(rows["order_hash"].combine_chunks(), dtype=np.int64).view(np.uint64)  # 0 unseeded
+        order = pc.sort_indices(pa.table({"c": chunk, "h": hashes, "id": rows[KEY_COLUMN]}),
+                                sort_keys=[("c", "ascending"), ("h", "ascending"), ("id", "ascending")])
+        del hashes
+        sorted_rows = rows.select(RUN_COLUMNS).take(order)
+        del rows
+        taken, counts = np.unique(chunk, return_counts=True)
+        return sorted_rows, pa.table({"chunk": pa.array(taken, pa.int64()), "rows": pa.array(counts, pa.int64())})
+
+
+RUN_COLUMNS = ["order_hash", KEY_COLUMN, "tokens"]  # a run's rows: ROUTED less the chunk (the writer adds the file)
+
+
+def _write_ray(files: list[str], read: RoutedStaged, writer: TokenFileWriter, chunks: FileChunks, todo: list[int],
+               engine: Engine, *, workers: int | None, spill_dir: str | None) -> Iterator[TokenFileDone]:
+    """Ray: tasks route their staged data file's documents to chunks and keep them sorted on their disk (a run); the
+    driver writes, per run, the row where each chunk's rows begin to a file on its disk (runs x chunks int64, read a
+    file's chunks at a time); a task per file then gathers its chunks one after the other from every run and
+    streams them to the writer (``write_pieces``): a task holds about two chunks, not its file."""
+    ray_export = importlib.import_module("datahub.engines.ray.export")
+    directory = os.path.join(spill_dir or tempfile.gettempdir(), f"runs-{os.getpid()}-{id(writer):x}")
+    os.makedirs(directory)
+    runs: list[Any] = []
+    count = len(chunks.starts)
+    bounds = os.path.join(directory, "bounds.int64")
+    try:
+        with open(bounds, "wb") as out:
+            for run, summary in ray_export.spill_runs(engine, files, read=SortedChunkRun(read), directory=directory,
+                                                      workers=workers):
+                rows = np.zeros(count, dtype=np.int64)
+                rows[np.asarray(summary.column("chunk"), dtype=np.int64)] = np.asarray(summary.column("rows"))
+                if int(rows.sum()) != run.rows:
+                    raise IntegrityError(f"{writer.release}: a read task sent chunk counts of {int(rows.sum())} rows "
+                                         f"for a run of {run.rows}; re-run the export")
+                np.concatenate([[0], np.cumsum(rows)]).astype(np.int64).tofile(out)
+                runs.append(run)
+        groups = ((index, _file_pieces(bounds, len(runs), chunks, index, writer.release)) for index in todo)
+        writer.start()
+        written: list[TokenFileDone] = []
+        for done in ray_export.write_pieces(engine, runs, groups, key="shard", sink=writer, workers=workers):
+            written.append(done)
+            yield done
+        writer.commit(written)
+    finally:
+        ray_export.remove_runs(engine, runs, directory)
+
+
+def _file_pieces(bounds: str, runs: int, chunks: FileChunks, index: int, release: str) -> list[list[tuple[int, int, int]]]:
+    """File ``index``'s chunks as slices of the runs, (run, first row, end row) per chunk, from the bounds file
+    (its chunks' columns only); every chunk must get the plan's documents."""
+    first, last = chunks.first[index], chunks.first[index + 1]
+    if not runs:
+        raise IntegrityError(f"{file_prefix(release, index)}: no documents were routed; re-run the export")
+    table = np.memmap(bounds, dtype=np.int64, mode="r", shape=(runs, len(chunks.starts) + 1))
+    columns = np.array(table[:, first:last + 1])
+    del table
+    pieces: list[list[tuple[int, int, int]]] = []
+    for column, chunk in enumerate(range(first, last)):
+        begin, end = columns[:, column], columns[:, column + 1]
+        if int((end - begin).sum()) != chunks.router.samples[chunk]:
+            raise IntegrityError(f"{file_prefix(release, index)}: {int((end - begin).sum())} documents routed to its "
+                                 f"documents {chunks.starts[chunk] - chunks.starts[first]}.., the plan has "
+                                 f"{chunks.router.samples[chunk]}; the table version changed underneath? re-run the export")
+        pieces.append([(run, int(begin[run]), int(end[run])) for run in np.flatnonzero(end > begin).tolist()])
+    return pieces
 
 
 def _journalled(writer: TokenFileWriter, target: Tier, plan: BucketPlan) -> list[TokenFileDone]:

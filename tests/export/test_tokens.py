@@ -492,29 +492,3 @@ def test_a_sample_id_with_a_newline_publishes_no_part_of_its_file(tmp_path) -> N
         export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
                             storage=cfs_storage(("cfs", tmp_path / "cfs")))
     assert not [p for p in (tmp_path / "cfs").rglob("r-*") if p.suffix in (".bin", ".idx", ".ids")]
-
-
-def test_gathered_takes_rows_across_chunks_in_the_order_given() -> None:
-    """``.bin`` pieces are taken from the documents as they were read (many chunks, some empty), never joined."""
-    from datahub.export.tokens import _gathered
-
-    values = [bytes([i % 251]) * (i % 7) for i in range(60)]
-    whole = pa.array(values, pa.large_binary())
-    chunked = pa.chunked_array([whole.slice(0, 13), whole.slice(13, 0), whole.slice(13, 30), whole.slice(43, 17)])
-    starts = np.concatenate([[0], np.cumsum([len(c) for c in chunked.chunks])])
-    rows = np.random.default_rng(3).permutation(60)
-    for piece in (rows, rows[:7], rows[20:21], np.array([59, 0, 13, 12, 43, 42], dtype=np.int64)):
-        assert _gathered(chunked.chunks, starts, piece).to_pylist() == [values[i] for i in piece]
-
-
-def test_joined_chunks_keep_the_values_in_order_in_runs_of_about_the_size() -> None:
-    from datahub.export.tokens import _joined_chunks
-
-    values = [bytes([i % 251]) * (i % 9) for i in range(100)]
-    whole = pa.array(values, pa.large_binary())
-    pieces = [whole.slice(start, 7) for start in range(0, 100, 7)]
-    for size in (1, 40, 10**9):
-        joined = _joined_chunks(list(pieces), size)
-        assert [v for chunk in joined for v in chunk.to_pylist()] == values
-        assert len(joined) == (len(pieces) if size == 1 else 1 if size == 10**9 else len(joined))
-    assert 1 < len(_joined_chunks(list(pieces), 40)) < len(pieces)

@@ -7,8 +7,10 @@ and each write task reads its group's slice of every run (memory-mapped on the s
 run's node otherwise) and hands the rows to the sink. The release is read and encoded once, and nothing large goes
 through the object store: with the embedded Ray's capped store the previous shuffle spilled every encoded row
 through Ray's IO worker (L of benchmarks/release_scale.py: 2.5 GB of shards, the write phase 28 s of 43 s).
+``write_pieces`` (token files) is its write pass for groups larger than a task should hold: a group's task gathers
+its rows a piece (a chunk of a token file's export order) at a time and streams them to the sink.
 
-``write_groups`` (token files): a one-round shuffle through the object store. A read task splits its routed rows into
+``write_groups``: a one-round shuffle through the object store. A read task splits its routed rows into
 ``partitions`` tables by ``key % partitions`` (Ray returns them as separate objects), and each write task gets its
 partition's table from every read task and writes its groups one at a time, in key order. Measured on a 2-core
 machine: Ray Data's ``groupby`` (sample, sort, merge, map_groups: three all-to-all stages) cost about 7 s for
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
@@ -194,12 +196,12 @@ def _write_slices(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run
         return _write_group(task, key, value, runs, slices, local_reads)
 
 
-def _write_group(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run], slices: Sequence[Slice],
-                 local_reads: bool) -> pa.Table:
+def _start_slices(runs: Sequence[Run], slices: Sequence[Slice], local_reads: bool, here: str) -> list[Any]:
+    """The rows of ``slices``: a zero-copy slice of a run on this node, else the ref of a task on the run's node
+    that sends them (started now)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    here = _node()
     parts: list[Any] = []
     for run_index, start, stop in slices:
         run = runs[run_index]
@@ -209,13 +211,25 @@ def _write_group(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run]
             fetch = ray.remote(_fetch_slice).options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(run.node, soft=False), num_cpus=0)
             parts.append(fetch.remote(run.path, start, stop))
+    return parts
+
+
+def _finish_slices(parts: list[Any], key: str, value: int) -> list[pa.Table]:
+    """The tables of ``_start_slices`` (waiting for the fetches), each with the ``key`` column in front."""
+    import ray
+
     fetched = iter(ray.get([p for p in parts if not isinstance(p, pa.Table)]))
     tables = [p if isinstance(p, pa.Table) else next(fetched) for p in parts]
-    keyed = [t.add_column(0, key, pa.array(np.full(t.num_rows, value, dtype=np.int64))) for t in tables if t.num_rows]
+    return [t.add_column(0, key, pa.array(np.full(t.num_rows, value, dtype=np.int64))) for t in tables if t.num_rows]
+
+
+def _write_group(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run], slices: Sequence[Slice],
+                 local_reads: bool) -> pa.Table:
+    keyed = _finish_slices(_start_slices(runs, slices, local_reads, _node()), key, value)
     if not keyed:
         return RESULT.empty_table()
     result = task.over(keyed)
-    del tables, keyed, parts
+    del keyed
     pa.default_memory_pool().release_unused()
     return result
 
@@ -240,6 +254,58 @@ def write_slices(engine: Engine, runs: Sequence[Run], groups: Sequence[tuple[int
                 for table in ray.get(done):
                     yield from task_results(table)
             pending.append(write.remote(write_task, key, value, runs_ref, list(slices), local_reads))
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for table in ray.get(done):
+                yield from task_results(table)
+    finally:  # a failed or abandoned write pass: no task may read the runs once the caller removes them
+        cancel_and_wait(pending)
+
+
+def _write_pieces(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run],
+                  pieces: Sequence[Sequence[Slice]], local_reads: bool) -> pa.Table:
+    """One write task of ``write_pieces``: its group a piece at a time (the next piece's fetches under way)."""
+    with arrow_pool():  # as in ``_spill_run``
+        result = task.over(_gathered_pieces(key, value, runs, pieces, local_reads))
+    pa.default_memory_pool().release_unused()
+    return result
+
+
+def _gathered_pieces(key: str, value: int, runs: Sequence[Run], pieces: Sequence[Sequence[Slice]],
+                     local_reads: bool) -> Iterator[pa.Table]:
+    here = _node()
+    upcoming = _start_slices(runs, pieces[0], local_reads, here) if pieces else []
+    for number in range(len(pieces)):
+        current = upcoming
+        upcoming = _start_slices(runs, pieces[number + 1], local_reads, here) if number + 1 < len(pieces) else []
+        keyed = _finish_slices(current, key, value)
+        del current
+        if keyed:
+            yield pa.concat_tables(keyed)
+        del keyed
+
+
+def write_pieces(engine: Engine, runs: Sequence[Run], groups: Iterable[tuple[int, Sequence[Sequence[Slice]]]], *,
+                 key: str, sink: Sink[R, Any], workers: int | None = None, local_reads: bool = True) -> Iterator[R]:
+    """``write_slices`` for groups larger than a task should hold: a group is (its ``key`` value, its pieces, each
+    a list of slices of the runs), and its task hands the sink's ``write`` one batch per piece, gathered when the
+    sink asks for it (a lazy iterable; the next piece's remote slices are fetched meanwhile), so the task holds
+    about two pieces of its group at a time. A batch is a piece's rows of every run, with the ``key`` column in
+    front; a piece without rows gives no batch. Yields the tasks' results as they finish."""
+    import ray
+
+    parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    write = ray.remote(_write_pieces)
+    write_task = WriteTask(sink)
+    runs_ref: Any = ray.put(list(runs))
+    pending: list[Any] = []
+    try:
+        for value, pieces in groups:
+            if len(pending) >= parallel:
+                done, pending = ray.wait(pending, num_returns=1)
+                for table in ray.get(done):
+                    yield from task_results(table)
+            pending.append(write.remote(write_task, key, value, runs_ref, [list(p) for p in pieces], local_reads))
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for table in ray.get(done):

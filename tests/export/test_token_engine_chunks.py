@@ -1,0 +1,244 @@
+"""An engine's token export writes a file a chunk of its export order at a time, as the local export does: Ray's
+write task gathers one chunk of the sorted runs after the other, Spark's streams the batches of its sorted rows, and
+the files (and the manifest's sizes and sha256s) are the bytes of a local export whatever the chunk, the batch and
+the number of workers. The writer is measured in the engines' own tasks: no batch it is handed holds more than a
+chunk (a document larger than one alone), and Arrow's memory does not grow from batch to batch of a file."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from datahub.engines.sink import Sink
+from datahub.export import tokens
+from datahub.export.tokens import CHUNK_DOCUMENT_BYTES, TokenFileDone, TokenFileWriter, export_table_tokens
+from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
+from tests.export.helpers import cfs_storage
+from tests.export.test_tokens import expected, make_lake, read_all, train_tokenizer
+
+pytest.importorskip("tokenizers")
+
+CHUNK = 300  # routed bytes of a chunk: one to three documents of the test lake
+
+
+def _routed_bytes(batch: pa.Table) -> int:
+    """What ``plan_chunks`` counts of a batch: its tokens' and ids' bytes, and ``CHUNK_DOCUMENT_BYTES`` a document."""
+    tokens_bytes = int(pc.sum(pc.binary_length(batch.column("tokens"))).as_py() or 0)
+    id_bytes = int(pc.sum(pc.binary_length(batch.column("sample_id"))).as_py() or 0)
+    return tokens_bytes + id_bytes + CHUNK_DOCUMENT_BYTES * batch.num_rows
+
+
+@dataclass(frozen=True)
+class MeasuredWriter(TokenFileWriter):
+    """The token export's sink, noting in ``log`` (a folder) per file what each batch handed to its task held and
+    Arrow's allocated bytes when each batch arrived (pickled by reference to the engines' tasks)."""
+
+    log: str = ""
+
+    def write(self, batches: Any) -> TokenFileDone:
+        seen: list[dict[str, int]] = []
+
+        def measured() -> Any:
+            for batch in batches:
+                seen.append({"rows": batch.num_rows, "bytes": _routed_bytes(batch),
+                             "allocated": pa.total_allocated_bytes()})
+                yield batch
+                del batch
+
+        done = super().write(measured())
+        with open(os.path.join(self.log, f"{done.index:06d}-{os.getpid()}.json"), "w") as out:
+            json.dump({"index": done.index, "documents": done.documents, "batches": seen}, out)
+        return done
+
+
+def _logged(folder: Path) -> dict[int, dict[str, Any]]:
+    files = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    return {f["index"]: f for f in files}
+
+
+def _same_bytes(local, other, local_tier: str, other_tier: str) -> None:
+    assert [f.prefix for f in local.files] == [f.prefix for f in other.files]
+    for one, two in zip(local.files, other.files, strict=True):
+        for suffix in ("bin", "idx", "ids"):
+            assert Path(two.replicas[other_tier] + "." + suffix).read_bytes() == \
+                Path(one.replicas[local_tier] + "." + suffix).read_bytes()
+            assert (one.part(suffix).size, one.part(suffix).sha256) == (two.part(suffix).size, two.part(suffix).sha256)
+    assert local.release_digest == other.release_digest
+
+
+@pytest.mark.parametrize(("file_tokens", "seed"), [(10**6, 5), (400, None)])
+def test_ray_writes_a_file_a_chunk_at_a_time_the_bytes_of_a_local_export(tmp_path, monkeypatch, ray_engine,
+                                                                         file_tokens, seed) -> None:
+    """Chunks of one to three documents (``chunk_bytes`` 300): with one file of every document, or files of ~400
+    tokens, on 1 and on 2 workers, every batch a write task gets is one chunk (at most ``chunk_bytes`` routed, or a
+    single larger document), a file comes in as many batches as the plan has chunks, Arrow's memory at a file's last
+    batch is within a few chunks of its first, and the bytes are a local export's. Before, a task was handed its
+    whole file in one table (one batch of ~150 documents here)."""
+    lake, version = make_lake(tmp_path / "lake", 150)
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("local", tmp_path / "local"), ("ray1", tmp_path / "ray1"), ("ray2", tmp_path / "ray2"))
+    made: list[tokens.FileChunks] = []
+    real_plan_chunks = tokens.plan_chunks
+
+    def recorded(*args: Any, **kwargs: Any) -> tokens.FileChunks:
+        made.append(real_plan_chunks(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tokens, "plan_chunks", recorded)
+
+    def run(tier: str, **kw: Any):
+        return export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier=tier,
+                                   storage=storage, file_tokens=file_tokens, shuffle_seed=seed, **kw)
+
+    local = run("local")
+    for workers in (1, 2):
+        log = tmp_path / f"log{workers}"
+        log.mkdir()
+        monkeypatch.setattr(tokens, "TokenFileWriter", partial(MeasuredWriter, log=str(log)))
+        remote = run(f"ray{workers}", engine=ray_engine, workers=workers, chunk_bytes=CHUNK)
+        monkeypatch.setattr(tokens, "TokenFileWriter", TokenFileWriter)
+        _same_bytes(local, remote, "local", f"ray{workers}")
+        logged = _logged(log)
+        assert sorted(logged) == list(range(len(local.files)))
+        for file in logged.values():
+            batches = file["batches"]
+            assert all(b["bytes"] <= CHUNK or b["rows"] == 1 for b in batches), batches
+            grown = batches[-1]["allocated"] - batches[0]["allocated"]
+            assert grown <= 4 * CHUNK, batches  # a few chunks, not the file (~150 documents of ~100 B)
+        chunks = made[-1]
+        for index, file in logged.items():
+            batches = file["batches"]
+            assert len(batches) == len(chunks.of_file(index)) >= (20 if file_tokens == 10**6 else 2)
+            assert [b["rows"] for b in batches] == [chunks.router.samples[c] for c in chunks.of_file(index)]
+    order, docs = expected(lake, version, path, seed)
+    ids, read = read_all(remote, "ray2")
+    assert ids == order and read == [docs[i] for i in order]
+
+
+@pytest.mark.parametrize(("file_tokens", "seed"), [(10**6, 5), (400, None)])
+def test_spark_streams_a_file_in_sorted_batches_the_bytes_of_a_local_export(tmp_path, monkeypatch, spark_engine,
+                                                                            file_tokens, seed) -> None:
+    """Spark batches of 7 rows (``spark.sql.execution.arrow.maxRecordsPerBatch``): a file's sorted rows come to its
+    task in batches of at most 7 documents, in export order across batches (the order hash's bits compared as
+    unsigned, as the plan does), and the bytes are a local export's. Before, a task got its whole file (applyInArrow
+    of the file's group)."""
+    lake, version = make_lake(tmp_path / "lake", 150)
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("local", tmp_path / "local"), ("spark", tmp_path / "spark"))
+
+    def run(tier: str, **kw: Any):
+        return export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier=tier,
+                                   storage=storage, file_tokens=file_tokens, shuffle_seed=seed, **kw)
+
+    local = run("local")
+    log = tmp_path / "log"
+    log.mkdir()
+    conf = spark_engine.session.conf
+    before = conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")
+    monkeypatch.setattr(tokens, "TokenFileWriter", partial(MeasuredWriter, log=str(log)))
+    try:
+        remote = run("spark", engine=spark_engine, workers=2)
+    finally:
+        conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
+    monkeypatch.setattr(tokens, "TokenFileWriter", TokenFileWriter)
+    _same_bytes(local, remote, "local", "spark")
+    logged = _logged(log)
+    assert sorted(logged) == list(range(len(local.files)))
+    for file in logged.values():
+        rows = [b["rows"] for b in file["batches"]]
+        assert sum(rows) == file["documents"] and max(rows) <= 7
+        assert len(rows) >= (file["documents"] + 6) // 7
+    assert max(len(f["batches"]) for f in logged.values()) >= (20 if file_tokens == 10**6 else 2)
+    order, docs = expected(lake, version, path, seed)
+    ids, read = read_all(remote, "spark")
+    assert ids == order and read == [docs[i] for i in order]
+
+
+def test_an_order_hash_with_its_top_bit_set_sorts_after_one_without_on_spark(tmp_path, spark_engine) -> None:
+    """``write_sorted`` orders int64 bits as uint64 (``unsigned``): hashes >= 2**63 (negative as Spark's longs) come
+    after the smaller ones, and equal hashes by id; the groups reach the sink in batches in that order."""
+    from datahub.engines.spark.export import write_sorted
+
+    hashes = np.array([3, 2**63 + 5, 2**63 - 1, 2**64 - 1, 3, 0], dtype=np.uint64)
+    ids = ["b", "c", "d", "e", "a", "f"]
+    expected_order = [i for _, i in sorted(zip(hashes.tolist(), ids))]
+    schema = pa.schema([("group", pa.int64()), ("h", pa.int64()), ("id", pa.string())])
+    got = write_sorted(spark_engine, [0, 1], read=_Halves(hashes.view(np.int64).tolist(), ids), key="group",
+                       order=("h", "id"), unsigned=("h",), sink=_Ordered(), routed_schema=schema, workers=2)
+    assert sorted(got) == [(0, expected_order), (1, expected_order)]
+
+
+@dataclass(frozen=True)
+class _Halves:
+    """Task t reads half the rows of both groups (picklable)."""
+
+    hashes: list[int]
+    ids: list[str]
+
+    def __call__(self, task: int) -> Any:
+        take = slice(task * 3, task * 3 + 3)
+        for group in (0, 1):
+            yield pa.table({"group": pa.array([group] * 3, pa.int64()), "h": pa.array(self.hashes[take], pa.int64()),
+                            "id": self.ids[take]})
+
+
+class _Ordered(Sink[Any, Any]):
+    """A sink that returns its group and the ids in the order its batches gave them."""
+
+    def write(self, batches: Any) -> Any:
+        group, seen = None, []
+        for batch in batches:
+            group = batch.column("group")[0].as_py()
+            seen.extend(batch.column("id").to_pylist())
+        return group, seen
+
+    def commit(self, results: Any) -> Any:
+        return results
+
+
+@pytest.mark.parametrize("damage", ["out of order", "lose a document", "shorten a document"])
+def test_an_engine_writer_given_batches_that_disagree_with_the_plan_publishes_no_part(tmp_path, damage) -> None:
+    """``TokenFileWriter.write`` (an engine task) checks as ``.bin`` is written that the batches follow one another
+    in export order and that the file gets the plan's documents and tokens; ``.bin`` is published first, so a
+    failed check leaves no part of the file on the tier. Undamaged, the same batches publish the file."""
+    from datahub.errors import IntegrityError
+    from datahub.export.plan import ShardRouter
+    from datahub.export.tokens import ROUTED, LoadedTokenizer, load_tokenizer
+
+    loaded: LoadedTokenizer = load_tokenizer(train_tokenizer(tmp_path / "tok.json"))
+    texts = pa.array([f"document {i} " + "word " * i for i in range(9)])
+    flat, lengths = loaded.encode(texts)
+    ids = pa.array([f"id-{i:02d}" for i in range(9)], pa.string())
+    rows = pa.table([pa.array([0] * 9, pa.int64()), pa.array([0] * 9, pa.int64()), ids,
+                     tokens.documents_array(flat, lengths)], schema=ROUTED)
+    tier = cfs_storage(("cfs", tmp_path / "cfs")).tier("cfs")
+    writer = TokenFileWriter(release="r", tokenizer=loaded, router=ShardRouter(np.asarray([b"id-00"]), None, (9,)),
+                             shuffle_seed=None, starts=(0,), tokens=(int(lengths.sum()),), tier_name=tier.name,
+                             tier_spec=tier.spec, tier_source=tier.source, folder="tokens-x")
+    batches = [rows.slice(0, 4), rows.slice(4, 5)]
+    if damage == "out of order":
+        batches.reverse()
+    elif damage == "lose a document":
+        batches[1] = batches[1].slice(1)
+    else:
+        documents = batches[1].column("tokens").combine_chunks()
+        shorter = pa.array([documents[0].as_py()[:-2], *documents.slice(1).to_pylist()], pa.large_binary())
+        batches[1] = batches[1].set_column(3, "tokens", shorter)
+    message = {"out of order": "out of export order", "lose a document": "the plan has",
+               "shorten a document": "counted"}[damage]
+    with pytest.raises(IntegrityError, match=message):
+        writer.write(iter(batches))
+    assert not [p for p in (tmp_path / "cfs").rglob("*") if p.is_file()]
+    done = writer.write(iter([rows.slice(0, 4), rows.slice(4, 5)]))
+    assert (done.documents, done.tokens) == (9, int(lengths.sum()))
+    assert (tmp_path / "cfs" / "r" / "tokens-x" / "r-000000.bin").read_bytes() == flat.tobytes()
