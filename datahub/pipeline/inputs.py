@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from datahub.config.spec import InputSpec
@@ -14,19 +17,45 @@ from operators.ingest.base import InputFile, detect_format
 from operators.ingest.stream import file_identity
 
 
+@dataclass(frozen=True)
+class InputListing:
+    """The files a job's inputs match now, and the inputs that matched none (``inputs.N.uri '...' matches no file
+    now``), which only ``empty_ok`` listings return."""
+
+    files: list[InputFile]
+    unmatched: list[str] = field(default_factory=list)
+
+
 def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>",
                      retry: RetryPolicy = DEFAULT_POLICY) -> list[InputFile]:
     """Every file matched by the inputs, sorted by URI; identity = uri + size + etag/mtime.
 
     Listing is retried with backoff when storage does not answer (``StorageError``), so a
     scheduled run that starts during an S3 endpoint restart waits instead of failing.
+    An input that matches no file is an error.
     """
+    return list_inputs(inputs, source=source, retry=retry).files
+
+
+def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: RetryPolicy = DEFAULT_POLICY,
+                empty_ok: bool = False) -> InputListing:
+    """``list_input_files``, and with ``empty_ok`` an input that matches no file is listed in ``unmatched`` instead
+    of refused (a landing directory emptied after earlier runs), unless it is a local path whose directory does
+    not exist (a typo or an unmounted path stays an error; object stores have no directories to check)."""
     files: dict[str, InputFile] = {}
+    unmatched: list[str] = []
     for index, spec in enumerate(inputs):
         options = fsspec_options(spec.storage_options) if any(k.isupper() for k in spec.storage_options) else dict(spec.storage_options)
         protocol, listed = retry_policy(partial(_list, spec, options), retry)
         if not listed:
-            raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file; check the path or glob")
+            missing = _missing_local_directory(spec.uri, protocol)
+            if missing is not None:
+                raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file and its directory "
+                                f"{missing} does not exist; check the path (or the mount)")
+            if not empty_ok:
+                raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file; check the path or glob")
+            unmatched.append(f"inputs.{index}.uri {spec.uri!r} matches no file now")
+            continue
         for path, info in listed:
             uri = path if protocol in ("file", "local") else f"{protocol}://{path}"
             if protocol in ("file", "local") and not uri.startswith("/"):
@@ -43,7 +72,18 @@ def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>",
                 kind=spec.kind,
                 storage_options=tuple(sorted(options.items())) if options else (),
             )
-    return [files[k] for k in sorted(files)]
+    return InputListing([files[k] for k in sorted(files)], unmatched)
+
+
+def _missing_local_directory(uri: str, protocol: str) -> str | None:
+    """The local directory a path or glob lists (the part before its first wildcard), when it does not exist."""
+    if protocol not in ("file", "local"):
+        return None
+    path = uri.removeprefix("file://")
+    parts = Path(os.path.abspath(path)).parts
+    wild = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+    directory = Path(*parts[:wild]) if wild is not None else Path(*parts).parent
+    return None if directory.is_dir() else str(directory)
 
 
 def _list(spec: InputSpec, options: dict[str, Any]) -> tuple[str, list[tuple[str, dict[str, Any]]]]:

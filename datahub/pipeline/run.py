@@ -40,7 +40,7 @@ from datahub.pipeline.context import ProgressFn, RunContext
 from datahub.pipeline.faults import checkpoint
 from datahub.pipeline.graph import Graph, build_graph
 from datahub.pipeline.ingest import IngestFiles
-from datahub.pipeline.inputs import list_input_files
+from datahub.pipeline.inputs import InputListing, list_inputs
 from datahub.pipeline.lease import JobLease
 from datahub.pipeline.resume import PendingRun, committed_version, file_identity, pending_run, planned_files
 from datahub.pipeline.sinks.samples import drain_samples
@@ -64,6 +64,7 @@ class RunResult:
     duration_s: float = 0.0
     error: str | None = None
     resumed: dict[str, Any] | None = None  # the interrupted run this invocation completed first
+    notes: list[str] = field(default_factory=list)  # e.g. an input that matched no file (an emptied landing directory)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -84,6 +85,14 @@ def previous_runs(lake: Lake, job_name: str) -> pa.Table:
         return RUNS.empty_table()
     mask = pc.and_(pc.equal(runs.column("job_name"), job_name), pc.equal(runs.column("status"), "succeeded"))
     return runs.filter(mask).sort_by([("finished", "ascending")])
+
+
+def list_job_inputs(spec: JobSpec, lake: Lake, *, source: str = "<spec>", history: pa.Table | None = None) -> InputListing:
+    """The job's input files now. An input matching no file is an error on the job's first run; once the job has a
+    succeeded run in ``lake`` it is listed in ``unmatched`` (an emptied landing directory: a run with nothing new),
+    unless its local directory does not exist (``list_inputs``)."""
+    history = previous_runs(lake, spec.name) if history is None else history
+    return list_inputs(spec.inputs, source=source, empty_ok=bool(history.num_rows))
 
 
 def ingested_identities(runs: pa.Table) -> set[tuple[str, int, str]]:
@@ -168,12 +177,13 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
-    all_files = list_input_files(spec.inputs, source=source)
+    history = previous_runs(lake, spec.name)
+    listing = list_job_inputs(spec, lake, source=source, history=history)
+    all_files = listing.files
     if pending is not None:  # complete an interrupted run: its id, its files
         planned = planned_files(pending, all_files, lake, source=source, job_hash=spec.job_hash())
         run_id, files = pending.run_id, planned or []
     else:
-        history = previous_runs(lake, spec.name)
         if full:
             files = all_files
         else:
@@ -184,7 +194,8 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
     # The plan goes into the lease before anything is committed: a run that takes over this
     # lease after a SIGKILL completes exactly this run.
     lease.update(run_id=run_id, inputs=[list(file_identity(f)) for f in files], run_full=full, job_hash=spec.job_hash())
-    result = RunResult(run_id, spec.name, "succeeded", lake.root, inputs=[f.uri for f in files])
+    result = RunResult(run_id, spec.name, "succeeded", lake.root, inputs=[f.uri for f in files],
+                       notes=list(listing.unmatched))
     if not files:
         result.status = "skipped"
         return result

@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
         """Run a job: ingest -> operator graph -> Delta lake, as one idempotent commit per table."""
         from datahub.config.spec import load_job_spec
         from datahub.pipeline.graph import build_graph
-        from datahub.pipeline.inputs import list_input_files
-        from datahub.pipeline.run import run_job
+        from datahub.lake import Lake
+        from datahub.pipeline.run import list_job_inputs, run_job
         from datahub.qa import run_for_job
 
         from datahub.cli.lake_option import is_lake_file, load_lake_spec
@@ -53,15 +53,21 @@ def register(app: typer.Typer) -> None:
             spec = spec.model_copy(update={"lake": load_lake_spec(lake)})
         if check:
             build_graph(spec, source=str(job))  # operators, params, edges: what run_job checks first
-            files = list_input_files(spec.inputs, source=str(job))
+            # as the run would list them: an input matching nothing is an error until the job has run once
+            listing = list_job_inputs(spec, Lake(spec.lake.root, storage_options=spec.lake.storage_options),
+                                      source=str(job))
+            files = listing.files
             if as_json:
-                print_json({"job": spec.name, "valid": True, "lake": spec.lake.root, "inputs": [f.uri for f in files]})
+                print_json({"job": spec.name, "valid": True, "lake": spec.lake.root, "inputs": [f.uri for f in files],
+                            "notes": listing.unmatched})
             else:
                 out = console()
                 out.print(f"[green]ok[/] {plain(job)}: job {plain(repr(spec.name))}, {len(spec.graph)} graph nodes, "
                           f"lake {plain(spec.lake.root)}, {len(files)} input files:", soft_wrap=True)
                 for f in files:
                     out.print(f"  {plain(f.uri)}  ({f.size} bytes)", soft_wrap=True)
+                for note in listing.unmatched:
+                    out.print(f"  {plain(note)} (the job ran before: a run with nothing new is a no-op)", soft_wrap=True)
             return
         logging.getLogger("ray").setLevel(logging.WARNING)
         with progress(f"run {spec.name}", enabled=not as_json) as update:
@@ -83,10 +89,13 @@ def register(app: typer.Typer) -> None:
         out = console()
         if result.status in ("skipped", "already_committed"):
             reason = "no new input files" if result.status == "skipped" else "this run was committed before"
-            out.print(f"[yellow]nothing to do[/] ({reason}); lake {result.lake}")
+            reason = "; ".join([reason, *result.notes])  # e.g. an emptied landing directory's input
+            out.print(f"[yellow]nothing to do[/] ({plain(reason)}); lake {plain(result.lake)}", soft_wrap=True)
             return
         c = result.counts
         out.print(f"[bold green]run {result.run_id} {result.status}[/] in {result.duration_s:.1f}s")
+        for note in result.notes:
+            out.print(f"  note               {plain(note)}", soft_wrap=True)
         out.print(f"  inputs read        {len(result.inputs)} files, {c.get('records_read', 0)} records")
         out.print(f"  samples written    {c.get('samples_written', 0)}")
         dropped = c.get("dropped", {})

@@ -1,0 +1,57 @@
+"""A scheduled job over a landing directory that upstream empties after each run (files moved away once
+ingested): before, every run that found the directory empty failed ("inputs.0.uri: ... matches no file", exit 2),
+so cron mailed an error and Airflow retried a run that had nothing to do. Settled (session 37b): once the job has a
+succeeded run in the lake, an input that matches no file in a directory that exists is a no-op run (exit 0, a line
+saying which input matched nothing, a parseable --json result); a first run, or a local directory that does not
+exist (a typo, an unmounted path), stays an error."""
+
+from __future__ import annotations
+
+import json
+
+from datahub.lake import Lake
+from tests.cli.conftest import datahub
+
+
+def _job(tmp_path, uri: str) -> str:
+    job = tmp_path / "landing.yaml"
+    job.write_text(f"name: landing\nengine: {{kind: spark}}\nlake: {{root: {tmp_path / 'lake'}}}\n"
+                   f"inputs:\n  - uri: {uri}\ngraph:\n  samples: {{sink: samples}}\n")
+    return str(job)
+
+
+def test_an_empty_landing_directory_after_a_run_is_a_no_op(tmp_path):
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    job = _job(tmp_path, f"{landing}/*.jsonl")
+
+    first = datahub("run", job, "--json")  # nothing ever landed: an error, as before
+    assert first.returncode == 2 and "inputs.0.uri" in first.stderr and "matches no file" in first.stderr, first.stderr
+
+    (landing / "a.jsonl").write_text(json.dumps({"text": "the first delivery of the landing directory"}) + "\n")
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.run import run_job
+
+    spec = validate_job_spec({"name": "landing", "lake": {"root": str(tmp_path / "lake")},
+                              "inputs": [{"uri": f"{landing}/*.jsonl"}], "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    (landing / "a.jsonl").unlink()  # upstream moves ingested files away
+
+    text = datahub("run", job)
+    assert text.returncode == 0, text.stderr
+    assert f"nothing to do (no new input files; inputs.0.uri '{landing}/*.jsonl' matches no file now)" in text.stdout, \
+        text.stdout
+    as_json = datahub("run", job, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    result = json.loads(as_json.stdout)
+    assert result["status"] == "skipped" and result["inputs"] == []
+    assert result["notes"] == [f"inputs.0.uri '{landing}/*.jsonl' matches no file now"]
+    check = datahub("run", job, "--check", "--json")
+    assert check.returncode == 0 and json.loads(check.stdout)["inputs"] == [], check.stderr
+    assert Lake(tmp_path / "lake").read("samples").num_rows == 1  # nothing written by the no-op runs
+
+    landing.rmdir()  # the directory itself gone (unmounted, renamed): an error even after runs
+    gone = datahub("run", job)
+    assert gone.returncode == 2, gone.stdout
+    assert f"inputs.0.uri: '{landing}/*.jsonl' matches no file and its directory {landing} does not exist" in gone.stderr
