@@ -15,7 +15,7 @@ from datahub.lake.tables import not_of_samples
 from datahub.progress import Progress
 from datahub.release.freeze import committed_params, freeze, history_runs, logged_rows, refuse_taken
 from datahub.release.qa_gate import qa_command, qa_verdict
-from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name
+from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, release_exists
 from datahub.release.exclude import exclude_redacted
 
 if TYPE_CHECKING:  # the eval-set check (operators, pandas) is imported when a release is created, not with the package
@@ -32,6 +32,7 @@ def create_release(
     creator: str | None = None,
     allow_contamination: str | None = None,
     progress: Progress | None = None,
+    exist_ok: bool = False,
 ) -> Release:
     """Freeze ``table`` at ``version`` (default: latest) as release ``name``.
 
@@ -45,11 +46,16 @@ def create_release(
     (``details["redacted_excluded"]``, and a ``dropped`` lineage row each).
     ``progress(stage, done, total)`` gets the rows of each pass (eval-set check, the taken-down rows left out,
     then ``freeze``'s).
+
+    ``exist_ok``: a release ``name`` that already froze this table version is returned as it is (a retried
+    pipeline step); one that froze another version is still refused.
     """
     if allow_contamination is not None and not allow_contamination.strip():
         raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
                            '--allow-contamination "eval set is the held-out split, not the one we score on"')
     check_name(name)
+    if exist_ok and release_exists(lake, name):
+        return _the_same_release(lake, name, table=table, version=version)
     refuse_taken(lake, name)
     if not lake.exists(table):
         raise ReleaseError(f"{lake.table_uri(table)}: no table {table!r} to release; run a job first")
@@ -104,6 +110,20 @@ def create_release(
     return freeze(lake, name, table=frozen, version=frozen_version, kind="create",
                   qa_status=verdict.status, creator=creator, details=details, released_reason_of=reason_of,
                   extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
+
+
+def _the_same_release(lake: Lake, name: str, *, table: str, version: int | None) -> Release:
+    """Release ``name`` when it is a ``create`` of ``table`` at ``version`` (default: the latest), else refused."""
+    existing = get_release(lake, name)
+    recorded = committed_params(lake, "lineage", name) or {}  # the version it froze, when materialized elsewhere
+    frozen_table = recorded.get("table", existing.table)
+    frozen_version = int(recorded.get("version", existing.version))
+    asked = version if version is not None else (int(lake.table(table).version()) if lake.exists(table) else None)
+    if existing.kind == "create" and (frozen_table, frozen_version) == (table, asked):
+        return existing
+    what = f"{frozen_table} v{frozen_version}" if existing.kind == "create" else f"a {existing.kind} release"
+    raise ReleaseError(f"release {name!r} already exists and froze {what}, not {table} v{asked} as asked; release names "
+                       "are immutable: choose a new name (e.g. bump the version suffix), or pass the --version it froze")
 
 
 def _rows_done(progress: Progress, stage: str, total: int | None) -> Callable[[int], None]:

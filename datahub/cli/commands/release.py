@@ -64,16 +64,25 @@ def register(app: typer.Typer) -> None:
         allow_contamination: Optional[str] = typer.Option(
             None, "--allow-contamination", metavar="REASON",
             help="Release even though samples overlap a registered eval set (datahub evalset); the reason is recorded."),
+        exist_ok: bool = typer.Option(False, "--exist-ok", help="A release NAME that already froze this table "
+                                      "version is fine (a retried pipeline step): print it, exit 0. One that froze "
+                                      "another version is still refused."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Freeze a table version as a release; refused when its latest QA results failed or it overlaps an eval set."""
         from datahub.release import create_release
+        from datahub.release.records import release_exists
 
-        with progress(f"release create {name}", enabled=not as_json) as update:
-            release = create_release(_lake(lake), name, table=table, version=version, require_qa=require_qa,
-                                     allow_contamination=allow_contamination, progress=update)
+        the_lake = _lake(lake)
+        existed = exist_ok and release_exists(the_lake, name)
+        with progress(f"release create {name}", enabled=not as_json and not existed) as update:
+            release = create_release(the_lake, name, table=table, version=version, require_qa=require_qa,
+                                     allow_contamination=allow_contamination, progress=update, exist_ok=exist_ok)
         if as_json:
-            print_json(release.as_dict())
+            print_json({**release.as_dict(), **({"existed": existed} if exist_ok else {})})
+            return
+        if existed:
+            console().print(f"release {name} already exists ({release.table} v{release.version}): nothing to do")
             return
         _print_release(release, title=f"[bold green]release {name} created[/]")
         if release.qa_status == "no_qa_results":

@@ -1,0 +1,43 @@
+"""`datahub release create NAME --exist-ok`: a retried pipeline (run -> release create -> export, re-run by Airflow
+or cron after a later step failed) failed at create ("release 'X' already exists ...", exit 2), so scripts added
+`|| true` and hid real refusals. With --exist-ok the same release (same table, same version) is a no-op, exit 0;
+a release of that name freezing another version is still refused, naming both versions."""
+
+from __future__ import annotations
+
+import json
+
+from tests.cli.conftest import datahub
+
+
+def test_exist_ok_accepts_the_same_release_and_refuses_another_version(small_lake):
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.run import run_job
+
+    lake = str(small_lake)
+    assert datahub("release", "create", "nightly", "--lake", lake).returncode == 0
+    again = datahub("release", "create", "nightly", "--lake", lake)
+    assert again.returncode == 2 and "already exists" in again.stderr  # without the flag: as before
+
+    same = datahub("release", "create", "nightly", "--lake", lake, "--exist-ok")
+    assert same.returncode == 0, same.stderr
+    assert "release nightly already exists (samples v1): nothing to do" in " ".join(same.stdout.split()), same.stdout
+    as_json = datahub("release", "create", "nightly", "--lake", lake, "--exist-ok", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    shown = json.loads(as_json.stdout)
+    assert shown["name"] == "nightly" and shown["version"] == 1 and shown["existed"] is True
+
+    (small_lake.parent / "b.jsonl").write_text(json.dumps({"text": "a second delivery about the harbour"}) + "\n")
+    spec = validate_job_spec({"name": "small", "lake": {"root": lake}, "inputs": [{"uri": str(small_lake.parent / "*.jsonl")}],
+                              "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"  # samples v2
+    newer = datahub("release", "create", "nightly", "--lake", lake, "--exist-ok")
+    assert newer.returncode == 2, newer.stdout
+    assert ("release 'nightly' already exists and froze samples v1, not samples v2 as asked" in newer.stderr
+            and "choose a new name" in newer.stderr), newer.stderr
+    pinned = datahub("release", "create", "nightly", "--lake", lake, "--exist-ok", "--version", "1")
+    assert pinned.returncode == 0, pinned.stderr
+
+    fresh = datahub("release", "create", "nightly-2", "--lake", lake, "--exist-ok", "--json")
+    assert fresh.returncode == 0 and json.loads(fresh.stdout)["existed"] is False, fresh.stderr
