@@ -242,3 +242,114 @@ def test_an_engine_writer_given_batches_that_disagree_with_the_plan_publishes_no
     done = writer.write(iter([rows.slice(0, 4), rows.slice(4, 5)]))
     assert (done.documents, done.tokens) == (9, int(lengths.sum()))
     assert (tmp_path / "cfs" / "r" / "tokens-x" / "r-000000.bin").read_bytes() == flat.tobytes()
+
+
+GROUPED = pa.schema([("group", pa.int64()), ("value", pa.int64())])
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A read task: one row for each of groups 0, 1, 2 (Spark's ``write_sorted``)."""
+
+    def __call__(self, task: int) -> Any:
+        yield pa.table({"group": pa.array([0, 1, 2], pa.int64()), "value": pa.array([task] * 3, pa.int64())},
+                       schema=GROUPED)
+
+
+@dataclass(frozen=True)
+class _RunRows:
+    """A read task of ``spill_runs``: its run holds one row for each of groups 0, 1, 2, in that order."""
+
+    def __call__(self, task: int) -> tuple[pa.Table, pa.Table]:
+        return pa.table({"value": pa.array([task] * 3, pa.int64())}), pa.table({"rows": [3]})
+
+
+@dataclass(frozen=True)
+class _FailingGroups(Sink[int, list]):
+    """Writes a group batch by batch (returns its key); in ``folder``, group 0 raises once another group's write
+    runs."""
+
+    folder: str | None = None
+
+    def write(self, batches: Any) -> int:
+        group = None
+        for batch in batches:
+            group = int(batch["group"][0].as_py())
+            if self.folder is not None:
+                from tests.engines.task_locks import fail_once_running
+
+                fail_once_running(self.folder, group, wait_s=20)  # Spark may hand one task two groups
+        assert group is not None
+        return group
+
+    def commit(self, results: list) -> list:
+        return sorted(results)
+
+
+@pytest.mark.parametrize("engine_name", ["ray", "spark"])
+def test_a_failed_streamed_group_write_leaves_no_task_running(tmp_path, request, engine_name) -> None:
+    """Ray's ``write_pieces`` and Spark's ``write_sorted`` (the token export's write passes): a write task that
+    fails while others run stops them before the error reaches the caller (the export then removes its runs)."""
+    from tests.engines.task_locks import assert_stopped
+
+    engine = request.getfixturevalue(f"{engine_name}_engine")
+
+    def write(sink: _FailingGroups) -> list[int]:
+        if engine_name == "spark":
+            from datahub.engines.spark.export import write_sorted
+
+            return sorted(write_sorted(engine, [0, 1, 2], read=_Rows(), key="group", order=("value",), sink=sink,
+                                       routed_schema=GROUPED, workers=2))
+        from datahub.engines.ray.export import remove_runs, spill_runs, write_pieces
+
+        directory = str(tmp_path / "runs")
+        runs = [run for run, _ in spill_runs(engine, [0, 1, 2], read=_RunRows(), directory=directory, workers=2)]
+        try:
+            groups = [(group, [[(run, group, group + 1) for run in range(len(runs))]]) for group in range(3)]
+            return sorted(write_pieces(engine, runs, groups, key="group", sink=sink, workers=2))
+        finally:
+            remove_runs(engine, runs, directory)
+
+    assert write(_FailingGroups()) == [0, 1, 2]
+    writes = tmp_path / "writes"
+    writes.mkdir()
+    with pytest.raises(Exception, match="task 0 fails"):
+        write(_FailingGroups(str(writes)))
+    assert_stopped(writes)
+
+
+@dataclass(frozen=True)
+class _Numbers:
+    """A read task of ``spill_runs``: its run holds rows ``task * 100 + 0 .. 9`` in order."""
+
+    def __call__(self, task: int) -> tuple[pa.Table, pa.Table]:
+        return pa.table({"value": pa.array(np.arange(10) + 100 * task, pa.int64())}), pa.table({"rows": [10]})
+
+
+@dataclass(frozen=True)
+class _Batches(Sink[Any, list]):
+    """Returns its group and the values of each batch it was handed, batch by batch."""
+
+    def write(self, batches: Any) -> Any:
+        seen = [(int(b["group"][0].as_py()), b["value"].to_pylist()) for b in batches]
+        return seen[0][0], [values for _, values in seen]
+
+    def commit(self, results: list) -> list:
+        return sorted(results)
+
+
+@pytest.mark.parametrize("local_reads", [True, False])
+def test_write_pieces_hands_the_sink_one_batch_per_piece_of_every_run(tmp_path, ray_engine, local_reads) -> None:
+    """A group's pieces reach the sink one batch each, in order, with the piece's rows of every run (slices read
+    from the runs on this node, or fetched by a task on the run's node as between nodes); a piece without rows
+    gives no batch."""
+    from datahub.engines.ray.export import remove_runs, spill_runs, write_pieces
+
+    directory = str(tmp_path / "runs")
+    runs = [run for run, _ in spill_runs(ray_engine, [0, 1], read=_Numbers(), directory=directory, workers=2)]
+    groups = [(7, [[(0, 0, 2), (1, 0, 1)], [], [(1, 1, 5)], [(0, 2, 10), (1, 5, 10)]]), (8, [[(1, 0, 3)]])]
+    got = sorted(write_pieces(ray_engine, runs, groups, key="group", sink=_Batches(), workers=2,
+                              local_reads=local_reads))
+    remove_runs(ray_engine, runs, directory)
+    assert got == [(7, [[0, 1, 100], [101, 102, 103, 104], [2, 3, 4, 5, 6, 7, 8, 9, 105, 106, 107, 108, 109]]),
+                   (8, [[100, 101, 102]])]

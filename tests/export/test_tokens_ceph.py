@@ -1,4 +1,4 @@
-"""Token export to the real Ceph RGW on Ray: the tokens are staged on S3 between the passes, the files are the
+"""Token export to the real Ceph RGW on Ray and Spark: the tokens are staged on S3 between the passes, the files are the
 bytes of a local export, and the staging folder is gone afterwards."""
 
 from __future__ import annotations
@@ -10,12 +10,17 @@ import pytest
 from datahub.export.tokens import export_table_tokens
 from datahub.storage import validate_storage_config
 from tests.ceph import ceph_s3  # noqa: F401
+from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
 from tests.export.test_tokens import make_lake, train_tokenizer
 
 pytestmark = pytest.mark.ceph
 
 
-def test_ray_token_export_to_ceph_matches_a_local_export(tmp_path, ceph_s3, ray_engine) -> None:
+@pytest.mark.parametrize("engine_name", ["ray", "spark"])
+def test_engine_token_export_to_ceph_matches_a_local_export(tmp_path, ceph_s3, request, engine_name) -> None:
+    """Ray with chunks of a few documents (a write task gathers a file chunk by chunk), Spark in its sorted batches:
+    each task streams its file to a multipart upload."""
+    engine = request.getfixturevalue(f"{engine_name}_engine")
     bucket = ceph_s3.new_bucket("token-export")
     credentials = tmp_path / "ceph.credentials"  # read by every Ray worker: engine tasks resolve the tier themselves
     credentials.write_text(f"access_key_id = {ceph_s3.key}\nsecret_access_key = {ceph_s3.secret}\n")
@@ -30,7 +35,7 @@ def test_ray_token_export_to_ceph_matches_a_local_export(tmp_path, ceph_s3, ray_
     local = export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="cfs",
                                 storage=storage, **settings)
     remote = export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path, tier="ceph",
-                                 storage=storage, engine=ray_engine, workers=2, **settings)
+                                 storage=storage, engine=engine, workers=2, chunk_bytes=300, **settings)
     assert len(remote.files) == len(local.files) > 2 and remote.tiers == ["ceph", "cfs"]
     fs = ceph_s3.filesystem()
     for record in remote.files:
