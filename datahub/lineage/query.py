@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from datahub.lake.lake import Lake
+from datahub.progress import Progress, counted
 
 LINEAGE_TABLE = "lineage"
 SCAN_ROWS = 16_384  # rows per batch of a scan over the whole lineage table (a --source lookup)
@@ -134,11 +135,12 @@ def _step_offsets(lake: Lake, sample_ids: list[str]) -> dict[str, int]:
             if o is not None}
 
 
-def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
+def source_lineage(lake: Lake, source_uri: str, *, progress: Progress | None = None) -> SourceStory:
     """What became of every record of one input file: kept, dropped (why), quarantined.
 
     Records that never got a sample_id (unparseable) come from the ``quarantine`` table.
     Two records of one file with the same text share a sample_id, so they share a fate.
+    ``progress(stage, done, None)`` gets the rows of the lake's ingested events scanned so far.
     """
     records: dict[tuple[int, str | None], dict[str, Any]] = {}
     if lake.exists(LINEAGE_TABLE):
@@ -147,7 +149,8 @@ def source_lineage(lake: Lake, source_uri: str) -> SourceStory:
         scanner = lake.dataset(LINEAGE_TABLE).scanner(columns=["sample_id", "ref", "run_id"], batch_size=SCAN_ROWS,
                                                       filter=ds.field("action") == "ingested",
                                                       fragment_readahead=1, batch_readahead=1)  # pyarrow: 4 and 16
-        matched = (batch.filter(pc.match_substring(batch.column("ref"), needle)) for batch in scanner.to_batches())
+        batches = counted(scanner.to_batches(), progress, "ingested events scanned", total=None, rows=len)
+        matched = (batch.filter(pc.match_substring(batch.column("ref"), needle)) for batch in batches)
         for row in (row for batch in matched for row in batch.to_pylist()):
             ref = _ref(row["ref"])
             if isinstance(ref, dict) and ref.get("source_uri") == source_uri:

@@ -90,7 +90,10 @@ def register(app: typer.Typer) -> None:
         if (sample_id is None) == (source is None):
             raise typer.BadParameter("give a SAMPLE_ID or --source URI (one of them)")
         if source is not None:
-            story = source_lineage(root, _as_listed(source))
+            from datahub.cli.output import progress
+
+            with progress(f"lineage --source {source}", enabled=not as_json) as update:
+                story = source_lineage(root, _as_listed(source), progress=update)
             print_json(story.as_dict()) if as_json else _print_source(story)
             if not story.records:  # a typo in a script must not look like a file with no records
                 console(stderr=True).print(f"no record of {plain(source)} in the lake (check the URI: it must be the input "
