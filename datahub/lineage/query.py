@@ -42,8 +42,31 @@ def lineage_events(lake: Lake, sample_ids: str | list[str]) -> pa.Table:
     dataset = lake.dataset(LINEAGE_TABLE, file_pruning_predicate=pruning)
     rows = dataset.to_table(filter=condition)
     rank = pa.array([_ACTION_ORDER.get(a, 9) for a in rows.column("action").to_pylist()], pa.int8())
-    rows = rows.append_column("_rank", rank)
-    return rows.sort_by([("ts", "ascending"), ("_rank", "ascending")]).drop_columns(["_rank"])
+    step = pa.array(_graph_steps(lake, rows), pa.int32())
+    rows = rows.append_column("_rank", rank).append_column("_step", step)
+    return rows.sort_by([("ts", "ascending"), ("_step", "ascending"), ("_rank", "ascending")]).drop_columns(
+        ["_rank", "_step"])
+
+
+def _graph_steps(lake: Lake, rows: pa.Table) -> list[int]:
+    """Each event's place in its run: ingest first, then the run's operators in graph order (``runs.operators``),
+    then releases and exports; events of one run share a timestamp, so this orders them as they happened."""
+    actions = rows.column("action").to_pylist()
+    run_ids = rows.column("run_id").to_pylist()
+    ops = rows.column("op").to_pylist()
+    order: dict[str, dict[str, int]] = {}
+    wanted = sorted({r for r in run_ids if r is not None and not r.startswith(("release/", "export/"))})
+    if wanted and lake.exists("runs"):
+        runs = lake.read("runs", columns=["run_id", "operators"], filters=ds.field("run_id").isin(wanted))
+        for run_id, operators in zip(runs.column("run_id").to_pylist(), runs.column("operators").to_pylist()):
+            order[run_id] = {op: i for i, op in enumerate(operators or [])}
+    steps = []
+    for action, run_id, op in zip(actions, run_ids, ops):
+        if action == "ingested":
+            steps.append(-1)
+        else:
+            steps.append(order.get(run_id or "", {}).get(op or "", 1 << 20))  # unknown: after the run's operators
+    return steps
 
 
 def _ref(text: str | None) -> Any:

@@ -53,3 +53,21 @@ def test_a_file_story_gives_the_drop_that_decided_the_fate(tmp_path):
     records = source_lineage(lake, str(source)).records
     assert [(r["fate"], r["reason"], r["op"]) for r in records] == [
         ("dropped", "too_few_chars", "length_filter@1"), ("kept", None, None), ("dropped", "too_few_chars", "length_filter@1")]
+
+
+def test_a_runs_events_follow_its_graph_order(tmp_path):
+    """Events of one run share a timestamp; they were ordered by action (modified before annotated), so an
+    operator that annotated and a later one that modified were shown the other way round (the chat demo showed
+    redact_pii_messages' change before chat_quality's signals). Now the run's operators, as `runs` records them."""
+    source = tmp_path / "a.jsonl"
+    source.write_text(json.dumps({"text": "a page   with    runs of    spaces about rivers and valley towns"}) + "\n")
+    spec = validate_job_spec({"name": "order", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": str(source)}],
+                              "graph": {"length": {"op": "length_filter", "params": {"min_chars": 1}},
+                                        "normalize": {"op": "normalize_text", "after": ["length"]},
+                                        "samples": {"sink": "samples", "after": ["normalize"]}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = Lake(tmp_path / "lake")
+    (sample_id,) = lake.read("samples", columns=["sample_id"]).column("sample_id").to_pylist()
+    story = sample_lineage(lake, sample_id)
+    assert [(e["action"], e["op"]) for e in story.events] == [
+        ("ingested", "ingest@1"), ("annotated", "length_filter@1"), ("modified", "normalize_text@1")]
