@@ -32,6 +32,14 @@ Last lines:
                                                            seconds of both runs, per extra worker, and what
                                                            torch's DataLoader alone costs per extra worker with a
                                                            trivial dataset; likewise for tokens)
+  workers_scaling_no_per_worker_cost                       informational, not the goal: the same DataLoader with
+                                                           1 and 4 fresh workers over ``BusyItems``, a dataset with
+                                                           no per-worker cost of its own (one busy loop per batch,
+                                                           a few bytes sent) whose 1-worker epoch costs the same CPU
+                                                           as ReleaseDataset's, in the same rounds: what any dataset
+                                                           could reach in this process at this load (with the
+                                                           trainer's anonymous memory, whose page tables each fork
+                                                           copies); likewise for tokens
   remote_bytes_per_epoch_ratio                             bytes the 4 workers fetched from Ceph / release
                                                            bytes (goal <= 1.05; also the RGW's own get_b
                                                            counter when its admin socket is reachable)
@@ -123,6 +131,79 @@ def torch_worker_cpu(rounds: int) -> float:
 
     cpu_of(1), cpu_of(4)  # warm-up
     return statistics.median((cpu_of(4) - cpu_of(1)) / 3 for _ in range(max(3, rounds)))
+
+
+class BusyItems:
+    """A dataset with no per-worker cost of its own: ``items`` items dealt round-robin to the DataLoader's workers,
+    each costing ``seconds`` of the reading worker's CPU (a busy loop) and a few bytes to send. Through the same
+    DataLoader, it shows what fresh workers can reach in this process at this load when the dataset itself adds
+    nothing per worker (informational: the ceiling of ``workers_scaling``)."""
+
+    def __init__(self, items: int, seconds: float) -> None:
+        self.items, self.seconds = items, seconds
+
+    def __iter__(self) -> Any:
+        from torch.utils.data import get_worker_info
+
+        info = get_worker_info()
+        workers, worker = (info.num_workers, info.id) if info is not None else (1, 0)
+        for item in range(worker, self.items, workers):
+            end = time.thread_time() + self.seconds
+            while time.thread_time() < end:
+                pass
+            yield item
+
+
+def busy_iter(items: int, seconds: float, workers: int) -> int:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Busy(BusyItems, IterableDataset):  # type: ignore[misc,type-arg]
+        pass
+
+    count = sum(1 for _ in DataLoader(Busy(items, seconds), batch_size=None, num_workers=workers))
+    assert count == items, count
+    return count
+
+
+def busy_like(run: Any, items: int) -> float:
+    """Seconds per item for ``BusyItems`` whose 1-worker epoch costs the CPU (trainer + worker) that ``run`` (a
+    1-worker epoch of the dataset measured) costs: the median of 3 runs each, two linear corrections."""
+    def cpu_of(job: Any) -> float:
+        costs = []
+        for _ in range(3):
+            start = cpu_seconds()
+            job()
+            costs.append(cpu_seconds() - start)
+        return statistics.median(costs)
+
+    target = cpu_of(run)
+    seconds = 0.5 * target / items
+    for _ in range(2):  # the DataLoader's own cost per item is the intercept: two linear corrections
+        measured = cpu_of(lambda: busy_iter(items, seconds, 1))
+        seconds = max(1e-6, seconds + (target - measured) / items)
+    return seconds
+
+
+def anon_mb() -> float:
+    """This process's anonymous resident memory (MB): a fork copies its page tables, and the pages this process or
+    the child then writes are copied, so each fresh DataLoader worker costs more as it grows."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+BUSY_ONE, BUSY_FOUR = "BusyItems, no per-worker cost (1 worker)", "BusyItems, no per-worker cost (4 workers)"
+
+
+def print_busy(label: str, seconds: float, items: int, cpu_one: float, cpu_four: float, scaling: float) -> None:
+    """The informational ceiling: ``BusyItems`` as costly as the measured dataset with 1 worker, through 1 and 4
+    fresh workers in the same rounds, and the trainer's anonymous memory that every fork copies."""
+    print(f"{label}_no_per_worker_cost (informational, not the goal: BusyItems, {items} items of {seconds * 1e3:.3f} ms "
+          f"busy CPU each, a few bytes sent, the same 1-worker CPU per epoch as the dataset; cpu per epoch 1 worker "
+          f"{cpu_one:.3f} s, 4 workers {cpu_four:.3f} s; trainer process anonymous memory {anon_mb():.0f} MB, which "
+          f"each fork copies the page tables of: what 4 fresh workers reach here when the dataset adds nothing "
+          f"per worker): {scaling:.2f}")
 
 
 def print_cpu(label: str, one: str, four: str, seconds: dict[str, float], cpu: dict[str, float],
@@ -417,8 +498,12 @@ def token_benchmark(tokens: int, rounds: int) -> None:
             "PackedDataset defaults (4 workers)": lambda: packed_iter(prefixes, 4),
             "PackedDataset defaults, persistent workers (1 worker)": lambda: persistent[1](),
             "PackedDataset defaults, persistent workers (4 workers)": lambda: persistent[4](),
+            BUSY_ONE: lambda: busy_iter(batches, busy_seconds, 1) * TOKEN_BATCH * SEQ_LEN,
+            BUSY_FOUR: lambda: busy_iter(batches, busy_seconds, 4) * TOKEN_BATCH * SEQ_LEN,
         }
         persistent = {workers: PersistentPackedEpochs(prefixes, workers) for workers in (1, 4)}
+        batches = -(-sequences // TOKEN_BATCH)
+        busy_seconds = busy_like(runs["PackedDataset defaults (1 worker)"], batches)
         for name, run in runs.items():  # warm-up: imports, page cache, MDS index files, persistent workers' start
             if "0 workers" in name or "persistent" in name:
                 run()
@@ -440,6 +525,8 @@ def token_benchmark(tokens: int, rounds: int) -> None:
               f"batches of {TOKEN_BATCH}; medians of {rounds} interleaved rounds; load average "
               f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         for name in runs:
+            if name in (BUSY_ONE, BUSY_FOUR):
+                continue
             seconds = statistics.median(r[name] for r in timed)
             print(f"{name:<60} {total / seconds / 1e6:9.1f} M tokens/s {sequences / seconds:10.0f} sequences/s")
 
@@ -461,6 +548,8 @@ def token_benchmark(tokens: int, rounds: int) -> None:
         print_cpu("workers_scaling_tokens", "PackedDataset defaults (1 worker)", "PackedDataset defaults (4 workers)",
                   {name: statistics.median(r[name] for r in timed) for name in runs},
                   {name: statistics.median(c[name] for c in cpus) for name in runs}, torch_worker_cpu(rounds))
+        print_busy("workers_scaling_tokens", busy_seconds, batches, statistics.median(c[BUSY_ONE] for c in cpus),
+                   statistics.median(c[BUSY_FOUR] for c in cpus), ratio(BUSY_ONE, BUSY_FOUR))
         print(f"workers_scaling_tokens: "
               f"{ratio('PackedDataset defaults (1 worker)', 'PackedDataset defaults (4 workers)'):.2f}")
         print(f"workers_scaling_tokens_persistent_workers (persistent_workers=True, set_epoch per epoch; not the goal's "
@@ -531,8 +620,12 @@ def main() -> None:
             "ReleaseDataset defaults, shards not yet verified (2 workers)": lambda: unverified(2),
             "ReleaseDataset defaults, persistent workers (1 worker)": lambda: check(persistent[1]()),
             "ReleaseDataset defaults, persistent workers (4 workers)": lambda: check(persistent[4]()),
+            BUSY_ONE: lambda: busy_iter(batches, busy_seconds, 1),
+            BUSY_FOUR: lambda: busy_iter(batches, busy_seconds, 4),
         }
         persistent = {workers: PersistentEpochs(manifest_path, workers, **RECOMMENDED) for workers in (1, 4)}
+        batches = -(-total_samples // BATCH)
+        busy_seconds = busy_like(runs["ReleaseDataset defaults (1 worker)"], batches)
         for name, run in runs.items():  # warm-up, untimed: imports and first-use costs of each reader, and the
             if "0 workers" in name or "persistent" in name:  # persistent workers' start (their first epoch)
                 run()
@@ -557,6 +650,8 @@ def main() -> None:
               f"text {args.text_bytes} B/sample, batches of {BATCH}; medians of {args.rounds} interleaved rounds; "
               f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
         for name in runs:
+            if name in (BUSY_ONE, BUSY_FOUR):
+                continue
             seconds = statistics.median(r[name] for r in rounds)
             print(f"{name:<60} {total_mb / seconds:9.1f} MB/s {total_samples / seconds:12.0f} samples/s")
         if not args.no_ceph:
@@ -576,6 +671,8 @@ def main() -> None:
         print_cpu("workers_scaling", "ReleaseDataset defaults (1 worker)", "ReleaseDataset defaults (4 workers)",
                   {name: statistics.median(r[name] for r in rounds) for name in runs},
                   {name: statistics.median(c[name] for c in cpus) for name in runs}, torch_worker_cpu(args.rounds))
+        print_busy("workers_scaling", busy_seconds, batches, statistics.median(c[BUSY_ONE] for c in cpus),
+                   statistics.median(c[BUSY_FOUR] for c in cpus), median_ratio(BUSY_ONE, BUSY_FOUR))
         print(f"workers_scaling: "
               f"{median_ratio('ReleaseDataset defaults (1 worker)', 'ReleaseDataset defaults (4 workers)'):.2f}")
         print(f"workers_scaling_persistent_workers (persistent_workers=True, set_epoch per epoch; not the goal's "
