@@ -65,9 +65,11 @@ def _absolute_paths(spec: JobSpec, source: str, lake: str | None, target: str = 
     def relative(path: str) -> bool:
         return "://" not in path and not os.path.isabs(path)
 
+    from datahub.config.lake_file import is_lake_file
+
     where = "--lake" if lake else "lake.root"
     root = lake or spec.lake.root
-    if relative(root):
+    if relative(root) and not (lake and is_lake_file(lake)):  # a lake YAML's own root is checked by _lake_file
         raise SpecError(f"{source}: {where}: {root!r} is a relative path, which a scheduled run resolves against its "
                         f"working directory ({_WHERE_IT_RUNS.get(target, target)}), so the lake would be lost; give an "
                         "absolute path or s3://bucket/prefix"
@@ -83,21 +85,59 @@ def _absolute_paths(spec: JobSpec, source: str, lake: str | None, target: str = 
                             f"against its working directory ({_WHERE_IT_RUNS.get(target, target)}); {fix}")
 
 
+_CREDENTIAL = re.compile(r"SECRET|PASSWORD|TOKEN|ACCESS_KEY|SESSION", re.IGNORECASE)
+
+
+def _lake_file(lake: str | None, target: str) -> tuple[str, str] | None:
+    """(file name, text) of a ``--lake`` lake YAML, checked for what a scheduled run needs: an absolute (or URI)
+    root, and, for a CronJob (the text goes into a ConfigMap), credentials as ``${VARS}`` (from the Secret), not
+    literal values. The text is kept as written: its ``${VARS}`` expand in the scheduled run's environment."""
+    from datahub.config.lake_file import is_lake_file
+    from datahub.config.yaml_file import read_yaml
+
+    if lake is None or not is_lake_file(lake):
+        return None
+    raw = read_yaml(Path(lake), missing="lake file not found; --lake takes a lake root or a YAML with root: and "
+                                         "storage_options:")
+    if isinstance(raw, dict) and isinstance(raw.get("lake"), dict):
+        raw = raw["lake"]  # a job spec's lake: section
+    raw = raw if isinstance(raw, dict) else {}
+    root = raw.get("root")
+    if isinstance(root, str) and "${" not in root and "://" not in root and not os.path.isabs(root):
+        raise SpecError(f"{lake}: root: {root!r} is a relative path, which a scheduled run resolves against its "
+                        f"working directory ({_WHERE_IT_RUNS.get(target, target)}), so the lake would be lost; give "
+                        "an absolute path or s3://bucket/prefix")
+    options = raw.get("storage_options")
+    if target == "k8s-cronjob" and isinstance(options, dict):
+        for key, value in options.items():
+            if _CREDENTIAL.search(str(key)) and isinstance(value, str) and "${" not in value:
+                raise SpecError(f"{lake}: storage_options.{key}: a literal credential would be written into the "
+                                f"ConfigMap; put it in the {STORAGE_SECRET} Secret and write {key}: ${{{key}}}")
+    return Path(lake).name, Path(lake).read_text()
+
+
 def _run_args(job_path: str, lake: str | None) -> list[str]:
     return ["run", job_path] + (["--lake", lake] if lake else [])
 
 
 def render_k8s_cronjob(spec: JobSpec, *, spec_text: str, spec_file: str, image: str = DEFAULT_IMAGE,
-                       lake: str | None = None, namespace: str | None = None, source: str = "<spec>") -> str:
-    """A ConfigMap holding the job spec plus a CronJob running ``datahub run`` on it (multi-document YAML)."""
+                       lake: str | None = None, namespace: str | None = None, source: str = "<spec>",
+                       lake_file: tuple[str, str] | None = None) -> str:
+    """A ConfigMap holding the job spec (and the ``--lake`` lake YAML, ``lake_file``: name and text) plus a CronJob
+    running ``datahub run`` on it (multi-document YAML)."""
     import yaml
 
     name = k8s_name(spec.name)
     meta = {"name": name, "labels": {"app.kubernetes.io/name": "datahub", "datahub/job": name}}
     if namespace:
         meta["namespace"] = namespace
+    data = {spec_file: spec_text}
+    if lake_file is not None:  # the pod has no file of the rendering machine: it reads the lake YAML from the mount
+        lake_name = lake_file[0] if lake_file[0] != spec_file else f"lake-{lake_file[0]}"
+        data[lake_name] = lake_file[1]
+        lake = f"{SPEC_MOUNT}/{lake_name}"
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "name": f"{name}-spec"},
-                  "data": {spec_file: spec_text}}
+                  "data": data}
     container = {
         "name": "datahub",
         "image": image,
@@ -214,9 +254,12 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
         build_graph(spec, source=source)  # unknown operators, bad params, cycles: refused before rendering
         _schedule(spec, source)
         _absolute_paths(spec, source, lake, target)
+        lake_file = _lake_file(lake, target)
+        if lake_file is not None and lake is not None and target != "k8s-cronjob":
+            lake = str(Path(lake).resolve())  # read on this host (cron) or the workers (airflow), as the job file is
         if target == "k8s-cronjob":
             text = render_k8s_cronjob(spec, spec_text=Path(source).read_text(), spec_file=Path(source).name,
-                                      image=image, lake=lake, namespace=namespace, source=source)
+                                      image=image, lake=lake, namespace=namespace, source=source, lake_file=lake_file)
             path = out_dir / f"{k8s_name(spec.name)}.yaml"
         elif target == "cron":
             job_path = f"{jobs_dir.rstrip('/')}/{Path(source).name}" if jobs_dir else str(Path(source).resolve())

@@ -193,3 +193,46 @@ def test_relative_inputs_for_a_cronjob_name_the_images_workdir(tmp_path):
         render_jobs([job], target="k8s-cronjob", out=tmp_path / "out")
     with pytest.raises(SpecError, match=r"relative path.*cron starts the job in the crontab owner's home directory"):
         render_jobs([job], target="cron", out=tmp_path / "out")
+
+
+def test_a_lake_yaml_given_as_lake_travels_with_the_cronjob(jobs, tmp_path):
+    """`--lake LAKE.yaml` (an S3 lake with its storage options, as every command takes it) rendered into the pod's
+    args as the path on the rendering machine: in the pod no such file exists, so `datahub run` took the path for a
+    lake root and wrote a lake into the container's filesystem, lost when the pod ended, every night. Now the YAML
+    goes into the ConfigMap beside the job spec and --lake names its mount; its ${VARS} stay for the pod's env (the
+    datahub-storage Secret), and a literal credential in it is refused (it would sit in a ConfigMap)."""
+    lake_file = tmp_path / "prod-lake.yaml"
+    lake_file.write_text("root: s3://lake/prod\nstorage_options:\n  AWS_ENDPOINT_URL: http://rgw:7480\n"
+                         "  AWS_ACCESS_KEY_ID: ${KEY}\n  AWS_SECRET_ACCESS_KEY: ${SECRET}\n")
+    out = tmp_path / "k8s"
+    result = run_cli(["schedule", "render", "--target", "k8s-cronjob", str(jobs[0]), "--out", str(out),
+                      "--lake", str(lake_file)])
+    assert result.returncode == 0, result.stderr
+    config_map, cron = yaml.safe_load_all((out / "datahub-nightly-web.yaml").read_text())
+    assert config_map["data"]["prod-lake.yaml"] == lake_file.read_text()
+    (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["run", "/etc/datahub/jobs/nightly.yaml", "--lake", "/etc/datahub/jobs/prod-lake.yaml"]
+
+    here = os.getcwd()
+    try:  # a relative path to the lake YAML is fine: it is read here (k8s: into the ConfigMap; cron: made absolute)
+        os.chdir(tmp_path)
+        assert render_jobs([jobs[0]], target="k8s-cronjob", out=tmp_path / "k8s-rel", lake="prod-lake.yaml")
+        (cron_file,) = render_jobs([jobs[0]], target="cron", out=tmp_path / "cron-rel", lake="prod-lake.yaml")
+        assert f"--lake {lake_file}" in cron_file.path.read_text()
+    finally:
+        os.chdir(here)
+
+    relative_root = tmp_path / "rel-lake.yaml"
+    relative_root.write_text("root: lake/prod\n")
+    refused = run_cli(["schedule", "render", "--target", "k8s-cronjob", str(jobs[0]), "--out", str(out),
+                       "--lake", str(relative_root)])
+    assert refused.returncode == 2 and f"{relative_root}: root: 'lake/prod' is a relative path" in refused.stderr, \
+        refused.stderr
+    literal = tmp_path / "literal.yaml"
+    literal.write_text("root: s3://lake/prod\nstorage_options:\n  AWS_SECRET_ACCESS_KEY: hunter2\n")
+    leaked = run_cli(["schedule", "render", "--target", "k8s-cronjob", str(jobs[0]), "--out", str(out),
+                      "--lake", str(literal)])
+    assert leaked.returncode == 2 and "hunter2" not in leaked.stderr, leaked.stderr
+    assert (f"{literal}: storage_options.AWS_SECRET_ACCESS_KEY: a literal credential would be written into the "
+            "ConfigMap; put it in the datahub-storage Secret and write AWS_SECRET_ACCESS_KEY: ${AWS_SECRET_ACCESS_KEY}"
+            ) in leaked.stderr, leaked.stderr
