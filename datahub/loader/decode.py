@@ -176,11 +176,19 @@ def _structure(items: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return [{k: _parsed(v) if k in _JSON_TEXT_FIELDS else v for k, v in item.items()} for item in items]
 
 
+# the member extension of each image format (datahub.kinds.media.MEMBER_EXTENSIONS), read backwards for a sample
+# whose .json member does not say its image_format
+_FORMAT_OF_EXTENSION = {"jpg": "jpeg", "jpeg": "jpeg", "tiff": "tiff"}
+
+
 def _structured(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
     """Like "json", plus the sample's kind and its structure at top level: chat ``messages`` (+ ``tools``),
     preference ``prompt``/``chosen``/``rejected`` (+ scores), trajectory ``episode_id``, ``step_offset``,
     ``episode_steps`` and ``steps``; message ``tool_calls``, step ``tool_call`` and ``tools`` parsed from
-    their JSON text. Samples of other kinds come as "json" gives them, with ``kind``."""
+    their JSON text; image_text ``image`` (the encoded file's bytes, None for a sample whose image is only
+    referenced by ``image_uri``) and ``image_format``, the lake's column names, instead of a key per member
+    extension (jpg, png, webp), so one loop over all kinds reads one key. Samples of other kinds come as "json"
+    gives them, with ``kind``."""
     parsed = _json(index, view, shard)
 
     def sample(i: int, padding: bool) -> dict[str, Any]:
@@ -197,6 +205,11 @@ def _structured(index: ShardIndex, view: memoryview, shard: str) -> SampleReader
             elif field == "tools":
                 value = _parsed(value)
             out[field] = value
+        if kind == "image_text":
+            extension = next((e for e in IMAGE_EXTENSIONS if e in out), None)
+            out["image"] = out.pop(extension) if extension is not None else None
+            out["image_format"] = meta.get("image_format") or (
+                _FORMAT_OF_EXTENSION.get(extension, extension) if extension is not None else None)
         return out
 
     return sample
@@ -234,7 +247,8 @@ def make_decoder(decode: DecodeMode | Callable[[dict[str, Any]], Any]) -> Decode
     """"text": {sample_id, text, is_padding}; "json": adds meta (the parsed .json) and other members as bytes;
     "bytes": every member as bytes keyed by extension; "pil" / "numpy": "json" with the image member decoded
     to an RGB PIL image / uint8 array as ``image``; "structured": "json" with the post-training structure at
-    top level (``_structured``); a callable receives the "bytes" dict."""
+    top level and an image_text sample's ``image`` bytes and ``image_format`` (``_structured``); a callable
+    receives the "bytes" dict."""
     if decode == "text":
         return _text
     if decode == "json":
