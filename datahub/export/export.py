@@ -61,7 +61,7 @@ from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, enc
 from datahub.export.exported_lineage import refuse_other_export
 from datahub.export.scratch import EXPORT_PREFIX, scratch_dir, sweep_stale
 from datahub.export.source import TableSource
-from datahub.export.spill import BUCKET_BYTES, BucketSpill, RecordSpill, buckets_allowed
+from datahub.export.spill import BucketSpill, RecordSpill, bucket_bytes, buckets_allowed
 from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, hashing_thread, shard_name
@@ -479,7 +479,8 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
             members, kinds, member_sizes = encoded_members(batch)
             if buckets is None:
                 extensions = kinds
-                count_buckets = bucket_count(rows, bytes_per_row=members.nbytes // count, bucket_bytes=BUCKET_BYTES,
+                count_buckets = bucket_count(rows, bytes_per_row=members.nbytes // count,
+                                             bucket_bytes=bucket_bytes(settings["shard_size"]),
                                              max_buckets=buckets_allowed(), bucket_rows=bucket_rows)
                 buckets = KeyBuckets.by_hash(count_buckets) if sample is None else \
                     KeyBuckets.by_sample(count_buckets, sample)

@@ -114,3 +114,28 @@ def test_bucket_spill_skips_long_stretches_of_other_shards_rows(tmp_path, monkey
     spill.close()
     assert wanted == sum(map(len, rows))
     assert sum(read) < 6 * wanted  # reading through the bucket per shard would be ~20x
+
+
+def test_spill_buckets_hold_half_a_shard_up_to_16_mib(tmp_path, monkeypatch) -> None:
+    """A local export sizes its spill buckets by its shards: half a shard, 16 MiB at most (each bucket is three
+    files created and removed per export), 8 MiB at least; a bucket of a whole shard or more spans two shards, and
+    each of them reads the other's rows in it."""
+    import datahub.export.export as export_module
+    from datahub.export.spill import bucket_bytes
+
+    assert bucket_bytes(None) == 16 * 2**20
+    assert bucket_bytes(256_000_000) == 16 * 2**20
+    assert bucket_bytes(32_000_000) == 16_000_000
+    assert bucket_bytes(4_000_000) == 8 * 2**20
+    asked: list[int] = []
+    real = export_module.bucket_count
+
+    def bucket_count(rows, **kw):
+        asked.append(kw["bucket_bytes"])
+        return real(rows, **kw)
+
+    monkeypatch.setattr(export_module, "bucket_count", bucket_count)
+    lake, version = make_lake(tmp_path / "lake", 40)
+    manifest = export_table_version(lake, table="samples", version=version, release_name="r", tier="cfs",
+                                    storage=cfs_storage(("cfs", tmp_path / "cfs")), shard_size="64MB")
+    assert asked == [16 * 2**20] and manifest.num_samples == 40
