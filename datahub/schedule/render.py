@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from datahub.config.spec import JobSpec, load_job_spec
+from datahub.config.spec import JobSpec
 from datahub.errors import SpecError
 from datahub.pipeline.graph import build_graph
 
@@ -41,6 +41,28 @@ def k8s_name(job: str) -> str:
     return (f"datahub-{name}"[:52]).rstrip("-")
 
 
+class _KeepUnset(dict):  # type: ignore[type-arg]
+    """The environment for ``expand_env`` at render time: a ``${VAR}`` set here expands, an unset one stays as
+    written (the scheduled run's environment fills it: the pod's Secret, the Airflow worker's env)."""
+
+    def __contains__(self, name: object) -> bool:
+        return True
+
+    def __getitem__(self, name: str) -> str:
+        return os.environ.get(name, f"${{{name}}}")
+
+
+def _load_spec(source: str) -> JobSpec:
+    """The job spec validated as ``load_job_spec`` does, except that unset ``${VARS}`` are kept (see _KeepUnset)."""
+    from datahub.config.spec import expand_env, validate_job_spec
+    from datahub.config.yaml_file import read_yaml
+
+    raw = read_yaml(source, missing="job spec not found; check the path (e.g. jobs/demo.yaml)")
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: a job spec is a YAML mapping with name, lake, inputs and graph")
+    return validate_job_spec(expand_env(raw, _KeepUnset(), source=source), source=source)
+
+
 def _schedule(spec: JobSpec, source: str) -> str:
     if not spec.schedule:
         raise SpecError(f"{source}: schedule: missing; add a cron expression to the job spec, e.g. schedule: '0 3 * * *'")
@@ -62,8 +84,8 @@ def _absolute_paths(spec: JobSpec, source: str, lake: str | None, target: str = 
     are refused too (settled in session 37b): they resolve in the pod, but the same path also resolves in the
     checkout the manifest is rendered from, so a wrong one looks right here; their absolute path in the image
     says which files are meant."""
-    def relative(path: str) -> bool:
-        return "://" not in path and not os.path.isabs(path)
+    def relative(path: str) -> bool:  # a ${VAR} left for the scheduled run's environment is not judged here
+        return "://" not in path and not os.path.isabs(path) and "${" not in path
 
     from datahub.config.lake_file import is_lake_file
 
@@ -107,13 +129,35 @@ def _lake_file(lake: str | None, target: str) -> tuple[str, str] | None:
         raise SpecError(f"{lake}: root: {root!r} is a relative path, which a scheduled run resolves against its "
                         f"working directory ({_WHERE_IT_RUNS.get(target, target)}), so the lake would be lost; give "
                         "an absolute path or s3://bucket/prefix")
-    options = raw.get("storage_options")
-    if target == "k8s-cronjob" and isinstance(options, dict):
-        for key, value in options.items():
-            if _CREDENTIAL.search(str(key)) and isinstance(value, str) and "${" not in value:
-                raise SpecError(f"{lake}: storage_options.{key}: a literal credential would be written into the "
-                                f"ConfigMap; put it in the {STORAGE_SECRET} Secret and write {key}: ${{{key}}}")
+    if target == "k8s-cronjob":
+        _no_literal_credentials(raw.get("storage_options"), f"{lake}: storage_options")
     return Path(lake).name, Path(lake).read_text()
+
+
+def _no_literal_credentials(options: object, where: str) -> None:
+    """Refuse a literal secret in storage options whose file goes into a ConfigMap (readable by whoever reads
+    ConfigMaps); the value is never echoed."""
+    if not isinstance(options, dict):
+        return
+    for key, value in options.items():
+        if _CREDENTIAL.search(str(key)) and isinstance(value, str) and "${" not in value:
+            raise SpecError(f"{where}.{key}: a literal credential would be written into the ConfigMap; put it in the "
+                            f"{STORAGE_SECRET} Secret and write {key}: ${{{key}}}")
+
+
+def _spec_credentials(source: str) -> None:
+    """The job spec as written (before ${VAR} expansion) holds no literal credential in its storage options."""
+    from datahub.config.yaml_file import read_yaml
+
+    raw = read_yaml(Path(source), missing="job spec not found")
+    if not isinstance(raw, dict):
+        return
+    lake = raw.get("lake")
+    if isinstance(lake, dict):
+        _no_literal_credentials(lake.get("storage_options"), f"{source}: lake.storage_options")
+    for i, item in enumerate(raw.get("inputs") or []):
+        if isinstance(item, dict):
+            _no_literal_credentials(item.get("storage_options"), f"{source}: inputs.{i}.storage_options")
 
 
 def _run_args(job_path: str, lake: str | None) -> list[str]:
@@ -250,7 +294,7 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
     texts: list[str] = []
     for job_file in job_files:
         source = os.fspath(job_file)
-        spec = load_job_spec(source)
+        spec = _load_spec(source)
         build_graph(spec, source=source)  # unknown operators, bad params, cycles: refused before rendering
         _schedule(spec, source)
         _absolute_paths(spec, source, lake, target)
@@ -258,6 +302,7 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
         if lake_file is not None and lake is not None and target != "k8s-cronjob":
             lake = str(Path(lake).resolve())  # read on this host (cron) or the workers (airflow), as the job file is
         if target == "k8s-cronjob":
+            _spec_credentials(source)
             text = render_k8s_cronjob(spec, spec_text=Path(source).read_text(), spec_file=Path(source).name,
                                       image=image, lake=lake, namespace=namespace, source=source, lake_file=lake_file)
             path = out_dir / f"{k8s_name(spec.name)}.yaml"

@@ -236,3 +236,25 @@ def test_a_lake_yaml_given_as_lake_travels_with_the_cronjob(jobs, tmp_path):
     assert (f"{literal}: storage_options.AWS_SECRET_ACCESS_KEY: a literal credential would be written into the "
             "ConfigMap; put it in the datahub-storage Secret and write AWS_SECRET_ACCESS_KEY: ${AWS_SECRET_ACCESS_KEY}"
             ) in leaked.stderr, leaked.stderr
+
+
+def test_a_literal_credential_in_the_job_spec_is_not_written_into_a_configmap(tmp_path):
+    """The job spec's text goes into the CronJob's ConfigMap: a literal secret in its storage_options was published
+    there (readable by anyone who can read ConfigMaps); ${VARS} from the datahub-storage Secret are the way."""
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=1)
+    raw = {**job_raw(corpus, "s3://lake/prod", storage_options={"AWS_ENDPOINT_URL": "http://rgw:7480",
+                                                                "AWS_SECRET_ACCESS_KEY": "hunter2"}), "schedule": "@daily"}
+    job = write_job(tmp_path / "literal.yaml", raw)
+    with pytest.raises(SpecError, match=r"literal.yaml: lake.storage_options.AWS_SECRET_ACCESS_KEY: a literal credential "
+                                        r"would be written into the ConfigMap") as refused:
+        render_jobs([job], target="k8s-cronjob", out=tmp_path / "out")
+    assert "hunter2" not in str(refused.value)
+    assert render_jobs([job], target="airflow", out=tmp_path / "dags")  # a DAG file names the spec, it holds no copy
+    # the way: ${VARS} filled in the pod from the Secret. They need not be set where the manifest is rendered (a
+    # laptop has no production keys): before, rendering failed "environment variable ... is not set"
+    raw["lake"]["storage_options"]["AWS_SECRET_ACCESS_KEY"] = "${DATAHUB_TEST_UNSET_SECRET}"
+    raw["lake"]["root"] = "${DATAHUB_TEST_UNSET_LAKE_ROOT}"
+    ok = write_job(tmp_path / "from-env.yaml", raw)
+    (written,) = render_jobs([ok], target="k8s-cronjob", out=tmp_path / "out")
+    config_map = next(yaml.safe_load_all(written.path.read_text()))
+    assert "${DATAHUB_TEST_UNSET_SECRET}" in config_map["data"]["from-env.yaml"]
