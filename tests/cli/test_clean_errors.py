@@ -147,6 +147,11 @@ def test_quarantine_of_a_mistyped_run_id_names_the_runs_that_quarantined(tmp_pat
     run_id = run_job(spec, engine=ArrowEngine()).run_id
     right = datahub("quarantine", "--lake", str(lake), "--run", run_id, "--examples", "0")
     assert right.returncode == 0 and "invalid_json" in right.stdout, right.stdout + right.stderr
+    # the examples show the record's first bytes (stored in the table; before, only the parser's message was shown)
+    shown = datahub("quarantine", "--lake", str(lake), "--run", run_id)
+    assert f"{tmp_path / 'b.jsonl'}:2" in shown.stdout and "record (9 bytes): {not json" in shown.stdout, shown.stdout
+    (example,) = json.loads(datahub("quarantine", "--lake", str(lake), "--json").stdout)["reasons"][0]["examples"]
+    assert example["raw_preview"] == "{not json" and example["raw_size"] == 9
     typo = datahub("quarantine", "--lake", str(lake), "--run", run_id[:-1] + "x")
     assert typo.returncode == 0, typo.stderr
     assert f"by run {run_id[:-1] + 'x'!r}" in typo.stdout and f"did you mean {run_id!r}?" in typo.stdout, typo.stdout

@@ -9,7 +9,17 @@ import typer
 from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, plain, print_json
 
-EXAMPLE_COLUMNS = ["source_uri", "source_offset", "detail", "run_id"]
+EXAMPLE_COLUMNS = ["source_uri", "source_offset", "detail", "run_id", "raw", "raw_size"]
+PREVIEW_BYTES = 80  # of the record's first bytes (the table keeps a few hundred)
+
+
+def _preview(raw: bytes | None) -> str | None:
+    """The record's first bytes as one line of text: UTF-8 where it is, \\xNN escapes where not, \\n for newlines."""
+    if raw is None:
+        return None
+    binary = any(b < 9 for b in raw[:PREVIEW_BYTES])  # an image's header, not a text record: its magic suffices
+    text = raw[:16 if binary else PREVIEW_BYTES].decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | None = None, examples: int = 3,
@@ -43,7 +53,8 @@ def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | N
                 match = match & (ds.field("run_id") == job_run)
             rows = lake.read("quarantine", columns=EXAMPLE_COLUMNS, filters=match)
             rows = rows.sort_by([("source_uri", "ascending"), ("source_offset", "ascending")]).slice(0, examples)
-            item["examples"] = rows.to_pylist()
+            item["examples"] = [{**{k: v for k, v in row.items() if k != "raw"}, "raw_preview": _preview(row["raw"])}
+                                for row in rows.to_pylist()]
         out["reasons"].append(item)
     return out
 
@@ -100,3 +111,5 @@ def register(app: typer.Typer) -> None:
             for example in item["examples"]:
                 where = f"{example['source_uri']}:{example['source_offset']}"
                 out.print(f"  {plain(where)}  {plain(example['detail'] or '')}", soft_wrap=True)
+                if example["raw_preview"]:
+                    out.print(f"    record ({example['raw_size']} bytes): {plain(example['raw_preview'])}", soft_wrap=True)
