@@ -123,6 +123,9 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
 def read_items(path: str | Path) -> pa.Table:
     """The items of an eval-set file as ``(item_id, prompt, answer, text)``; errors name file and line."""
     path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{path}: a directory; give the eval-set file in it (JSONL, JSONL.gz or Parquet with "
+                        "prompt/answer fields), one set per file")
     if not path.is_file():
         raise SpecError(f"{path}: no such eval-set file (JSONL, JSONL.gz or Parquet with prompt/answer fields)")
     ids, prompts, answers = [], [], []

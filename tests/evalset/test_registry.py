@@ -102,3 +102,9 @@ def test_chat_and_code_benchmark_layouts_are_read_whole(tmp_path):
     assert items[2]["prompt"] == "Compose a travel blog post.\nRewrite it in limericks." and items[2]["answer"] is None
     assert items[3]["answer"] == "    return a + b\n"
     assert items[3]["text"] == "def add(a, b):\n\n    return a + b\n"
+
+
+def test_a_directory_given_as_the_eval_set_file_says_so(tmp_path):
+    """Before: "no such eval-set file" for a directory that exists, which sent the user looking for a typo."""
+    with pytest.raises(SpecError, match=r"a directory; give the eval-set file in it"):
+        read_items(tmp_path)
