@@ -8,6 +8,7 @@ import typer
 
 from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, plain, print_json
+from datahub.cli.release_option import RELEASE_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -67,8 +68,8 @@ def register(app: typer.Typer) -> None:
         lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
         table: str = typer.Option("samples", "--table", help="Table to check."),
         version: Optional[int] = typer.Option(None, "--version", help="Delta version (default: latest)."),
-        release: Optional[str] = typer.Option(None, "--release", help="Check what this release froze (its table "
-                                              "and version), e.g. one made before an eval set was registered."),
+        release: Optional[str] = typer.Option(None, "--release", help=RELEASE_HELP + " E.g. one made before an "
+                                              "eval set was registered."),
         ngram: int = typer.Option(13, "--ngram", min=3, help="Words per n-gram."),
         min_overlap: int = typer.Option(1, "--min-overlap", min=1, help="Matching n-grams that make a sample contaminated."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -78,16 +79,11 @@ def register(app: typer.Typer) -> None:
         Exit 1 when any does, naming the eval sets and example sample ids."""
         from datahub.cli.lake_option import open_lake
         from datahub.cli.output import progress
-        from datahub.errors import SpecError
+        from datahub.cli.release_option import release_table
         from datahub.evalset import contamination
-        from datahub.release import get_release
 
         root = open_lake(lake)
-        if release is not None:
-            if version is not None or table != "samples":
-                raise SpecError(f"--release {release} already fixes the table and version; drop --table and --version")
-            frozen = get_release(root, release)
-            table, version = frozen.table, frozen.version
+        table, version = release_table(root, release, table, version)
         what = f"release {release} ({table} v{{version}})" if release is not None else f"{table} v{{version}}"
         done = [0]
         with progress(f"checking {table}", enabled=not as_json) as update:

@@ -8,6 +8,7 @@ import typer
 
 from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json, progress
+from datahub.cli.release_option import RELEASE_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -18,6 +19,7 @@ def register(app: typer.Typer) -> None:
         version: Optional[int] = typer.Option(None, "--version", help="Table version to check (default: latest)."),
         suite: list[str] = typer.Option(["samples.v1"], "--suite", help="Suite name under schemas/gx (repeatable)."),
         table: str = typer.Option("samples", "--table", help="Lake table to validate."),
+        release: Optional[str] = typer.Option(None, "--release", help=RELEASE_HELP),
         no_record: bool = typer.Option(False, "--no-record", help="Do not write the result to qa_results."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
         engine: str = typer.Option("local", "--engine", help="local (one streaming pass in this process), ray (the "
@@ -34,6 +36,10 @@ def register(app: typer.Typer) -> None:
 
         if engine not in ("local", "ray", "spark"):
             raise typer.BadParameter(f"use local, ray or spark, got {engine!r}", param_hint="--engine")
+        from datahub.cli.release_option import release_table
+
+        the_lake = open_lake(lake_ref(lake_arg, lake, command="qa"))
+        table, version = release_table(the_lake, release, table, version)
         running = None
         if engine != "local":
             from datahub.config.spec import EngineSpec
@@ -44,7 +50,7 @@ def register(app: typer.Typer) -> None:
             running.start()
         try:
             with progress(f"qa {table}", enabled=not as_json) as update:
-                results = run_suites(open_lake(lake_ref(lake_arg, lake, command="qa")), suites=suite, table=table,
+                results = run_suites(the_lake, suites=suite, table=table,
                                      version=version, commit=not no_record, engine=running or "local", progress=update)
         finally:
             if running is not None:

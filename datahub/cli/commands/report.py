@@ -9,6 +9,7 @@ import typer
 
 from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json, progress
+from datahub.cli.release_option import RELEASE_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -19,15 +20,18 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Directory for index.html and its PNG plots."),
         version: Optional[int] = typer.Option(None, "--version", help="Samples table version (default: latest)."),
         table: str = typer.Option("samples", "--table", help="Lake table to report on."),
+        release: Optional[str] = typer.Option(None, "--release", help=RELEASE_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
     ) -> None:
         """Write quality-signal distributions, drop reasons, language mix, duplicate clusters, sources."""
         from datahub.cli.lake_option import open_lake
+        from datahub.cli.release_option import release_table
         from datahub.report import build_report
 
+        the_lake = open_lake(lake_ref(lake_arg, lake, command="report"))
+        table, version = release_table(the_lake, release, table, version)
         with progress(f"report {table}", enabled=not as_json) as update:
-            written = build_report(open_lake(lake_ref(lake_arg, lake, command="report")), out_dir=out, table=table,
-                                   version=version, progress=update)
+            written = build_report(the_lake, out_dir=out, table=table, version=version, progress=update)
         if as_json:
             print_json(written.as_dict())
         else:
