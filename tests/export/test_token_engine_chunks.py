@@ -353,3 +353,30 @@ def test_write_pieces_hands_the_sink_one_batch_per_piece_of_every_run(tmp_path, 
     remove_runs(ray_engine, runs, directory)
     assert got == [(7, [[0, 1, 100], [101, 102, 103, 104], [2, 3, 4, 5, 6, 7, 8, 9, 105, 106, 107, 108, 109]]),
                    (8, [[100, 101, 102]])]
+
+
+@pytest.mark.parametrize("engine_name", ["ray", "spark"])
+def test_an_engine_rewrites_only_the_damaged_file_a_chunk_at_a_time(tmp_path, request, engine_name) -> None:
+    """Exporting again to a tier that holds the files rewrites the damaged one alone, on the engine: its read tasks
+    route only that file's chunks (Ray) or documents (Spark), and it gets its bytes back."""
+    engine = request.getfixturevalue(f"{engine_name}_engine")
+    lake, version = make_lake(tmp_path / "lake", 120)
+    path = train_tokenizer(tmp_path / "tok.json")
+    storage = cfs_storage(("cfs", tmp_path / "cfs"))
+
+    def run(**kw: Any):
+        return export_table_tokens(lake, table="samples", version=version, release_name="r", tokenizer=path,
+                                   tier="cfs", storage=storage, file_tokens=400, shuffle_seed=2, **kw)
+
+    manifest = run()
+    assert len(manifest.files) > 3
+    damaged = {suffix: Path(manifest.files[2].replicas["cfs"] + suffix) for suffix in (".bin", ".ids")}
+    whole = {suffix: file.read_bytes() for suffix, file in damaged.items()}
+    damaged[".bin"].write_bytes(whole[".bin"][:-2])
+    damaged[".ids"].unlink()
+    others = {f.prefix: Path(f.replicas["cfs"] + ".bin").stat().st_mtime_ns for f in manifest.files}
+    assert run(engine=engine, workers=2, chunk_bytes=300) == manifest
+    assert {suffix: file.read_bytes() for suffix, file in damaged.items()} == whole
+    assert {prefix: Path(f.replicas["cfs"] + ".bin").stat().st_mtime_ns for prefix, f in
+            zip(others, manifest.files) if prefix != manifest.files[2].prefix} == \
+        {prefix: mtime for prefix, mtime in others.items() if prefix != manifest.files[2].prefix}
