@@ -1,9 +1,11 @@
 """A pass of engine tasks that fails (a task raises) stops its other tasks before it raises, and the error names
-the cause: the token export's grouped write (Ray and Spark ``write_groups``) and QA's ``map_reduce`` on Ray. A task
-left running keeps writing after its caller cleaned up (974f5e0 fixed the text export's passes the same way)."""
+the cause: the token export's grouped write (Ray and Spark ``write_groups``), QA's ``map_reduce`` on Ray, a frame's
+read, ``map_batches`` stage and sink write (Ray Data on Ray), Ray's hash shuffle, and a Ray read its consumer closes.
+A task left running keeps writing after its caller cleaned up (974f5e0 fixed the text export's passes the same way)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,15 +127,11 @@ class _Tables:
         yield pa.table({"file": pa.array([file], pa.int64())})
 
 
-@pytest.mark.parametrize("engine_name", [
-    pytest.param("ray", marks=pytest.mark.xfail(strict=True, reason=(
-        "open: Ray Data's executor cancels its tasks gracefully on a failure and does not wait; Ray 2.60's graceful "
-        "cancel does not interrupt a task blocked in a call (974f5e0), and the executor drops the task refs"))),
-    "spark"])
+@pytest.mark.parametrize("engine_name", ["ray", "spark"])
 def test_a_failed_read_of_streamed_batches_leaves_no_task_running(tmp_path: Path, request, engine_name: str) -> None:
     """``engine.read_files(...).iter_batches()``: on Spark the count pass of the token export (which stages files on
-    the tier from these tasks) and the summary pass of the text export; on Ray the token count pass runs through
-    ``map_tasks`` instead (bbbc18e, tests/export/test_token_count_failure.py), and Ray Data reads remain elsewhere."""
+    the tier from these tasks) and the summary pass of the text export; on Ray the ingest of a run (Ray Data; the
+    token count pass runs through ``map_tasks`` since bbbc18e)."""
     engine = request.getfixturevalue(f"{engine_name}_engine")
     with pytest.raises(Exception, match="task 0 fails"):
         for _ in engine.read_files([0, 1, 2], _Tables(str(tmp_path))).iter_batches():
@@ -163,11 +161,92 @@ class _Ones:
         yield pa.table({"file": pa.array([file], pa.int64())})
 
 
-def test_a_failed_sink_write_on_spark_leaves_no_task_running(tmp_path: Path, spark_engine) -> None:  # noqa: F811
+@pytest.mark.parametrize("engine_name", ["ray", "spark"])
+def test_a_failed_sink_write_leaves_no_task_running(tmp_path: Path, request, engine_name: str) -> None:
     """``Frame.write`` (the write seam's tasks: a run's table files, sinks): a task's write fails while another
-    writes; the sink's abort must not run while that one still writes."""
+    writes; the sink's abort must not run while that one still writes. On Ray a ``map_batches`` stage of Ray Data."""
     from datahub.engines.sink import write_frame
 
+    engine = request.getfixturevalue(f"{engine_name}_engine")
     with pytest.raises(Exception, match="task 0 fails"):
-        write_frame(spark_engine.read_files([0, 1, 2], _Ones()), _FileSink(str(tmp_path)))
+        write_frame(engine.read_files([0, 1, 2], _Ones()), _FileSink(str(tmp_path)))
+    assert_stopped(tmp_path)
+
+
+@dataclass(frozen=True)
+class _FailingMap:
+    """A batch function of a graph node: file 0's batch raises once another file's batch is mapped."""
+
+    folder: str
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        for file in table["file"].to_pylist():  # none on the driver's empty table (the schema of an empty frame)
+            fail_once_running(self.folder, file)
+        return table
+
+
+def _consume(frame: Any, how: str) -> None:
+    if how == "iter_batches":  # the run's sinks, the export's passes
+        for _ in frame.iter_batches():
+            pass
+    else:  # a frame read by several branches, the input of a shuffle
+        frame.materialize()
+
+
+@pytest.mark.parametrize("how", ["iter_batches", "materialize"])
+def test_a_failed_map_stage_on_ray_leaves_no_task_running(tmp_path: Path, ray_engine, how: str) -> None:
+    """A graph node's ``map_batches`` on Ray (its own Ray Data stage over read blocks, not fused with the read)."""
+    read = ray_engine.read_files([0, 1, 2], _Ones()).materialize()
+    with pytest.raises(Exception, match="task 0 fails"):
+        _consume(read.map_batches(_FailingMap(str(tmp_path)), name="failing"), how)
+    assert_stopped(tmp_path)
+
+
+@dataclass(frozen=True)
+class _Holds:
+    """A read in which files 0, 1 and 2 yield their table at once and every other file's task holds."""
+
+    folder: str
+
+    def __call__(self, file: int) -> Iterator[pa.Table]:
+        if file > 2:
+            fail_once_running(self.folder, file)
+        yield pa.table({"file": pa.array([file], pa.int64())})
+
+
+def test_a_ray_read_its_consumer_stops_leaves_no_task_running(tmp_path: Path, ray_engine) -> None:
+    """The driver stops reading (its sink failed, a limit was reached) and closes the stream while reads run: they
+    end before ``close`` returns. (Ray Data hands out the first batch once three blocks are in: files 0, 1, 2.)"""
+    batches = ray_engine.read_files([0, 1, 2, 3, 4], _Holds(str(tmp_path))).iter_batches()
+    assert next(batches)["file"].to_pylist() in ([0], [1], [2])
+    deadline = time.monotonic() + 30
+    while not list(tmp_path.glob("running-*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    batches.close()
+    assert_stopped(tmp_path)
+
+
+@dataclass(frozen=True)
+class _FailingHaving:
+    """A groupby's ``having`` (run in the shuffle's reduce tasks): the partition holding key 0 raises once another
+    partition's reduce runs; the others hold."""
+
+    folder: str
+
+    def __call__(self, groups: pa.Table) -> pa.Table:
+        keys = groups["key"].to_pylist()
+        if keys:  # an empty partition, or the driver's schema of an empty frame
+            fail_once_running(self.folder, 0 if 0 in keys else min(keys))
+        return groups
+
+
+def test_a_failed_reduce_of_a_ray_shuffle_leaves_no_task_running(tmp_path: Path, ray_engine) -> None:
+    """``RayFrame.groupby_agg`` (dedup's band groups; ``join`` runs the same shuffle): a reduce task fails while
+    another runs. The shuffle's tasks are plain Ray tasks, not Ray Data's."""
+    table = pa.table({"key": pa.array(range(16), pa.int64()), "value": pa.array(range(16), pa.int64())})
+    frame = ray_engine.from_arrow(table)
+    groups = frame.groupby_agg(["key"], {"total": ("value", "sum")}).to_arrow()
+    assert sorted(groups["key"].to_pylist()) == list(range(16))
+    with pytest.raises(Exception, match="task 0 fails"):
+        frame.groupby_agg(["key"], {"total": ("value", "sum")}, having=_FailingHaving(str(tmp_path))).to_arrow()
     assert_stopped(tmp_path)

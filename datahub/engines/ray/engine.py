@@ -270,7 +270,10 @@ class RayEngine(Engine):
             return
         import ray.data
 
+        from datahub.engines.ray.execution import stop_tasks_at_end
+
         ctx = ray.data.DataContext.get_current()
+        stop_tasks_at_end(ctx)  # a failed stage stops its other tasks before the error reaches the caller
         ctx.enable_progress_bars = False  # datahub draws its own progress
         ctx.print_on_execution_start = False
         # one INFO line per executed dataset (a dedup run executes dozens) drowns the run's own summary

@@ -5,7 +5,9 @@ small machine, whatever the data size; global operators (dedup's label propagati
 many times. Here a shuffle is two waves of plain tasks: each input block is split by key hash
 into P parts (one task per block), then each of the P reducers concatenates its parts and runs
 pyarrow's group_by or join. Data moves through the object store; nothing is collected on the
-driver.
+driver. The call returns once every reducer has ended: a failed task (or an interrupted driver)
+cancels the shuffle's other tasks and waits for them before the error propagates, so none of them
+runs on after the pass has failed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pyarrow as pa
 import ray
 
 from datahub.engines.partition import split_by_key
+from datahub.engines.ray.tasks import cancel_and_wait
 
 
 @ray.remote
@@ -27,8 +30,9 @@ def _split(table: pa.Table, keys: list[str], partitions: int) -> Any:
     return parts[0] if partitions == 1 else tuple(parts)
 
 
-@ray.remote
-def _reduce(fn: Callable[..., pa.Table], schemas: Sequence[pa.Schema], *sides_and_parts: Any) -> pa.Table:
+@ray.remote(num_returns=2)
+def _reduce(fn: Callable[..., pa.Table], schemas: Sequence[pa.Schema], *sides_and_parts: Any) -> tuple[pa.Table, int]:
+    """The partition's output and its row count: the driver waits on the small count, the table stays in the store."""
     # sides_and_parts: counts per side, then the parts of side 0, side 1, ...
     counts = sides_and_parts[: len(schemas)]
     parts = list(sides_and_parts[len(schemas):])
@@ -40,7 +44,7 @@ def _reduce(fn: Callable[..., pa.Table], schemas: Sequence[pa.Schema], *sides_an
     result = fn(*tables)
     del tables, parts
     pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages unless told
-    return result
+    return result, result.num_rows
 
 
 def hash_shuffle(
@@ -49,18 +53,32 @@ def hash_shuffle(
     partitions: int,
     reduce_fn: Callable[..., pa.Table],
 ) -> list[ray.ObjectRef]:
-    """Co-partition every side by its keys and run ``reduce_fn(side0, side1, ...)`` per partition."""
-    split_refs: list[list[list[ray.ObjectRef]]] = []  # side -> block -> partition
-    for (blocks, _), side_keys in zip(sides, keys):
-        per_block = []
-        for block in blocks:
-            out = _split.options(num_returns=partitions).remote(block, side_keys, partitions)
-            per_block.append([out] if partitions == 1 else list(cast(Sequence[Any], out)))  # num_returns > 1: a list
-        split_refs.append(per_block)
-    schemas = [schema for _, schema in sides]
-    results = []
-    for p in range(partitions):
-        counts = [len(per_block) for per_block in split_refs]
-        parts = [per_block[b][p] for per_block in split_refs for b in range(len(per_block))]
-        results.append(_reduce.remote(reduce_fn, schemas, *counts, *parts))
-    return results
+    """Co-partition every side by its keys and run ``reduce_fn(side0, side1, ...)`` per partition; returns the
+    partitions' tables (refs), once every reducer has ended."""
+    split_tasks: list[Any] = []  # one ref per split task, to cancel it until the first reducer has ended
+    pending: list[Any] = []  # the reducers' row counts, not yet got
+    try:
+        split_refs: list[list[list[ray.ObjectRef]]] = []  # side -> block -> partition
+        for (blocks, _), side_keys in zip(sides, keys):
+            per_block = []
+            for block in blocks:
+                out = _split.options(num_returns=partitions).remote(block, side_keys, partitions)
+                per_block.append([out] if partitions == 1 else list(cast(Sequence[Any], out)))  # num_returns > 1: a list
+                split_tasks.append(per_block[-1][0])
+            split_refs.append(per_block)
+        schemas = [schema for _, schema in sides]
+        results = []
+        for p in range(partitions):
+            counts = [len(per_block) for per_block in split_refs]
+            parts = [per_block[b][p] for per_block in split_refs for b in range(len(per_block))]
+            table, rows = cast(Sequence[Any], _reduce.remote(reduce_fn, schemas, *counts, *parts))
+            results.append(table)
+            pending.append(rows)
+        del split_refs, parts  # the reducers hold the parts now
+        while pending:  # as they end: a failed reducer (or the split it reads) raises at once, not after the others
+            done, pending = ray.wait(pending, num_returns=1)
+            ray.get(done[0])
+            split_tasks = []  # all ended (a reducer reads a part of every block); a ref would pin its part
+        return results
+    finally:  # a task failed or the driver was interrupted: none of the shuffle may still run
+        cancel_and_wait(split_tasks + pending)
