@@ -52,3 +52,12 @@ def test_channel_and_event_commands_print_json(lake_with_a_release):
     assert run_json("release", "archive", "r2") == {"release": "r2", "state": "archived", "changed": True}
     assert run_json("release", "archive", "r2") == {"release": "r2", "state": "archived", "changed": False}
     assert run_json("tier", "touch", "r1") == {"release": "r1", "recorded": True}
+
+
+def test_every_lake_option_says_it_takes_a_lake_yaml():
+    """README: every command takes the lake as --lake ROOT_OR_YAML (an S3 lake's keys live in the YAML). The
+    release commands' and lineage's --help said only "Lake root: a path or s3://bucket/prefix", so a user with an S3
+    lake did not learn there that the YAML works; schedule render's did not say it ships the YAML to the pod."""
+    missing = [name for name, command in commands() for param in command.params
+               if "--lake" in param.opts and "YAML" not in (param.help or "")]
+    assert not missing, missing

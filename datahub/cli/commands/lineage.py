@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, plain, print_json
 
 if TYPE_CHECKING:
@@ -68,7 +69,7 @@ def register(app: typer.Typer) -> None:
     @app.command("lineage")
     def lineage(
         sample_id: Optional[str] = typer.Argument(None, help="A sample id, or `optimize` to Z-order the lineage table."),
-        lake: str = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix."),
+        lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
         source: Optional[str] = typer.Option(None, "--source", help="An input file URI: what became of each record."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:

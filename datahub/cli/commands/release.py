@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional, cast
 
 import typer
 
+from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, plain, print_json, progress
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     from datahub.release.merge_dedup import DedupMode
     from datahub.release.records import Release
 
-LAKE = typer.Option(..., "--lake", help="Lake root: a path or s3://bucket/prefix.")
+LAKE = typer.Option(..., "--lake", help=LAKE_HELP)
 
 
 class DedupChoice(str, Enum):

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         target: str = typer.Option(..., "--target", help="k8s-cronjob | airflow | cron (a crontab line)."),
         out: Path = typer.Option(Path("deploy"), "--out", help="Directory to write manifests / DAG files / crontab lines into."),
         image: str = typer.Option("datahub:latest", "--image", help="Container image for k8s-cronjob (see docker/)."),
-        lake: Optional[str] = typer.Option(None, "--lake", help="Pass --lake to `datahub run` (lake root as seen by the scheduled pod/worker)."),
+        lake: Optional[str] = typer.Option(None, "--lake", help="Pass --lake to `datahub run`: a lake root as the scheduled pod/worker sees it, or a lake YAML (root + storage_options; shipped in the CronJob's ConfigMap)."),
         jobs_dir: Optional[str] = typer.Option(None, "--jobs-dir", help="airflow, cron: where the job files live on the workers / cron host (default: their absolute path here)."),
         namespace: Optional[str] = typer.Option(None, "--namespace", help="k8s-cronjob: metadata.namespace."),
         as_json: bool = typer.Option(False, "--json", help="Print the written files as JSON."),
