@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from datahub.config.spec import InputSpec
-from datahub.errors import SpecError
+from datahub.errors import OperatorError, SpecError
 from datahub.lake.lake import fsspec_options
 from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_policy, storage_errors
-from operators.ingest.base import InputFile, detect_format
+from operators.ingest.base import InputFile, detect_format, reader_for
 from operators.ingest.stream import file_identity
 
 
@@ -61,6 +61,10 @@ def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: R
             if protocol in ("file", "local") and not uri.startswith("/"):
                 uri = "/" + uri
             fmt = spec.format if spec.format != "auto" else detect_format(uri)
+            try:  # before any engine starts: a read task would fail on it, deep in the engine's logs
+                reader_for(fmt, spec.kind)
+            except OperatorError as exc:
+                raise SpecError(f"{source}: inputs.{index}: {uri}: {exc}") from None
             size, etag, mtime = file_identity(info)
             files[uri] = InputFile(
                 uri=uri,
