@@ -87,12 +87,19 @@ def previous_runs(lake: Lake, job_name: str) -> pa.Table:
     return runs.filter(mask).sort_by([("finished", "ascending")])
 
 
-def list_job_inputs(spec: JobSpec, lake: Lake, *, source: str = "<spec>", history: pa.Table | None = None) -> InputListing:
+def list_job_inputs(spec: JobSpec, lake: Lake, *, source: str = "<spec>", history: pa.Table | None = None,
+                    full: bool = False) -> InputListing:
     """The job's input files now. An input matching no file is an error on the job's first run; once the job has a
     succeeded run in ``lake`` it is listed in ``unmatched`` (an emptied landing directory: a run with nothing new),
-    unless its local directory does not exist (``list_inputs``)."""
+    unless its local directory does not exist (``list_inputs``), or the run is ``full``: a full run replaces the
+    job's rows with those of the files listed now, so it would delete the samples of that input's earlier files."""
     history = previous_runs(lake, spec.name) if history is None else history
-    return list_inputs(spec.inputs, source=source, empty_ok=bool(history.num_rows))
+    listing = list_inputs(spec.inputs, source=source, empty_ok=bool(history.num_rows))
+    if full and listing.unmatched:
+        raise SpecError(f"{source}: {listing.unmatched[0].removesuffix(' now')}; --full replaces the job's rows with "
+                        "those of the files listed now, so the samples of that input's earlier files would be deleted; "
+                        "restore the files or drop the input from the job")
+    return listing
 
 
 def ingested_identities(runs: pa.Table) -> set[tuple[str, int, str]]:
@@ -178,7 +185,7 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
     t0 = time.perf_counter()
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
     history = previous_runs(lake, spec.name)
-    listing = list_job_inputs(spec, lake, source=source, history=history)
+    listing = list_job_inputs(spec, lake, source=source, history=history, full=full)
     all_files = listing.files
     if pending is not None:  # complete an interrupted run: its id, its files
         planned = planned_files(pending, all_files, lake, source=source, job_hash=spec.job_hash())

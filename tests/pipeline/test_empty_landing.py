@@ -55,3 +55,34 @@ def test_an_empty_landing_directory_after_a_run_is_a_no_op(tmp_path):
     gone = datahub("run", job)
     assert gone.returncode == 2, gone.stdout
     assert f"inputs.0.uri: '{landing}/*.jsonl' matches no file and its directory {landing} does not exist" in gone.stderr
+
+
+def test_a_full_run_with_an_emptied_input_is_refused_not_a_deletion(tmp_path):
+    """Review finding on the no-op above: `--full` replaces the job's rows with those of the files listed now, so
+    with one input emptied it committed the other input's rows only and the emptied input's samples were deleted
+    (8 samples -> 3, status succeeded). A --full run with an input that matches nothing stays an error saying why."""
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.errors import SpecError
+    from datahub.pipeline.run import run_job
+
+    landing, archive = tmp_path / "landing", tmp_path / "archive"
+    landing.mkdir()
+    archive.mkdir()
+    (landing / "a.jsonl").write_text("".join(json.dumps({"text": f"landing document {i} about the harbour"}) + "\n"
+                                             for i in range(5)))
+    (archive / "b.jsonl").write_text("".join(json.dumps({"text": f"archive document {i} about the valley"}) + "\n"
+                                             for i in range(3)))
+    spec = validate_job_spec({"name": "two", "lake": {"root": str(tmp_path / "lake")},
+                              "inputs": [{"uri": f"{landing}/*.jsonl"}, {"uri": f"{archive}/*.jsonl"}],
+                              "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    (landing / "a.jsonl").unlink()
+    try:
+        run_job(spec, engine=ArrowEngine(), full=True)
+        raise AssertionError("a --full run with an emptied input was not refused")
+    except SpecError as exc:
+        assert (f"inputs.0.uri '{landing}/*.jsonl' matches no file; --full replaces the job's rows with those of the "
+                "files listed now, so the samples of that input's earlier files would be deleted") in str(exc), exc
+    assert Lake(tmp_path / "lake").read("samples").num_rows == 8
+    assert run_job(spec, engine=ArrowEngine()).status == "skipped"  # incremental: the no-op, as above

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
             build_graph(spec, source=str(job))  # operators, params, edges: what run_job checks first
             # as the run would list them: an input matching nothing is an error until the job has run once
             listing = list_job_inputs(spec, Lake(spec.lake.root, storage_options=spec.lake.storage_options),
-                                      source=str(job))
+                                      source=str(job), full=full)
             files = listing.files
             if as_json:
                 print_json({"job": spec.name, "valid": True, "lake": spec.lake.root, "inputs": [f.uri for f in files],
