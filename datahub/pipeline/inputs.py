@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -20,7 +21,7 @@ from operators.ingest.stream import file_identity
 @dataclass(frozen=True)
 class InputListing:
     """The files a job's inputs match now, and the inputs that matched none (``inputs.N.uri '...' matches no file
-    now``), which only ``empty_ok`` listings return."""
+    now``), which only listings given ``read_before`` return."""
 
     files: list[InputFile]
     unmatched: list[str] = field(default_factory=list)
@@ -38,10 +39,11 @@ def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>",
 
 
 def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: RetryPolicy = DEFAULT_POLICY,
-                empty_ok: bool = False) -> InputListing:
-    """``list_input_files``, and with ``empty_ok`` an input that matches no file is listed in ``unmatched`` instead
-    of refused (a landing directory emptied after earlier runs), unless it is a local path whose directory does
-    not exist (a typo or an unmounted path stays an error; object stores have no directories to check)."""
+                read_before: Sequence[str] | None = None, job: str = "") -> InputListing:
+    """``list_input_files``, except that an input that matches no file now but did match a file an earlier run of
+    the job read (``read_before``: those files' URIs, as listed then) is listed in ``unmatched`` instead of refused:
+    a landing directory emptied after earlier runs. An input no earlier run read from (a typo in an edited spec, a
+    first run) and a local path whose directory does not exist stay errors."""
     files: dict[str, InputFile] = {}
     unmatched: list[str] = []
     for index, spec in enumerate(inputs):
@@ -52,8 +54,11 @@ def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: R
             if missing is not None:
                 raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file and its directory "
                                 f"{missing} does not exist; check the path (or the mount)")
-            if not empty_ok:
+            if read_before is None:
                 raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file; check the path or glob")
+            if not _read_from(spec.uri, protocol, read_before):
+                raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file, and no earlier run of job "
+                                f"{job!r} read a file from it; check the path or glob")
             unmatched.append(f"inputs.{index}.uri {spec.uri!r} matches no file now")
             continue
         for path, info in listed:
@@ -77,6 +82,17 @@ def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: R
                 storage_options=tuple(sorted(options.items())) if options else (),
             )
     return InputListing([files[k] for k in sorted(files)], unmatched)
+
+
+def _read_from(uri: str, protocol: str, earlier: Sequence[str]) -> bool:
+    """Whether one of the ``earlier`` files (URIs as a listing gave them) is matched by input ``uri``: by its glob,
+    or under it as a directory, or as the file itself."""
+    local = protocol in ("file", "local")
+    pattern = os.path.abspath(uri.removeprefix("file://")) if local else uri
+    if any(c in pattern for c in "*?["):
+        return any(fnmatch.fnmatchcase(u, pattern) for u in earlier)
+    directory = pattern.rstrip("/") + "/"
+    return any(u == pattern or u.startswith(directory) for u in earlier)
 
 
 def _missing_local_directory(uri: str, protocol: str) -> str | None:

@@ -89,12 +89,13 @@ def previous_runs(lake: Lake, job_name: str) -> pa.Table:
 
 def list_job_inputs(spec: JobSpec, lake: Lake, *, source: str = "<spec>", history: pa.Table | None = None,
                     full: bool = False) -> InputListing:
-    """The job's input files now. An input matching no file is an error on the job's first run; once the job has a
-    succeeded run in ``lake`` it is listed in ``unmatched`` (an emptied landing directory: a run with nothing new),
-    unless its local directory does not exist (``list_inputs``), or the run is ``full``: a full run replaces the
-    job's rows with those of the files listed now, so it would delete the samples of that input's earlier files."""
+    """The job's input files now. An input matching no file is an error, except when an earlier succeeded run of
+    the job in ``lake`` read a file it matches: then it is listed in ``unmatched`` (an emptied landing directory: a
+    run with nothing new; ``list_inputs``), unless the run is ``full``: a full run replaces the job's rows with
+    those of the files listed now, so it would delete the samples of that input's earlier files."""
     history = previous_runs(lake, spec.name) if history is None else history
-    listing = list_inputs(spec.inputs, source=source, empty_ok=bool(history.num_rows))
+    read_before = [uri for uri, _, _ in ingested_identities(history)] if history.num_rows else None
+    listing = list_inputs(spec.inputs, source=source, read_before=read_before, job=spec.name)
     if full and listing.unmatched:
         raise SpecError(f"{source}: {listing.unmatched[0].removesuffix(' now')}; --full replaces the job's rows with "
                         "those of the files listed now, so the samples of that input's earlier files would be deleted; "

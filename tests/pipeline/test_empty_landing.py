@@ -86,3 +86,35 @@ def test_a_full_run_with_an_emptied_input_is_refused_not_a_deletion(tmp_path):
                 "files listed now, so the samples of that input's earlier files would be deleted") in str(exc), exc
     assert Lake(tmp_path / "lake").read("samples").num_rows == 8
     assert run_job(spec, engine=ArrowEngine()).status == "skipped"  # incremental: the no-op, as above
+
+
+def test_an_input_no_earlier_run_read_from_stays_an_error(tmp_path):
+    """Review finding: the no-op was allowed for any input of a job with a succeeded run, so a typo made in the spec
+    after the first run passed as "nothing to do" for ever when its parent directory existed (a directory input
+    `/data/landng` looks at /data) or on an object store. Now an input may match nothing only if an earlier run of
+    the job read a file it matches."""
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.errors import SpecError
+    from datahub.pipeline.run import run_job
+
+    landing = tmp_path / "landing"
+    landing.mkdir()
+    (landing / "a.jsonl").write_text(json.dumps({"text": "the first delivery of the landing directory"}) + "\n")
+
+    def spec(uri: str):
+        return validate_job_spec({"name": "landing", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": uri}],
+                                  "graph": {"samples": {"sink": "samples"}}})
+
+    assert run_job(spec(str(landing)), engine=ArrowEngine()).status == "succeeded"  # a directory input
+    (landing / "a.jsonl").unlink()
+    assert run_job(spec(str(landing)), engine=ArrowEngine()).status == "skipped"
+    assert run_job(spec(f"{landing}/*.jsonl"), engine=ArrowEngine()).status == "skipped"  # the same files by glob
+    (tmp_path / "elsewhere").mkdir()
+    for typo in (str(tmp_path / "landng"), f"{tmp_path / 'elsewhere'}/*.jsonl"):
+        try:
+            run_job(spec(typo), engine=ArrowEngine())
+            raise AssertionError(f"{typo}: an input no earlier run read from passed as a no-op")
+        except SpecError as exc:
+            assert (f"inputs.0.uri: {typo!r} matches no file, and no earlier run of job 'landing' read a file from "
+                    "it; check the path or glob") in str(exc), exc
