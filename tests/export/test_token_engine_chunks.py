@@ -166,7 +166,8 @@ def test_spark_streams_a_file_in_sorted_batches_the_bytes_of_a_local_export(tmp_
 
 def test_an_order_hash_with_its_top_bit_set_sorts_after_one_without_on_spark(tmp_path, spark_engine) -> None:
     """``write_sorted`` orders int64 bits as uint64 (``unsigned``): hashes >= 2**63 (negative as Spark's longs) come
-    after the smaller ones, and equal hashes by id; the groups reach the sink in batches in that order."""
+    after the smaller ones, and equal hashes by id; the groups reach the sink in batches in that order (the default
+    write partitions: Spark's shuffle partitions)."""
     from datahub.engines.spark.export import write_sorted
 
     hashes = np.array([3, 2**63 + 5, 2**63 - 1, 2**64 - 1, 3, 0], dtype=np.uint64)
@@ -174,7 +175,7 @@ def test_an_order_hash_with_its_top_bit_set_sorts_after_one_without_on_spark(tmp
     expected_order = [i for _, i in sorted(zip(hashes.tolist(), ids))]
     schema = pa.schema([("group", pa.int64()), ("h", pa.int64()), ("id", pa.string())])
     got = write_sorted(spark_engine, [0, 1], read=_Halves(hashes.view(np.int64).tolist(), ids), key="group",
-                       order=("h", "id"), unsigned=("h",), sink=_Ordered(), routed_schema=schema, workers=2)
+                       order=("h", "id"), unsigned=("h",), sink=_Ordered(), routed_schema=schema)
     assert sorted(got) == [(0, expected_order), (1, expected_order)]
 
 
