@@ -721,7 +721,9 @@ class TokenFileWriter(Sink[TokenFileDone, list[TokenFileDone]]):
         if first is None:
             raise IntegrityError(f"release {self.release!r}: a token file writer was given no documents; re-run the export")
         index = int(first["shard"][0].as_py())
-        with tempfile.TemporaryDirectory(prefix="datahub-token-file-") as scratch:
+        # a locked scratch folder in the temp folder: what a killed task left there goes with the next sweep of it
+        # (an export with no spill folder sweeps it first)
+        with scratch_dir(TOKENS_PREFIX) as scratch:
             return self.publish(OrderedTokenFile(index, file_prefix(self.release, index), itertools.chain([first], stream),
                                                  self.router.samples[index], self.tokens[index], self.tokenizer.dtype,
                                                  self.shuffle_seed is not None, scratch))
