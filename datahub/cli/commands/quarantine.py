@@ -22,12 +22,25 @@ def _preview(raw: bytes | None) -> str | None:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
+SCAN_ROWS = 65_536  # rows of (reason, source_uri, source_offset) per batch of the counting pass
+RAW_SCAN_ROWS = 1_024  # rows per batch of the examples' pass, which reads `raw` (up to 4 KB a row)
+
+
+def _scan(lake: Any, columns: list[str], where: Any, batch_size: int = SCAN_ROWS) -> Any:
+    return lake.dataset("quarantine").scanner(columns=columns, filter=where, batch_size=batch_size,
+                                              fragment_readahead=1, batch_readahead=1).to_batches()
+
+
 def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | None = None, examples: int = 3,
                        storage_options: dict[str, str] | None = None) -> dict[str, Any]:
-    """Quarantined records per reason (most first), each with up to ``examples`` records (file, offset, detail).
+    """Quarantined records per reason (most first), each with up to ``examples`` records (file, offset, detail and
+    a preview of the record's first bytes), the first by file and offset.
 
-    Reads the ``reason`` column for the counts and the example columns of the reasons shown only.
+    Streams the table once for the counts and the examples' keys (reason, file, offset), then reads the other
+    columns (``raw`` among them) of the examples' rows only: memory stays bounded however many records there are.
     """
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     from datahub.cli.lake_option import open_lake
@@ -41,33 +54,54 @@ def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | N
         where = ds.field("reason") == reason
     if job_run is not None:
         where = (ds.field("run_id") == job_run) if where is None else where & (ds.field("run_id") == job_run)
-    reasons = lake.read("quarantine", columns=["reason"], filters=where)
-    counts = reasons.group_by("reason").aggregate([("reason", "count")]).to_pylist()
-    counts.sort(key=lambda row: (-row["reason_count"], row["reason"] or ""))
-    out["total"] = reasons.num_rows
-    for row in counts:
-        item: dict[str, Any] = {"reason": row["reason"], "records": row["reason_count"], "examples": []}
-        if examples > 0:
-            match = ds.field("reason") == row["reason"]
+    counts: dict[str | None, int] = {}
+    firsts: dict[str | None, pa.Table] = {}  # per reason: the `examples` smallest (source_uri, source_offset) so far
+    order = [("source_uri", "ascending"), ("source_offset", "ascending")]
+    for batch in _scan(lake, ["reason", "source_uri", "source_offset"], where):
+        if not batch.num_rows:
+            continue
+        found = pc.value_counts(batch.column("reason"))
+        for value, count in zip(found.field("values").to_pylist(), found.field("counts").to_pylist()):
+            counts[value] = counts.get(value, 0) + count
+            if examples > 0:
+                rows = pa.Table.from_batches([batch]).filter(pc.equal(batch.column("reason"), value) if value is not None
+                                                             else pc.is_null(batch.column("reason")))
+                rows = pa.concat_tables([t for t in (firsts.get(value), rows) if t is not None])
+                firsts[value] = rows.take(pc.select_k_unstable(rows, k=min(examples, rows.num_rows), sort_keys=order))
+    out["total"] = sum(counts.values())
+    for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] or "")):
+        item: dict[str, Any] = {"reason": name, "records": count, "examples": []}
+        keys = firsts.get(name)
+        if keys is not None and keys.num_rows:
+            match = (ds.field("reason") == name) if name is not None else ds.field("reason").is_null()
             if job_run is not None:
                 match = match & (ds.field("run_id") == job_run)
-            rows = lake.read("quarantine", columns=EXAMPLE_COLUMNS, filters=match)
-            rows = rows.sort_by([("source_uri", "ascending"), ("source_offset", "ascending")]).slice(0, examples)
+            match = (match & ds.field("source_uri").isin(keys.column("source_uri").unique())
+                     & ds.field("source_offset").isin(keys.column("source_offset").unique()))
+            wanted = set(zip(keys.column("source_uri").to_pylist(), keys.column("source_offset").to_pylist()))
+            picked = [row for batch in _scan(lake, EXAMPLE_COLUMNS, match, RAW_SCAN_ROWS) for row in batch.to_pylist()
+                      if (row["source_uri"], row["source_offset"]) in wanted]
+            picked.sort(key=lambda r: (r["source_uri"] or "", r["source_offset"] or 0))
             item["examples"] = [{**{k: v for k, v in row.items() if k != "raw"}, "raw_preview": _preview(row["raw"])}
-                                for row in rows.to_pylist()]
+                                for row in picked[:examples]]
         out["reasons"].append(item)
     return out
 
 
 def _other_runs(root: str, run: str) -> str:
     """A mistyped --run id must not read as a clean run: the runs that did quarantine records, the closest first."""
+    import pyarrow.compute as pc
+
     from datahub.cli.lake_option import open_lake
     from datahub.close_names import did_you_mean
 
     lake = open_lake(root)
     if not lake.exists("quarantine"):
         return ""
-    runs = sorted(set(lake.read("quarantine", columns=["run_id"]).column("run_id").unique().to_pylist()) - {None, run})
+    seen: set[str] = set()  # one entry per run, streamed: the table may hold millions of rows
+    for batch in _scan(lake, ["run_id"], None):
+        seen.update(pc.unique(batch.column("run_id")).drop_null().to_pylist())
+    runs = sorted(seen - {run})
     if not runs:
         return ""
     listed = ", ".join(runs[:5]) + (f" and {len(runs) - 5} more" if len(runs) > 5 else "")
