@@ -262,14 +262,32 @@ def datahub_executable() -> list[str]:
     return [os.path.abspath(sys.executable), "-m", "datahub.cli.main"]
 
 
+def needed_variables(*texts: str) -> list[str]:
+    """The ``${VAR}`` names (without a ``:-default``) that the given spec or lake YAML texts read."""
+    from datahub.config.spec import _ENV_REF
+
+    return sorted({m.group(1) for text in texts for m in _ENV_REF.finditer(text) if m.group(2) is None})
+
+
 def render_crontab(spec: JobSpec, *, job_path: str, lake: str | None = None, source: str = "<spec>",
-                   path: str = "THIS_FILE") -> str:
-    """One crontab line running ``datahub run job_path`` on the schedule, under ``flock -n`` (overlap skipped)."""
-    lock = f"/tmp/datahub-{k8s_name(spec.name).removeprefix('datahub-')}.lock"
+                   path: str = "THIS_FILE", needs: list[str] | None = None) -> str:
+    """One crontab line running ``datahub run job_path`` on the schedule, under ``flock -n`` (overlap skipped).
+
+    ``needs``: the ``${VARS}`` the spec reads (``needed_variables``), which cron's bare environment lacks."""
+    import hashlib
+
+    # one lock per job name: k8s_name folds '_' and '.', so it alone would make two jobs skip each other
+    digest = hashlib.sha256(spec.name.encode()).hexdigest()[:8]
+    lock = f"/tmp/datahub-{k8s_name(spec.name).removeprefix('datahub-')}-{digest}.lock"
     command = " ".join(shlex.quote(a) for a in ["flock", "-n", lock, *datahub_executable(), *_run_args(job_path, lake)])
     command = command.replace("%", "\\%")  # cron turns an unescaped % into a newline
+    environment = ""
+    if needs:
+        environment = (f"# needs in cron's environment: {', '.join(needs)} (the job spec reads them as ${{VAR}}; cron "
+                       "starts jobs with a\n# bare environment): put VAR=value lines above this entry in the crontab, "
+                       "or start the command with\n# `. /etc/datahub/env && ` (a file that exports them).\n")
     return (f"# datahub job {spec.name!r}, rendered by `datahub schedule render --target cron` from {source}.\n"
-            f"# Install: (crontab -l 2>/dev/null; cat {shlex.quote(path)}) | crontab -\n"
+            f"# Install: (crontab -l 2>/dev/null; cat {shlex.quote(path)}) | crontab -\n" + environment +
             "# The schedule is in the cron daemon's time zone (the k8s-cronjob and airflow renders use UTC). flock -n\n"
             "# skips a start while the previous run still holds the lock; cron mails what the run prints (set MAILTO, or\n"
             "# append >> LOGFILE 2>&1); `datahub runs --lake LAKE` lists runs, a failed one with its resume command.\n"
@@ -309,7 +327,9 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
         elif target == "cron":
             job_path = f"{jobs_dir.rstrip('/')}/{Path(source).name}" if jobs_dir else str(Path(source).resolve())
             path = out_dir / f"{k8s_name(spec.name)}.cron"
-            text = render_crontab(spec, job_path=job_path, lake=lake, source=source, path=str(path.resolve()))
+            needs = needed_variables(Path(source).read_text(), lake_file[1] if lake_file else "")
+            text = render_crontab(spec, job_path=job_path, lake=lake, source=source, path=str(path.resolve()),
+                                  needs=needs)
         else:
             job_path = f"{jobs_dir.rstrip('/')}/{Path(source).name}" if jobs_dir else str(Path(source).resolve())
             text = render_airflow_dag(spec, job_path=job_path, lake=lake, source=source)

@@ -258,3 +258,28 @@ def test_a_literal_credential_in_the_job_spec_is_not_written_into_a_configmap(tm
     (written,) = render_jobs([ok], target="k8s-cronjob", out=tmp_path / "out")
     config_map = next(yaml.safe_load_all(written.path.read_text()))
     assert "${DATAHUB_TEST_UNSET_SECRET}" in config_map["data"]["from-env.yaml"]
+
+
+def test_a_crontab_line_names_the_variables_the_job_needs_from_crons_environment(tmp_path):
+    """Review finding: cron starts a job with a bare environment, so a spec reading ${AWS_ACCESS_KEY_ID} failed every
+    night ("environment variable ... is not set") while the rendered line gave no hint, even when the variables were
+    set in the shell that rendered it. The header names them and how to provide them. Also: the flock file was
+    /tmp/datahub-<k8s name>.lock, which folds '_' and '.', so jobs web_crawl and web.crawl shared a lock and one
+    silently skipped its runs."""
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=1)
+    raw = {**job_raw(corpus, "s3://bucket/lake", name="web_crawl",
+                     storage_options={"AWS_ACCESS_KEY_ID": "${AWS_ACCESS_KEY_ID}",
+                                      "AWS_SECRET_ACCESS_KEY": "${AWS_SECRET_ACCESS_KEY}",
+                                      "AWS_REGION": "${AWS_REGION:-us-east-1}"}), "schedule": "@daily"}
+    (first,) = render_jobs([write_job(tmp_path / "a.yaml", raw)], target="cron", out=tmp_path / "a")
+    text = first.path.read_text()
+    assert ("# needs in cron's environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (the job spec reads them as "
+            "${VAR}") in text, text
+    (second,) = render_jobs([write_job(tmp_path / "b.yaml", {**raw, "name": "web.crawl"})], target="cron",
+                            out=tmp_path / "b")
+
+    def lock(path):
+        (entry,) = [line for line in path.read_text().splitlines() if line.startswith("@daily ")]
+        return shlex.split(entry.split(None, 1)[1])[2]
+
+    assert lock(first.path) != lock(second.path)
