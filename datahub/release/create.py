@@ -55,7 +55,8 @@ def create_release(
                            '--allow-contamination "eval set is the held-out split, not the one we score on"')
     check_name(name)
     if exist_ok and release_exists(lake, name):
-        return _the_same_release(lake, name, table=table, version=version)
+        return _the_same_release(lake, name, table=table, version=version, require_qa=require_qa,
+                                 allow_contamination=allow_contamination)
     refuse_taken(lake, name)
     if not lake.exists(table):
         raise ReleaseError(f"{lake.table_uri(table)}: no table {table!r} to release; run a job first")
@@ -112,14 +113,26 @@ def create_release(
                   extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
 
 
-def _the_same_release(lake: Lake, name: str, *, table: str, version: int | None) -> Release:
-    """Release ``name`` when it is a ``create`` of ``table`` at ``version`` (default: the latest), else refused."""
+def _the_same_release(lake: Lake, name: str, *, table: str, version: int | None, require_qa: bool,
+                      allow_contamination: str | None) -> Release:
+    """Release ``name`` when it is a ``create`` of ``table`` at ``version`` (default: the latest) that the gates
+    asked for now would have let through, else refused."""
+    if not lake.exists(table):
+        raise ReleaseError(f"{lake.table_uri(table)}: no table {table!r} to release; run a job first")
     existing = get_release(lake, name)
     recorded = committed_params(lake, "lineage", name) or {}  # the version it froze, when materialized elsewhere
     frozen_table = recorded.get("table", existing.table)
     frozen_version = int(recorded.get("version", existing.version))
-    asked = version if version is not None else (int(lake.table(table).version()) if lake.exists(table) else None)
+    asked = version if version is not None else int(lake.table(table).version())
     if existing.kind == "create" and (frozen_table, frozen_version) == (table, asked):
+        if require_qa and existing.qa_status == "no_qa_results":
+            raise ReleaseError(f"release {name!r} already exists but was created without QA results; --require-qa "
+                               "cannot be satisfied by it: choose a new name")
+        allowed = recorded.get("allow_contamination") or (existing.details.get("contamination") or {}).get("allowed")
+        if allowed and allow_contamination is None:
+            raise ReleaseError(f"release {name!r} already exists and was created with --allow-contamination "
+                               f"{allowed!r} (its samples overlap an eval set); give the same to accept it, or choose "
+                               "a new name")
         return existing
     what = f"{frozen_table} v{frozen_version}" if existing.kind == "create" else f"a {existing.kind} release"
     raise ReleaseError(f"release {name!r} already exists and froze {what}, not {table} v{asked} as asked; release names "

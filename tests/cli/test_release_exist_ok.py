@@ -41,3 +41,41 @@ def test_exist_ok_accepts_the_same_release_and_refuses_another_version(small_lak
 
     fresh = datahub("release", "create", "nightly-2", "--lake", lake, "--exist-ok", "--json")
     assert fresh.returncode == 0 and json.loads(fresh.stdout)["existed"] is False, fresh.stderr
+
+
+def test_exist_ok_does_not_accept_a_release_made_without_what_is_asked_now(tmp_path):
+    """Review finding: --exist-ok compared only the table version, so a retried `release create nightly --require-qa
+    --exist-ok` accepted a release created without QA results (exit 0), and a release created with
+    --allow-contamination was accepted by a retry without it; a missing --table said "not samples vNone as asked"."""
+    from tests.cli.conftest import make_small_lake
+
+    lake = str(make_small_lake(tmp_path))
+    assert datahub("release", "create", "nightly", "--lake", lake).returncode == 0  # no QA results
+    qa = datahub("release", "create", "nightly", "--lake", lake, "--exist-ok", "--require-qa")
+    assert qa.returncode == 2, qa.stdout
+    assert ("release 'nightly' already exists but was created without QA results; --require-qa cannot be satisfied "
+            "by it: choose a new name") in qa.stderr, qa.stderr
+    missing = datahub("release", "create", "nightly", "--lake", lake, "--exist-ok", "--table", "sampels")
+    assert missing.returncode == 2 and "no table 'sampels' to release" in missing.stderr, missing.stderr
+    assert "vNone" not in missing.stderr
+
+
+def test_exist_ok_does_not_accept_a_contaminated_release_without_the_same_allowance(tmp_path):
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.run import run_job
+
+    leaked = "the quick brown fox jumps over the lazy dog while seven wizards quietly judge the boxing match tonight"
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": leaked}) + "\n")
+    spec = validate_job_spec({"name": "c", "lake": {"root": str(tmp_path / "lake")},
+                              "inputs": [{"uri": str(tmp_path / "a.jsonl")}], "graph": {"samples": {"sink": "samples"}}})
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = str(tmp_path / "lake")
+    (tmp_path / "bench.jsonl").write_text(json.dumps({"question": "what happened?", "answer": leaked}) + "\n")
+    assert datahub("evalset", "add", "bench", str(tmp_path / "bench.jsonl"), "--lake", lake).returncode == 0
+    assert datahub("release", "create", "r", "--lake", lake, "--allow-contamination", "held-out split").returncode == 0
+    retry = datahub("release", "create", "r", "--lake", lake, "--exist-ok")
+    assert retry.returncode == 2, retry.stdout
+    assert "already exists and was created with --allow-contamination 'held-out split'" in retry.stderr, retry.stderr
+    same = datahub("release", "create", "r", "--lake", lake, "--exist-ok", "--allow-contamination", "held-out split")
+    assert same.returncode == 0, same.stderr
