@@ -5,6 +5,7 @@ A task left running keeps writing after its caller cleaned up (974f5e0 fixed the
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import pyarrow as pa
 import pytest
 
 from datahub.engines.sink import Sink
+from datahub.operator import BatchOperator, register
 from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
 from tests.engines.task_locks import assert_stopped, fail_once_running
 
@@ -250,3 +252,32 @@ def test_a_failed_reduce_of_a_ray_shuffle_leaves_no_task_running(tmp_path: Path,
     with pytest.raises(Exception, match="task 0 fails"):
         frame.groupby_agg(["key"], {"total": ("value", "sum")}, having=_FailingHaving(str(tmp_path))).to_arrow()
     assert_stopped(tmp_path)
+
+
+@register
+class FailOnceRunning(BatchOperator):
+    """A graph operator: each document ``FOLDER|N`` runs ``fail_once_running(FOLDER, N)`` in its batch."""
+
+    name = "test_fail_once_running"
+
+    def process(self, table: pa.Table) -> pa.Table:
+        for text in table.column("text").to_pylist():
+            folder, task = text.rsplit("|", 1)
+            fail_once_running(folder, int(task))
+        return table
+
+
+def test_a_failed_run_on_ray_leaves_no_task_running(tmp_path: Path, job_spec, ray_engine) -> None:
+    """``run_job`` end to end: a graph node fails on one input file while another file's batch runs; when the run's
+    error reaches the caller (its staged files cleaned up), no task of it still runs."""
+    from datahub.pipeline.run import run_job
+
+    locks, inputs = tmp_path / "locks", tmp_path / "in"
+    locks.mkdir(), inputs.mkdir()
+    for task in range(3):
+        (inputs / f"{task}.jsonl").write_text(json.dumps({"text": f"{locks}|{task}"}) + "\n")
+    spec = job_spec(inputs=[{"uri": str(inputs / "*.jsonl")}], lake_root=tmp_path / "lake",
+                    graph={"hold": {"op": FailOnceRunning.name}, "samples": {"sink": "samples", "after": ["hold"]}})
+    with pytest.raises(Exception, match="task 0 fails"):
+        run_job(spec, engine=ray_engine)
+    assert_stopped(locks)
