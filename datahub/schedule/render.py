@@ -42,25 +42,32 @@ def k8s_name(job: str) -> str:
 
 
 class _KeepUnset(dict):  # type: ignore[type-arg]
-    """The environment for ``expand_env`` at render time: a ``${VAR}`` set here expands, an unset one stays as
-    written (the scheduled run's environment fills it: the pod's Secret, the Airflow worker's env)."""
+    """The environment for ``expand_env`` at render time: a ``${VAR}`` set here expands, ``${VAR:-default}`` unset
+    here takes its default (as ``datahub run`` would), and ``${VAR}`` unset and without a default stays as written
+    (the scheduled run's environment fills it: the pod's Secret, the Airflow worker's env). ``keep``: those names."""
+
+    def __init__(self, keep: set[str]) -> None:
+        super().__init__()
+        self.keep = keep
 
     def __contains__(self, name: object) -> bool:
-        return True
+        return name in os.environ or name in self.keep
 
     def __getitem__(self, name: str) -> str:
         return os.environ.get(name, f"${{{name}}}")
 
 
 def _load_spec(source: str) -> JobSpec:
-    """The job spec validated as ``load_job_spec`` does, except that unset ``${VARS}`` are kept (see _KeepUnset)."""
+    """The job spec validated as ``load_job_spec`` does, except that unset ``${VARS}`` without a default are kept
+    (see _KeepUnset)."""
     from datahub.config.spec import expand_env, validate_job_spec
     from datahub.config.yaml_file import read_yaml
 
     raw = read_yaml(source, missing="job spec not found; check the path (e.g. jobs/demo.yaml)")
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a job spec is a YAML mapping with name, lake, inputs and graph")
-    return validate_job_spec(expand_env(raw, _KeepUnset(), source=source), source=source)
+    keep = {name for name in needed_variables(Path(source).read_text()) if name not in os.environ}
+    return validate_job_spec(expand_env(raw, _KeepUnset(keep), source=source), source=source)
 
 
 def _schedule(spec: JobSpec, source: str) -> str:

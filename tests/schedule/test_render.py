@@ -283,3 +283,18 @@ def test_a_crontab_line_names_the_variables_the_job_needs_from_crons_environment
         return shlex.split(entry.split(None, 1)[1])[2]
 
     assert lock(first.path) != lock(second.path)
+
+
+def test_a_default_in_a_variable_is_used_when_the_variable_is_unset(tmp_path, monkeypatch):
+    """Review finding on 560034e: keeping unset ${VARS} for the scheduled run also kept `${ENGINE:-ray}` as the
+    literal '${ENGINE}' (the default was never used), so a spec `datahub run` accepts was refused ("engine.kind: Input
+    should be 'ray' or 'spark' (got '${ENGINE}')"), and `root: ${LAKE:-./lake}` skipped the relative-path check."""
+    monkeypatch.delenv("DATAHUB_TEST_ENGINE", raising=False)
+    monkeypatch.delenv("DATAHUB_TEST_LAKE", raising=False)
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=1)
+    raw = {**job_raw(corpus, "${DATAHUB_TEST_LAKE:-/data/lake}"), "schedule": "@daily",
+           "engine": {"kind": "${DATAHUB_TEST_ENGINE:-ray}"}}
+    assert render_jobs([write_job(tmp_path / "dflt.yaml", raw)], target="cron", out=tmp_path / "out")
+    relative = write_job(tmp_path / "rel.yaml", {**raw, "lake": {"root": "${DATAHUB_TEST_LAKE:-./lake}"}})
+    with pytest.raises(SpecError, match=r"lake.root: './lake' is a relative path"):
+        render_jobs([relative], target="cron", out=tmp_path / "out")
