@@ -789,8 +789,10 @@ def export_table_tokens(
     again to a tier that holds them checks the files (size; sha256 too with ``verify``) and rewrites damaged
     ones; to another tier it adds that tier's replicas. The plan is made on local disk (``bucket_rows`` documents a
     bucket at most, for tests), so the driver's memory does not grow with the release. A file is written a chunk of
-    about ``chunk_bytes`` of its documents at a time (default ``CHUNK_BYTES``; on Spark a batch of its sorted rows),
-    in this process or in an engine task, so its size (``file_tokens``) does not set the writer's memory.
+    about ``chunk_bytes`` of its documents at a time (default ``CHUNK_BYTES``), in this process or in a Ray task; on
+    Spark an Arrow batch of its sorted rows at a time (the session's ``spark.sql.execution.arrow.maxRecordsPerBatch``,
+    10,000 rows, or ``spark.sql.execution.arrow.maxBytesPerBatch``). So a file's size (``file_tokens``) does not set
+    the writer's memory.
     """
     import re
 
