@@ -139,3 +139,29 @@ def test_spill_buckets_hold_half_a_shard_up_to_16_mib(tmp_path, monkeypatch) -> 
     manifest = export_table_version(lake, table="samples", version=version, release_name="r", tier="cfs",
                                     storage=cfs_storage(("cfs", tmp_path / "cfs")), shard_size="64MB")
     assert asked == [16 * 2**20] and manifest.num_samples == 40
+
+
+def test_record_spill_keeps_every_bucket_in_one_file_and_reads_each_once(tmp_path) -> None:
+    """The plan's records go to one file (not one per bucket: a create in a busy scratch folder costs up to a ms),
+    a stream per bucket and flush; a bucket reads back its rows in the order they were added, across flushes, once;
+    the file goes when every bucket in it was read, and rows added after that are read as well."""
+    import os
+
+    from datahub.export.spill import RecordSpill
+
+    rng = np.random.default_rng(5)
+    spill = RecordSpill(str(tmp_path), budget=4096)  # several flushes
+    buckets = rng.integers(0, 40, 3000)
+    spill.add(buckets[:1000], pa.table({"row": np.arange(1000), "b": buckets[:1000]}))
+    spill.add(buckets[1000:], pa.table({"row": np.arange(1000, 3000), "b": buckets[1000:]}))
+    spill.flush()
+    assert os.listdir(tmp_path) == ["records.arrow"]
+    assert spill.read(99) is None
+    for bucket in range(40):
+        table = spill.read(bucket)
+        assert table is not None and table.column("row").to_pylist() == np.flatnonzero(buckets == bucket).tolist()
+        assert spill.read(bucket) is None  # read once
+    assert os.listdir(tmp_path) == []
+    spill.add(np.array([3, 3]), pa.table({"row": [7, 8], "b": [3, 3]}))
+    spill.flush()
+    assert spill.read(3).column("row").to_pylist() == [7, 8] and os.listdir(tmp_path) == []
