@@ -380,15 +380,18 @@ def bucket_count(rows: int, *, bytes_per_row: int, bucket_bytes: int, max_bucket
 
 
 class BucketPlan:
-    """A plan on local disk: per bucket a file of its rows' records sorted in export order (``sample_id``, the
-    order hash when seeded, the row's ``offset`` and ``size`` in its spill bucket and the data bytes of each member
-    ``m0``..), the shard spans, and per shard its member bytes and first key. Read back a shard (or a slice of
+    """A plan on local disk: per bucket its rows' records sorted in export order (``sample_id``, the order hash when
+    seeded, the row's ``offset`` and ``size`` in its spill bucket and the data bytes of each member ``m0``..), an
+    Arrow IPC file each, one after another in one file (``SORTED``; ``segments``: where each bucket's lies, -1 for an
+    empty bucket), the shard spans, and per shard its member bytes and first key. Read back a shard (or a slice of
     ranks) at a time (``rows``), for the shards, their lineage and the content digest."""
 
     def __init__(self, directory: str, *, spans: tuple[ShardSpan, ...], shard_bytes: list[int],
                  first_ids: list[str], first_hashes: list[int] | None, bucket_starts: np.ndarray,
-                 extensions: tuple[str, ...]) -> None:
+                 extensions: tuple[str, ...], segments: np.ndarray) -> None:
         self.directory = directory
+        self.path = os.path.join(directory, SORTED)
+        self.segments = segments  # buckets x (start, end) in ``path``
         self.spans = spans
         self.extensions = extensions
         self.bucket_starts = bucket_starts  # buckets + 1: the rank of each bucket's first row
@@ -405,16 +408,12 @@ class BucketPlan:
     def buckets(self) -> int:
         return len(self.bucket_starts) - 1
 
-    def path(self, bucket: int) -> str:
-        return os.path.join(self.directory, f"sorted.{bucket:06d}.arrow")
-
     def _load(self, bucket: int) -> pa.Table:
         if self._loaded is None or self._loaded[0] != bucket:
             self._loaded = None  # the one bucket held is given back before the next is read
             # memory-mapped (the table's buffers keep the map): a bucket read again (the token export reads the plan
             # in several passes) costs page-cache mappings, not a copy
-            with pa.memory_map(self.path(bucket)) as source:
-                self._loaded = (bucket, pa.ipc.open_file(source).read_all())
+            self._loaded = (bucket, _read_segment(self.path, self.segments[bucket]))
         return self._loaded[1]
 
     def rows(self, start: int, count: int) -> list[tuple[int, pa.Table]]:
@@ -485,13 +484,26 @@ class SizeCuts:
         return cuts
 
 
-def _record_at(directory: str, bucket: int, row: int) -> tuple[str, int | None]:
-    """The id (and order hash, when seeded) of one row of a bucket's sorted file, read through a memory map."""
-    with pa.memory_map(os.path.join(directory, f"sorted.{bucket:06d}.arrow")) as source:
-        record = pa.ipc.open_file(source).read_all().slice(row, 1)
-        key = record.column(KEY_COLUMN)[0].as_py()
-        hashed = record.column("order_hash")[0].as_py() if "order_hash" in record.column_names else None
-        del record
+# a plan's sorted buckets, one Arrow IPC file each, back to back in one file (not a file per bucket: a create in a
+# scratch folder of a busy ext4 costs ~0.3-1 ms, its recently deleted inodes skipped one by one), each starting at a
+# multiple of _SEGMENT_ALIGN bytes so the memory-mapped buffers are aligned as Arrow wants them
+SORTED = "sorted.arrow"
+_SEGMENT_ALIGN = 64
+
+
+def _read_segment(path: str, segment: np.ndarray) -> pa.Table:
+    """One bucket's sorted records (its Arrow IPC file ending at ``segment[1]`` in ``path``: the footer's blocks
+    are offsets in ``path``), through a memory map."""
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_file(source, footer_offset=int(segment[1])).read_all()
+
+
+def _record_at(path: str, segment: np.ndarray, row: int) -> tuple[str, int | None]:
+    """The id (and order hash, when seeded) of one row of a bucket's sorted records, read through a memory map."""
+    record = _read_segment(path, segment).slice(row, 1)
+    key = record.column(KEY_COLUMN)[0].as_py()
+    hashed = record.column("order_hash")[0].as_py() if "order_hash" in record.column_names else None
+    del record
     return key, hashed
 
 
@@ -499,7 +511,7 @@ def sort_buckets(read: Callable[[int], pa.Table | None], buckets: int, *, direct
                  extensions: tuple[str, ...], shard_size: int | None, shard_samples: int | None,
                  where: str, cuts: ShardCuts | None = None) -> BucketPlan:
     """Sort each bucket's records (``read(bucket)``: in any order, or None when it has none) in export order into
-    its file, refuse repeated ids (equal ids share a bucket), and cut shards across the buckets in order: a shard may
+    the plan's file (``SORTED``), refuse repeated ids (equal ids share a bucket), and cut shards across the buckets in order: a shard may
     span buckets; ``cuts`` (fed each bucket's sizes) holds what its rule needs of the samples not yet in a shard,
     ``SizeCuts`` by default; another rule, e.g. the token export's files. The driver holds one bucket's records
     and an entry per shard: a shard's first key in an earlier bucket is read back from that bucket's file."""
@@ -510,41 +522,51 @@ def sort_buckets(read: Callable[[int], pa.Table | None], buckets: int, *, direct
     first_ids: list[str] = []
     first_hashes: list[int] | None = [] if seeded else None
     starts = np.zeros(buckets + 1, dtype=np.int64)
-    cut = total = repeats = 0  # cut: the rank of the first sample not yet in a shard
-    for bucket in range(buckets):
-        table = read(bucket)
-        count = table.num_rows if table is not None else 0
-        sizes = np.zeros(0, dtype=np.int64)
-        if table is not None and count:
-            table = table.take(pc.sort_indices(table, sort_keys=keys))
-            repeats += _repeats(table.column(KEY_COLUMN))
-            with pa.OSFile(os.path.join(directory, f"sorted.{bucket:06d}.arrow"), "wb") as sink, \
-                    pa.ipc.new_file(sink, table.schema) as writer:
-                writer.write_table(table)
-            sizes = np.asarray(table.column("size"), dtype=np.int64)
-        total += count
-        starts[bucket + 1] = total
-        for samples, size_sum in rule.feed(sizes, bucket == buckets - 1):
-            spans.append(ShardSpan(len(spans), cut, samples))
-            shard_bytes.append(size_sum)
-            if cut >= starts[bucket]:  # this bucket, in memory
-                assert table is not None
-                first_id = table.column(KEY_COLUMN)[cut - int(starts[bucket])].as_py()
-                first_hash = int(table.column("order_hash")[cut - int(starts[bucket])].as_py()) if seeded else None
-            else:
-                held = int(np.searchsorted(starts[1:bucket + 1], cut, side="right"))  # an empty bucket has no file
-                first_id, first_hash = _record_at(directory, held, cut - int(starts[held]))
-            first_ids.append(first_id)
-            if first_hashes is not None:
-                first_hashes.append(int(first_hash or 0))
-            cut += samples
-        del table, sizes
+    path = os.path.join(directory, SORTED)
+    segments = np.full((buckets, 2), -1, dtype=np.int64)
+    sink = pa.OSFile(path, "wb")
+    try:
+        cut = total = repeats = 0  # cut: the rank of the first sample not yet in a shard
+        for bucket in range(buckets):
+            table = read(bucket)
+            count = table.num_rows if table is not None else 0
+            sizes = np.zeros(0, dtype=np.int64)
+            if table is not None and count:
+                table = table.take(pc.sort_indices(table, sort_keys=keys))
+                repeats += _repeats(table.column(KEY_COLUMN))
+                sink.write(b"\0" * (-sink.tell() % _SEGMENT_ALIGN))
+                segments[bucket, 0] = sink.tell()
+                with pa.ipc.new_file(sink, table.schema) as writer:
+                    writer.write_table(table)
+                segments[bucket, 1] = sink.tell()
+                sizes = np.asarray(table.column("size"), dtype=np.int64)
+            total += count
+            starts[bucket + 1] = total
+            for samples, size_sum in rule.feed(sizes, bucket == buckets - 1):
+                spans.append(ShardSpan(len(spans), cut, samples))
+                shard_bytes.append(size_sum)
+                if cut >= starts[bucket]:  # this bucket, in memory
+                    assert table is not None
+                    first_id = table.column(KEY_COLUMN)[cut - int(starts[bucket])].as_py()
+                    first_hash = (int(table.column("order_hash")[cut - int(starts[bucket])].as_py()) if seeded
+                                  else None)
+                else:
+                    # an empty bucket has no segment
+                    held = int(np.searchsorted(starts[1:bucket + 1], cut, side="right"))
+                    first_id, first_hash = _record_at(path, segments[held], cut - int(starts[held]))
+                first_ids.append(first_id)
+                if first_hashes is not None:
+                    first_hashes.append(int(first_hash or 0))
+                cut += samples
+            del table, sizes
+    finally:
+        sink.close()
     if repeats:
         raise _not_unique(where, total, total - repeats)
     if cut != total:
         raise ValueError(f"{where}: the shard rule left {total - cut} of {total} samples out of every shard")
     return BucketPlan(directory, spans=tuple(spans), shard_bytes=shard_bytes, first_ids=first_ids,
-                      first_hashes=first_hashes, bucket_starts=starts, extensions=extensions)
+                      first_hashes=first_hashes, bucket_starts=starts, extensions=extensions, segments=segments)
 
 
 class SummaryPlan:

@@ -128,3 +128,34 @@ def test_plan_in_memory_and_on_disk_agree_on_spans(tmp_path) -> None:
                       [np.asarray(t.column("size")) for t in tables], shuffle_seed=9, shard_size=20_000,
                       shard_samples=None, where="t")
     assert [s.samples for s in plan.spans] == [s.samples for s in manifest.shards]
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_a_plan_keeps_its_sorted_buckets_in_one_file(tmp_path, seeded) -> None:
+    """sort_buckets writes every bucket's sorted records into one file (a create in a busy scratch folder costs up to
+    a ms, and a plan has hundreds of buckets), read back bucket by bucket in export order, with each shard's first key
+    read back from an earlier bucket where the shard began there."""
+    import os
+
+    from datahub.export.plan import sort_buckets
+    from datahub.export.spill import RecordSpill
+
+    rng = np.random.default_rng(3)
+    ids = pa.array([f"{x:016x}" for x in rng.permutation(2000)], pa.string())
+    hashes = order_hash(ids, 11) if seeded else None
+    buckets = KeyBuckets.by_hash(37) if seeded else KeyBuckets(37, np.sort(np.asarray(ids.to_pylist()[:36],
+                                                                                      dtype=object)).astype(bytes))
+    records = RecordSpill(str(tmp_path))
+    columns = {"sample_id": ids, "size": pa.array(rng.integers(600, 3000, 2000), pa.int64())}
+    if seeded:
+        columns["order_hash"] = pa.array(hashes, pa.uint64())
+    records.add(buckets.of(ids, hashes), pa.table(columns))
+    records.flush()
+    plan = sort_buckets(records.read, 37, directory=str(tmp_path), seeded=seeded, extensions=(), shard_size=20_000,
+                        shard_samples=None, where="t")
+    assert os.listdir(tmp_path) == ["sorted.arrow"]
+    keys = [("order_hash", "ascending"), ("sample_id", "ascending")] if seeded else [("sample_id", "ascending")]
+    expected = pa.table(columns).sort_by(keys).column("sample_id").to_pylist()
+    assert [i for chunk in plan.id_chunks() for i in chunk.to_pylist()] == expected
+    assert len(plan.spans) > 37 // 4 and plan.router().first_ids.astype(str).tolist() == \
+        [expected[s.start] for s in plan.spans]
