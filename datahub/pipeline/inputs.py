@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from datahub.config.spec import InputSpec
 from datahub.errors import OperatorError, SpecError
@@ -39,13 +42,15 @@ def list_input_files(inputs: Iterable[InputSpec], *, source: str = "<spec>",
 
 
 def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: RetryPolicy = DEFAULT_POLICY,
-                read_before: Sequence[str] | None = None, job: str = "") -> InputListing:
+                read_before: Callable[[], pa.Array | None] | None = None, job: str = "") -> InputListing:
     """``list_input_files``, except that an input that matches no file now but did match a file an earlier run of
-    the job read (``read_before``: those files' URIs, as listed then) is listed in ``unmatched`` instead of refused:
-    a landing directory emptied after earlier runs. An input no earlier run read from (a typo in an edited spec, a
-    first run) and a local path whose directory does not exist stay errors."""
+    the job read is listed in ``unmatched`` instead of refused: a landing directory emptied after earlier runs.
+    ``read_before()`` gives those files' URIs as listed then (None: the job never ran); it is called only when an
+    input matched nothing, once. An input no earlier run read from (a typo in an edited spec, a first run) and a
+    local path whose directory does not exist stay errors."""
     files: dict[str, InputFile] = {}
     unmatched: list[str] = []
+    earlier: list[pa.Array | None] = []  # read_before()'s answer, once asked
     for index, spec in enumerate(inputs):
         options = fsspec_options(spec.storage_options) if any(k.isupper() for k in spec.storage_options) else dict(spec.storage_options)
         protocol, listed = retry_policy(partial(_list, spec, options), retry)
@@ -54,9 +59,11 @@ def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: R
             if missing is not None:
                 raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file and its directory "
                                 f"{missing} does not exist; check the path (or the mount)")
-            if read_before is None:
+            if read_before is not None and not earlier:
+                earlier.append(read_before())
+            if read_before is None or earlier[0] is None:
                 raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file; check the path or glob")
-            if not _read_from(spec.uri, protocol, read_before):
+            if not _read_from(spec.uri, protocol, earlier[0]):
                 raise SpecError(f"{source}: inputs.{index}.uri: {spec.uri!r} matches no file, and no earlier run of job "
                                 f"{job!r} read a file from it; check the path or glob")
             unmatched.append(f"inputs.{index}.uri {spec.uri!r} matches no file now")
@@ -84,15 +91,18 @@ def list_inputs(inputs: Iterable[InputSpec], *, source: str = "<spec>", retry: R
     return InputListing([files[k] for k in sorted(files)], unmatched)
 
 
-def _read_from(uri: str, protocol: str, earlier: Sequence[str]) -> bool:
+def _read_from(uri: str, protocol: str, earlier: pa.Array) -> bool:
     """Whether one of the ``earlier`` files (URIs as a listing gave them) is matched by input ``uri``: by its glob,
-    or under it as a directory, or as the file itself."""
+    or under it as a directory, or as the file itself (vectorized over the URIs)."""
     local = protocol in ("file", "local")
     pattern = os.path.abspath(uri.removeprefix("file://")) if local else uri
     if any(c in pattern for c in "*?["):
-        return any(fnmatch.fnmatchcase(u, pattern) for u in earlier)
-    directory = pattern.rstrip("/") + "/"
-    return any(u == pattern or u.startswith(directory) for u in earlier)
+        regex = fnmatch.translate(pattern)  # '(?s:...)\\Z'; RE2 (Arrow) spells the end of text \\z
+        regex = "^" + (regex[:-2] + "\\z" if regex.endswith("\\Z") else regex)
+        hits = pc.match_substring_regex(earlier, regex)
+    else:
+        hits = pc.or_(pc.equal(earlier, pattern), pc.starts_with(earlier, pattern.rstrip("/") + "/"))
+    return bool(pc.any(hits).as_py())
 
 
 def _missing_local_directory(uri: str, protocol: str) -> str | None:

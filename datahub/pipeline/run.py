@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from datahub.config.spec import INGEST_NODE, JobSpec
 from datahub.engines.base import Engine
@@ -93,8 +94,17 @@ def list_job_inputs(spec: JobSpec, lake: Lake, *, source: str = "<spec>", histor
     the job in ``lake`` read a file it matches: then it is listed in ``unmatched`` (an emptied landing directory: a
     run with nothing new; ``list_inputs``), unless the run is ``full``: a full run replaces the job's rows with
     those of the files listed now, so it would delete the samples of that input's earlier files."""
-    history = previous_runs(lake, spec.name) if history is None else history
-    read_before = [uri for uri, _, _ in ingested_identities(history)] if history.num_rows else None
+    def read_before() -> pa.Array | None:  # asked only when an input matched nothing: --check stays off the lake
+        runs = history
+        if runs is None:
+            if not lake.exists("runs"):
+                return None
+            runs = lake.read("runs", columns=["inputs"], filters=(ds.field("job_name") == spec.name)
+                             & (ds.field("status") == "succeeded"))
+        if not runs.num_rows:
+            return None
+        return pc.struct_field(pc.list_flatten(runs.column("inputs")), "uri")
+
     listing = list_inputs(spec.inputs, source=source, read_before=read_before, job=spec.name)
     if full and listing.unmatched:
         raise SpecError(f"{source}: {listing.unmatched[0].removesuffix(' now')}; --full replaces the job's rows with "

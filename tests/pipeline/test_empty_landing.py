@@ -118,3 +118,17 @@ def test_an_input_no_earlier_run_read_from_stays_an_error(tmp_path):
         except SpecError as exc:
             assert (f"inputs.0.uri: {typo!r} matches no file, and no earlier run of job 'landing' read a file from "
                     "it; check the path or glob") in str(exc), exc
+
+
+def test_check_does_not_read_the_lake_when_every_input_matches(tmp_path):
+    """Review finding on 22ee5b5: `run --check` read the lake's runs table to decide about empty inputs, so checking a
+    production spec in CI or on a laptop (lake unreachable) retried for ~70 s and failed. The runs are read only when
+    an input matched nothing."""
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "a record"}) + "\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: prod\nlake:\n  root: s3://nobucket/lake\n  storage_options: {{AWS_ENDPOINT_URL: "
+                   f"'http://127.0.0.1:9', AWS_ALLOW_HTTP: 'true', AWS_ACCESS_KEY_ID: k, AWS_SECRET_ACCESS_KEY: s}}\n"
+                   f"inputs:\n  - uri: {tmp_path}/*.jsonl\ngraph:\n  samples: {{sink: samples}}\n")
+    out = datahub("run", str(job), "--check", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["inputs"] == [str(tmp_path / "a.jsonl")]
