@@ -32,6 +32,9 @@ ID_FIELDS = ("id", "item_id", "task_id", "question_id")  # HumanEval's task_id, 
 # chat benchmarks: OpenAI messages, ShareGPT conversations, MT-Bench turns (a list of user turns)
 CONVERSATION_FIELDS = ("messages", "conversations", "turns")
 ANSWER_ROLES = frozenset({"assistant", "gpt", "model", "bot", "chatgpt"})
+# left out of an item: boilerplate shared across items and corpora (a default system prompt would mark every sample
+# carrying it as contaminated), or a tool's output rather than the benchmark's question
+SKIPPED_ROLES = frozenset({"system", "developer", "tool", "function", "observation", "function_call"})
 EVALSET_OP = "evalset.add@1"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
@@ -85,7 +88,8 @@ def _content(message: Any) -> tuple[str | None, str | None]:
 
 
 def _conversation(record: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(prompt, answer) of a chat item: every non-assistant turn, then every assistant turn, one per line."""
+    """(prompt, answer) of a chat item: the user turns, then the assistant turns, one per line (system, developer and
+    tool turns left out: SKIPPED_ROLES)."""
     turns = _pick(record, CONVERSATION_FIELDS)
     if not isinstance(turns, list):
         return None, None
@@ -93,7 +97,7 @@ def _conversation(record: dict[str, Any]) -> tuple[str | None, str | None]:
     answer: list[str] = []
     for message in turns:
         role, text = _content(message)
-        if text:
+        if text and role not in SKIPPED_ROLES:
             (answer if role in ANSWER_ROLES else prompt).append(text)
     return ("\n".join(prompt) or None), ("\n".join(answer) or None)
 

@@ -97,7 +97,7 @@ def test_chat_and_code_benchmark_layouts_are_read_whole(tmp_path):
     ]) + "\n")
     items = read_items(path).to_pylist()
     assert [i["item_id"] for i in items] == ["c1", "s1", "81", "HumanEval/0"]
-    assert items[0]["prompt"] == "Be brief.\nHow do I list files?" and items[0]["answer"] == "Use ls -la in the directory."
+    assert items[0]["prompt"] == "How do I list files?" and items[0]["answer"] == "Use ls -la in the directory."
     assert items[1]["prompt"] == "What is a symlink?" and items[1]["answer"] == "A file that points at another path."
     assert items[2]["prompt"] == "Compose a travel blog post.\nRewrite it in limericks." and items[2]["answer"] is None
     assert items[3]["answer"] == "    return a + b\n"
@@ -108,3 +108,19 @@ def test_a_directory_given_as_the_eval_set_file_says_so(tmp_path):
     """Before: "no such eval-set file" for a directory that exists, which sent the user looking for a typo."""
     with pytest.raises(SpecError, match=r"a directory; give the eval-set file in it"):
         read_items(tmp_path)
+
+
+def test_a_chat_benchmarks_system_prompt_is_not_part_of_its_items(tmp_path):
+    """Review finding on the conversation layouts: every non-assistant turn went into the prompt, system prompts
+    included; those are boilerplate shared across items and across chat corpora (Llama-2's default one is ~100
+    words), so every sample carrying the same system prompt was flagged contaminated. System, developer and tool
+    turns are left out."""
+    path = tmp_path / "bench.jsonl"
+    path.write_text(json.dumps({"id": "q1", "messages": [
+        {"role": "system", "content": "You are a concise assistant for a Linux operations team."},
+        {"role": "developer", "content": "Answer in one line."},
+        {"role": "user", "content": "Which signal does kill send by default?"},
+        {"role": "tool", "content": "man kill: SIGTERM"},
+        {"role": "assistant", "content": "SIGTERM."}]}) + "\n")
+    (item,) = read_items(path).to_pylist()
+    assert item["prompt"] == "Which signal does kill send by default?" and item["answer"] == "SIGTERM."
