@@ -46,3 +46,30 @@ def job_spec(tmp_path):
         return validate_job_spec(raw, source="test.yaml")
 
     return make
+
+
+@pytest.fixture(scope="session")
+def image_demo_export(tmp_path_factory):
+    """The image demo job (jobs/image-demo.yaml) run in-process (ArrowEngine) and its samples exported to a cfs tier
+    once per session: (lake, manifest, storage, cfs root). Read-only for the tests that share it."""
+    from datahub.config.spec import load_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.export import export_table_version
+    from datahub.lake import Lake
+    from datahub.pipeline.run import run_job
+    from datahub.storage import validate_storage_config
+
+    root = tmp_path_factory.mktemp("image-demo-export")
+    here = os.getcwd()
+    os.chdir(REPO)  # the job's input paths are relative to the repository
+    try:
+        spec = load_job_spec(REPO / "jobs/image-demo.yaml", [f"lake.root={root / 'lake'}"])
+        result = run_job(spec, engine=ArrowEngine())
+        assert result.status == "succeeded", result.error
+    finally:
+        os.chdir(here)
+    lake = Lake(root / "lake")
+    storage = validate_storage_config({"tiers": {"cfs": {"kind": "cfs", "path": str(root / "cfs")}}}, source="t.yaml")
+    manifest = export_table_version(lake, table="samples", version=lake.version("samples"), release_name="img-v1",
+                                    tier="cfs", storage=storage, shard_samples=8)
+    return lake, manifest, storage, root / "cfs"

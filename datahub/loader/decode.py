@@ -121,8 +121,15 @@ def _json(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
     return sample
 
 
-# Image members of image_text samples (datahub.kinds.media), as img2dataset and webdataset name them.
+# Image members of image_text samples, as img2dataset and webdataset name them: datahub.kinds.media's
+# MEMBER_EXTENSIONS (what the export writes) plus "jpeg". Restated, not imported, because importing datahub.kinds
+# costs a trainer ~120 ms; tests/loader/test_structured_images.py checks that the two agree.
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tiff")
+
+
+def _image_member(sample: dict[str, Any]) -> str | None:
+    """The extension of the sample's image member, None when it has none."""
+    return next((e for e in IMAGE_EXTENSIONS if e in sample), None)
 
 
 def _image(as_array: bool) -> Decoder:
@@ -138,7 +145,7 @@ def _image(as_array: bool) -> Decoder:
 
         def sample(i: int, padding: bool) -> dict[str, Any]:
             out = parsed(i, padding)
-            extension = next((e for e in IMAGE_EXTENSIONS if e in out), None)
+            extension = _image_member(out)
             image = None
             if extension is not None:
                 data = out.pop(extension)
@@ -176,9 +183,9 @@ def _structure(items: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
     return [{k: _parsed(v) if k in _JSON_TEXT_FIELDS else v for k, v in item.items()} for item in items]
 
 
-# the member extension of each image format (datahub.kinds.media.MEMBER_EXTENSIONS), read backwards for a sample
-# whose .json member does not say its image_format
-_FORMAT_OF_EXTENSION = {"jpg": "jpeg", "jpeg": "jpeg", "tiff": "tiff"}
+# the image format of each member extension whose name differs from it (datahub.kinds.media.MEMBER_EXTENSIONS read
+# backwards), for a sample whose .json member does not say its image_format
+_FORMAT_OF_EXTENSION = {"jpg": "jpeg"}
 
 
 def _structured(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
@@ -206,7 +213,7 @@ def _structured(index: ShardIndex, view: memoryview, shard: str) -> SampleReader
                 value = _parsed(value)
             out[field] = value
         if kind == "image_text":
-            extension = next((e for e in IMAGE_EXTENSIONS if e in out), None)
+            extension = _image_member(out)
             out["image"] = out.pop(extension) if extension is not None else None
             out["image_format"] = meta.get("image_format") or (
                 _FORMAT_OF_EXTENSION.get(extension, extension) if extension is not None else None)

@@ -6,22 +6,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from datahub.config.spec import load_job_spec
-from datahub.engines.arrow import ArrowEngine
-from datahub.export import export_table_version
-from datahub.lake import Lake
 from datahub.loader import ReleaseDataset
-from datahub.pipeline.run import run_job
-from datahub.storage import validate_storage_config
 from tests.operators.media.conftest import IMAGES, image_of, shard_members
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _input_images() -> dict[str, bytes]:
@@ -39,24 +30,9 @@ def _input_images() -> dict[str, bytes]:
     return found
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    import os
-
-    root = tmp_path_factory.mktemp("image-export")
-    here = os.getcwd()
-    os.chdir(REPO)
-    try:
-        spec = load_job_spec(REPO / "jobs/image-demo.yaml", [f"lake.root={root / 'lake'}"])
-        result = run_job(spec, engine=ArrowEngine())
-        assert result.status == "succeeded", result.error
-    finally:
-        os.chdir(here)
-    lake = Lake(root / "lake")
-    storage = validate_storage_config({"tiers": {"cfs": {"kind": "cfs", "path": str(root / "cfs")}}}, source="t.yaml")
-    manifest = export_table_version(lake, table="samples", version=lake.version("samples"), release_name="img-v1",
-                                    tier="cfs", storage=storage, shard_samples=8)
-    return lake, manifest, storage, root / "cfs"
+@pytest.fixture
+def exported(image_demo_export):
+    return image_demo_export
 
 
 def test_shards_hold_standard_members_that_webdataset_reads(exported):
