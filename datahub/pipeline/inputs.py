@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import fnmatch
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -97,12 +97,39 @@ def _read_from(uri: str, protocol: str, earlier: pa.Array) -> bool:
     local = protocol in ("file", "local")
     pattern = os.path.abspath(uri.removeprefix("file://")) if local else uri
     if any(c in pattern for c in "*?["):
-        regex = fnmatch.translate(pattern)  # '(?s:...)\\Z'; RE2 (Arrow) spells the end of text \\z
-        regex = "^" + (regex[:-2] + "\\z" if regex.endswith("\\Z") else regex)
-        hits = pc.match_substring_regex(earlier, regex)
+        hits = pc.match_substring_regex(earlier, _glob_regex(pattern))
     else:
         hits = pc.or_(pc.equal(earlier, pattern), pc.starts_with(earlier, pattern.rstrip("/") + "/"))
     return bool(pc.any(hits).as_py())
+
+
+def _glob_regex(pattern: str) -> str:
+    """``pattern`` (fnmatch's rules: ``*`` any run, ``?`` one character, ``[...]``/``[!...]`` a set) as an anchored
+    RE2 regex for Arrow. Not ``fnmatch.translate``: Python 3.11 writes an atomic group ``(?>...)`` for every ``*`` but
+    the last, which RE2 refuses."""
+    out, i, n = [], 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = i + 1 if i < n and pattern[i] == "!" else i
+            j = j + 1 if j < n and pattern[j] == "]" else j  # a ']' first in the set is one of its characters
+            j = pattern.find("]", j)
+            if j == -1:  # no closing ']': a literal '['
+                out.append(re.escape(c))
+                continue
+            body, i = pattern[i:j], j + 1
+            negate = body.startswith("!")
+            body = body[1:] if negate else body
+            out.append("[" + ("^" if negate else "") + body.replace("\\", "\\\\").replace("^", "\\^")
+                       .replace("[", "\\[").replace("]", "\\]") + "]")
+        else:
+            out.append(re.escape(c))
+    return "(?s)^" + "".join(out) + "\\z"
 
 
 def _missing_local_directory(uri: str, protocol: str) -> str | None:

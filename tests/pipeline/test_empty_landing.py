@@ -132,3 +132,22 @@ def test_check_does_not_read_the_lake_when_every_input_matches(tmp_path):
     out = datahub("run", str(job), "--check", "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["inputs"] == [str(tmp_path / "a.jsonl")]
+
+
+def test_a_partitioned_landing_glob_with_several_stars_is_a_no_op_when_emptied(tmp_path):
+    """Review finding on 07950c8: Python's fnmatch.translate gives an atomic group for every '*' but the last, which
+    Arrow's RE2 refuses, so `landing/*/*.jsonl` (date partitions) died with an ArrowInvalid traceback once emptied."""
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.run import run_job
+
+    day = tmp_path / "landing" / "2026-12-07"
+    day.mkdir(parents=True)
+    (day / "part-[1].jsonl").write_text(json.dumps({"text": "a delivery in a date partition"}) + "\n")
+    for uri in (f"{tmp_path}/landing/*/*.jsonl", f"{tmp_path}/landing/*/part-?1?.json*", f"{tmp_path}/*/2026-*/[p]*"):
+        spec = validate_job_spec({"name": "parts", "lake": {"root": str(tmp_path / "lake")}, "inputs": [{"uri": uri}],
+                                  "graph": {"samples": {"sink": "samples"}}})
+        if not (tmp_path / "lake").exists():
+            assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+            (day / "part-[1].jsonl").unlink()
+        assert run_job(spec, engine=ArrowEngine()).status == "skipped", uri
