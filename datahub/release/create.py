@@ -134,9 +134,12 @@ def _the_same_release(lake: Lake, name: str, *, table: str, version: int | None,
                                f"{allowed!r} (its samples overlap an eval set); give the same to accept it, or choose "
                                "a new name")
         return existing
-    what = f"{frozen_table} v{frozen_version}" if existing.kind == "create" else f"a {existing.kind} release"
-    raise ReleaseError(f"release {name!r} already exists and froze {what}, not {table} v{asked} as asked; release names "
-                       "are immutable: choose a new name (e.g. bump the version suffix), or pass the --version it froze")
+    if existing.kind != "create":  # no --version makes a create match a merge or a redact
+        raise ReleaseError(f"release {name!r} already exists as a {existing.kind} release, not a create of {table} "
+                           f"v{asked}; release names are immutable: choose a new name (e.g. bump the version suffix)")
+    raise ReleaseError(f"release {name!r} already exists and froze {frozen_table} v{frozen_version}, not {table} v{asked} "
+                       "as asked; release names are immutable: choose a new name (e.g. bump the version suffix), or "
+                       "pass the --version it froze")
 
 
 def _rows_done(progress: Progress, stage: str, total: int | None) -> Callable[[int], None]:

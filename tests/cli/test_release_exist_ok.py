@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from datahub.lake import Lake
 from tests.cli.conftest import datahub
 
 
@@ -41,6 +42,13 @@ def test_exist_ok_accepts_the_same_release_and_refuses_another_version(small_lak
 
     fresh = datahub("release", "create", "nightly-2", "--lake", lake, "--exist-ok", "--json")
     assert fresh.returncode == 0 and json.loads(fresh.stdout)["existed"] is False, fresh.stderr
+
+    from datahub.release import merge_releases
+
+    merge_releases(Lake(lake), "mix", sources=["nightly"])  # a merge of that name: no --version can match it
+    merged = datahub("release", "create", "mix", "--lake", lake, "--exist-ok")
+    assert merged.returncode == 2 and "already exists as a merge release, not a create of samples v2" in merged.stderr
+    assert "--version" not in merged.stderr, merged.stderr
 
 
 def test_exist_ok_does_not_accept_a_release_made_without_what_is_asked_now(tmp_path):
