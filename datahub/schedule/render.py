@@ -228,7 +228,7 @@ def render_k8s_cronjob(spec: JobSpec, *, spec_text: str, spec_file: str, image: 
 
 
 _DAG_TEMPLATE = '''"""Airflow DAG for datahub job {job!r}, rendered by `datahub schedule render --target airflow` from {source}."""
-
+{needs}
 from datetime import datetime, timedelta
 
 from airflow import DAG
@@ -254,11 +254,16 @@ with DAG(
 '''
 
 
-def render_airflow_dag(spec: JobSpec, *, job_path: str, lake: str | None = None, source: str = "<spec>") -> str:
-    """A DAG file with one BashOperator running ``datahub run job_path`` on the schedule."""
+def render_airflow_dag(spec: JobSpec, *, job_path: str, lake: str | None = None, source: str = "<spec>",
+                       needs: list[str] | None = None) -> str:
+    """A DAG file with one BashOperator running ``datahub run job_path`` on the schedule; ``needs``: the ``${VARS}``
+    the spec reads (``needed_variables``), named in a comment."""
     command = " ".join(shlex.quote(a) for a in ["datahub", *_run_args(job_path, lake)])
+    note = (f"\n# Needs in the Airflow worker's environment: {', '.join(needs)} (the job spec reads them as ${{VAR}}).\n"
+            if needs else "")
     return _DAG_TEMPLATE.format(job=spec.name, source=source, command=command, dag_id=f"datahub_{spec.name}".replace("-", "_"),
-                                description=spec.description or f"datahub run {spec.name}", schedule=_schedule(spec, source))
+                                description=spec.description or f"datahub run {spec.name}", schedule=_schedule(spec, source),
+                                needs=note)
 
 
 def datahub_executable() -> list[str]:
@@ -339,7 +344,8 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
                                   needs=needs)
         else:
             job_path = f"{jobs_dir.rstrip('/')}/{Path(source).name}" if jobs_dir else str(Path(source).resolve())
-            text = render_airflow_dag(spec, job_path=job_path, lake=lake, source=source)
+            text = render_airflow_dag(spec, job_path=job_path, lake=lake, source=source,
+                                      needs=needed_variables(Path(source).read_text(), lake_file[1] if lake_file else ""))
             path = out_dir / f"datahub_{spec.name.replace('-', '_').replace('.', '_')}.py"
         earlier = next((i for i, w in enumerate(written) if w.path == path), None)
         if earlier is not None:  # one file (and one CronJob / DAG id) per job: the second would replace the first

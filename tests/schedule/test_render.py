@@ -298,3 +298,16 @@ def test_a_default_in_a_variable_is_used_when_the_variable_is_unset(tmp_path, mo
     relative = write_job(tmp_path / "rel.yaml", {**raw, "lake": {"root": "${DATAHUB_TEST_LAKE:-./lake}"}})
     with pytest.raises(SpecError, match=r"lake.root: './lake' is a relative path"):
         render_jobs([relative], target="cron", out=tmp_path / "out")
+
+
+def test_an_airflow_dag_names_the_variables_the_job_needs(tmp_path):
+    """As the crontab line does: a spec reading ${AWS_ACCESS_KEY_ID} fails on a worker without it, and the DAG file
+    said nothing; it names them now (and still compiles)."""
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=1)
+    raw = {**job_raw(corpus, "s3://bucket/lake", storage_options={"AWS_ACCESS_KEY_ID": "${AWS_ACCESS_KEY_ID}",
+                                                                  "AWS_REGION": "${AWS_REGION:-us-east-1}"}),
+           "schedule": "@daily"}
+    (dag,) = render_jobs([write_job(tmp_path / "a.yaml", raw)], target="airflow", out=tmp_path / "dags")
+    text = dag.path.read_text()
+    assert "# Needs in the Airflow worker's environment: AWS_ACCESS_KEY_ID (the job spec reads them as ${VAR})" in text
+    compile(text, str(dag.path), "exec")
