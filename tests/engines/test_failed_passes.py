@@ -1,6 +1,7 @@
 """A pass of engine tasks that fails (a task raises) stops its other tasks before it raises, and the error names
-the cause: the token export's grouped write (Ray and Spark ``write_groups``), QA's ``map_reduce`` on Ray, a frame's
-read, ``map_batches`` stage and sink write (Ray Data on Ray), Ray's hash shuffle, and a Ray read its consumer closes.
+the cause: the grouped write (``write_groups``: Spark's text export; the token export's passes are tested in
+tests/export/test_token_engine_chunks.py), QA's ``map_reduce`` on Ray, a frame's read, ``map_batches`` stage and sink
+write (Ray Data on Ray), Ray's hash shuffle, a Ray read its consumer closes, and a whole run on Ray.
 A task left running keeps writing after its caller cleaned up (974f5e0 fixed the text export's passes the same way)."""
 
 from __future__ import annotations
@@ -139,6 +140,12 @@ def test_a_failed_read_of_streamed_batches_leaves_no_task_running(tmp_path: Path
         for _ in engine.read_files([0, 1, 2], _Tables(str(tmp_path))).iter_batches():
             pass
     assert_stopped(tmp_path)
+    if engine_name == "ray":  # set on the engine's datasets only: a user's own Ray Data executions keep Ray's ways
+        import ray.data
+
+        from datahub.engines.ray.execution import StopTasksAtEnd
+
+        assert StopTasksAtEnd not in ray.data.DataContext.get_current().custom_execution_callback_classes
 
 
 @dataclass(frozen=True)

@@ -121,24 +121,26 @@ class RayFrame(Frame):
                     having: BatchFn | None = None) -> RayFrame:
         import ray.data
 
+        from datahub.engines.ray.execution import stop_tasks_at_end
         from datahub.engines.ray.shuffle import hash_shuffle
 
         side = self._blocks()
         reduce = _GroupBy(keys, aggregations, having)
         refs = hash_shuffle([side[:2]], [keys], self._partitions(side), reduce)
-        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)),  # ray's stubs name another ObjectRef class
+        return self._wrap(stop_tasks_at_end(ray.data.from_arrow_refs(cast(Any, refs))),  # ray's stubs: another ObjectRef
                           empty_schema=_reduced_schema(reduce, side[1]))
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> RayFrame:
         import ray.data
 
+        from datahub.engines.ray.execution import stop_tasks_at_end
         from datahub.engines.ray.shuffle import hash_shuffle
 
         assert isinstance(other, RayFrame)
         left, right = self._blocks(), other._blocks()
         reduce = _Join(on, how)
         refs = hash_shuffle([left[:2], right[:2]], [on, on], self._partitions(left, right), reduce)
-        return self._wrap(ray.data.from_arrow_refs(cast(Any, refs)),  # ray's stubs name another ObjectRef class
+        return self._wrap(stop_tasks_at_end(ray.data.from_arrow_refs(cast(Any, refs))),  # ray's stubs: another ObjectRef
                           empty_schema=_reduced_schema(reduce, left[1], right[1]))
 
     def union(self, other: Frame) -> RayFrame:
@@ -270,10 +272,7 @@ class RayEngine(Engine):
             return
         import ray.data
 
-        from datahub.engines.ray.execution import stop_tasks_at_end
-
         ctx = ray.data.DataContext.get_current()
-        stop_tasks_at_end(ctx)  # a failed stage stops its other tasks before the error reaches the caller
         ctx.enable_progress_bars = False  # datahub draws its own progress
         ctx.print_on_execution_start = False
         # one INFO line per executed dataset (a dedup run executes dozens) drowns the run's own summary
@@ -307,13 +306,18 @@ class RayEngine(Engine):
     def read_files(self, files: Sequence[Any], read: ReadFn) -> RayFrame:
         import ray.data
 
+        from datahub.engines.ray.execution import stop_tasks_at_end
+
         self._data()
-        index = ray.data.from_items([{"index": i} for i in range(len(files))], override_num_blocks=max(1, len(files)))
+        index = stop_tasks_at_end(ray.data.from_items([{"index": i} for i in range(len(files))],
+                                                      override_num_blocks=max(1, len(files))))
         dataset = index.map_batches(_ReadFiles(read, files), batch_format="pyarrow", batch_size=1)
         return RayFrame(dataset, parallelism=self.parallelism)
 
     def from_arrow(self, table: pa.Table) -> RayFrame:
         import ray.data
 
+        from datahub.engines.ray.execution import stop_tasks_at_end
+
         self._data()
-        return RayFrame(ray.data.from_arrow(table), schema=table.schema, parallelism=self.parallelism)
+        return RayFrame(stop_tasks_at_end(ray.data.from_arrow(table)), schema=table.schema, parallelism=self.parallelism)

@@ -3,8 +3,8 @@
 On a failed task Ray Data's streaming executor shuts down with ``force=False``: it sends the other tasks Ray's graceful
 cancel and forgets them. Ray 2.60's graceful cancel did not interrupt a task blocked in a call (974f5e0), so a failed
 ingest read or ``map_batches`` stage left its other tasks running, writing or burning a CPU after the run had failed
-(the executor's own ``force=True`` shutdown only runs when it is the first). ``StopTasksAtEnd``, registered once in
-the driver's ``DataContext`` by ``RayEngine``, records the executor's tasks at every scheduling step and, once the
+(the executor's own ``force=True`` shutdown only runs when it is the first). ``StopTasksAtEnd``, set by ``RayEngine``
+in the context of every dataset it creates (``stop_tasks_at_end``), records the executor's tasks at every scheduling step and, once the
 execution has ended, cancels those still running and waits for them (``tasks.cancel_and_wait``: a graceful cancel,
 then the worker is killed), in the thread that shuts the executor down, so before the error reaches the caller.
 
@@ -51,8 +51,11 @@ class StopTasksAtEnd(ExecutionCallback):
             cancel_and_wait(running)
 
 
-def stop_tasks_at_end(context: Any) -> None:
-    """Register ``StopTasksAtEnd`` in a ``DataContext`` (once)."""
-    classes = context.custom_execution_callback_classes
-    if StopTasksAtEnd not in classes:
-        classes.append(StopTasksAtEnd)
+def stop_tasks_at_end(dataset: Any) -> Any:
+    """``dataset`` with ``StopTasksAtEnd`` in its own ``DataContext`` (the copy a dataset carries, which the datasets
+    derived from it share), not in the process-wide one: a user's own Ray Data executions beside a RayEngine keep
+    Ray's behaviour."""
+    context = dataset.context
+    if StopTasksAtEnd not in context.custom_execution_callback_classes:  # a new list: never the process-wide one's
+        context.custom_execution_callback_classes = [*context.custom_execution_callback_classes, StopTasksAtEnd]
+    return dataset
