@@ -127,7 +127,8 @@ class RayFrame(Frame):
         side = self._blocks()
         reduce = _GroupBy(keys, aggregations, having)
         refs = hash_shuffle([side[:2]], [keys], self._partitions(side), reduce)
-        return self._wrap(stop_tasks_at_end(ray.data.from_arrow_refs(cast(Any, refs))),  # ray's stubs: another ObjectRef
+        dataset = ray.data.from_arrow_refs(cast(Any, refs))  # ray's stubs name another ObjectRef class
+        return self._wrap(stop_tasks_at_end(dataset),
                           empty_schema=_reduced_schema(reduce, side[1]))
 
     def join(self, other: Frame, *, on: list[str], how: Literal["inner", "left", "left_anti"] = "inner") -> RayFrame:
@@ -140,7 +141,8 @@ class RayFrame(Frame):
         left, right = self._blocks(), other._blocks()
         reduce = _Join(on, how)
         refs = hash_shuffle([left[:2], right[:2]], [on, on], self._partitions(left, right), reduce)
-        return self._wrap(stop_tasks_at_end(ray.data.from_arrow_refs(cast(Any, refs))),  # ray's stubs: another ObjectRef
+        dataset = ray.data.from_arrow_refs(cast(Any, refs))  # ray's stubs name another ObjectRef class
+        return self._wrap(stop_tasks_at_end(dataset),
                           empty_schema=_reduced_schema(reduce, left[1], right[1]))
 
     def union(self, other: Frame) -> RayFrame:
@@ -320,4 +322,5 @@ class RayEngine(Engine):
         from datahub.engines.ray.execution import stop_tasks_at_end
 
         self._data()
-        return RayFrame(stop_tasks_at_end(ray.data.from_arrow(table)), schema=table.schema, parallelism=self.parallelism)
+        dataset = stop_tasks_at_end(ray.data.from_arrow(table))
+        return RayFrame(dataset, schema=table.schema, parallelism=self.parallelism)

@@ -4,9 +4,10 @@ On a failed task Ray Data's streaming executor shuts down with ``force=False``: 
 cancel and forgets them. Ray 2.60's graceful cancel did not interrupt a task blocked in a call (974f5e0), so a failed
 ingest read or ``map_batches`` stage left its other tasks running, writing or burning a CPU after the run had failed
 (the executor's own ``force=True`` shutdown only runs when it is the first). ``StopTasksAtEnd``, set by ``RayEngine``
-in the context of every dataset it creates (``stop_tasks_at_end``), records the executor's tasks at every scheduling step and, once the
-execution has ended, cancels those still running and waits for them (``tasks.cancel_and_wait``: a graceful cancel,
-then the worker is killed), in the thread that shuts the executor down, so before the error reaches the caller.
+in the context of every dataset it creates (``stop_tasks_at_end``), records the executor's tasks at every scheduling
+step and, once the execution has ended, cancels those still running and waits for them (``tasks.cancel_and_wait``: a
+graceful cancel, then the worker is killed), in the thread that shuts the executor down, so before the error reaches
+the caller.
 
 It reads the executor's operators (``StreamingExecutor._topology``, ``PhysicalOperator.get_active_tasks``), which
 are Ray Data internals: tests/engines/test_failed_passes.py fails if a Ray upgrade changes them.

@@ -63,7 +63,8 @@ def hash_shuffle(
             per_block = []
             for block in blocks:
                 out = _split.options(num_returns=partitions).remote(block, side_keys, partitions)
-                per_block.append([out] if partitions == 1 else list(cast(Sequence[Any], out)))  # num_returns > 1: a list
+                # num_returns > 1: a list
+                per_block.append([out] if partitions == 1 else list(cast(Sequence[Any], out)))
                 split_tasks.append(per_block[-1][0])
             split_refs.append(per_block)
         schemas = [schema for _, schema in sides]
