@@ -171,6 +171,10 @@ def redact(
                 given.add(chunk)
         count = given.seal().count
         if not count and source_uri is None:
+            if ids_files:  # given, but empty: the generic "needs what to remove" would name what was given
+                raise ReleaseError(f"--ids-file {', '.join(ids_files)}: holds no sample ids (only blank lines or "
+                                   "# comments); put one sample id per line (the 32 hex digits of a row's sample_id), "
+                                   "or remove by --sample ID or --source URI")
             raise ReleaseError("redact needs what to remove: --sample ID (repeatable), --ids-file F or --source URI")
         refuse_taken(lake, new)
         params = {"kind": "redact", "source": source, "reason": reason, "source_uri": source_uri,

@@ -214,3 +214,26 @@ def test_redact_records_written_before_redacted_samples_still_take_samples_down(
     r2 = create_release(lake, "r2")
     assert lake.read(r2.table, version=r2.version).column("text").to_pylist() == ["keep me"]
     assert r2.details["redacted_excluded"] == {"rows": 2, "by": ["new-r", "old-r"]}
+
+
+def test_cli_redact_of_an_ids_file_with_no_ids_names_the_file_and_exits_2(tmp_path):
+    """An --ids-file holding only comments and blank lines: the error says so (not 'needs what to remove: ...
+    --ids-file F', which --ids-file was), names the file and what a line should hold; exit status 2."""
+    import os
+    import subprocess
+    import sys
+
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, ["public doc one", "public doc two"], "a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "v1")
+    empty = tmp_path / "EMPTY.txt"
+    empty.write_text("# take-down #7: ids to follow\n\n   \n")
+    done = subprocess.run([sys.executable, "-m", "datahub.cli.main", "release", "redact", "v2", "--from", "v1",
+                           "--ids-file", str(empty), "--reason", "take-down #7", "--lake", lake.root],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert done.returncode == 2, done.stderr
+    error = " ".join(done.stderr.split())
+    assert "needs what to remove" not in error
+    assert f"{empty}" in error and "holds no sample ids" in error and "one sample id per line" in error
+    with pytest.raises(ReleaseError, match="holds no sample ids"):
+        redact(lake, "v2", source="v1", ids_files=[str(empty)], reason="take-down #7")
