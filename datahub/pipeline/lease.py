@@ -72,6 +72,12 @@ class LeaseInfo:
         """True when the holder ran on this host and its process no longer exists."""
         return self.host == socket.gethostname() and not _process_alive(self.pid)
 
+    @property
+    def left_by_failed_run(self) -> bool:
+        """Left behind expired (``JobLease.release(interrupted=True)``) by a run that failed or was interrupted,
+        its plan kept so the next run completes it; not a holder that stopped renewing."""
+        return self.expires == 0.0
+
     def is_stale(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) >= self.expires or self.holder_gone()
 
@@ -323,7 +329,17 @@ class JobLease:
             )
         if not _call(self.uri, lambda: self._store.swap(self.key, current, data)):
             raise RunLockedError(f"job {self.job!r}: another run took over the stale lease {self.uri} first; try again later")
-        log.warning("took over stale lease %s (%s)", self.uri, holder.describe())
+        if holder.left_by_failed_run:  # its expiry is 0 (1970), not a time: say what the lease is kept for
+            when = datetime.fromtimestamp(holder.acquired, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            if holder.run_id and holder.inputs is not None:
+                log.warning("resuming: took over the lease left by failed run %s (%s pid %d, started %s) in %s",
+                            holder.run_id, holder.host, holder.pid, when, self.uri)
+            else:
+                log.warning("took over the lease left by a failed run of job %r (%s pid %d, started %s) in %s; it "
+                            "failed before planning its inputs: nothing to resume", self.job, holder.host, holder.pid,
+                            when, self.uri)
+        else:
+            log.warning("took over stale lease %s (%s)", self.uri, holder.describe())
         self.took_over = holder
         self._info, self._held = info, data
         return self

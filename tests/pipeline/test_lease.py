@@ -111,3 +111,34 @@ def test_lease_on_ceph_s3(ceph_s3):  # noqa: F811
     taker = JobLease(lake, "demo").acquire()
     assert taker.took_over is not None and taker.took_over.owner == stale.info.owner
     taker.release()
+
+
+def test_taking_over_a_failed_runs_lease_says_resuming_not_an_expiry_of_1970(tmp_path, caplog):
+    """A failed run leaves its lease behind expired (expires 0, plan kept for the resume): the next run's log line
+    says it resumes that run, not 'expires 1970-01-01T00:00:00Z unless renewed'; a holder whose process is gone
+    keeps its real expiry in the line."""
+    import logging
+
+    lake = Lake(tmp_path / "lake")
+    with pytest.raises(RuntimeError):
+        with JobLease(lake, "demo", ttl_s=30) as failing:
+            failing.update(run_id="demo-abc", inputs=[["a.jsonl", 3, "1"]])
+            raise RuntimeError("the run failed")
+    assert read_lease(lake, "demo").expires == 0.0
+    with caplog.at_level(logging.WARNING, logger="datahub.pipeline.lease"):
+        JobLease(lake, "demo").acquire().release()
+    text = caplog.text
+    assert "1970" not in text and "unless renewed" not in text
+    assert "resuming: took over the lease left by failed run demo-abc" in text
+
+    caplog.clear()
+    gone = JobLease(lake, "demo", ttl_s=3600).acquire()
+    path = tmp_path / "lake" / "_leases" / "demo.json"
+    raw = json.loads(path.read_text())
+    raw["pid"] = _dead_pid()
+    path.write_text(json.dumps(raw, sort_keys=True))
+    with caplog.at_level(logging.WARNING, logger="datahub.pipeline.lease"):
+        JobLease(lake, "demo").acquire().release()
+    expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(raw["expires"]))
+    assert "took over stale lease" in caplog.text and f"expires {expiry}" in caplog.text
+    gone.release()
