@@ -10,7 +10,8 @@ normalized weights ``w``, the output has ``N = min(c_s / w_s)`` rows, ``floor(w_
 each source (no source is upsampled), picked by the smallest seeded hash of sample_id
 (deterministic, order-independent). The rows are materialized in the Delta table
 ``release_<NEW>`` with a ``release_source`` column naming the input release of each row;
-lineage records the same.
+lineage records the same. Like ``release create``, a merge is refused when an input overlaps a registered eval set
+(each input is checked before anything is written), unless the reason is given.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import math
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,9 @@ from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import (ROW, SOURCE_COLUMN, DedupMode, Duplicates, Inputs, RowCursor,
                                          exact_duplicates, near_duplicates)
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release
+
+if TYPE_CHECKING:  # the eval-set check (operators, pandas) is imported when a merge runs, not with the package
+    from datahub.evalset.check import Contamination
 
 MERGE_OP = "release.merge@1"
 
@@ -228,6 +232,7 @@ def merge_releases(
     verify: bool = True,
     seed: int = 0,
     creator: str | None = None,
+    allow_contamination: str | None = None,
     progress: Progress | None = None,
 ) -> Release:
     """Merge releases ``sources`` into release ``new`` (rows materialized in ``release_<new>``).
@@ -238,7 +243,15 @@ def merge_releases(
     per row that shares a band key with another row); the drops' lineage rows are spilled as found and streamed
     to ``freeze``. ``progress(stage, done, total)`` gets the rows of each pass over the inputs, of the rows written,
     then ``freeze``'s.
+
+    A merge is a new release, so it passes ``release create``'s eval-set gate: before anything is written, each
+    input's frozen table version is checked (``evalset.check.contamination``, streamed); an overlap refuses the merge
+    unless ``allow_contamination`` gives the reason, recorded in ``details["contamination"]`` (eval sets registered
+    after an input release was created would otherwise leak into the merge).
     """
+    if allow_contamination is not None and not allow_contamination.strip():
+        raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
+                           '--allow-contamination "eval set is the held-out split, not the one we score on"')
     check_name(new)
     refuse_taken(lake, new)
     if len(sources) < 1 or len(set(sources)) != len(sources):
@@ -250,8 +263,11 @@ def merge_releases(
                               "weights": {s: float(w) for s, w in weights.items()} if weights else None}
     if dedup == "near":
         params.update(threshold=threshold, verify=verify)
+    if allow_contamination is not None:  # absent otherwise: the params of a merge without it are as before
+        params["allow_contamination"] = allow_contamination
     refuse_other_try(lake, new, MATERIALIZED_PREFIX + new, params, fix=_FIX)
     parents = [get_release(lake, s) for s in sources]
+    contamination = _contamination_gate(lake, new, parents, allow_contamination, progress=progress)
     ts = datetime.now(timezone.utc)
     table = MATERIALIZED_PREFIX + new
     datasets = [lake.dataset(p.table, p.version) for p in parents]
@@ -266,6 +282,8 @@ def merge_releases(
             "duplicates_dropped": drops.count, "weights": weights, "seed": seed, "quotas": drops.quotas}
         if dedup == "near":
             details.update(threshold=threshold, verify=verify)
+        if contamination is not None:
+            details["contamination"] = contamination
         # the released ids and reasons are scanned back from the written table, in its (input) order; the dropped
         # rows' lineage streams back from the spilled runs
         return freeze(
@@ -276,7 +294,50 @@ def merge_releases(
         )
 
 
-_FIX = "the same --from, --weights, --dedup, --seed, --threshold"
+_FIX = "the same --from, --weights, --dedup, --seed, --threshold, --allow-contamination"
+
+
+def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: str | None, *,
+                        progress: Progress | None) -> dict[str, Any] | None:
+    """``release create``'s eval-set check on each input's frozen table version: refused on any overlap unless
+    ``allowed`` gives the reason; what to record in ``details["contamination"]`` (None when no eval set is
+    registered, as create records nothing then)."""
+    from datahub.evalset.check import contamination
+
+    found: dict[str, Contamination] = {}
+    done = 0
+    total = sum(p.row_count for p in parents)
+
+    def checked(rows: int) -> None:  # contamination's progress (rows of a batch) as one bar over every input
+        nonlocal done
+        done += rows
+        if progress is not None:
+            progress("eval-set check", done, total)
+
+    for parent in parents:
+        found[parent.name] = contamination(lake, table=parent.table, version=parent.version, progress=checked)
+    dirty = {name: f for name, f in found.items() if f.count}
+    if dirty and allowed is None:
+        described = "\n".join(f"--from release {name!r}: {f.describe()}" for name, f in dirty.items())
+        raise ReleaseError(
+            f"release {new!r} refused: {described}\n"
+            "a merge is a new release and must not leak an eval set: take them out of that input release with "
+            f"`datahub release redact NEW --from RELEASE --sample ID ... --reason ... --lake {lake.ref}` (the ids: "
+            f"`datahub evalset check --release RELEASE --json --lake {lake.ref}`) and merge the redacted one, or "
+            'merge anyway with --allow-contamination "REASON" (recorded in the release)'
+        )
+    evalsets = sorted({s for f in found.values() for s in f.evalsets})
+    if not evalsets:
+        return None
+    by_evalset: dict[str, int] = {}
+    for f in found.values():
+        for name, count in f.by_evalset.items():
+            by_evalset[name] = by_evalset.get(name, 0) + count
+    contaminated = sum(f.count for f in found.values())
+    return {"evalsets": evalsets, "rows_checked": sum(f.rows_checked for f in found.values()),
+            "by_evalset": by_evalset, "contaminated": contaminated,
+            "releases": {name: f.as_dict() for name, f in found.items()},
+            "allowed": allowed if contaminated else None}
 
 
 def _merge_rows(lake: Lake, new: str, parents: list[Release], datasets: list[Any], inputs: Inputs, drops: _Drops,

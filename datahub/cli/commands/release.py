@@ -174,9 +174,15 @@ def register(app: typer.Typer) -> None:
         verify: bool = typer.Option(True, "--verify/--no-verify",
                                     help="--dedup near: drop only candidates whose exact shingle Jaccard reaches --threshold."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weighted sampling."),
+        allow_contamination: Optional[str] = typer.Option(
+            None, "--allow-contamination", metavar="REASON",
+            help="Merge even though samples of an input release overlap a registered eval set (datahub evalset); "
+                 "the reason is recorded."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Combine releases into a new frozen one (deduplicated, optionally weighted)."""
+        """Combine releases into a new frozen one (deduplicated, optionally weighted).
+
+        Refused, as release create is, when an input release overlaps a registered eval set."""
         from datahub.release import merge_releases, parse_weights
 
         if not 0 < threshold <= 1:  # before any reading, and not as the dedup params' pydantic dump
@@ -184,7 +190,8 @@ def register(app: typer.Typer) -> None:
         mode = cast("DedupMode", "none" if no_dedup else dedup.value)  # DedupChoice lists the modes
         with progress(f"release merge {new}", enabled=not as_json) as update:
             release = merge_releases(_lake(lake), new, sources=sources, weights=parse_weights(weights), dedup=mode,
-                                     threshold=threshold, verify=verify, seed=seed, progress=update)
+                                     threshold=threshold, verify=verify, seed=seed,
+                                     allow_contamination=allow_contamination, progress=update)
         if as_json:
             print_json(release.as_dict())
             return
@@ -229,7 +236,10 @@ def register(app: typer.Typer) -> None:
         reason: str = typer.Option(..., "--reason", help="Why (recorded in lineage): copyright, PII, ..."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Take-down: a new release without the samples; lists every release that holds them."""
+        """Take-down: a new release without the samples; lists every release that holds them.
+
+        A redaction only removes samples of --from, so it is not re-checked against the eval sets;
+        after adding eval sets, check it with `datahub evalset check --release NEW`."""
         from datahub.release import redact
 
         # the ids file is read a block at a time by redact (a take-down list of millions of ids is never held)
