@@ -53,26 +53,41 @@ def progress(description: str, *, enabled: bool = True) -> Iterator[Any]:
     """Progress on stderr; yields ``update(stage, done, total)``.
 
     On a terminal a Rich display; otherwise (cron, Airflow logs) one log line when a stage starts
-    and at most one every ``LOG_EVERY_SECONDS`` while it runs, so a long run is never silent.
+    and at most one every ``LOG_EVERY_SECONDS`` while it runs, so a long run is never silent. A stage
+    is finished when it reaches its total, when the next stage starts, or when the block ends without
+    an error: its final count is then shown once (a log line, unless the last one showed it; a bar
+    completed at that count).
     """
     if not enabled:
         yield lambda stage, done, total=None: None
         return
     if not sys.stderr.isatty() and not _force_progress():
-        yield _LogLines(description)
+        lines = _LogLines(description)
+        yield lines
+        lines.finish()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console(stderr=True), transient=True) as bar:
         tasks: dict[str, Any] = {}
+        counts: dict[str, int] = {}  # stage -> its last count
+
+        def complete() -> None:
+            """Each stage's bar full at its last count (a count of no known total ends ``N/N``, not ``N/?``)."""
+            for stage, task in tasks.items():
+                bar.update(task, completed=counts[stage], total=counts[stage])
 
         def update(stage: str, done: int, total: int | None = None) -> None:
             if stage not in tasks:
+                complete()  # a new stage: the ones before it are done
                 tasks[stage] = bar.add_task(f"{description}: {stage}", total=total)
+            counts[stage] = done
             bar.update(tasks[stage], completed=done, total=total)
 
         yield update
+        complete()
+        bar.refresh()
 
 
 def _force_progress() -> bool:
@@ -90,15 +105,36 @@ class _LogLines:
 
         self.description = description
         self.started = time.monotonic()
-        self.last: dict[str, float] = {}
+        self.last: dict[str, float] = {}  # stage -> when its last line was written
+        self.latest: dict[str, tuple[int, int | None]] = {}  # stage -> its last count (done, total)
+        self.shown: dict[str, tuple[int, int | None]] = {}  # stage -> the count its last line showed
 
     def __call__(self, stage: str, done: int, total: int | None = None) -> None:
         import time
 
+        if stage not in self.latest:
+            self.finish()  # a new stage: the ones before it are done
+        self.latest[stage] = (done, total)
         now = time.monotonic()
-        if stage in self.last and now - self.last[stage] < LOG_EVERY_SECONDS:
+        at_total = total is not None and done >= total  # finished: shown at once, once
+        if stage in self.last and (self.shown.get(stage) == (done, total) if at_total
+                                   else now - self.last[stage] < LOG_EVERY_SECONDS):
             return
+        self._write(stage, done, total, now)
+
+    def finish(self) -> None:
+        """The final count of each stage whose last line did not show it (throttled): one line each."""
+        import time
+
+        for stage, (done, total) in self.latest.items():
+            if self.shown.get(stage) != (done, total):
+                self._write(stage, done, total, time.monotonic())
+
+    def _write(self, stage: str, done: int, total: int | None, now: float) -> None:
+        import time
+
         self.last[stage] = now
+        self.shown[stage] = (done, total)
         clock = time.strftime("%H:%M:%S")
         of = f"/{total}" if total is not None else ""
         sys.stderr.write(f"{clock} {self.description}: {stage} {done}{of} ({now - self.started:.0f}s)\n")

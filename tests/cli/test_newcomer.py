@@ -154,10 +154,11 @@ def test_progress_is_log_lines_when_not_a_terminal(capsys):
     with progress("run demo") as update:
         assert isinstance(update, _LogLines)
         update("rows", 10)
-        update("rows", 20)  # within LOG_EVERY_SECONDS of the first: not repeated
+        update("rows", 20)  # within LOG_EVERY_SECONDS of the first: not repeated until the stage ends
         update("qa", 0)
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2 and lines[0].endswith("run demo: rows 10 (0s)") and "run demo: qa 0" in lines[1]
+    assert len(lines) == 3 and lines[0].endswith("run demo: rows 10 (0s)") and "run demo: rows 20" in lines[1]
+    assert "run demo: qa 0" in lines[2]
 
 
 def test_qa_prints_its_rows_as_log_lines_when_piped(lake_with_runs):
