@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import pyarrow as pa
 
+from datahub.close_names import did_you_mean
 from datahub.errors import CommitConflictError, LakeError
 from datahub.lake.tables import SCHEMA_VERSION, SCHEMA_VERSION_PROPERTY
 from datahub.retry import DEFAULT_POLICY, RetryPolicy, retry_policy, storage_errors
@@ -27,6 +28,7 @@ WriteData: TypeAlias = "pa.Table | pa.RecordBatchReader | Iterable[pa.Table]"
 # Tables looked up by one key: every commit is sorted by it and written in small row groups,
 # so a one-sample lookup reads one row group per file (file and row-group min/max skipping).
 SORTED_LAYOUT: dict[str, tuple[str, int]] = {"lineage": ("sample_id", 32_768)}
+TABLES_NAMED = 20  # tables listed in the error about a missing one (a lake holds a release_<NAME> per merge/redact)
 
 # A streamed commit (a RecordBatchReader, e.g. a run's staged samples) is written in row groups and
 # files of these sizes, so the writer's memory stays bounded whatever the stream's length (with
@@ -93,10 +95,7 @@ class Lake:
         try:
             return DeltaTable(self.table_uri(name), version=version, storage_options=self.storage_options or None)
         except TableNotFoundError:
-            raise LakeError(
-                f"{self.table_uri(name)}: no Delta table {name!r} in lake {self.root}; "
-                "run a job that writes it first (datahub run JOB.yaml)"
-            ) from None
+            raise LakeError(self._no_table(name)) from None
         except DeltaError:
             # delta-rs says "LogSegment end version 1 not the same as the specified end version 9"
             try:
@@ -107,6 +106,22 @@ class Lake:
                 raise LakeError(f"{self.table_uri(name)}: no version {version} of table {name!r}; its latest is "
                                 f"{latest} (datahub inspect --lake {self.ref} {name} shows it)") from None
             raise
+
+    def _no_table(self, name: str) -> str:
+        """The error for a table ``name`` the lake lacks: a typo (``sample``) gets the lake's tables and the closest
+        names; an empty lake, the job that would write it."""
+        from deltalake.exceptions import DeltaError
+
+        try:
+            known = self.tables()
+        except (OSError, DeltaError):  # the listing failing must not hide the missing table
+            known = []
+        where = f"{self.table_uri(name)}: no Delta table {name!r} in lake {self.root}"
+        if not known:
+            return f"{where}; run a job that writes it first (datahub run JOB.yaml)"
+        shown = ", ".join(known[:TABLES_NAMED]) + (f" and {len(known) - TABLES_NAMED} more" if len(known) > TABLES_NAMED
+                                                   else "")
+        return f"{where}{did_you_mean(name, known)} (its tables: {shown}; datahub inspect --lake {self.ref})"
 
     def tables(self) -> list[str]:
         import fsspec
