@@ -5,14 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from datahub.kinds.names import DEFAULT_KIND, KIND_COLUMN
 from datahub.lake.lake import Lake
+
+KIND_BATCH_ROWS = 1 << 16  # rows of the kind column counted at a time
 
 
 def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
-    """Describe a lake (every table) or one table: version, rows, files, schema, recent commits.
+    """Describe a lake (every table) or one table: version, rows, files, schema, recent commits, and for one table
+    with a ``kind`` column its rows per kind (``kind_counts``).
 
-    From the Delta log only (add actions, metadata, history): no data file is read.
+    From the Delta log only (add actions, metadata, history), except the per-kind counts of one table: a streamed
+    pass over its ``kind`` column.
     """
     names = [table] if table else lake.tables()
     out: dict[str, Any] = {"lake": lake.root, "tables": {}}
@@ -34,5 +40,21 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
                  "txn": h.get("datahub.txn")}
                 for h in dt.history(10)
             ]
+            if KIND_COLUMN in (field["name"] for field in info["schema"]):
+                info["kinds"] = kind_counts(lake, name, info["version"])
         out["tables"][name] = info
     return out
+
+
+def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str, int]:
+    """Rows of ``table`` (at ``version``) per sample kind, a null kind counted as text (``kinds.names``), most
+    first: the ``kind`` column only, a batch at a time (a count per distinct kind is all that is held)."""
+    counts: dict[str, int] = {}
+    scanner = lake.dataset(table, version).scanner(columns=[KIND_COLUMN], batch_size=KIND_BATCH_ROWS)
+    for batch in scanner.to_batches():
+        if not batch.num_rows:
+            continue
+        kinds = pc.fill_null(batch.column(0).cast(pa.string()), DEFAULT_KIND)
+        for entry in pc.value_counts(kinds).to_pylist():
+            counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
-from datahub.cli.output import console, print_json
+from datahub.cli.output import console, plain, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -45,6 +45,10 @@ def register(app: typer.Typer) -> None:
             out.print("[bold]schema[/]")
             for f in t["schema"]:
                 out.print(f"  {f['name']}: {f['type']}")
+            if "kinds" in t:  # rows per sample kind (a null kind is text)
+                out.print("[bold]kinds[/]")
+                for kind, rows in t["kinds"].items():
+                    out.print(f"  {plain(kind)}: {rows}")
             out.print("[bold]history[/]")
             for h in t["history"]:
                 out.print(f"  v{h['version']} {h['operation']} txn={h['txn']}")
