@@ -6,7 +6,7 @@ Engine-neutral reference implementation of the Frame interface: global operators
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -52,7 +52,7 @@ class ArrowFrame(Frame):
     def count(self) -> int:
         return self.table.num_rows
 
-    def iter_batches(self) -> Iterator[pa.Table]:
+    def iter_batches(self) -> Generator[pa.Table, None, None]:
         for batch in self.table.to_batches(self.batch_size):
             yield pa.Table.from_batches([batch], self.table.schema)
 

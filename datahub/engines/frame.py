@@ -8,7 +8,7 @@ Every function passed in maps ``pyarrow.Table -> pyarrow.Table`` and must be pic
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import pyarrow as pa
@@ -68,8 +68,10 @@ class Frame(ABC):
     def count(self) -> int: ...
 
     @abstractmethod
-    def iter_batches(self) -> Iterator[pa.Table]:
-        """Stream the rows to the driver, batch by batch."""
+    def iter_batches(self) -> Generator[pa.Table, None, None]:
+        """Stream the rows to the driver, batch by batch. A consumer that may stop early or fail closes the
+        generator (``contextlib.closing``): an error it raises keeps the generator alive in its traceback, and on
+        Ray the executor and its tasks run on until the generator is closed or collected."""
 
     def to_arrow(self) -> pa.Table:
         """All rows as one table on the driver: for small results only."""

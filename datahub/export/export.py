@@ -40,7 +40,7 @@ import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -243,8 +243,10 @@ def _plan_engine(source: TableSource, settings: dict[str, Any], *, running: Engi
     planner = SummaryPlan(directory, shuffle_seed=settings["shuffle_seed"], where=source.where,
                           bucket_rows=bucket_rows, max_buckets=buckets_allowed())
     scope.callback(planner.close)  # before the folder goes (LIFO)
-    for batch in running.read_files(source.files(), SizesReader.of(source, settings["shuffle_seed"])).iter_batches():
-        planner.add(batch)
+    batches = running.read_files(source.files(), SizesReader.of(source, settings["shuffle_seed"])).iter_batches()
+    with closing(batches):  # a failed plan stops the engine's reads (Frame.iter_batches)
+        for batch in batches:
+            planner.add(batch)
     return planner.plan(shard_size=settings["shard_size"], shard_samples=settings["shard_samples"])
 
 

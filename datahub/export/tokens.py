@@ -958,8 +958,9 @@ def _count(source: TableSource, tokenizer: LoadedTokenizer, files: list[str], st
             report("count", done, len(files))
         return
     if files:
-        for batch in engine.read_files(files, read).iter_batches():
-            yield batch.select([KEY_COLUMN, "tokens"]).cast(COUNTED)
+        with closing(engine.read_files(files, read).iter_batches()) as batches:  # Frame.iter_batches
+            for batch in batches:
+                yield batch.select([KEY_COLUMN, "tokens"]).cast(COUNTED)
 
 
 def _write(files: list[str], staging: Staging, writer: TokenFileWriter, plan: BucketPlan, todo: list[int],

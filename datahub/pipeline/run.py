@@ -19,6 +19,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
@@ -328,7 +329,8 @@ def execute_graph(graph: Graph, files: list[InputFile], context: RunContext, sta
             continue
         elif node.sink == "stats":
             stats = StatsSink()
-            stats.consume(frame.iter_batches())
+            with closing(frame.iter_batches()) as batches:  # a failure stops the engine's reads (Frame.iter_batches)
+                stats.consume(batches)
             sinks[name] = stats
             continue
         if fan_out.get(name, 0) > 1:

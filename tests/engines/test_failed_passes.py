@@ -288,3 +288,52 @@ def test_a_failed_run_on_ray_leaves_no_task_running(tmp_path: Path, job_spec, ra
     with pytest.raises(Exception, match="task 0 fails"):
         run_job(spec, engine=ray_engine)
     assert_stopped(locks)
+
+
+
+@dataclass
+class _DrainContext:
+    """What ``drain_samples`` reads of a run's context: a ``--full`` run streams the rows to the driver's staging."""
+
+    engine: Any
+    lake: Any = None
+    run_id: str = "run-1"
+    full: bool = True
+
+    def report(self, stage: str, done: int) -> None:
+        pass
+
+
+@dataclass
+class _OnceReadsRun:
+    """A frame whose first batch reaches the driver once one of ``frame``'s held reads runs (so a failure on it
+    leaves reads running); it closes ``frame``'s stream only when it is itself closed."""
+
+    frame: Any
+    folder: Path
+
+    def iter_batches(self) -> Iterator[pa.Table]:
+        batches = self.frame.iter_batches()
+        try:
+            for batch in batches:
+                deadline = time.monotonic() + 30
+                while not list(self.folder.glob("running-*")) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                yield batch
+        finally:
+            batches.close()
+
+
+def test_a_driver_side_write_failure_on_ray_leaves_no_task_running(tmp_path: Path, ray_engine) -> None:
+    """The driver's own write of a run's stream fails (here on its first batch: the rows are not samples) while the
+    graph's Ray reads run on: ``drain_samples`` closes the stream, so they end before the error reaches the caller,
+    even while the caller still holds the error (its traceback references the stream)."""
+    from datahub.pipeline.sinks.samples import drain_samples
+
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    frame = _OnceReadsRun(ray_engine.read_files([0, 1, 2, 3, 4], _Holds(str(locks))), locks)
+    with pytest.raises(Exception) as failed:
+        drain_samples(frame, _DrainContext(ray_engine), str(tmp_path / "staging"), {})  # type: ignore[arg-type]
+    assert failed.value is not None  # held, as run_job holds it while it records the failed run
+    assert_stopped(locks)

@@ -6,7 +6,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
@@ -156,7 +156,7 @@ class RayFrame(Frame):
     def count(self) -> int:
         return int(self.dataset.count())
 
-    def iter_batches(self) -> Iterator[pa.Table]:
+    def iter_batches(self) -> Generator[pa.Table, None, None]:
         for batch in self.dataset.iter_batches(batch_format="pyarrow", batch_size=None, prefetch_batches=2):
             yield batch
 

@@ -11,7 +11,7 @@ when a join, groupBy, union or ``empty()`` needs typed columns.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
@@ -208,7 +208,7 @@ class SparkFrame(Frame):
         total = map_in_arrow(self._encoded_df(), RowCounts(), "rows long").agg(F.sum("rows")).collect()[0][0]
         return int(total or 0)
 
-    def iter_batches(self) -> Iterator[pa.Table]:
+    def iter_batches(self) -> Generator[pa.Table, None, None]:
         """Stream to the driver one partition at a time (``toLocalIterator``), as Arrow tables."""
         target = self._schema if self._is_rows or self._known is not None else None
         if self._known is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -98,5 +99,6 @@ def drain_samples(frame: Frame, context: RunContext, staging_dir: str, node_ops:
         checkpoint("streaming")
         context.report("rows", done)
 
-    sink.consume(frame.iter_batches(), progress=progress)
+    with closing(frame.iter_batches()) as batches:  # a failed write stops the engine's reads (Frame.iter_batches)
+        sink.consume(batches, progress=progress)
     return sink
