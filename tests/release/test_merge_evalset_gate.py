@@ -16,6 +16,7 @@ from datahub.release import create_release, get_release, list_releases, merge_re
 from datahub.sample_id import sample_id_of
 from tests.evalset.helpers import item_text, write_evalset
 from tests.release.helpers import add_samples
+from tests.release.test_crash_rerun import kill_before_record  # noqa: F401  (fixture)
 
 CLEAN = [f"an ordinary training document number {i} about gardening, tools, soil and the weather in spring" for i in range(4)]
 LEAKED = ["Forum post: " + item_text("q2").upper() + " thanks!", "Quiz answers. " + item_text("q3")]
@@ -89,3 +90,23 @@ def test_cli_merge_refuses_then_allows_and_redact_help_says_it_is_not_rechecked(
     helped = datahub("release", "redact", "--help")
     assert helped.returncode == 0
     assert "not re-checked against the eval sets" in " ".join(helped.stdout.split()), helped.stdout
+
+
+def test_a_merge_killed_before_its_record_finishes_with_allow_contamination_once_an_eval_set_is_added(
+        tmp_path, kill_before_record):
+    """Killed after its table and lineage commits, then an eval set overlapping an input is registered: the gate now
+    refuses the re-run without --allow-contamination, and with it the re-run finishes the first try's commits (the
+    flag changes no row, so it is not compared with the first try's arguments)."""
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, OTHER, "s3://bucket/b.jsonl", table="other", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "clean", table="other")
+    add_samples(lake, CLEAN + LEAKED, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "leaky")
+    kill_before_record(merge_releases, lake, "mix", sources=["clean", "leaky"])
+    assert lake.exists("release_mix") and "mix" not in [r.name for r in list_releases(lake)]
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    with pytest.raises(ReleaseError, match="overlap eval sets"):
+        merge_releases(lake, "mix", sources=["clean", "leaky"])
+    release = merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="found after the merge")
+    assert release.row_count == 9
+    assert get_release(lake, "mix").details["contamination"]["allowed"] == "found after the merge"
