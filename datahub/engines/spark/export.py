@@ -53,13 +53,11 @@ class _Write:
         return self.task(group.cast(self.routed_schema))
 
 
-def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], Iterator[pa.Table]], key: str,
-                 sink: Sink[R, Any], routed_schema: pa.Schema, workers: int | None = None) -> list[R]:
-    """See ``datahub.engines.ray.export.write_groups``; ``workers`` sets the number of write partitions."""
+def _routed(engine: Engine, tasks: Sequence[Any], read: Callable[[Any], Iterator[pa.Table]],
+            routed_schema: pa.Schema) -> tuple[Any, Any]:
+    """The engine's session and a DataFrame of ``read(task)``'s rows for every task (one read partition per task)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    if not tasks:
-        return []
     if not isinstance(engine, SparkEngine):
         raise TypeError(f"datahub.engines.spark.export needs a SparkEngine, got {type(engine).__name__}")
     session = engine.session
@@ -67,6 +65,17 @@ def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
     index = session.sparkContext.parallelize([(i,) for i in range(len(tasks))], numSlices=len(tasks))
     routed = map_in_arrow(session.createDataFrame(index, "task long"), _Read(tuple(tasks), read, spark_schema),
                           from_arrow_schema(spark_schema))
+    return session, routed
+
+
+def write_groups(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], Iterator[pa.Table]], key: str,
+                 sink: Sink[R, Any], routed_schema: pa.Schema, workers: int | None = None) -> list[R]:
+    """See ``datahub.engines.ray.export.write_groups``; ``workers`` sets the number of write partitions."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    if not tasks:
+        return []
+    session, routed = _routed(engine, tasks, read, routed_schema)
     if workers:
         routed = routed.repartition(workers, key)
     writer = _Write(WriteTask(sink), routed_schema)
@@ -144,13 +153,7 @@ def write_sorted(engine: Engine, tasks: Sequence[Any], *, read: Callable[[Any], 
 
     if not tasks:
         return []
-    if not isinstance(engine, SparkEngine):
-        raise TypeError(f"datahub.engines.spark.export needs a SparkEngine, got {type(engine).__name__}")
-    session = engine.session
-    spark_schema = pa.schema([_spark_type(f) for f in routed_schema])
-    index = session.sparkContext.parallelize([(i,) for i in range(len(tasks))], numSlices=len(tasks))
-    routed = map_in_arrow(session.createDataFrame(index, "task long"), _Read(tuple(tasks), read, spark_schema),
-                          from_arrow_schema(spark_schema))
+    session, routed = _routed(engine, tasks, read, routed_schema)
     routed = routed.repartition(workers, key) if workers else routed.repartition(key)
     columns = [F.col(key)] + [F.col(name).bitwiseXOR(F.lit(SIGN_BIT)) if name in unsigned else F.col(name)
                               for name in order]
