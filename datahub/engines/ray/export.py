@@ -8,7 +8,9 @@ run's node otherwise) and hands the rows to the sink. The release is read and en
 through the object store: with the embedded Ray's capped store the previous shuffle spilled every encoded row
 through Ray's IO worker (L of benchmarks/release_scale.py: 2.5 GB of shards, the write phase 28 s of 43 s).
 ``write_pieces`` (token files) is its write pass for groups larger than a task should hold: a group's task gathers
-its rows a piece (a chunk of a token file's export order) at a time and streams them to the sink.
+its rows a piece (a chunk of a token file's export order) at a time and streams them to the sink. Both read through
+``_RunReader``: a task memory-maps each run on its node once for its whole group, and gets a piece's slices of
+another node's runs from one task on that node.
 
 ``write_groups``: a one-round shuffle through the object store. A read task splits its routed rows into
 ``partitions`` tables by ``key % partitions`` (Ray returns them as separate objects), and each write task gets its
@@ -180,12 +182,20 @@ def _open_run(path: str) -> pa.Table:
         return pa.ipc.open_file(source).read_all()
 
 
-def _fetch_slice(path: str, start: int, stop: int) -> pa.Table:
-    """Rows ``[start, stop)`` of a run, copied out of the file (they travel to another node's task)."""
-    return _open_run(path).slice(start, stop - start).combine_chunks()
+def _fetch_slices(slices: Sequence[tuple[str, int, int]]) -> list[pa.Table]:
+    """Rows ``[start, stop)`` of runs on this node, one table a (path, start, stop), copied out of the files (they
+    travel to another node's task); each run is opened once."""
+    opened: dict[str, pa.Table] = {}
+    tables = []
+    for path, start, stop in slices:
+        if path not in opened:
+            opened[path] = _open_run(path)
+        tables.append(opened[path].slice(start, stop - start).combine_chunks())
+    return tables
 
 
 Slice = tuple[int, int, int]  # run index, first row, end row
+_Started = tuple[list[pa.Table | None], list[tuple[list[int], Any]]]  # ``_RunReader.start``: parts, fetches
 
 
 def _write_slices(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run], slices: Sequence[Slice],
@@ -196,36 +206,65 @@ def _write_slices(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run
         return _write_group(task, key, value, runs, slices, local_reads)
 
 
-def _start_slices(runs: Sequence[Run], slices: Sequence[Slice], local_reads: bool, here: str) -> list[Any]:
-    """The rows of ``slices``: a zero-copy slice of a run on this node, else the ref of a task on the run's node
-    that sends them (started now)."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+class _RunReader:
+    """A write task's reads of the runs, for its whole group: a run on this node is memory-mapped once (the first
+    slice that needs it; a slice touches only its own pages) and sliced zero-copy; the slices of runs on another
+    node come from one task on that node per ``start`` (a piece), not one per run. ``local_reads=False`` fetches
+    every slice, as between nodes."""
 
-    parts: list[Any] = []
-    for run_index, start, stop in slices:
-        run = runs[run_index]
-        if local_reads and run.node == here:
-            parts.append(_open_run(run.path).slice(start, stop - start))
-        else:
-            fetch = ray.remote(_fetch_slice).options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(run.node, soft=False), num_cpus=0)
-            parts.append(fetch.remote(run.path, start, stop))
-    return parts
+    def __init__(self, runs: Sequence[Run], local_reads: bool) -> None:
+        self.runs = runs
+        self.local_reads = local_reads
+        self.here = _node()
+        self.opened: dict[int, pa.Table] = {}
+        self.fetch: Any = None  # the remote ``_fetch_slices``, made at the first fetch
 
+    def start(self, slices: Sequence[Slice]) -> _Started:
+        """The rows of ``slices``: the local ones sliced now, the remote ones' fetches started (one per node)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-def _finish_slices(parts: list[Any], key: str, value: int) -> list[pa.Table]:
-    """The tables of ``_start_slices`` (waiting for the fetches), each with the ``key`` column in front."""
-    import ray
+        parts: list[pa.Table | None] = []
+        remote: dict[str, list[int]] = {}
+        for position, (run_index, start, stop) in enumerate(slices):
+            run = self.runs[run_index]
+            if self.local_reads and run.node == self.here:
+                if run_index not in self.opened:
+                    self.opened[run_index] = _open_run(run.path)
+                parts.append(self.opened[run_index].slice(start, stop - start))
+            else:
+                parts.append(None)
+                remote.setdefault(run.node, []).append(position)
+        fetches: list[tuple[list[int], Any]] = []
+        for node, positions in remote.items():
+            if self.fetch is None:
+                import ray
 
-    fetched = iter(ray.get([p for p in parts if not isinstance(p, pa.Table)]))
-    tables = [p if isinstance(p, pa.Table) else next(fetched) for p in parts]
-    return [t.add_column(0, key, pa.array(np.full(t.num_rows, value, dtype=np.int64))) for t in tables if t.num_rows]
+                self.fetch = ray.remote(_fetch_slices)
+            fetch = self.fetch.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+                                       num_cpus=0)
+            wanted = [(self.runs[slices[i][0]].path, slices[i][1], slices[i][2]) for i in positions]
+            fetches.append((positions, fetch.remote(wanted)))
+        return parts, fetches
+
+    @staticmethod
+    def finish(started: _Started, key: str, value: int) -> list[pa.Table]:
+        """The tables of ``start`` in slice order (waiting for the fetches), each with the ``key`` column in front."""
+        import ray
+
+        parts, fetches = started
+        if fetches:
+            for (positions, _), tables in zip(fetches, ray.get([ref for _, ref in fetches]), strict=True):
+                for position, table in zip(positions, tables, strict=True):
+                    parts[position] = table
+        tables = [t for t in parts if t is not None]
+        return [t.add_column(0, key, pa.array(np.full(t.num_rows, value, dtype=np.int64))) for t in tables
+                if t.num_rows]
 
 
 def _write_group(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run], slices: Sequence[Slice],
                  local_reads: bool) -> pa.Table:
-    keyed = _finish_slices(_start_slices(runs, slices, local_reads, _node()), key, value)
+    reader = _RunReader(runs, local_reads)
+    keyed = reader.finish(reader.start(slices), key, value)
     if not keyed:
         return RESULT.empty_table()
     result = task.over(keyed)
@@ -273,12 +312,13 @@ def _write_pieces(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run
 
 def _gathered_pieces(key: str, value: int, runs: Sequence[Run], pieces: Sequence[Sequence[Slice]],
                      local_reads: bool) -> Iterator[pa.Table]:
-    here = _node()
-    upcoming = _start_slices(runs, pieces[0], local_reads, here) if pieces else []
+    reader = _RunReader(runs, local_reads)  # each local run opened once for the whole group
+    nothing: _Started = ([], [])
+    upcoming = reader.start(pieces[0]) if pieces else nothing
     for number in range(len(pieces)):
         current = upcoming
-        upcoming = _start_slices(runs, pieces[number + 1], local_reads, here) if number + 1 < len(pieces) else []
-        keyed = _finish_slices(current, key, value)
+        upcoming = reader.start(pieces[number + 1]) if number + 1 < len(pieces) else nothing
+        keyed = reader.finish(current, key, value)
         del current
         if keyed:
             yield pa.concat_tables(keyed)
