@@ -30,6 +30,7 @@ def _error_lines(stderr: str) -> list[str]:
 
 
 def _qa(tmp_path: Path, *args: str, python_prefix: list[str] | None = None) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "lake").mkdir(exist_ok=True)  # an (empty) lake: the --lake check comes before the engine's
     command = [*(python_prefix or [DATAHUB]), "qa", "--lake", str(tmp_path / "lake"), "--no-record", *args]
     try:
         return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HANG_GUARD_S)
