@@ -329,15 +329,10 @@ class JobLease:
             )
         if not _call(self.uri, lambda: self._store.swap(self.key, current, data)):
             raise RunLockedError(f"job {self.job!r}: another run took over the stale lease {self.uri} first; try again later")
-        if holder.left_by_failed_run:  # its expiry is 0 (1970), not a time: say what the lease is kept for
+        if holder.left_by_failed_run:  # its expiry is 0 (1970), not a time; what resumes is run_job's to say
             when = datetime.fromtimestamp(holder.acquired, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-            if holder.run_id and holder.inputs is not None:
-                log.warning("resuming: took over the lease left by failed run %s (%s pid %d, started %s) in %s",
-                            holder.run_id, holder.host, holder.pid, when, self.uri)
-            else:
-                log.warning("took over the lease left by a failed run of job %r (%s pid %d, started %s) in %s; it "
-                            "failed before planning its inputs: nothing to resume", self.job, holder.host, holder.pid,
-                            when, self.uri)
+            log.warning("took over the lease left by a failed or interrupted run of job %r (%s pid %d, started %s) "
+                        "in %s", self.job, holder.host, holder.pid, when, self.uri)
         else:
             log.warning("took over stale lease %s (%s)", self.uri, holder.describe())
         self.took_over = holder

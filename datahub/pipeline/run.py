@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -51,6 +52,8 @@ from datahub.pipeline.sinks.stats import StatsSink
 from operators.ingest.base import InputFile
 
 _ANSI_CODES = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes: never stored in runs.error
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -163,6 +166,11 @@ def run_job(
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
     with JobLease(lake, spec.name, source=_job_spec_path(source), full=full) as lease:
         pending = pending_run(lake.read("runs"), spec.name, lease.took_over)
+        if lease.took_over is not None and lease.took_over.left_by_failed_run:  # the lease said what it took over
+            if pending is None:
+                log.warning("nothing to resume: job %r has no unfinished run", spec.name)
+            else:
+                log.warning("resuming run %s (%s) first", pending.run_id, pending.origin)
         if pending is None:
             return _run_leased(spec, graph, lease=lease, full=full, engine=engine, progress=progress, source=source,
                                qa_gate=qa_gate)

@@ -304,9 +304,12 @@ def test_spec_edited_between_kill_and_rerun(point, committed, dedup_corpus, tmp_
         assert Lake(lake_root).read("runs").column("job_hash").to_pylist() == [spec.job_hash()]
 
 
-def test_failed_run_leaves_its_plan_in_the_lease(corpus, tmp_path, ray_engine, monkeypatch):
+def test_failed_run_leaves_its_plan_in_the_lease(corpus, tmp_path, ray_engine, monkeypatch, caplog):
     """An exception (not only a kill) leaves the lease behind, expired, with the plan: the failed
-    runs row is not the only record (writing it may fail too when storage is down)."""
+    runs row is not the only record (writing it may fail too when storage is down). The next run says
+    which run it resumes, once it has decided (the lease alone may name a run that finished)."""
+    import logging
+
     from datahub.pipeline.lease import read_lease
 
     lake_root = tmp_path / "lake"
@@ -327,9 +330,11 @@ def test_failed_run_leaves_its_plan_in_the_lease(corpus, tmp_path, ray_engine, m
     assert lease is not None and lease.is_stale() and lease.job_hash == spec.job_hash()
     assert sorted(uri for uri, _, _ in lease.inputs) == sorted(str(p) for p in corpus.glob("*.jsonl"))
     assert [r["status"] for r in list_runs(Lake(lake_root))] == ["interrupted"]
-    result = run_job(spec, engine=ray_engine)
+    with caplog.at_level(logging.WARNING, logger="datahub.pipeline"):
+        result = run_job(spec, engine=ray_engine)
     assert result.status == "succeeded" and result.run_id == lease.run_id
     assert read_lease(Lake(lake_root), spec.name) is None
+    assert f"resuming run {lease.run_id} (" in caplog.text
 
 
 # Successive invocations die at successive points; new input arrives after the third. `#N`:
