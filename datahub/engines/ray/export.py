@@ -286,32 +286,40 @@ def _write_group(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run]
     return result
 
 
-def write_slices(engine: Engine, runs: Sequence[Run], groups: Sequence[tuple[int, Sequence[Slice]]], *, key: str,
-                 sink: Sink[R, Any], workers: int | None = None, local_reads: bool = True) -> Iterator[R]:
-    """The write pass: per group (its ``key`` value and its slices of the runs), a Ray task hands the sink's
-    ``write`` all its rows with an int64 ``key`` column in front (a group without rows is not written);
-    ``workers`` tasks at once. Yields the tasks' results as they finish. ``local_reads=False`` sends every slice through the object store, as between
-    nodes (tests run that path on one machine)."""
+def _windowed(remote: Any, calls: Iterable[tuple[Any, ...]], parallel: int) -> Iterator[Any]:
+    """Run ``remote`` once per argument tuple, ``parallel`` tasks at once; yield their sink results as they finish."""
     import ray
 
-    parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
-    write = ray.remote(_write_slices)
-    write_task = WriteTask(sink)
-    runs_ref: Any = ray.put(list(runs))
     pending: list[Any] = []
     try:
-        for value, slices in groups:
+        for arguments in calls:
             if len(pending) >= parallel:
                 done, pending = ray.wait(pending, num_returns=1)
                 for table in ray.get(done):
                     yield from task_results(table)
-            pending.append(write.remote(write_task, key, value, runs_ref, list(slices), local_reads))
+            pending.append(remote.remote(*arguments))
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for table in ray.get(done):
                 yield from task_results(table)
     finally:  # a failed or abandoned write pass: no task may read the runs once the caller removes them
         cancel_and_wait(pending)
+
+
+def write_slices(engine: Engine, runs: Sequence[Run], groups: Sequence[tuple[int, Sequence[Slice]]], *, key: str,
+                 sink: Sink[R, Any], workers: int | None = None, local_reads: bool = True) -> Iterator[R]:
+    """The write pass: per group (its ``key`` value and its slices of the runs), a Ray task hands the sink's
+    ``write`` all its rows with an int64 ``key`` column in front (a group without rows is not written);
+    ``workers`` tasks at once. Yields the tasks' results as they finish. ``local_reads=False`` sends every slice
+    through the object store, as between nodes (tests run that path on one machine)."""
+    import ray
+
+    parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    write = ray.remote(_write_slices)
+    write_task = WriteTask(sink)
+    runs_ref: Any = ray.put(list(runs))
+    yield from _windowed(write, ((write_task, key, value, runs_ref, list(slices), local_reads)
+                                 for value, slices in groups), parallel)
 
 
 def _write_pieces(task: WriteTask[Any], key: str, value: int, runs: Sequence[Run],
@@ -343,28 +351,17 @@ def write_pieces(engine: Engine, runs: Sequence[Run], groups: Iterable[tuple[int
     """``write_slices`` for groups larger than a task should hold: a group is (its ``key`` value, its pieces, each
     a list of slices of the runs), and its task hands the sink's ``write`` one batch per piece, gathered when the
     sink asks for it (a lazy iterable; the next piece's remote slices are fetched meanwhile), so the task holds
-    about two pieces of its group at a time (and at most ``REMAP_BYTES`` of its local runs' pages mapped). A batch is a piece's rows of every run, with the ``key`` column in
-    front; a piece without rows gives no batch. Yields the tasks' results as they finish."""
+    about two pieces of its group at a time (and at most ``REMAP_BYTES`` of its local runs' pages mapped). A batch
+    is a piece's rows of every run, with the ``key`` column in front; a piece without rows gives no batch. Yields
+    the tasks' results as they finish."""
     import ray
 
     parallel = workers or max(1, int(ray.cluster_resources().get("CPU", 1)))
     write = ray.remote(_write_pieces)
     write_task = WriteTask(sink)
     runs_ref: Any = ray.put(list(runs))
-    pending: list[Any] = []
-    try:
-        for value, pieces in groups:
-            if len(pending) >= parallel:
-                done, pending = ray.wait(pending, num_returns=1)
-                for table in ray.get(done):
-                    yield from task_results(table)
-            pending.append(write.remote(write_task, key, value, runs_ref, [list(p) for p in pieces], local_reads))
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for table in ray.get(done):
-                yield from task_results(table)
-    finally:  # a failed or abandoned write pass: no task may read the runs once the caller removes them
-        cancel_and_wait(pending)
+    yield from _windowed(write, ((write_task, key, value, runs_ref, [list(p) for p in pieces], local_reads)
+                                 for value, pieces in groups), parallel)
 
 
 def _remove(directory: str) -> None:
