@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
 
 LINEAGE_TABLE = "lineage"
@@ -40,7 +41,9 @@ def lineage_events(lake: Lake, sample_ids: str | list[str]) -> pa.Table:
         pruning = [("sample_id", "in", ids)]
         condition = ds.field("sample_id").isin(ids)
     dataset = lake.dataset(LINEAGE_TABLE, file_pruning_predicate=pruning)
-    rows = dataset.to_table(filter=condition)
+    # one file and one batch ahead at most (pyarrow's defaults, 4 and 16, held up to ~4 decoded row groups of
+    # every column); files and row groups whose sample_id statistics exclude the ids are still skipped
+    rows = dataset.scanner(filter=condition, fragment_readahead=1, batch_readahead=1).to_table()
     rank = pa.array([_ACTION_ORDER.get(a, 9) for a in rows.column("action").to_pylist()], pa.int8())
     step = pa.array(_graph_steps(lake, rows), pa.int32())
     rows = rows.append_column("_rank", rank).append_column("_step", step)
@@ -163,17 +166,18 @@ def source_lineage(lake: Lake, source_uri: str, *, progress: Progress | None = N
 
     Records that never got a sample_id (unparseable) come from the ``quarantine`` table.
     Two records of one file with the same text share a sample_id, so they share a fate.
-    ``progress(stage, done, None)`` gets the rows of the lake's ingested events scanned so far.
+    ``progress(stage, done, None)`` gets the rows of the lake's lineage events scanned so far.
     """
     records: dict[tuple[int, str | None], dict[str, Any]] = {}
     if lake.exists(LINEAGE_TABLE):
         needle = json.dumps(source_uri)
-        # streamed: the lake's ingested events are read a batch at a time and only this file's are kept
-        scanner = lake.dataset(LINEAGE_TABLE).scanner(columns=["sample_id", "ref", "run_id"], batch_size=SCAN_ROWS,
-                                                      filter=ds.field("action") == "ingested",
-                                                      fragment_readahead=1, batch_readahead=1)  # pyarrow: 4 and 16
-        batches = counted(scanner.to_batches(), progress, "ingested events scanned", total=None, rows=len)
-        matched = (batch.filter(pc.match_substring(batch.column("ref"), needle)) for batch in batches)
+        # streamed: the lake's events are read a batch at a time, row group by row group with no read-ahead
+        # (the dataset scanner held several decoded row groups, whatever its readahead said), and only this file's
+        # ingested events are kept
+        batches = counted(scan_batches(lake.dataset(LINEAGE_TABLE), columns=["action", "sample_id", "ref", "run_id"],
+                                       batch_rows=SCAN_ROWS), progress, "lineage events scanned", total=None, rows=len)
+        matched = (batch.filter(pc.and_(pc.equal(batch.column("action"), "ingested"),
+                                        pc.match_substring(batch.column("ref"), needle))) for batch in batches)
         for row in (row for batch in matched for row in batch.to_pylist()):
             ref = _ref(row["ref"])
             if isinstance(ref, dict) and ref.get("source_uri") == source_uri:

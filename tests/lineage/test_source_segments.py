@@ -46,7 +46,7 @@ def test_every_segment_of_a_long_episode_is_in_its_files_story(tmp_path):
     out = datahub("lineage", "--source", str(source), "--lake", str(tmp_path / "lake"))
     assert out.returncode == 0, out.stderr
     # a lookup scans the lake's ingested events: off a terminal it says so (a line per stage, at most every 10 s)
-    assert f"lineage --source {source}: ingested events scanned 0" in out.stderr, out.stderr
+    assert f"lineage --source {source}: lineage events scanned 0" in out.stderr, out.stderr
     assert "3 records: kept 4, quarantined 1" in out.stdout, out.stdout
     for _, _, sample_id in segments:
         assert sample_id in out.stdout
