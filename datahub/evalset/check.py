@@ -1,7 +1,8 @@
 """Contamination of a table version: samples sharing n-grams with the registered eval sets, streamed in batches.
 
 Memory stays bounded whatever the table's size: the eval n-gram index (8-12 bytes per n-gram), one batch of
-``sample_id`` and ``text`` at a time, and the ids of the contaminated samples found.
+``sample_id`` and ``text`` at a time, and the ids of the contaminated samples found, or, when the caller streams them
+(``hits=``), only a few examples: the ids then go through sorted runs spilled to local disk (``lake.external_sort``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datahub.errors import SpecError
+from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.tables import not_of_samples
 from operators.decontam.evalsets import load_index
-from operators.decontam.ngrams import DEFAULT_NGRAM
+from operators.decontam.ngrams import DEFAULT_NGRAM, NgramIndex
 
 BATCH_ROWS = 1024  # ~5 MB of text per batch at 5 KB/doc; the n-gram arrays are ~10x the text
+HITS = pa.schema([("sample_id", pa.string()), ("ref", pa.string())])  # a contaminated sample and its first eval item
+EXAMPLES = 5  # refs kept when the contaminated ids are streamed (``describe``'s examples)
 
 
 @dataclass(frozen=True)
@@ -32,10 +37,12 @@ class Contamination:
     evalsets: list[str]  # ``name@version`` of every set checked
     by_evalset: dict[str, int] = field(default_factory=dict)  # ``name@version`` -> contaminated samples
     refs: dict[str, str] = field(default_factory=dict)  # sample_id -> ``evalset@version:item`` of its first match
+    ngram: int = DEFAULT_NGRAM
+    contaminated: int | None = None  # when ``refs`` holds examples only (the ids were streamed): how many there are
 
     @property
     def count(self) -> int:
-        return len(self.refs)
+        return len(self.refs) if self.contaminated is None else self.contaminated
 
     def describe(self, limit: int = 5) -> str:
         sets = ", ".join(f"{name}: {n} sample(s)" for name, n in sorted(self.by_evalset.items()))
@@ -44,13 +51,18 @@ class Contamination:
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.table, "version": self.version, "rows_checked": self.rows_checked,
-                "evalsets": self.evalsets, "by_evalset": self.by_evalset, "contaminated": self.count}
+                "evalsets": self.evalsets, "by_evalset": self.by_evalset, "contaminated": self.count,
+                "ngram": self.ngram}
 
 
 def contamination(lake: Lake, *, table: str = "samples", version: int | None = None, ngram: int = DEFAULT_NGRAM,
                   min_overlap: int = 1, evalsets: Sequence[str] | None = None, batch_rows: int = BATCH_ROWS,
-                  progress: Callable[[int], None] | None = None) -> Contamination:
-    """Stream ``table`` at ``version`` (default latest) and find samples sharing n-grams with the eval sets."""
+                  progress: Callable[[int], None] | None = None,
+                  hits: Callable[[pa.Table], None] | None = None) -> Contamination:
+    """Stream ``table`` at ``version`` (default latest) and find samples sharing n-grams with the eval sets.
+
+    ``hits``: the contaminated samples are handed to it instead of being held, as ``HITS`` tables (sample_id, ref of
+    its first eval item), in sample_id order, one row per sample; ``refs`` then keeps ``EXAMPLES`` of them."""
     version = int(lake.table(table).version()) if version is None else version
     problem = not_of_samples(table, lake.dataset(table, version).schema.names, reads="the eval-set check reads samples",
                              lake_ref=lake.ref)
@@ -59,9 +71,29 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
     index = load_index(lake, evalsets, ngram=ngram)
     checked = sorted({ref.split(":", 1)[0] for ref in index.refs})
     if not len(index):
-        return Contamination(table, version, 0, checked)
+        return Contamination(table, version, 0, checked, ngram=ngram, contaminated=None if hits is None else 0)
+    if hits is not None:
+        with SortedRuns(HITS, "sample_id") as found:  # a sample's first match, as the held dict keeps it
+            rows = _scan(lake, table, version, index, min_overlap, batch_rows, progress, found.add)
+            return _streamed(Contamination(table, version, rows, checked, ngram=ngram), found, hits)
     refs: dict[str, str] = {}
     by_evalset: dict[str, int] = {}
+
+    def held(matched: pa.Table) -> None:
+        for sample_id, ref in zip(matched.column("sample_id").to_pylist(), matched.column("ref").to_pylist()):
+            if sample_id not in refs:
+                refs[sample_id] = ref
+                name = ref.split(":", 1)[0]
+                by_evalset[name] = by_evalset.get(name, 0) + 1
+
+    rows = _scan(lake, table, version, index, min_overlap, batch_rows, progress, held)
+    return Contamination(table, version, rows, checked, by_evalset, refs, ngram=ngram)
+
+
+def _scan(lake: Lake, table: str, version: int, index: NgramIndex, min_overlap: int, batch_rows: int,
+          progress: Callable[[int], None] | None, found: Callable[[pa.Table], None]) -> int:
+    """The rows of ``table`` at ``version`` read (``sample_id`` and ``text``, a batch at a time); each batch's
+    contaminated samples to ``found`` (``HITS``, null ids left out)."""
     rows = 0
     scanner = lake.dataset(table, version).scanner(columns=["sample_id", "text"], batch_size=batch_rows)
     for batch in scanner.to_batches():
@@ -69,15 +101,30 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
             continue
         rows += batch.num_rows
         matches = index.match(batch.column("text"))
-        hits = np.flatnonzero(matches.counts >= min_overlap)
-        if len(hits):
-            ids = batch.column("sample_id").take(pa.array(hits)).to_pylist()
-            for sample_id, item in zip(ids, matches.first_item[hits].tolist()):
-                ref = index.refs[item]
-                if sample_id is not None and sample_id not in refs:
-                    refs[sample_id] = ref
-                    name = ref.split(":", 1)[0]
-                    by_evalset[name] = by_evalset.get(name, 0) + 1
+        hit = np.flatnonzero(matches.counts >= min_overlap)
+        if len(hit):
+            ids = batch.column("sample_id").take(pa.array(hit)).cast(pa.string())
+            refs = pa.array([index.refs[item] for item in matches.first_item[hit].tolist()], pa.string())
+            matched = pa.table([ids, refs], schema=HITS)
+            found(matched.filter(pc.is_valid(matched.column("sample_id"))))
         if progress is not None:
             progress(batch.num_rows)
-    return Contamination(table, version, rows, checked, by_evalset, refs)
+    return rows
+
+
+def _streamed(checked: Contamination, found: SortedRuns, hits: Callable[[pa.Table], None]) -> Contamination:
+    """``checked`` with the counts of the distinct contaminated samples in ``found``, handed to ``hits``."""
+    by_evalset: dict[str, int] = {}
+    refs: dict[str, str] = {}
+    count = 0
+    for block in found.merged():
+        count += block.num_rows
+        names = pc.replace_substring_regex(block.column("ref"), pattern=":.*$", replacement="")
+        for entry in pc.value_counts(names).to_pylist():
+            by_evalset[entry["values"]] = by_evalset.get(entry["values"], 0) + entry["counts"]
+        if len(refs) < EXAMPLES:
+            taken = block.slice(0, EXAMPLES - len(refs))
+            refs.update(zip(taken.column("sample_id").to_pylist(), taken.column("ref").to_pylist()))
+        hits(block)
+    return Contamination(checked.table, checked.version, checked.rows_checked, checked.evalsets,
+                         dict(sorted(by_evalset.items())), refs, ngram=checked.ngram, contaminated=count)

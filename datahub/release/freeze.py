@@ -245,21 +245,43 @@ def _extra_blocks(extra: pa.Table | Iterable[pa.Table | pa.RecordBatch] | None) 
     return stream()
 
 
+def _noted(ids: pa.Array, reasons: pa.Array, notes: _SortedRows, bound: pa.Scalar | None) -> pa.Array:
+    """``reasons`` of the released ``ids`` (sorted, all below ``bound``) with the notes of those ids taken from the
+    ``notes`` stream (every note below ``bound``: a note of an id not released is passed over): ``REASON; NOTE``, or
+    the note alone where the reason is null."""
+    pieces = []
+    more = True
+    while more:
+        rows, more = notes.below(bound, LINEAGE_CHUNK_ROWS)
+        if rows is not None and rows.num_rows:
+            pieces.append(rows.filter(pc.is_in(rows.column("sample_id"), value_set=ids)))
+    if not pieces:
+        return reasons
+    found = pa.concat_tables(pieces)
+    note = pc.take(found.column("note"), pc.index_in(ids, value_set=found.column("sample_id").combine_chunks()))
+    note = note.combine_chunks() if isinstance(note, pa.ChunkedArray) else note
+    return pc.coalesce(pc.binary_join_element_wise(reasons, note, "; "), note, reasons)
+
+
 def _lineage_chunks(name: str, released: _Released, distinct: Iterator[pa.Table], ts: datetime,
-                    extra: Iterator[pa.Table] | None) -> Iterator[pa.Table]:
+                    extra: Iterator[pa.Table] | None, notes: Iterator[pa.Table] | None = None) -> Iterator[pa.Table]:
     """``released`` lineage rows for the ``distinct`` ids (sorted blocks of sample_id, reason_code), merged with
     the ``extra`` rows (a sorted stream), in sample_id order, ``LINEAGE_CHUNK_ROWS`` released rows at a time with
-    the extra rows that fall between their first id and the next chunk's."""
+    the extra rows that fall between their first id and the next chunk's; the ``notes`` (a sorted stream of
+    sample_id, note) of a chunk's ids go into their reasons (``_noted``)."""
     cursor = _SortedRows(extra) if extra is not None else None
+    noted = _SortedRows(notes) if notes is not None else None
     chunks = regrouped(distinct, LINEAGE_CHUNK_ROWS)
     current = next(chunks, _ID_ROWS.empty_table())
     while current is not None:
         following = next(chunks, None)  # its first id bounds this chunk's share of the extra rows
-        ids = current.column("sample_id")
-        chunk = lineage_rows(ids, run_id=release_txn(name), op=RELEASE_OP, action="released",
-                             reason=released.reasons.take(current.column("reason_code")), ref=name, ts=ts,
-                             sort=False)
+        ids = current.column("sample_id").combine_chunks()
         bound = following.column("sample_id")[0] if following is not None else None
+        reasons = released.reasons.take(current.column("reason_code").combine_chunks())
+        if noted is not None:
+            reasons = _noted(ids, reasons, noted, bound)
+        chunk = lineage_rows(ids, run_id=release_txn(name), op=RELEASE_OP, action="released", reason=reasons,
+                             ref=name, ts=ts, sort=False)
         while cursor is not None:
             rows, more = cursor.below(bound, LINEAGE_CHUNK_ROWS)
             if rows is None or not rows.num_rows:
@@ -298,6 +320,7 @@ def freeze(
     reason_column: str | None = None,
     reason_prefix: str = "",
     released_reason_of: Callable[[pa.Array], pa.Array] | None = None,
+    released_notes: Iterable[pa.Table] | None = None,
     params: dict[str, Any] | None = None,
     fix: str = "",
     progress: Progress | None = None,
@@ -308,6 +331,9 @@ def freeze(
     ``table`` at ``version``, scanned in bounded batches (the reason then is ``reason_prefix`` + the row's
     ``reason_column``, or ``released_reason_of(ids)`` per scanned batch, or the release kind). Lineage is written in sorted chunks of ``LINEAGE_CHUNK_ROWS``; what
     is held is bounded: the distinct ids are sorted in runs spilled to local disk (``datahub.lake.external_sort``).
+    ``released_notes``: a stream of (``sample_id``, ``note``) tables sorted by sample_id, one row per id (e.g.
+    ``SortedRuns.merged()``), read once along the released ids: a released row of such an id gets the note in its
+    reason (``REASON; NOTE``, or the note alone), e.g. an allowed eval-set contamination.
     ``extra_lineage`` (e.g. ``dropped`` rows) is merged in by sample_id: a table (sorted here), or a stream of
     tables or record batches already sorted by sample_id (e.g. ``SortedRuns.merged()`` over spilled rows), read
     once, a chunk's share at a time. ``params`` (the command's arguments) are recorded with the lineage commit
@@ -334,7 +360,8 @@ def freeze(
                   "digest": f"{released.digest:032x}"}
         refuse_other_try(lake, name, "lineage", frozen, fix=fix)
         if released.ids or extra is not None:
-            chunks = _lineage_chunks(name, released, runs.merged(), ts, extra)
+            notes = iter(released_notes) if released_notes is not None else None
+            chunks = _lineage_chunks(name, released, runs.merged(), ts, extra, notes)
             commit_rows(lake, "lineage", counted(chunks, progress, "lineage", total=None, rows=len),
                         schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS,
                         metadata={"datahub.release": name, PARAMS_KEY: params_text(frozen)})

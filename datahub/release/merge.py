@@ -11,7 +11,9 @@ each source (no source is upsampled), picked by the smallest seeded hash of samp
 (deterministic, order-independent). The rows are materialized in the Delta table
 ``release_<NEW>`` with a ``release_source`` column naming the input release of each row;
 lineage records the same. Like ``release create``, a merge is refused when an input overlaps a registered eval set
-(each input is checked before anything is written), unless the reason is given.
+(each input is checked before anything is written), unless the reason is given: it is then recorded in the release's
+details and in the ``released`` lineage reason of each contaminated sample. An input whose frozen table version an
+earlier release already checked clean against the same eval-set versions is not scanned again.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.external_sort import SortedRuns
@@ -37,7 +40,7 @@ from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import (ROW, SOURCE_COLUMN, DedupMode, Duplicates, Inputs, RowCursor,
                                          exact_duplicates, near_duplicates)
-from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release
+from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, list_releases
 
 if TYPE_CHECKING:  # the eval-set check (operators, pandas) is imported when a merge runs, not with the package
     from datahub.evalset.check import Contamination
@@ -267,7 +270,21 @@ def merge_releases(
     # finish with it once an eval set registered since then overlaps an input (the reason goes to details)
     refuse_other_try(lake, new, MATERIALIZED_PREFIX + new, params, fix=_FIX)
     parents = [get_release(lake, s) for s in sources]
-    contamination = _contamination_gate(lake, new, parents, allow_contamination, progress=progress)
+    with SortedRuns(_NOTES, "sample_id") as notes:
+        contamination = _contamination_gate(lake, new, parents, allow_contamination, notes, progress=progress)
+        return _merged(lake, new, parents, params, share=share, weights=weights, seed=seed, dedup=dedup,
+                       threshold=threshold, verify=verify, creator=creator, contamination=contamination,
+                       notes=notes.merged() if contamination and contamination["contaminated"] else None,
+                       progress=progress)
+
+
+def _merged(lake: Lake, new: str, parents: list[Release], params: dict[str, Any], *, share: dict[str, float] | None,
+            weights: dict[str, float] | None, seed: int, dedup: DedupMode, threshold: float, verify: bool,
+            creator: str | None, contamination: dict[str, Any] | None, notes: Iterator[pa.Table] | None,
+            progress: Progress | None) -> Release:
+    """The merge past its gate: rows written to ``release_<new>``, then ``freeze`` (``notes``: the allowed
+    contamination of each contaminated sample, for its ``released`` reason)."""
+    sources = [p.name for p in parents]
     ts = datetime.now(timezone.utc)
     table = MATERIALIZED_PREFIX + new
     datasets = [lake.dataset(p.table, p.version) for p in parents]
@@ -289,7 +306,7 @@ def merge_releases(
         return freeze(
             lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
             creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
-            reason_prefix="merged_from:", run_ids=sorted({r for p in parents for r in p.run_ids}),
+            reason_prefix="merged_from:", released_notes=notes, run_ids=sorted({r for p in parents for r in p.run_ids}),
             jobs=sorted({j for p in parents for j in p.jobs}), params=params, fix=_FIX, progress=progress,
         )
 
@@ -297,16 +314,23 @@ def merge_releases(
 _FIX = "the same --from, --weights, --dedup, --seed, --threshold"
 
 
-def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: str | None, *,
+_NOTES = pa.schema([("sample_id", pa.string()), ("note", pa.string())])  # freeze's released_notes
+
+
+def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: str | None, notes: SortedRuns, *,
                         progress: Progress | None) -> dict[str, Any] | None:
     """``release create``'s eval-set check on each input's frozen table version: refused on any overlap unless
     ``allowed`` gives the reason; what to record in ``details["contamination"]`` (None when no eval set is
-    registered, as create records nothing then)."""
+    registered, as create records nothing then). The contaminated samples stream into ``notes`` (sample_id, the
+    lineage note ``contamination allowed: REASON (evalset@version:item)``, create's reason); an input an earlier
+    release checked clean at the same table version against the same eval-set versions is not scanned again
+    (``recorded_by`` names that release)."""
     from datahub.evalset.check import contamination
 
+    recorded = _recorded_clean_checks(lake, parents)
     found: dict[str, Contamination] = {}
     done = 0
-    total = sum(p.row_count for p in parents)
+    total = sum(p.row_count for p in parents if p.name not in recorded)
 
     def checked(rows: int) -> None:  # contamination's progress (rows of a batch) as one bar over every input
         nonlocal done
@@ -314,8 +338,14 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
         if progress is not None:
             progress("eval-set check", done, total)
 
+    def noted(hits: pa.Table) -> None:
+        text = pc.binary_join_element_wise(f"contamination allowed: {allowed} (", hits.column("ref"), ")", "")
+        notes.add(pa.table([hits.column("sample_id"), text], schema=_NOTES))
+
     for parent in parents:
-        found[parent.name] = contamination(lake, table=parent.table, version=parent.version, progress=checked)
+        if parent.name not in recorded:
+            found[parent.name] = contamination(lake, table=parent.table, version=parent.version, progress=checked,
+                                               hits=noted if allowed is not None else lambda hits: None)
     dirty = {name: f for name, f in found.items() if f.count}
     if dirty and allowed is None:
         described = "\n".join(f"--from release {name!r}: {f.describe()}" for name, f in dirty.items())
@@ -324,9 +354,10 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
             "a merge is a new release and must not leak an eval set: take them out of that input release with "
             f"`datahub release redact NEW --from RELEASE --sample ID ... --reason ... --lake {lake.ref}` (the ids: "
             f"`datahub evalset check --release RELEASE --json --lake {lake.ref}`) and merge the redacted one, or "
-            'merge anyway with --allow-contamination "REASON" (recorded in the release)'
+            'merge anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
         )
-    evalsets = sorted({s for f in found.values() for s in f.evalsets})
+    checks = {p.name: recorded[p.name] if p.name in recorded else found[p.name].as_dict() for p in parents}
+    evalsets = sorted({s for check in checks.values() for s in check["evalsets"]})
     if not evalsets:
         return None
     by_evalset: dict[str, int] = {}
@@ -334,10 +365,35 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
         for name, count in f.by_evalset.items():
             by_evalset[name] = by_evalset.get(name, 0) + count
     contaminated = sum(f.count for f in found.values())
-    return {"evalsets": evalsets, "rows_checked": sum(f.rows_checked for f in found.values()),
-            "by_evalset": by_evalset, "contaminated": contaminated,
-            "releases": {name: f.as_dict() for name, f in found.items()},
+    return {"evalsets": evalsets, "rows_checked": sum(check["rows_checked"] for check in checks.values()),
+            "by_evalset": by_evalset, "contaminated": contaminated, "releases": checks,
             "allowed": allowed if contaminated else None}
+
+
+def _recorded_clean_checks(lake: Lake, parents: list[Release]) -> dict[str, dict[str, Any]]:
+    """Input release name -> the eval-set check an earlier ``release create`` or ``merge`` recorded (its
+    ``details["contamination"]``) of that input's frozen table at the same version, with no contaminated sample,
+    against exactly the eval-set versions registered now and with the same n-gram size (``recorded_by``: that
+    release). Only clean checks: a contaminated input is scanned again for its ids. Eval-set versions are immutable
+    (new content is a new version), so the same versions and table version give the same result."""
+    from datahub.evalset.check import DEFAULT_NGRAM
+    from datahub.evalset.registry import list_evalsets
+
+    registered = sorted(f"{s.name}@{s.version}" for s in list_evalsets(lake))
+    if not registered:
+        return {}
+    wanted = {(p.table, p.version, p.row_count): p.name for p in parents}
+    out: dict[str, dict[str, Any]] = {}
+    for release in list_releases(lake):
+        recorded = release.details.get("contamination") or {}
+        for check in [recorded, *(recorded.get("releases") or {}).values()]:
+            key = (check.get("table"), check.get("version"), check.get("rows_checked"))
+            name = wanted.get(key)
+            if (name is not None and name not in out and check.get("evalsets") == registered
+                    and check.get("ngram") == DEFAULT_NGRAM and check.get("contaminated") == 0):
+                out[name] = {**{k: v for k, v in check.items() if k not in ("allowed", "recorded_by")},
+                             "recorded_by": check.get("recorded_by", release.name)}
+    return out
 
 
 def _merge_rows(lake: Lake, new: str, parents: list[Release], datasets: list[Any], inputs: Inputs, drops: _Drops,

@@ -61,7 +61,7 @@ def test_clean_table_releases_and_records_the_check(tmp_path):
     lake = _lake(tmp_path, CLEAN)
     release = create_release(lake, "r1")
     assert release.details["contamination"] == {"table": "samples", "version": release.version, "rows_checked": 6,
-                                                "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0,
+                                                "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0, "ngram": 13,
                                                 "allowed": None}
 
 

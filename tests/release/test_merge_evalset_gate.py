@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pyarrow.compute as pc
 import pytest
 
 from datahub.errors import ReleaseError
@@ -110,3 +111,85 @@ def test_a_merge_killed_before_its_record_finishes_with_allow_contamination_once
     release = merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="found after the merge")
     assert release.row_count == 9
     assert get_release(lake, "mix").details["contamination"]["allowed"] == "found after the merge"
+
+
+def _released_reasons(lake: Lake, name: str) -> dict[str, str | None]:
+    lineage = lake.read("lineage")
+    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"), pc.equal(lineage.column("ref"), name)))
+    return dict(zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist()))
+
+
+def test_an_allowed_contamination_of_a_merge_is_in_the_samples_lineage_as_create_writes_it(tmp_path):
+    """create writes 'contamination allowed: REASON (evalset@version:item)' into a contaminated sample's released
+    reason; a merge wrote only 'merged_from:INPUT', so `datahub lineage SAMPLE` did not say it went out anyway."""
+    lake = _lake(tmp_path)
+    merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="bench is a public dev split")
+    reasons = _released_reasons(lake, "mix")
+    assert len(reasons) == 9
+    assert reasons[sample_id_of(LEAKED[0])] == ("merged_from:leaky; contamination allowed: bench is a public dev split "
+                                                "(bench@1:q2)")
+    assert reasons[sample_id_of(LEAKED[1])] == ("merged_from:leaky; contamination allowed: bench is a public dev split "
+                                                "(bench@1:q3)")
+    assert {reasons[sample_id_of(t)] for t in CLEAN} == {"merged_from:leaky"}
+    assert {reasons[sample_id_of(t)] for t in OTHER} == {"merged_from:clean"}
+    shown = subprocess.run([sys.executable, "-m", "datahub.cli.main", "lineage", sample_id_of(LEAKED[1]),
+                            "--lake", lake.root, "--json"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    events = json.loads(shown.stdout)["events"]
+    assert [e["reason"] for e in events if e["action"] == "released" and e["ref"] == "mix"] == [
+        "merged_from:leaky; contamination allowed: bench is a public dev split (bench@1:q3)"]
+
+
+def test_the_contaminated_ids_of_a_merge_stream_through_spilled_runs(tmp_path, monkeypatch):
+    """The gate holds a few examples, not every contaminated id: the ids go through sorted runs on local disk (one
+    row a run here) and still reach the lineage and the counts."""
+    import datahub.evalset.check as check
+    from datahub.lake import external_sort
+
+    monkeypatch.setattr(check, "EXAMPLES", 1)
+    monkeypatch.setattr(external_sort, "RUN_ROWS", 1)
+    lake = _lake(tmp_path)
+    found = check.contamination(lake, table=get_release(lake, "leaky").table, version=get_release(lake, "leaky").version,
+                                hits=lambda hits: None, batch_rows=2)
+    assert found.count == 2 and len(found.refs) == 1 and found.by_evalset == {"bench@1": 2}
+    release = merge_releases(lake, "mix", sources=["leaky", "clean"], allow_contamination="dev split")
+    assert release.details["contamination"]["contaminated"] == 2
+    reasons = _released_reasons(lake, "mix")
+    assert sorted(r for r in reasons.values() if "contamination" in (r or "")) == [
+        "merged_from:leaky; contamination allowed: dev split (bench@1:q2)",
+        "merged_from:leaky; contamination allowed: dev split (bench@1:q3)"]
+
+
+def test_a_merge_reuses_a_recorded_clean_check_of_the_same_version_and_eval_sets(tmp_path):
+    """An input release made (create) or merged after the eval sets were registered was checked at that table
+    version: the merge gate takes that check instead of reading the input's text again, and scans again once the
+    registered eval-set versions differ."""
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    add_samples(lake, OTHER, "s3://bucket/b.jsonl", table="other", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "clean", table="other")  # checked against bench@1 at other v0
+    add_samples(lake, CLEAN, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "plain")
+    scanned: list[tuple[int, int]] = []
+
+    def progress(stage, done, total):
+        if stage == "eval-set check":
+            scanned.append((done, total))
+
+    first = merge_releases(lake, "mix", sources=["clean", "plain"], progress=progress)
+    assert scanned == []  # both inputs' checks were recorded by their creates: no text read
+    checks = first.details["contamination"]["releases"]
+    assert {n: c["recorded_by"] for n, c in checks.items()} == {"clean": "clean", "plain": "plain"}
+    assert first.details["contamination"]["rows_checked"] == 7 and first.details["contamination"]["contaminated"] == 0
+    # a merge's own table was never checked as such: read; the checks a merge recorded of its inputs count too
+    second = merge_releases(lake, "mix2", sources=["mix", "clean"], progress=progress)
+    assert scanned and scanned[-1] == (7, 7)  # 'mix' (release_mix, 7 rows) read, 'clean' not
+    assert second.details["contamination"]["releases"]["clean"]["recorded_by"] == "clean"
+    assert "recorded_by" not in second.details["contamination"]["releases"]["mix"]
+    scanned.clear()
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench2.jsonl", items=[("z9", "an entirely new question "
+                "about the melting point of gallium in a warm human hand", "about 29.8 degrees Celsius")]))
+    again = merge_releases(lake, "mix3", sources=["clean", "plain"], progress=progress)
+    assert scanned[-1] == (7, 7)  # bench@2 now: both inputs read again
+    assert again.details["contamination"]["evalsets"] == ["bench@2"]
+    assert all("recorded_by" not in c for c in again.details["contamination"]["releases"].values())
