@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -114,14 +113,21 @@ def test_parallel_uploads_overlap_fail_cleanly_and_resume_to_the_same_bytes(tmp_
     storage = cfs_storage(("cfs", tmp_path / "cfs"))
     real_publish = Tier.publish
     lock, active, peak, fail = threading.Lock(), [0], [0], [True]
+    overlapped = threading.Event()
 
     def publish(self, uri, data):
         if uri.endswith(".tar"):
             with lock:
                 active[0] += 1
                 peak[0] = max(peak[0], active[0])
+                if active[0] >= 2:
+                    overlapped.set()
             try:
-                time.sleep(0.05)
+                # the first upload waits for a second one to start, so the overlap is shown whatever the machine's
+                # speed (a fixed 50 ms sleep left it to the builder outpacing the upload: a loaded machine that
+                # takes longer per shard saw peak 1)
+                if fail[0] and uri.endswith("-000000.tar"):
+                    overlapped.wait(timeout=30)
                 if fail[0] and uri.endswith("-000006.tar"):
                     raise OSError("link down")
                 return real_publish(self, uri, data)
