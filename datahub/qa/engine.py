@@ -135,7 +135,7 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     sources = validation_columns(schema)
     named = {(e.get("kwargs") or {}).get("column") for suite in suites for e in suite.expectations}
     wanted = frozenset(c for c in sources if c in named) or frozenset(sorted(sources)[:1])
-    read = tuple(sorted({sources[c] for c in wanted})) or (schema.names[0],)
+    read = tuple(sorted({s for c in wanted for s in sources[c]})) or (schema.names[0],)
     columns = validation_batch(schema.empty_table().select(list(read)), set(wanted)).schema
     files = [fragment.path for fragment in dataset.get_fragments()]
     read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,23 +19,29 @@ import pyarrow.compute as pc
 from datahub.config.suites import Suite
 from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
+from datahub.close_names import did_you_mean
 from datahub.qa.aggregates import EXACT_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
+from datahub.qa.posttraining import DERIVED, derived_columns
 
 BATCH_ROWS = 4096
 
 
-def validation_columns(schema: pa.Schema) -> dict[str, str]:
-    """Columns suites can name -> the table column they come from (``text_length`` and ``text_id`` from
-    ``text``, ``quality_<signal>`` from the ``quality`` struct, flat columns from themselves)."""
-    columns: dict[str, str] = {}
+def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
+    """Columns suites can name -> the table columns they come from (``text_length`` and ``text_id`` from
+    ``text``, ``quality_<signal>`` from the ``quality`` struct, the post-training columns of
+    ``datahub.qa.posttraining`` from ``messages``, ``chosen``/``rejected`` or ``steps``, flat columns from
+    themselves)."""
+    columns: dict[str, tuple[str, ...]] = {}
     for column in schema:
         if column.name == "quality" and pa.types.is_struct(column.type):
             for child in column.type:
-                columns[f"quality_{child.name}"] = "quality"
+                columns[f"quality_{child.name}"] = ("quality",)
         elif not pa.types.is_nested(column.type):
-            columns[column.name] = column.name
+            columns[column.name] = (column.name,)
     if "text" in schema.names:
-        columns["text_length"] = columns["text_id"] = "text"
+        columns["text_length"] = columns["text_id"] = ("text",)
+    for derived in derived_columns(schema.names):
+        columns.setdefault(derived.name, derived.sources)  # a stored column of that name wins
     return columns
 
 
@@ -72,6 +78,9 @@ def validation_batch(batch: pa.RecordBatch | pa.Table, wanted: set[str]) -> pa.T
             valid = np.asarray(pc.is_valid(text))
             hashes[valid] = value_hashes(pc.drop_null(text))
             columns["text_id"] = pa.array(hashes.view(np.int64), mask=~valid)
+    for derived in derived_columns(table.column_names):
+        if derived.name in wanted and derived.name not in columns:
+            columns[derived.name] = derived.compute(table)
     return pa.table(columns) if columns else pa.table({"_rows": pa.nulls(table.num_rows, pa.int8())})
 
 
@@ -83,18 +92,26 @@ class SuiteRun:
     skipped: list[dict[str, Any]]
     checks: list[Check]  # exact, from streamed aggregates
     sampled: list[dict[str, Any]]  # Great Expectations on the bounded sample
-    order: list[tuple[str, int]]  # ("check" | "sampled", index) in suite order
+    order: list[tuple[str, int]]  # ("check" | "sampled" | "missing", index) in suite order
+    missing: list[dict[str, Any]] = field(default_factory=list)  # failed entries: a column the table cannot give
 
 
 def plan_suite(suite: Suite, available: set[str]) -> SuiteRun:
     skipped: list[dict[str, Any]] = []
     checks: list[Check] = []
     sampled: list[dict[str, Any]] = []
+    missing: list[dict[str, Any]] = []
     order: list[tuple[str, int]] = []
-    for expectation in suite.expectations:
+    for index, expectation in enumerate(suite.expectations):
         column = (expectation.get("kwargs") or {}).get("column")
-        if column is not None and column not in available and (expectation.get("meta") or {}).get("optional"):
-            skipped.append(_entry(expectation, success=None, observed=None, skipped=f"column {column!r} not in table"))
+        if column is not None and column not in available:
+            if (expectation.get("meta") or {}).get("optional"):
+                skipped.append(_entry(expectation, success=None, observed=None,
+                                      skipped=f"column {column!r} not in table"))
+            else:
+                order.append(("missing", len(missing)))
+                missing.append(_entry(expectation, success=False, observed=None,
+                                      error=missing_column(suite, index, column, available)))
             continue
         clean = {k: v for k, v in expectation.items() if k in ("type", "kwargs", "meta")}
         if clean["type"] in EXACT_TYPES:
@@ -103,7 +120,25 @@ def plan_suite(suite: Suite, available: set[str]) -> SuiteRun:
         else:
             order.append(("sampled", len(sampled)))
             sampled.append(clean)
-    return SuiteRun(suite, skipped, checks, sampled, order)
+    return SuiteRun(suite, skipped, checks, sampled, order, missing)
+
+
+def missing_column(suite: Suite, index: int, column: str, available: set[str]) -> str:
+    """Why expectation ``index`` of ``suite`` cannot run on a table whose validation columns are ``available``,
+    naming the suite file, the expectation and the fix."""
+    expectation = suite.expectations[index]
+    where = f"{suite.path}: expectations[{index}] ({expectation.get('type')} on {column!r})"
+    derived = DERIVED.get(column)
+    if derived is not None:
+        lacking = [source for source in derived.sources if source not in available]
+        return (f"{where}: {column!r} is derived from {', '.join(derived.sources)} ({derived.kind} samples) and this "
+                f"table has no {', '.join(lacking)} column; add \"meta\": {{\"optional\": true}} to the expectation "
+                f"to skip it on tables without {derived.kind} samples, or run the suite on a table that has them")
+    known = sorted(available | set(DERIVED))
+    return (f"{where}: the table has no column {column!r} and none is derived under that name"
+            f"{did_you_mean(column, known)}; fix kwargs.column (columns here: {', '.join(sorted(available))}; "
+            f"derived post-training columns: {', '.join(DERIVED)}) or add \"meta\": {{\"optional\": true}} to "
+            f"skip it where the column is absent")
 
 
 @dataclass(frozen=True)
@@ -111,7 +146,7 @@ class PassPlan:
     """What one pass over a table version reads and computes (picklable: engine tasks get it)."""
 
     runs: tuple[SuiteRun, ...]
-    sources: dict[str, str]  # validation column -> table column
+    sources: dict[str, tuple[str, ...]]  # validation column -> the table columns it comes from
     wanted: frozenset[str]  # validation columns computed per batch
     read: tuple[str, ...]  # table columns read
     stride: int  # every stride-th row of the table goes to the sample
@@ -142,7 +177,7 @@ def plan_pass(schema: pa.Schema, suites: list[Suite], *, total_rows: int, batch_
                                            *((e.get("kwargs") or {}).get("column") for e in run.sampled)] if c}
     if any(run.sampled for run in runs):  # a sampled expectation may read any column
         wanted |= set(sources)
-    read = tuple(sorted({sources[c] for c in wanted if c in sources}) or [schema.names[0]])
+    read = tuple(sorted({s for c in wanted if c in sources for s in sources[c]}) or [schema.names[0]])
     stride = max(1, math.ceil(total_rows / SAMPLE_ROWS))
     return PassPlan(runs, sources, frozenset(wanted), read, stride, batch_rows)
 
@@ -214,15 +249,13 @@ def finish_pass(plan: PassPlan, done: Partial) -> list[tuple[bool, list[dict[str
             if kind == "sampled":
                 entries.append(sampled_entries[index])
                 continue
-            check = checks[index]
-            if check.column is not None and check.column not in plan.sources:
-                entries.append(_entry(check.expectation, success=False, observed=None,
-                                      error=f"column {check.column!r} is not in the table (columns: "
-                                            f"{', '.join(sorted(plan.sources))}); fix the suite or mark it optional"))
+            if kind == "missing":
+                entries.append(run.missing[index])
                 continue
+            check = checks[index]
             if check.error is not None:
                 entries.append(_entry(check.expectation, success=False, observed=None,
-                                      error=f"{run.suite.name}: {check.error}"))
+                                      error=f"{run.suite.name}: {check.error} (suite file {run.suite.path})"))
                 continue
             success, result = check.result()
             entries.append(_entry(check.expectation, success=success, observed=_observed(result)))
@@ -234,13 +267,16 @@ def validation_frame(table: pa.Table) -> Any:
     """The pandas frame suites see on one in-memory table: the table's flat columns plus derived ones.
 
     ``text_length`` (characters), ``text_id`` (equal texts share an id, so the proportion of
-    unique ids is 1 - exact-duplicate rate) and ``quality_<signal>`` per quality struct field.
+    unique ids is 1 - exact-duplicate rate), ``quality_<signal>`` per quality struct field and the post-training
+    columns of ``datahub.qa.posttraining``.
     """
     columns = _flat_columns(table, None)
     if "text" in table.column_names:
         text = table.column("text").combine_chunks()
         columns["text_length"] = pc.utf8_length(text)
         columns["text_id"] = pc.dictionary_encode(text).indices if len(text) else pa.array([], pa.int32())
+    for derived in derived_columns(table.column_names):
+        columns.setdefault(derived.name, derived.compute(table))
     return pa.table(columns).to_pandas()
 
 

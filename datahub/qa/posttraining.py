@@ -1,0 +1,204 @@
+"""Derived validation columns of the post-training kinds (``datahub.kinds.posttraining``), computed per batch.
+
+Suites name flat columns; ``messages``, ``chosen``/``rejected`` and ``steps`` are lists of structs, so each batch
+of them becomes the flat columns below with Arrow kernels (per-row counts are a ``bincount`` over each message's or
+step's row; no Python loop per row), in the same streamed pass and the same bounded memory as ``text_length``, on
+one machine and in the engines' tasks alike (``datahub.qa.validate.validation_batch``). A column exists when the
+table has its sources (a text-only table has none of them).
+
+| column | type | from | value |
+|---|---|---|---|
+| ``messages_turns`` | int64 | ``messages`` | messages in the conversation |
+| ``messages_assistant_turns`` | int64 | ``messages`` | messages with role ``assistant`` (what SFT trains on) |
+| ``messages_empty_turns`` | int64 | ``messages`` | messages of any role that are empty: content empty after trimming whitespace (or null) and no tool call (``tool_calls`` null, blank or ``[]``) |
+| ``messages_last_role`` | string | ``messages`` | role of the last message (null for an empty list) |
+| ``chosen_turns``, ``rejected_turns`` | int64 | ``chosen``, ``rejected`` | messages in the reply |
+| ``chosen_empty_turns``, ``rejected_empty_turns`` | int64 | ``chosen``, ``rejected`` | empty messages of the reply, as ``messages_empty_turns`` |
+| ``chosen_equals_rejected`` | bool | ``chosen``, ``rejected`` | both replies hold the same messages: as many, and each with the same role, content and tool calls after trimming whitespace (``preference_quality``'s ``identical_pair``) |
+| ``steps_count`` | int64 | ``steps`` | steps in the row (one segment of at most ``MAX_STEPS_PER_ROW``) |
+| ``steps_reward_nulls`` | int64 | ``steps`` | steps without a reward |
+| ``steps_within_episode`` | bool | ``steps``, ``step_offset``, ``episode_steps`` | the segment lies inside its episode: ``0 <= step_offset`` and ``step_offset + steps_count <= episode_steps`` (false when either is null) |
+
+On a row of another kind the source column is null, and so is every derived value. Great Expectations' column-map
+expectations (``expect_column_values_to_be_between``, ``..._to_be_in_set``) judge non-null values only, so in a table
+that mixes kinds each check sees the rows of its own kind: ``schemas/gx/posttraining.v1.json`` needs no ``mostly``
+for that, and marks every expectation ``meta.optional`` so a table without that kind's columns skips it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+
+@dataclass(frozen=True)
+class Derived:
+    """One derived validation column: the table columns it reads and how a batch becomes its values."""
+
+    name: str
+    kind: str  # the sample kind whose columns it reads
+    sources: tuple[str, ...]
+    type: pa.DataType
+    compute: Callable[[pa.Table], pa.Array]
+
+
+DERIVED: dict[str, Derived] = {}
+
+
+def _derive(name: str, kind: str, sources: tuple[str, ...], type_: pa.DataType
+            ) -> Callable[[Callable[[pa.Table], pa.Array]], Callable[[pa.Table], pa.Array]]:
+    def register(compute: Callable[[pa.Table], pa.Array]) -> Callable[[pa.Table], pa.Array]:
+        if name in DERIVED:
+            raise ValueError(f"derived validation column {name!r} is defined twice")
+        DERIVED[name] = Derived(name, kind, sources, type_, compute)
+        return compute
+
+    return register
+
+
+def derived_columns(names: set[str] | list[str]) -> list[Derived]:
+    """The derived columns a table with columns ``names`` can give (all their sources present)."""
+    present = set(names)
+    return [d for d in DERIVED.values() if set(d.sources) <= present]
+
+
+@dataclass(frozen=True)
+class _Lists:
+    """A ``list<struct>`` column of a batch flattened: its values and, per value, the row it belongs to."""
+
+    rows: int
+    values: pa.StructArray
+    parent: np.ndarray  # int64, the row of each value
+    lengths: np.ndarray  # int64 per row (0 for a null list)
+    valid: np.ndarray  # bool per row: the list is not null
+
+    def field(self, name: str) -> pa.Array:
+        return pc.struct_field(self.values, name)
+
+    def per_row(self, mask: np.ndarray) -> pa.Array:
+        """How many values of each row have ``mask`` true; null on null lists."""
+        counts = np.bincount(self.parent[mask], minlength=self.rows).astype(np.int64)
+        return pa.array(counts, pa.int64(), mask=~self.valid)
+
+
+def _lists(table: pa.Table, name: str) -> _Lists:
+    column = table.column(name)
+    lists = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    lengths = np.asarray(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+    valid = np.asarray(lists.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    values = lists.flatten()  # the values of the non-null lists, in row order
+    parent = np.repeat(np.arange(len(lists), dtype=np.int64), lengths)
+    return _Lists(len(lists), values, parent, lengths, valid)
+
+
+def _bools(array: pa.Array) -> np.ndarray:
+    return np.asarray(pc.fill_null(array, False).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _trimmed(array: pa.Array) -> pa.Array:
+    """A string field with nulls as empty strings, whitespace trimmed."""
+    return pc.utf8_trim_whitespace(pc.fill_null(array, ""))
+
+
+def _calls(array: pa.Array) -> pa.Array:
+    """``tool_calls`` with no call (null, blank, ``[]``) as the empty string."""
+    trimmed = _trimmed(array)
+    return pc.if_else(pc.equal(trimmed, "[]"), "", trimmed)
+
+
+def _empty_messages(lists: _Lists) -> np.ndarray:
+    """Per message: content empty after trimming and no tool call."""
+    return _bools(pc.equal(_trimmed(lists.field("content")), "")) & _bools(pc.equal(_calls(lists.field("tool_calls")), ""))
+
+
+@_derive("messages_turns", "chat", ("messages",), pa.int64())
+def messages_turns(table: pa.Table) -> pa.Array:
+    lists = _lists(table, "messages")
+    return pa.array(lists.lengths, pa.int64(), mask=~lists.valid)
+
+
+@_derive("messages_assistant_turns", "chat", ("messages",), pa.int64())
+def messages_assistant_turns(table: pa.Table) -> pa.Array:
+    lists = _lists(table, "messages")
+    return lists.per_row(_bools(pc.equal(lists.field("role"), "assistant")))
+
+
+@_derive("messages_empty_turns", "chat", ("messages",), pa.int64())
+def messages_empty_turns(table: pa.Table) -> pa.Array:
+    lists = _lists(table, "messages")
+    return lists.per_row(_empty_messages(lists))
+
+
+@_derive("messages_last_role", "chat", ("messages",), pa.string())
+def messages_last_role(table: pa.Table) -> pa.Array:
+    lists = _lists(table, "messages")
+    last = np.cumsum(lists.lengths) - 1
+    has = lists.valid & (lists.lengths > 0)
+    return pc.take(lists.field("role"), pa.array(np.where(has, last, 0), pa.int64(), mask=~has))
+
+
+def _turns(side: str) -> Callable[[pa.Table], pa.Array]:
+    def turns(table: pa.Table) -> pa.Array:
+        lists = _lists(table, side)
+        return pa.array(lists.lengths, pa.int64(), mask=~lists.valid)
+
+    return turns
+
+
+def _empty_turns(side: str) -> Callable[[pa.Table], pa.Array]:
+    def empty(table: pa.Table) -> pa.Array:
+        lists = _lists(table, side)
+        return lists.per_row(_empty_messages(lists))
+
+    return empty
+
+
+for _side in ("chosen", "rejected"):
+    _derive(f"{_side}_turns", "preference", (_side,), pa.int64())(_turns(_side))
+    _derive(f"{_side}_empty_turns", "preference", (_side,), pa.int64())(_empty_turns(_side))
+
+
+@_derive("chosen_equals_rejected", "preference", ("chosen", "rejected"), pa.bool_())
+def chosen_equals_rejected(table: pa.Table) -> pa.Array:
+    chosen, rejected = _lists(table, "chosen"), _lists(table, "rejected")
+    valid = chosen.valid & rejected.valid
+    same_length = valid & (chosen.lengths == rejected.lengths)
+    equal = np.zeros(chosen.rows, dtype=bool)
+    rows = np.flatnonzero(same_length)
+    if len(rows):
+        # the rows of equal length, flattened on both sides, line up message by message
+        picked = pa.array(rows, pa.int64())
+        mine = _lists(pa.table({"m": pc.take(table.column("chosen"), picked)}), "m")
+        theirs = _lists(pa.table({"m": pc.take(table.column("rejected"), picked)}), "m")
+        same = (_bools(pc.equal(pc.fill_null(mine.field("role"), ""), pc.fill_null(theirs.field("role"), "")))
+                & _bools(pc.equal(_trimmed(mine.field("content")), _trimmed(theirs.field("content"))))
+                & _bools(pc.equal(_calls(mine.field("tool_calls")), _calls(theirs.field("tool_calls")))))
+        differing = np.bincount(mine.parent[~same], minlength=len(rows))
+        equal[rows] = differing == 0
+    return pa.array(equal, pa.bool_(), mask=~valid)
+
+
+@_derive("steps_count", "trajectory", ("steps",), pa.int64())
+def steps_count(table: pa.Table) -> pa.Array:
+    lists = _lists(table, "steps")
+    return pa.array(lists.lengths, pa.int64(), mask=~lists.valid)
+
+
+@_derive("steps_reward_nulls", "trajectory", ("steps",), pa.int64())
+def steps_reward_nulls(table: pa.Table) -> pa.Array:
+    lists = _lists(table, "steps")
+    return lists.per_row(_bools(pc.is_null(lists.field("reward"))))
+
+
+@_derive("steps_within_episode", "trajectory", ("steps", "step_offset", "episode_steps"), pa.bool_())
+def steps_within_episode(table: pa.Table) -> pa.Array:
+    lists = _lists(table, "steps")
+    offset = pc.cast(table.column("step_offset"), pa.int64())
+    episode = pc.cast(table.column("episode_steps"), pa.int64())
+    end = pc.add(offset, pa.array(lists.lengths, pa.int64()))
+    inside = _bools(pc.and_(pc.greater_equal(offset, 0), pc.less_equal(end, episode)))
+    return pa.array(inside, pa.bool_(), mask=~lists.valid)
