@@ -1,15 +1,22 @@
-"""Great Expectations suites stored as JSON under ``schemas/gx/<name>.json`` (versioned by name)."""
+"""Great Expectations suites stored as JSON under ``schemas/gx/<name>.json`` (versioned by name).
+
+Which suites ``datahub qa`` runs when none is named (``default_suites``): ``samples.v1`` always, plus each bundled
+suite whose ``meta.default_when_columns`` names a column the table has (``posttraining.v1``: ``messages``,
+``chosen``, ``rejected``, ``steps``, the columns of the chat, preference and trajectory kinds).
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from datahub.errors import SpecError
 
 SUITES_DIR = Path(__file__).resolve().parents[2] / "schemas" / "gx"
+DEFAULT_SUITE = "samples.v1"
 
 
 @dataclass(frozen=True)
@@ -18,6 +25,12 @@ class Suite:
     version: str
     expectations: list[dict[str, Any]]
     path: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def default_when_columns(self) -> list[str]:
+        """Table columns any of which makes ``datahub qa`` run this suite when no suite is named."""
+        return [str(c) for c in self.meta.get("default_when_columns") or []]
 
 
 def available_suites(suites_dir: str | Path | None = None) -> list[str]:
@@ -38,6 +51,23 @@ def load_suite(name: str, *, suites_dir: str | Path | None = None) -> Suite:
     expectations = raw.get("expectations")
     if not isinstance(expectations, list) or not all(isinstance(e, dict) and "type" in e for e in expectations):
         raise SpecError(f"{path}: expectations: expected a list of {{type, kwargs}} objects (GX 1.x suite JSON)")
+    meta = raw.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise SpecError(f"{path}: meta: expected an object, got {type(meta).__name__}")
+    when = meta.get("default_when_columns")
+    if when is not None and not (isinstance(when, list) and all(isinstance(c, str) for c in when)):
+        raise SpecError(f"{path}: meta.default_when_columns: expected a list of column names, got {when!r}")
     suite_name = raw.get("name") or path.name[: -len(".json")]
-    version = str((raw.get("meta") or {}).get("version") or suite_name.rsplit(".v", 1)[-1])
-    return Suite(suite_name, version, expectations, str(path))
+    version = str(meta.get("version") or suite_name.rsplit(".v", 1)[-1])
+    return Suite(suite_name, version, expectations, str(path), dict(meta))
+
+
+def default_suites(columns: Iterable[str], *, suites_dir: str | Path | None = None) -> list[str]:
+    """The suites ``datahub qa`` runs on a table with ``columns`` when none is named: ``samples.v1``, then each
+    suite under ``suites_dir`` (default ``schemas/gx``) whose ``meta.default_when_columns`` names one of them."""
+    present = set(columns)
+    chosen = [DEFAULT_SUITE]
+    for name in available_suites(suites_dir):
+        if name != DEFAULT_SUITE and present & set(load_suite(name, suites_dir=suites_dir).default_when_columns):
+            chosen.append(name)
+    return chosen

@@ -63,7 +63,7 @@ def run_suite(
 def run_suites(
     lake: Lake,
     *,
-    suites: Sequence[str],
+    suites: Sequence[str] | None = None,
     table: str = "samples",
     version: int | None = None,
     run_id: str | None = None,
@@ -76,13 +76,19 @@ def run_suites(
     memory (``datahub.qa.validate.run_suites_streaming``), or on an engine (``datahub.qa.engine``: Ray tasks
     computing the same aggregates per file, or Great Expectations' Spark engine on a Spark DataFrame). A named
     engine is started here (embedded, local) and stopped after; pass a started ``Engine`` to use a cluster.
-    ``progress(stage, done, total)`` follows the local pass's rows (called from no engine pass)."""
-    from datahub.config.suites import load_suite
+    ``progress(stage, done, total)`` follows the local pass's rows (called from no engine pass).
+    ``suites=None``: the table's default suites (``datahub.config.suites.default_suites``: ``samples.v1``, plus
+    ``posttraining.v1`` on a table with chat, preference or trajectory columns)."""
+    from datahub.config.suites import default_suites, load_suite
     from datahub.qa.validate import run_suites_streaming
 
-    loaded = [load_suite(name, suites_dir=suites_dir) for name in suites]  # bad names fail before reading
+    if suites is not None:
+        loaded = [load_suite(name, suites_dir=suites_dir) for name in suites]  # bad names fail before reading
     if version is None:
         version = int(lake.table(table).version())
+    if suites is None:  # from the version's schema (the Delta log and one footer: no rows read)
+        names = default_suites(lake.dataset(table, version).schema.names, suites_dir=suites_dir)
+        loaded = [load_suite(name, suites_dir=suites_dir) for name in names]
     with ExitStack() as scope:
         running = engine_in_scope(engine, scope, purpose="QA")
         if running is None:

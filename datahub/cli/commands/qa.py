@@ -17,7 +17,11 @@ def register(app: typer.Typer) -> None:
         lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
         lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
         version: Optional[int] = typer.Option(None, "--version", help="Table version to check (default: latest)."),
-        suite: list[str] = typer.Option(["samples.v1"], "--suite", help="Suite name under schemas/gx (repeatable)."),
+        suite: Optional[list[str]] = typer.Option(
+            None, "--suite", show_default=False,
+            help="Suite name under schemas/gx, or a path to a suite .json (repeatable). Default: samples.v1, plus "
+                 "posttraining.v1 when the table has chat, preference or trajectory columns (messages, "
+                 "chosen/rejected, steps)."),
         table: str = typer.Option("samples", "--table", help="Lake table to validate."),
         release: Optional[str] = typer.Option(None, "--release", help=RELEASE_HELP),
         no_record: bool = typer.Option(False, "--no-record", help="Do not write the result to qa_results."),
@@ -29,6 +33,20 @@ def register(app: typer.Typer) -> None:
                                               "(default: an embedded local engine)."),
     ) -> None:
         """Validate a table version against QA suites and record the outcome in qa_results.
+
+        samples.v1: sample ids, text lengths, exact duplicates, quality signals.
+
+        posttraining.v1, run by default on tables with chat, preference or
+        trajectory columns, checks columns derived per batch from the nested
+        ones (datahub/qa/posttraining.py documents each):
+        chat: messages_assistant_turns >= 1, messages_empty_turns = 0 (no
+        message with empty content and no tool call), messages_last_role =
+        assistant; preference: chosen_turns and rejected_turns >= 1,
+        chosen_empty_turns and rejected_empty_turns = 0,
+        chosen_equals_rejected = false; trajectory: steps_count >= 1,
+        steps_within_episode = true. Also derived, for your own suites:
+        messages_turns, steps_reward_nulls. Rows of other kinds are null
+        there and not judged.
 
         Exit 1 when a suite fails (the version is then unreleasable), 2 on a usage error."""
         from datahub.cli.lake_option import open_lake

@@ -1,0 +1,257 @@
+"""Post-training QA (posttraining.v1 on the columns of datahub.qa.posttraining) on lakes built by the real pipeline
+from chat, preference and trajectory JSONL (plus text): a clean mixed lake passes; a chat with an empty assistant
+turn, a pair whose chosen equals its rejected reply, or a trajectory row with no steps fails on exactly that
+expectation; Ray and Spark give the local verdicts; `datahub qa` runs the suite by default, shows it in --help and
+--json; a suite naming a derived column the table cannot give names the file, the expectation and the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from typer.testing import CliRunner
+
+from datahub.config.spec import validate_job_spec
+from datahub.engines.arrow import ArrowEngine
+from datahub.lake import Lake
+from datahub.operator import BatchOperator, register
+from datahub.pipeline.run import run_job
+from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
+
+CHATS = [
+    {"messages": [{"role": "system", "content": "You answer questions about Linux."},
+                  {"role": "user", "content": "How do I list the largest files under /var/log?"},
+                  {"role": "assistant", "content": "Run `du -ah /var/log | sort -rh | head`."}]},
+    {"messages": [{"role": "user", "content": "What does the sticky bit on /tmp do?"},
+                  {"role": "assistant", "content": "Only a file's owner may delete or rename it."},
+                  {"role": "user", "content": "How do I set it?"},
+                  {"role": "assistant", "content": "Use `chmod +t DIR`."}]},
+    {"messages": [{"role": "user", "content": "How full is the root filesystem?"},
+                  {"role": "assistant", "content": None,
+                   "tool_calls": [{"id": "c1", "type": "function",
+                                   "function": {"name": "df", "arguments": "{\"path\": \"/\"}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "41% used"},
+                  {"role": "assistant", "content": "The root filesystem is 41% full."}]},
+    {"conversations": [{"from": "human", "value": "Which port does SSH use?"},
+                       {"from": "gpt", "value": "Port 22 over TCP by default."}]},
+]
+PAIRS = [
+    {"prompt": "Count the lines of all .py files.", "chosen": "find . -name '*.py' | xargs cat | wc -l",
+     "rejected": "wc -l *.py", "score_chosen": 9, "score_rejected": 4},
+    {"prompt": "Is `chmod -R 777 /` a good fix?", "chosen": "No: it breaks setuid programs and ssh.",
+     "rejected": "Yes, it fixes every permission error."},
+    {"chosen": [{"role": "user", "content": "Default SSH port?"}, {"role": "assistant", "content": "22."}],
+     "rejected": [{"role": "user", "content": "Default SSH port?"}, {"role": "assistant", "content": "80."}]},
+]
+EPISODES = [
+    {"episode_id": "ep-1", "steps": [
+        {"observation": "df reports /var at 98%", "action": "du -sh /var/*", "reward": 0.0},
+        {"observation": "/var/log 41G", "tool_call": {"name": "rotate_logs", "arguments": {"keep": 3}},
+         "tool_result": "rotated 212 files", "reward": 0.5},
+        {"observation": "df reports /var at 55%", "action": "echo done", "reward": 1.0, "done": True}]},
+    {"episode_id": "ep-2", "steps": [
+        {"observation": "nginx.service: failed", "action": "journalctl -u nginx -n 20"},
+        {"observation": "port 80 in use", "action": "systemctl stop apache2", "reward": 1.0, "done": True}]},
+]
+TEXTS = ["The module reads the files given to it and returns their text.",
+         "Every run is one logical commit per table with an idempotent transaction id."]
+
+EMPTY_ASSISTANT = {"messages": [{"role": "user", "content": "Summarize the incident report."},
+                                {"role": "assistant", "content": "   "}]}
+SAME_PAIR = {"prompt": "Name a shell that ships with macOS.", "chosen": "zsh", "rejected": "zsh "}
+CUT_EPISODE = {"episode_id": "cut-3", "steps": [{"observation": "disk full", "action": "rm -rf /tmp/cache"}]}
+
+
+@register
+class CutEpisodeSteps(BatchOperator):
+    """Empties the steps of episodes whose id starts with ``cut-`` (a broken truncation operator): ingest refuses
+    an empty ``steps`` list, so a step-less row reaches a lake only from an operator (or a merge) like this one."""
+
+    name = "test_qa_cut_episode_steps"
+    kinds = frozenset({"text", "chat", "preference", "trajectory"})
+
+    def process(self, table: pa.Table) -> pa.Table:
+        if "steps" not in table.column_names or not table.num_rows:
+            return table
+        steps = table.column("steps")
+        cut = pc.fill_null(pc.starts_with(table.column("episode_id"), "cut-"), False)
+        emptied = pc.if_else(cut, pa.scalar([], steps.type), steps)
+        return table.set_column(table.schema.get_field_index("steps"), "steps", emptied)
+
+
+def _build(tmp_path: Path, name: str, *, chats=(), pairs=(), episodes=(), texts=()) -> Lake:
+    """A lake written by run_job from JSONL files of each kind (no quality operators: QA is the only gate)."""
+    inputs = tmp_path / f"{name}-in"
+    inputs.mkdir()
+    specs = []
+    for kind, records in (("chat", chats), ("preference", pairs), ("trajectory", episodes)):
+        if records:
+            (inputs / f"{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+            specs.append({"uri": str(inputs / f"{kind}.jsonl"), "kind": kind})
+    if texts:
+        (inputs / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        specs.append({"uri": str(inputs / "text.jsonl")})
+    spec = validate_job_spec({
+        "name": name, "lake": {"root": str(tmp_path / name)}, "inputs": specs,
+        "graph": {"cut": {"op": "test_qa_cut_episode_steps"}, "samples": {"sink": "samples", "after": ["cut"]}},
+    }, source=f"{name}.yaml")
+    result = run_job(spec, engine=ArrowEngine())
+    assert result.status == "succeeded", result.error
+    assert result.counts["quarantined_total"] == 0, result.counts
+    return Lake(tmp_path / name)
+
+
+def _failed(results) -> dict[str, list[tuple[str, Any]]]:
+    return {r.suite: sorted((e["expectation"], e["kwargs"].get("column")) for e in r.failed_expectations)
+            for r in results}
+
+
+def test_a_clean_mixed_lake_passes_both_default_suites(tmp_path):
+    from datahub.qa import run_suites
+
+    lake = _build(tmp_path, "clean", chats=CHATS, pairs=PAIRS, episodes=EPISODES, texts=TEXTS)
+    results = run_suites(lake, commit=False)
+    assert [r.suite for r in results] == ["samples.v1", "posttraining.v1"]
+    assert _failed(results) == {"samples.v1": [], "posttraining.v1": []}
+    judged = {e["kwargs"]["column"]: e for e in results[1].results}
+    assert all(e["success"] is True for e in judged.values())  # none skipped: every kind's columns are here
+    # each check judged the rows of its own kind only (the others are null there)
+    assert judged["messages_empty_turns"]["observed"]["element_count"] == lake.dataset("samples").count_rows()
+    assert judged["chosen_equals_rejected"]["observed"]["unexpected_count"] == 0
+
+
+@pytest.mark.parametrize("bad, expectation", [
+    ({"chats": [EMPTY_ASSISTANT]}, ("expect_column_values_to_be_between", "messages_empty_turns")),
+    ({"pairs": [SAME_PAIR]}, ("expect_column_values_to_be_in_set", "chosen_equals_rejected")),
+    ({"episodes": [CUT_EPISODE]}, ("expect_column_values_to_be_between", "steps_count")),
+], ids=["empty-assistant-turn", "chosen-equals-rejected", "no-steps"])
+def test_a_broken_record_fails_exactly_its_expectation(tmp_path, bad, expectation):
+    from datahub.qa import releasable, run_suites
+
+    records = {"chats": CHATS, "pairs": PAIRS, "episodes": EPISODES, "texts": TEXTS}
+    for key, extra in bad.items():
+        records[key] = [*records[key], *extra]
+    lake = _build(tmp_path, "bad", **records)
+    results = run_suites(lake)
+    assert _failed(results) == {"samples.v1": [], "posttraining.v1": [expectation]}
+    [entry] = results[1].failed_expectations
+    assert entry["observed"]["unexpected_count"] == 1
+    assert not releasable(lake, table="samples", version=lake.version("samples"))
+
+
+def test_a_text_only_lake_runs_samples_v1_alone_with_todays_verdict(tmp_path):
+    from datahub.config.suites import default_suites
+    from datahub.qa import run_suites
+
+    lake = _build(tmp_path, "text", texts=TEXTS)
+    assert default_suites(lake.dataset("samples").schema.names) == ["samples.v1"]
+    [result] = run_suites(lake, commit=False)
+    [named] = run_suites(lake, suites=["samples.v1"], commit=False)
+    assert (result.suite, result.success, result.results) == ("samples.v1", True, named.results)
+    # a chat-only lake runs posttraining.v1 and skips the preference and trajectory checks (columns absent)
+    chat = _build(tmp_path, "chat", chats=CHATS)
+    _, post = run_suites(chat, commit=False)
+    skipped = {e["kwargs"]["column"] for e in post.results if e["success"] is None}
+    assert post.success and skipped == {"chosen_turns", "rejected_turns", "chosen_empty_turns",
+                                        "rejected_empty_turns", "chosen_equals_rejected", "steps_count",
+                                        "steps_within_episode"}
+
+
+def _verdicts(results) -> list:
+    return [(r.suite, r.success, sorted((e["expectation"], e["kwargs"].get("column"), e["success"])
+                                        for e in r.results)) for r in results]
+
+
+def test_ray_and_spark_give_the_streamed_verdicts(tmp_path, ray_engine, spark_engine):  # noqa: F811
+    """All three broken records in one lake, committed by two runs (two data files): the streamed pass, Ray
+    tasks per file, Great Expectations on Spark and GX on the whole frame agree on every expectation."""
+    from datahub.config.suites import load_suite
+    from datahub.qa import run_suites
+    from datahub.qa.validate import run_expectations, validation_frame
+
+    lake = _build(tmp_path, "all", chats=[*CHATS, EMPTY_ASSISTANT], pairs=[*PAIRS, SAME_PAIR],
+                  episodes=[*EPISODES, CUT_EPISODE], texts=TEXTS)
+    local = run_suites(lake, commit=False)
+    assert _failed(local)["posttraining.v1"] == [
+        ("expect_column_values_to_be_between", "messages_empty_turns"),
+        ("expect_column_values_to_be_between", "steps_count"),
+        ("expect_column_values_to_be_in_set", "chosen_equals_rejected")]
+    on_ray = run_suites(lake, commit=False, engine=ray_engine)
+    on_spark = run_suites(lake, commit=False, engine=spark_engine)
+    assert _verdicts(on_ray) == _verdicts(local)
+    assert _verdicts(on_spark) == _verdicts(local)
+    assert [r.results for r in on_ray] == [r.results for r in local]  # the same aggregates, merged
+    frame = validation_frame(lake.read("samples"))
+    _, whole = run_expectations(frame, load_suite("posttraining.v1"))
+    assert sorted((e["expectation"], e["kwargs"].get("column"), e["success"]) for e in whole) == _verdicts(local)[1][2]
+
+
+def test_qa_cli_runs_posttraining_by_default_and_shows_it_in_help_and_json(tmp_path):
+    from datahub.cli.main import app
+    from datahub.qa.posttraining import DERIVED
+
+    runner = CliRunner()
+    help_text = " ".join(runner.invoke(app, ["qa", "--help"], terminal_width=200).output.split())
+    assert "posttraining.v1" in help_text
+    missing = [name for name in DERIVED if name not in help_text]
+    assert not missing, missing
+    lake = _build(tmp_path, "cli", chats=CHATS, pairs=[*PAIRS, SAME_PAIR], texts=TEXTS)
+    out = runner.invoke(app, ["qa", "--lake", str(lake.root), "--no-record", "--json"])
+    assert out.exit_code == 1, out.output
+    report = json.loads(out.stdout)
+    assert [r["suite"] for r in report["results"]] == ["samples.v1", "posttraining.v1"]
+    [failed] = report["results"][1]["failed_expectations"]
+    assert failed["kwargs"] == {"column": "chosen_equals_rejected", "value_set": [False]}
+    assert failed["observed"]["partial_unexpected_list"] == [True]
+    text = runner.invoke(app, ["qa", "--lake", str(lake.root), "--no-record"], terminal_width=200)
+    assert text.exit_code == 1
+    assert "posttraining.v1 (v1) on samples@" in text.output and "FAILED" in text.output
+    assert "FAIL expect_column_values_to_be_in_set chosen_equals_rejected unexpected=1/" in text.output
+    named = runner.invoke(app, ["qa", "--lake", str(lake.root), "--no-record", "--json", "--suite", "samples.v1"])
+    assert named.exit_code == 0 and [r["suite"] for r in json.loads(named.stdout)["results"]] == ["samples.v1"]
+
+
+def test_a_suite_naming_a_column_the_table_cannot_give_says_where_and_how_to_fix(tmp_path):
+    from datahub.qa import run_suites
+
+    lake = _build(tmp_path, "chat", chats=CHATS)
+    suite = tmp_path / "pairs.v1.json"
+    suite.write_text(json.dumps({"name": "pairs.v1", "expectations": [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "messages_turn", "min_value": 2}},
+        {"type": "expect_column_values_to_be_in_set",
+         "kwargs": {"column": "chosen_equals_rejected", "value_set": [False]}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "messages_turns", "min_value": 2}},
+    ]}))
+    [result] = run_suites(lake, suites=[str(suite)], commit=False)
+    typo, absent, ok = result.results
+    assert not result.success and ok["success"] is True
+    assert typo["success"] is False and absent["success"] is False
+    assert typo["error"].startswith(f"{suite}: expectations[0] (expect_column_values_to_be_between on 'messages_turn')")
+    assert "did you mean 'messages_turns'" in typo["error"] and "fix kwargs.column" in typo["error"]
+    assert absent["error"].startswith(f"{suite}: expectations[1] (expect_column_values_to_be_in_set on "
+                                      f"'chosen_equals_rejected')")
+    assert "derived from chosen, rejected (preference samples)" in absent["error"]
+    assert '"meta": {"optional": true}' in absent["error"]
+
+
+def test_derived_columns_stream_in_batches_as_they_compute_on_the_whole_table(tmp_path):
+    """Batch boundaries change nothing: one-row batches give the whole table's values (offsets, slices)."""
+    from datahub.qa.validate import validation_batch, validation_columns
+
+    lake = _build(tmp_path, "all", chats=[*CHATS, EMPTY_ASSISTANT], pairs=[*PAIRS, SAME_PAIR],
+                  episodes=[*EPISODES, CUT_EPISODE], texts=TEXTS)
+    table = lake.read("samples")
+    wanted = set(validation_columns(table.schema))
+    whole = validation_batch(table, wanted)
+    rows = pa.concat_tables(validation_batch(table.slice(i, 1), wanted) for i in range(table.num_rows))
+    assert rows.to_pylist() == whole.to_pylist()
+    values = {name: whole.column(name).to_pylist() for name in ("chosen_equals_rejected", "steps_count",
+                                                                 "messages_empty_turns", "steps_within_episode")}
+    assert sorted(v for v in values["chosen_equals_rejected"] if v is not None) == [False] * len(PAIRS) + [True]
+    assert sorted(v for v in values["steps_count"] if v is not None) == [0, 2, 3]
+    assert sorted(v for v in values["messages_empty_turns"] if v is not None) == [0] * len(CHATS) + [1]
+    assert sorted(v for v in values["steps_within_episode"] if v is not None) == [True] * 3
