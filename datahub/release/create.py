@@ -4,12 +4,13 @@ checked against the registered evaluation sets (``datahub.evalset``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
+from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.tables import not_of_samples
 from datahub.progress import Progress
@@ -17,10 +18,6 @@ from datahub.release.freeze import committed_params, freeze, history_runs, logge
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, release_exists
 from datahub.release.exclude import exclude_redacted
-
-if TYPE_CHECKING:  # the eval-set check (operators, pandas) is imported when a release is created, not with the package
-    from datahub.evalset.check import Contamination
-
 
 def create_release(
     lake: Lake,
@@ -85,32 +82,47 @@ def create_release(
     from datahub.evalset.check import contamination
 
     checked = _rows_done(progress, "eval-set check", logged_rows(lake, table, version)) if progress else None
-    found = contamination(lake, table=table, version=version, progress=checked)
-    if found.count and allow_contamination is None:
-        raise ReleaseError(
-            f"release {name!r} refused: {found.describe()}\n"
-            "drop them with the decontaminate operator in the job (graph node `op: decontaminate`) and re-run, or "
-            'release anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
-        )
-    details: dict[str, Any] = {"qa_suites": verdict.suites}
-    if found.evalsets:
-        details["contamination"] = {**found.as_dict(), "allowed": allow_contamination if found.count else None}
-    params = {"kind": "create", "table": table, "version": version, "allow_contamination": allow_contamination}
-    fix = "the first try's --version and --allow-contamination"
-    frozen, frozen_version, excluded, dropped = exclude_redacted(lake, name, table=table, version=version,
-                                                                 params=params, fix=fix, progress=progress)
-    details.update(excluded)
-    run_ids, jobs = history_runs(lake, table, version)
-    reason_of = None  # freeze scans the version's ids in bounded batches; an allowed contamination is their reason
-    if found.count:
-        allowed = allow_contamination or ""
+    with SortedRuns(NOTES, "sample_id") as notes:  # the contaminated ids stream to disk, not held
+        hits = contamination_notes(notes, allow_contamination) if allow_contamination is not None else None
+        found = contamination(lake, table=table, version=version, progress=checked, hits=hits or no_notes)
+        if found.count and allow_contamination is None:
+            raise ReleaseError(
+                f"release {name!r} refused: {found.describe()}\n"
+                "drop them with the decontaminate operator in the job (graph node `op: decontaminate`) and re-run, or "
+                'release anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
+            )
+        allowed = allow_contamination if found.count else None
+        details: dict[str, Any] = {"qa_suites": verdict.suites}
+        if found.evalsets:
+            details["contamination"] = {**found.as_dict(), "allowed": allowed}
+        # --allow-contamination changes no row: freeze records it with the lineage (the contaminated samples' reasons)
+        params = {"kind": "create", "table": table, "version": version}
+        fix = "the first try's --version"
+        frozen, frozen_version, excluded, dropped = exclude_redacted(lake, name, table=table, version=version,
+                                                                     params=params, fix=fix, progress=progress)
+        details.update(excluded)
+        run_ids, jobs = history_runs(lake, table, version)
+        return freeze(lake, name, table=frozen, version=frozen_version, kind="create",
+                      qa_status=verdict.status, creator=creator, details=details,
+                      released_notes=notes.merged() if allowed is not None else None, allow_contamination=allowed,
+                      extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
 
-        def reason_of(ids: pa.Array) -> pa.Array:
-            return _allowed_reasons(ids, found, allowed)
 
-    return freeze(lake, name, table=frozen, version=frozen_version, kind="create",
-                  qa_status=verdict.status, creator=creator, details=details, released_reason_of=reason_of,
-                  extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
+NOTES = pa.schema([("sample_id", pa.string()), ("note", pa.string())])  # freeze's released_notes
+
+
+def contamination_notes(notes: SortedRuns, allowed: str) -> Callable[[pa.Table], None]:
+    """A ``contamination(hits=)`` sink that adds each contaminated sample's lineage note to ``notes``:
+    ``contamination allowed: REASON (evalset@version:item)`` (the ``released`` reason create and merge give it)."""
+    def add(hits: pa.Table) -> None:
+        text = pc.binary_join_element_wise(f"contamination allowed: {allowed} (", hits.column("ref"), ")", "")
+        notes.add(pa.table([hits.column("sample_id"), text], schema=NOTES))
+
+    return add
+
+
+def no_notes(hits: pa.Table) -> None:
+    """No notes to write (the release is refused, or nothing was found): ``contamination`` keeps examples only."""
 
 
 def _the_same_release(lake: Lake, name: str, *, table: str, version: int | None, require_qa: bool,
@@ -162,12 +174,3 @@ def _half_created_version(lake: Lake, name: str, table: str) -> int | None:
         if recorded and recorded.get("kind") == "create" and recorded.get("table") == table:
             return int(recorded["version"])
     return None
-
-
-def _allowed_reasons(ids: pa.ChunkedArray | pa.Array, found: Contamination, reason: str) -> pa.Array:
-    """The ``released`` lineage reason of every row: null, or the allowed contamination and its eval item."""
-    contaminated = pa.array(list(found.refs), pa.string())
-    texts = pa.array([f"contamination allowed: {reason} ({ref})" for ref in found.refs.values()], pa.string())
-    position = pc.index_in(ids, value_set=contaminated)
-    out = pc.take(texts, position)
-    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out

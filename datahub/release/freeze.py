@@ -321,6 +321,7 @@ def freeze(
     reason_prefix: str = "",
     released_reason_of: Callable[[pa.Array], pa.Array] | None = None,
     released_notes: Iterable[pa.Table] | None = None,
+    allow_contamination: str | None = None,
     params: dict[str, Any] | None = None,
     fix: str = "",
     progress: Progress | None = None,
@@ -333,7 +334,9 @@ def freeze(
     is held is bounded: the distinct ids are sorted in runs spilled to local disk (``datahub.lake.external_sort``).
     ``released_notes``: a stream of (``sample_id``, ``note``) tables sorted by sample_id, one row per id (e.g.
     ``SortedRuns.merged()``), read once along the released ids: a released row of such an id gets the note in its
-    reason (``REASON; NOTE``, or the note alone), e.g. an allowed eval-set contamination.
+    reason (``REASON; NOTE``, or the note alone), e.g. an allowed eval-set contamination (``allow_contamination``,
+    recorded with the lineage commit: when an earlier try committed the lineage without it, as an eval set registered
+    since then overlaps now, the notes go to the lineage in a commit of their own, ``_late_notes``).
     ``extra_lineage`` (e.g. ``dropped`` rows) is merged in by sample_id: a table (sorted here), or a stream of
     tables or record batches already sorted by sample_id (e.g. ``SortedRuns.merged()`` over spilled rows), read
     once, a chunk's share at a time. ``params`` (the command's arguments) are recorded with the lineage commit
@@ -358,9 +361,16 @@ def freeze(
         extra = _extra_blocks(extra_lineage)
         frozen = {**(params or {}), "frozen": f"{table}@v{version}", "rows": released.rows,
                   "digest": f"{released.digest:032x}"}
-        refuse_other_try(lake, name, "lineage", frozen, fix=fix)
-        if released.ids or extra is not None:
-            notes = iter(released_notes) if released_notes is not None else None
+        refuse_other_try(lake, name, "lineage", frozen, fix=fix)  # allow_contamination is compared below
+        frozen[_ALLOWED] = allow_contamination
+        notes = iter(released_notes) if released_notes is not None else None
+        first = committed_params(lake, "lineage", name)
+        if first is not None and first.get(_ALLOWED) != allow_contamination:
+            if first.get(_ALLOWED) is not None:
+                _refuse_other_allowance(name, "lineage", first.get(_ALLOWED), allow_contamination)
+            if notes is not None:  # the first try's released rows lack the notes: they go in a commit of their own
+                _late_notes(lake, name, released, runs.merged(), notes, allow_contamination, ts)
+        elif released.ids or extra is not None:
             chunks = _lineage_chunks(name, released, runs.merged(), ts, extra, notes)
             commit_rows(lake, "lineage", counted(chunks, progress, "lineage", total=None, rows=len),
                         schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS,
@@ -390,6 +400,58 @@ def freeze(
     if committed is None:  # a concurrent creator of the same name won
         raise ReleaseError(f"release {name!r} was created concurrently by another writer; names are immutable")
     return get_release(lake, name)
+
+
+_ALLOWED = "allow_contamination"  # in the lineage commit's params: the reason its released notes give, or None
+NOTES_TXN_SUFFIX = "#contamination"  # the txn of the notes committed after the released rows (``_late_notes``)
+
+
+def _refuse_other_allowance(name: str, table: str, first: str | None, this: str | None) -> None:
+    raise ReleaseError(
+        f"release {name!r} was half-created by an earlier try whose {table} commit gives its contaminated samples "
+        f"allow_contamination={json.dumps(first)}; this run has allow_contamination={json.dumps(this)}. Re-run with "
+        f'--allow-contamination "{first}" to finish it (the samples\' lineage says so), or choose a new release name')
+
+
+def _late_notes(lake: Lake, name: str, released: _Released, distinct: Iterator[pa.Table], notes: Iterator[pa.Table],
+                allowed: str | None, ts: datetime) -> None:
+    """The notes of the released ids (``_noted``) as ``released`` lineage rows of their own, for a release whose
+    lineage an earlier try committed without them (an eval set registered since overlaps it, and the re-run allows
+    it): committed rows are never rewritten, so each contaminated sample gets a second ``released`` row of this
+    release that says why it went out. Committed once (txn ``release/NAME#contamination``, with the reason)."""
+    txn = release_txn(name) + NOTES_TXN_SUFFIX
+    if lake.applied("lineage", txn):
+        for entry in lake.history("lineage"):
+            if entry.get("datahub.txn") == txn:
+                first = json.loads(entry.get(PARAMS_KEY) or "{}").get(_ALLOWED)
+                if first != allowed:
+                    _refuse_other_allowance(name, "lineage notes", first, allowed)
+        return
+    cursor = _SortedRows(notes)
+
+    def rows() -> Iterator[pa.Table]:
+        chunks = regrouped(distinct, LINEAGE_CHUNK_ROWS)
+        current = next(chunks, None)
+        while current is not None:
+            following = next(chunks, None)
+            ids = current.column("sample_id").combine_chunks()
+            bound = following.column("sample_id")[0] if following is not None else None
+            plain = released.reasons.take(current.column("reason_code").combine_chunks())
+            reasons = _noted(ids, pa.nulls(len(ids), pa.string()), cursor, bound)
+            noted = pc.is_valid(reasons)
+            if pc.any(noted).as_py():
+                full = pc.if_else(noted, _noted_again(plain, reasons), plain)
+                yield lineage_rows(ids.filter(noted), run_id=release_txn(name), op=RELEASE_OP, action="released",
+                                   reason=full.filter(noted), ref=name, ts=ts, sort=False)
+            current = following
+
+    commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS,
+                metadata={"datahub.release": name, PARAMS_KEY: params_text({_ALLOWED: allowed})})
+
+
+def _noted_again(reasons: pa.Array, notes: pa.Array) -> pa.Array:
+    """``REASON; NOTE`` or the note alone, as ``_noted`` joins them."""
+    return pc.coalesce(pc.binary_join_element_wise(reasons, notes, "; "), notes)
 
 
 def logged_rows(lake: Lake, table: str, version: int) -> int | None:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.external_sort import SortedRuns
@@ -35,6 +34,7 @@ from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.lake.tables import LINEAGE
 from datahub.progress import Progress, counted
+from datahub.release.create import NOTES, no_notes, contamination_notes
 from datahub.release.digest import id_keys
 from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
 from datahub.release.materialize import commit_rows
@@ -270,7 +270,7 @@ def merge_releases(
     # finish with it once an eval set registered since then overlaps an input (the reason goes to details)
     refuse_other_try(lake, new, MATERIALIZED_PREFIX + new, params, fix=_FIX)
     parents = [get_release(lake, s) for s in sources]
-    with SortedRuns(_NOTES, "sample_id") as notes:
+    with SortedRuns(NOTES, "sample_id") as notes:
         contamination = _contamination_gate(lake, new, parents, allow_contamination, notes, progress=progress)
         return _merged(lake, new, parents, params, share=share, weights=weights, seed=seed, dedup=dedup,
                        threshold=threshold, verify=verify, creator=creator, contamination=contamination,
@@ -306,15 +306,14 @@ def _merged(lake: Lake, new: str, parents: list[Release], params: dict[str, Any]
         return freeze(
             lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
             creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
-            reason_prefix="merged_from:", released_notes=notes, run_ids=sorted({r for p in parents for r in p.run_ids}),
-            jobs=sorted({j for p in parents for j in p.jobs}), params=params, fix=_FIX, progress=progress,
+            reason_prefix="merged_from:", released_notes=notes,
+            allow_contamination=contamination["allowed"] if contamination else None,
+            run_ids=sorted({r for p in parents for r in p.run_ids}), jobs=sorted({j for p in parents for j in p.jobs}),
+            params=params, fix=_FIX, progress=progress,
         )
 
 
 _FIX = "the same --from, --weights, --dedup, --seed, --threshold"
-
-
-_NOTES = pa.schema([("sample_id", pa.string()), ("note", pa.string())])  # freeze's released_notes
 
 
 def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: str | None, notes: SortedRuns, *,
@@ -338,14 +337,11 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
         if progress is not None:
             progress("eval-set check", done, total)
 
-    def noted(hits: pa.Table) -> None:
-        text = pc.binary_join_element_wise(f"contamination allowed: {allowed} (", hits.column("ref"), ")", "")
-        notes.add(pa.table([hits.column("sample_id"), text], schema=_NOTES))
-
     for parent in parents:
         if parent.name not in recorded:
             found[parent.name] = contamination(lake, table=parent.table, version=parent.version, progress=checked,
-                                               hits=noted if allowed is not None else lambda hits: None)
+                                               hits=contamination_notes(notes, allowed) if allowed is not None
+                                               else no_notes)
     dirty = {name: f for name, f in found.items() if f.count}
     if dirty and allowed is None:
         described = "\n".join(f"--from release {name!r}: {f.describe()}" for name, f in dirty.items())

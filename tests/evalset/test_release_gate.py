@@ -16,6 +16,7 @@ from datahub.release import create_release, get_release, list_releases
 from datahub.sample_id import sample_id_of
 from tests.evalset.helpers import item_text, write_evalset
 from tests.release.helpers import add_samples
+from tests.release.test_crash_rerun import kill_before_record  # noqa: F401  (fixture)
 
 CLEAN = [f"an ordinary training document number {i} about gardening, tools, soil and the weather in spring" for i in range(6)]
 
@@ -61,7 +62,8 @@ def test_clean_table_releases_and_records_the_check(tmp_path):
     lake = _lake(tmp_path, CLEAN)
     release = create_release(lake, "r1")
     assert release.details["contamination"] == {"table": "samples", "version": release.version, "rows_checked": 6,
-                                                "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0, "ngram": 13,
+                                                "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0,
+                                                "ngram": 13,
                                                 "allowed": None}
 
 
@@ -106,3 +108,27 @@ def test_a_table_that_is_not_of_samples_is_refused_by_name_not_with_a_traceback(
                                            r"datahub quarantine --lake "):
         create_release(lake, "q1", table="quarantine")
     assert list_releases(lake) == []
+
+
+def test_a_create_killed_after_its_lineage_commit_finishes_with_allow_contamination_and_notes_it(
+        tmp_path, kill_before_record):
+    """Killed after its lineage commit, then an overlapping eval set is registered: the re-run is refused without
+    --allow-contamination and, before, was refused with it too ('choose a new release name'); now it finishes, and
+    the allowed reason of each contaminated sample is written to the lineage in a commit of its own."""
+    leaked = "Quiz answers. " + item_text("q3")
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, CLEAN + [leaked], "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    kill_before_record(create_release, lake, "r1")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    with pytest.raises(ReleaseError, match="overlap eval sets"):
+        create_release(lake, "r1")
+    release = create_release(lake, "r1", allow_contamination="held-out split")
+    assert release.details["contamination"]["allowed"] == "held-out split" and release.row_count == 7
+    lineage = lake.read("lineage")
+    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
+                                  pc.equal(lineage.column("ref"), "r1")))
+    reasons = sorted(zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist()),
+                     key=lambda row: (row[0], row[1] or ""))
+    assert [r for s, r in reasons if s == sample_id_of(leaked)] == [None, "contamination allowed: held-out split "
+                                                                           "(bench@1:q3)"]
+    assert rows.num_rows == 8

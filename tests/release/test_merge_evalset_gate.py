@@ -115,7 +115,8 @@ def test_a_merge_killed_before_its_record_finishes_with_allow_contamination_once
 
 def _released_reasons(lake: Lake, name: str) -> dict[str, str | None]:
     lineage = lake.read("lineage")
-    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"), pc.equal(lineage.column("ref"), name)))
+    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
+                                  pc.equal(lineage.column("ref"), name)))
     return dict(zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist()))
 
 
@@ -149,8 +150,8 @@ def test_the_contaminated_ids_of_a_merge_stream_through_spilled_runs(tmp_path, m
     monkeypatch.setattr(check, "EXAMPLES", 1)
     monkeypatch.setattr(external_sort, "RUN_ROWS", 1)
     lake = _lake(tmp_path)
-    found = check.contamination(lake, table=get_release(lake, "leaky").table, version=get_release(lake, "leaky").version,
-                                hits=lambda hits: None, batch_rows=2)
+    leaky = get_release(lake, "leaky")
+    found = check.contamination(lake, table=leaky.table, version=leaky.version, hits=lambda hits: None, batch_rows=2)
     assert found.count == 2 and len(found.refs) == 1 and found.by_evalset == {"bench@1": 2}
     release = merge_releases(lake, "mix", sources=["leaky", "clean"], allow_contamination="dev split")
     assert release.details["contamination"]["contaminated"] == 2
@@ -193,3 +194,32 @@ def test_a_merge_reuses_a_recorded_clean_check_of_the_same_version_and_eval_sets
     assert scanned[-1] == (7, 7)  # bench@2 now: both inputs read again
     assert again.details["contamination"]["evalsets"] == ["bench@2"]
     assert all("recorded_by" not in c for c in again.details["contamination"]["releases"].values())
+
+
+def test_a_merge_finished_with_allow_contamination_after_its_lineage_commit_notes_it_in_the_lineage(
+        tmp_path, kill_before_record):
+    """Killed after its lineage commit (no contamination then), finished with --allow-contamination once an eval set
+    overlaps an input: the committed released rows cannot change, so the allowed reason of each contaminated sample
+    goes into the lineage in a commit of its own (once: a further re-run with another reason is refused)."""
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, OTHER, "s3://bucket/b.jsonl", table="other", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "clean", table="other")
+    add_samples(lake, CLEAN + LEAKED, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "leaky")
+    kill_before_record(merge_releases, lake, "mix", sources=["clean", "leaky"])
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    kill_before_record(merge_releases, lake, "mix", sources=["clean", "leaky"], allow_contamination="found late")
+    with pytest.raises(ReleaseError, match="(?s)allow_contamination=\"found late\".*this run has allow_contamination="
+                                           "\"another reason\""):
+        merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="another reason")
+    release = merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="found late")
+    assert release.details["contamination"]["allowed"] == "found late"
+    lineage = lake.read("lineage")
+    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
+                                  pc.equal(lineage.column("ref"), "mix")))
+    noted = sorted((s, r) for s, r in zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist())
+                   if "contamination" in r)
+    late = "merged_from:leaky; contamination allowed: found late"
+    assert noted == sorted([(sample_id_of(LEAKED[0]), f"{late} (bench@1:q2)"),
+                            (sample_id_of(LEAKED[1]), f"{late} (bench@1:q3)")])
+    assert rows.num_rows == 9 + 2  # every released row of the first try, and one noted row per contaminated sample

@@ -64,7 +64,8 @@ def register(app: typer.Typer) -> None:
         require_qa: bool = typer.Option(False, "--require-qa", help="Refuse when no QA suite ran on that version."),
         allow_contamination: Optional[str] = typer.Option(
             None, "--allow-contamination", metavar="REASON",
-            help="Release even though samples overlap a registered eval set (datahub evalset); the reason is recorded."),
+            help="Release even though samples overlap a registered eval set (datahub evalset); the reason is recorded "
+                 "in the release and in each such sample's lineage (datahub lineage ID)."),
         exist_ok: bool = typer.Option(False, "--exist-ok", help="A release NAME that already froze this table "
                                       "version is fine (a retried pipeline step): print it, exit 0. One that froze "
                                       "another version is still refused."),
@@ -177,12 +178,13 @@ def register(app: typer.Typer) -> None:
         allow_contamination: Optional[str] = typer.Option(
             None, "--allow-contamination", metavar="REASON",
             help="Merge even though samples of an input release overlap a registered eval set (datahub evalset); "
-                 "the reason is recorded."),
+                 "the reason is recorded in the release and in each such sample's lineage (datahub lineage ID)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Combine releases into a new frozen one (deduplicated, optionally weighted).
 
-        Refused, as release create is, when an input release overlaps a registered eval set."""
+        Refused, as release create is, when an input release overlaps a registered eval set (an input an earlier
+        release checked clean at the same version against the same eval-set versions is not read again)."""
         from datahub.release import merge_releases, parse_weights
 
         if not 0 < threshold <= 1:  # before any reading, and not as the dedup params' pydantic dump
