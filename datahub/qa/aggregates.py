@@ -14,6 +14,11 @@ The table is read once, in batches, and only the columns the suite names (``text
 | expect_column_proportion_of_unique_values_to_be_between | the same hashes | bounded (below) |
 | any other type | Great Expectations on a bounded sample (every k-th row, at most ``SAMPLE_ROWS``); exact when the table has no more rows | the sample |
 
+A failed ``not_null``, ``between`` or ``in_set`` check also names the ``sample_id`` of its first ``EXAMPLES``
+unexpected rows, in scan order (``example_ids``; the entry's ``unexpected_sample_ids``), when the table has that
+column: GX's ``partial_unexpected_list`` of ``chosen_equals_rejected`` is ``[True, ...]``, which says nothing of
+which pair to fix. Great Expectations on Spark does not give them.
+
 A uniqueness check holds up to ``HELD_HASHES`` hashes (8 MB); past that they are counted per hash and spilled to
 local disk in sorted runs (``datahub.lake.external_sort``), merged when the check is judged.
 
@@ -42,6 +47,10 @@ import pyarrow.compute as pc
 from datahub.lake.external_sort import SortedRuns
 
 SAMPLE_ROWS = 100_000
+ID_COLUMN = "sample_id"
+# types whose unexpected rows are named by sample_id (``example_ids``): which chat or pair to fix or redact
+ID_TYPES = frozenset({"expect_column_values_to_not_be_null", "expect_column_values_to_be_between",
+                      "expect_column_values_to_be_in_set"})
 HELD_HASHES = 1 << 20  # hashes a uniqueness check holds before counting and spilling them (8 MB)
 _HASH_COUNTS = pa.schema([("hash", pa.uint64()), ("count", pa.int64())])
 EXAMPLES = 20
@@ -100,6 +109,7 @@ class Check:
     unexpected: int = 0
     total: float = 0.0
     examples: list[Any] = field(default_factory=list)
+    example_ids: list[str] = field(default_factory=list)  # sample_id of the unexpected rows, first EXAMPLES
     hashes: list[np.ndarray] = field(default_factory=list)
     hash_counts: tuple[int, int, int] | None = None  # (distinct, hashed rows, rows of repeated values), engine-counted
     spilled: SortedRuns | None = field(default=None, repr=False, compare=False)  # (hash, count) past HELD_HASHES
@@ -117,31 +127,36 @@ class Check:
     def column(self) -> str | None:
         return self.kwargs.get("column")
 
-    def update(self, batch_rows: int, values: pa.Array | None) -> None:
+    def update(self, batch_rows: int, values: pa.Array | None, ids: pa.Array | None = None) -> None:
+        """Add one batch: ``values`` of the check's column, ``ids`` the batch's ``sample_id`` (for
+        ``example_ids``) when the table has one."""
         self.rows += batch_rows
         if values is None or self.error is not None:
             return
         if pa.types.is_floating(values.type):  # NaN is missing, as in Great Expectations on pandas
             values = pc.if_else(pc.is_nan(values), pa.scalar(None, values.type), values)
         try:
-            self._update(values)
+            self._update(values, ids)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, TypeError, ValueError) as exc:
             # GX marks such an expectation failed and judges the others: so do we, naming what to fix
             self.error = (f"{self.kind} on column {self.column!r} ({values.type}): {exc}; "
                           f"fix the suite's kwargs for this column's type")
-            self.hashes, self.examples = [], []
+            self.hashes, self.examples, self.example_ids = [], [], []
 
-    def _update(self, values: pa.Array) -> None:
+    def _update(self, values: pa.Array, ids: pa.Array | None) -> None:
         valid = pc.drop_null(values)
         kind, kwargs = self.kind, self.kwargs
+        valid_ids = None if ids is None or not len(valid) else pc.filter(ids, pc.is_valid(values))
         if kind == "expect_column_values_to_not_be_null":
             self.unexpected += len(values) - len(valid)
+            if ids is not None and len(values) > len(valid):
+                self._example_ids(ids, pc.is_null(values))
         elif kind == "expect_column_values_to_be_between":
             outside = _outside(valid, kwargs)
-            self._count(valid, outside)
+            self._count(valid, outside, valid_ids)
         elif kind == "expect_column_values_to_be_in_set":
             allowed = pa.array(kwargs.get("value_set") or [], valid.type if len(kwargs.get("value_set") or []) else None)
-            self._count(valid, pc.invert(pc.is_in(valid, value_set=allowed.cast(valid.type))))
+            self._count(valid, pc.invert(pc.is_in(valid, value_set=allowed.cast(valid.type))), valid_ids)
         elif kind == "expect_column_mean_to_be_between":
             self.total += float(pc.sum(pc.cast(valid, pa.float64())).as_py() or 0.0)
         elif kind in ("expect_column_values_to_be_unique", "expect_column_proportion_of_unique_values_to_be_between"):
@@ -181,6 +196,7 @@ class Check:
         self.unexpected += later.unexpected
         self.total += later.total
         self.examples.extend(later.examples[:max(0, EXAMPLES - len(self.examples))])
+        self.example_ids.extend(later.example_ids[:max(0, EXAMPLES - len(self.example_ids))])
         self.hashes.extend(later.hashes)
         if later.spilled is not None:
             self._spill_hashes()
@@ -200,11 +216,18 @@ class Check:
         mine = self.hash_counts or (0, 0, 0)
         self.hash_counts = (mine[0] + counts[0], mine[1] + counts[1], mine[2] + counts[2])
 
-    def _count(self, valid: pa.Array, unexpected: pa.Array) -> None:
+    def _count(self, valid: pa.Array, unexpected: pa.Array, ids: pa.Array | None) -> None:
         count = int(pc.sum(unexpected).as_py() or 0)
         self.unexpected += count
         if count and len(self.examples) < EXAMPLES:
             self.examples.extend(pc.filter(valid, unexpected).slice(0, EXAMPLES - len(self.examples)).to_pylist())
+        if count and ids is not None:
+            self._example_ids(ids, unexpected)
+
+    def _example_ids(self, ids: pa.Array, unexpected: pa.Array) -> None:
+        if len(self.example_ids) < EXAMPLES:
+            picked = pc.filter(ids, unexpected).slice(0, EXAMPLES - len(self.example_ids))
+            self.example_ids.extend(str(i) for i in picked.to_pylist())
 
     def result(self) -> tuple[bool, dict[str, Any]]:
         """(success, GX-shaped result dict) from the aggregates."""
@@ -283,9 +306,10 @@ def evaluate(checks: Iterable[Check], batches: Iterable[pa.Table]) -> None:
     """Feed every batch (validation columns) to every check."""
     checks = list(checks)
     for batch in batches:
+        ids = batch.column(ID_COLUMN).combine_chunks() if ID_COLUMN in batch.column_names else None
         for check in checks:
             column = check.column
             values = None
             if column is not None and column in batch.column_names:
                 values = batch.column(column).combine_chunks()
-            check.update(batch.num_rows, values)
+            check.update(batch.num_rows, values, ids if check.kind in ID_TYPES else None)

@@ -20,7 +20,7 @@ from datahub.config.suites import Suite
 from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
 from datahub.close_names import did_you_mean
-from datahub.qa.aggregates import EXACT_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
+from datahub.qa.aggregates import EXACT_TYPES, ID_COLUMN, ID_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
 from datahub.qa.posttraining import DERIVED, derived_columns
 
 BATCH_ROWS = 4096
@@ -177,6 +177,8 @@ def plan_pass(schema: pa.Schema, suites: list[Suite], *, total_rows: int, batch_
                                            *((e.get("kwargs") or {}).get("column") for e in run.sampled)] if c}
     if any(run.sampled for run in runs):  # a sampled expectation may read any column
         wanted |= set(sources)
+    if ID_COLUMN in sources and any(check.kind in ID_TYPES for run in runs for check in run.checks):
+        wanted.add(ID_COLUMN)  # to name the unexpected rows
     read = tuple(sorted({s for c in wanted if c in sources for s in sources[c]}) or [schema.names[0]])
     stride = max(1, math.ceil(total_rows / SAMPLE_ROWS))
     return PassPlan(runs, sources, frozenset(wanted), read, stride, batch_rows)
@@ -258,7 +260,10 @@ def finish_pass(plan: PassPlan, done: Partial) -> list[tuple[bool, list[dict[str
                                       error=f"{run.suite.name}: {check.error} (suite file {run.suite.path})"))
                 continue
             success, result = check.result()
-            entries.append(_entry(check.expectation, success=success, observed=_observed(result)))
+            entry = _entry(check.expectation, success=success, observed=_observed(result))
+            if check.example_ids:
+                entry["unexpected_sample_ids"] = list(check.example_ids)
+            entries.append(entry)
         out.append((all(e["success"] is not False for e in entries), entries))
     return out
 

@@ -124,12 +124,18 @@ def test_a_clean_mixed_lake_passes_both_default_suites(tmp_path):
     assert judged["chosen_equals_rejected"]["observed"]["unexpected_count"] == 0
 
 
-@pytest.mark.parametrize("bad, expectation", [
-    ({"chats": [EMPTY_ASSISTANT]}, ("expect_column_values_to_be_between", "messages_empty_turns")),
-    ({"pairs": [SAME_PAIR]}, ("expect_column_values_to_be_in_set", "chosen_equals_rejected")),
-    ({"episodes": [CUT_EPISODE]}, ("expect_column_values_to_be_between", "steps_count")),
+def _sample_id(lake: Lake, marker: str) -> str:
+    rows = lake.read("samples", columns=["sample_id", "text"]).to_pylist()
+    [found] = [r["sample_id"] for r in rows if marker in r["text"]]
+    return found
+
+
+@pytest.mark.parametrize("bad, expectation, marker", [
+    ({"chats": [EMPTY_ASSISTANT]}, ("expect_column_values_to_be_between", "messages_empty_turns"), "incident"),
+    ({"pairs": [SAME_PAIR]}, ("expect_column_values_to_be_in_set", "chosen_equals_rejected"), "macOS"),
+    ({"episodes": [CUT_EPISODE]}, ("expect_column_values_to_be_between", "steps_count"), "disk full"),
 ], ids=["empty-assistant-turn", "chosen-equals-rejected", "no-steps"])
-def test_a_broken_record_fails_exactly_its_expectation(tmp_path, bad, expectation):
+def test_a_broken_record_fails_exactly_its_expectation(tmp_path, bad, expectation, marker):
     from datahub.qa import releasable, run_suites
 
     records = {"chats": CHATS, "pairs": PAIRS, "episodes": EPISODES, "texts": TEXTS}
@@ -140,6 +146,7 @@ def test_a_broken_record_fails_exactly_its_expectation(tmp_path, bad, expectatio
     assert _failed(results) == {"samples.v1": [], "posttraining.v1": [expectation]}
     [entry] = results[1].failed_expectations
     assert entry["observed"]["unexpected_count"] == 1
+    assert entry["unexpected_sample_ids"] == [_sample_id(lake, marker)]  # which record to fix
     assert not releasable(lake, table="samples", version=lake.version("samples"))
 
 
@@ -211,6 +218,10 @@ def test_qa_cli_runs_posttraining_by_default_and_shows_it_in_help_and_json(tmp_p
     assert text.exit_code == 1
     assert "posttraining.v1 (v1) on samples@" in text.output and "FAILED" in text.output
     assert "FAIL expect_column_values_to_be_in_set chosen_equals_rejected unexpected=1/" in text.output
+    assert f"sample_id {_sample_id(lake, 'macOS')}" in text.output
+    assert "skip 2 optional expectations: columns not in this table (no trajectory samples): steps_count, " \
+           "steps_within_episode" in " ".join(text.output.split())
+    assert failed["unexpected_sample_ids"] == [_sample_id(lake, "macOS")]
     named = runner.invoke(app, ["qa", "--lake", str(lake.root), "--no-record", "--json", "--suite", "samples.v1"])
     assert named.exit_code == 0 and [r["suite"] for r in json.loads(named.stdout)["results"]] == ["samples.v1"]
 

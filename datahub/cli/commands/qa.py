@@ -82,16 +82,17 @@ def register(app: typer.Typer) -> None:
                 mark = "[green]passed[/]" if r.success else "[bold red]FAILED[/]"
                 out.print(f"{r.suite} (v{r.suite_version}) on {r.table}@{r.table_version}: {mark}")
                 absent = [e["kwargs"]["column"] for e in r.results if e["success"] is None and _absent_column(e)]
-                if absent:  # optional signals no operator wrote (a chat or image job has no language/gopher ones)
-                    out.print(f"  skip {len(absent)} optional expectation{'s' if len(absent) > 1 else ''}: columns "
-                              f"not in this table (signals no operator of its job wrote): {', '.join(absent)}",
-                              soft_wrap=True)
+                for why, columns in _absent_reasons(absent).items():
+                    out.print(f"  skip {len(columns)} optional expectation{'s' if len(columns) > 1 else ''}: columns "
+                              f"not in this table ({why}): {', '.join(columns)}", soft_wrap=True)
                 for e in r.results:
                     if e["success"] is None and _absent_column(e):
                         continue
                     state = "skip" if e["success"] is None else ("ok  " if e["success"] else "FAIL")
                     column = e["kwargs"].get("column", "")
                     extra = e.get("skipped") or e.get("error") or _observed(e["observed"])
+                    if e["success"] is False and e.get("unexpected_sample_ids"):
+                        extra = f"{extra} {_ids(e['unexpected_sample_ids'])}"
                     if e.get("spark_fallback"):
                         extra = f"{extra} [{e['spark_fallback']}]".strip()
                     out.print(f"  {state} {e['expectation']} {column} {extra}")
@@ -105,11 +106,34 @@ def _absent_column(entry: dict) -> bool:
     return column is not None and entry.get("skipped") == f"column {column!r} not in table"
 
 
+def _absent_reasons(columns: list[str]) -> dict[str, list[str]]:
+    """Skipped optional columns by why they are absent: post-training columns derived from a kind's columns the
+    table lacks (datahub.qa.posttraining), or signals no operator wrote (a chat or image job has no gopher ones)."""
+    from datahub.qa.posttraining import DERIVED
+
+    reasons: dict[str, list[str]] = {}
+    for column in columns:
+        derived = DERIVED.get(column)
+        why = f"no {derived.kind} samples" if derived else "signals no operator of its job wrote"
+        reasons.setdefault(why, []).append(column)
+    return reasons
+
+
+def _ids(ids: list[str], shown: int = 3) -> str:
+    """The first sample ids of a failed check's unexpected rows (--json lists up to 20)."""
+    more = f" and {len(ids) - shown} more in --json" if len(ids) > shown else ""
+    return f"sample_id {', '.join(ids[:shown])}{more}"
+
+
 def _observed(observed: dict | None) -> str:
     if not observed:
         return ""
     if "observed_value" in observed:
         return f"observed={observed['observed_value']}"
     if observed.get("unexpected_count"):
-        return f"unexpected={observed['unexpected_count']}/{observed.get('element_count')}"
+        count, rows, percent = observed["unexpected_count"], observed.get("element_count"), observed.get("unexpected_percent")
+        line = f"unexpected={count}/{rows}"
+        if rows and percent is not None and abs(percent - 100.0 * count / rows) > 1e-9:  # nulls are not judged
+            line += f" ({percent:.3g}% of the non-null values)"
+        return line
     return ""
