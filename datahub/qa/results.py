@@ -141,8 +141,10 @@ def releasable(lake: Lake, *, table: str, version: int, required: Sequence[str] 
     return verdict.passed and set(required) <= set(verdict.suites)
 
 
-def run_for_job(lake: Lake, *, suites: Sequence[str], table: str, version: int | None, run_id: str) -> dict[str, Any]:
-    """What ``run_job`` calls after its samples commit: run the job's suites, return counts."""
+def run_for_job(lake: Lake, *, suites: Sequence[str] | None, table: str, version: int | None,
+                run_id: str) -> dict[str, Any]:
+    """What ``run_job`` calls after its samples commit: run the job's suites (None: the table's default suites,
+    as ``datahub qa`` picks them), return counts."""
     if version is None:  # nothing new committed (a re-run, or every row dropped): check the current version
         if not lake.exists(table):
             return {"table": table, "table_version": None, "success": None, "suites": {}, "skipped": "no table"}

@@ -122,6 +122,10 @@ def test_a_clean_mixed_lake_passes_both_default_suites(tmp_path):
     # each check judged the rows of its own kind only (the others are null there)
     assert judged["messages_empty_turns"]["observed"]["element_count"] == lake.dataset("samples").count_rows()
     assert judged["chosen_equals_rejected"]["observed"]["unexpected_count"] == 0
+    from datahub.qa import run_for_job  # a job's qa: gate with no suites named picks them as `datahub qa` does
+
+    gate = run_for_job(lake, suites=None, table="samples", version=None, run_id="job-1")
+    assert gate["success"] and set(gate["suites"]) == {"samples.v1", "posttraining.v1"}
 
 
 def _sample_id(lake: Lake, marker: str) -> str:
