@@ -111,13 +111,15 @@ class OpenLineageSpec(_Model):
 class QASpec(_Model):
     """Great Expectations suites (schemas/gx/<name>.json) run on the committed table version."""
 
-    suites: list[str] = Field(default_factory=lambda: ["samples.v1"], min_length=1)
+    suites: list[str] | None = Field(None, min_length=1, description=(
+        "None: the table's default suites, as `datahub qa` picks them (samples.v1, plus posttraining.v1 on a table "
+        "with chat, preference or trajectory columns: datahub.config.suites.default_suites)"))
     table: str = "samples"
 
     @field_validator("suites")
     @classmethod
-    def _known_suites(cls, suites: list[str]) -> list[str]:
-        for name in suites:
+    def _known_suites(cls, suites: list[str] | None) -> list[str] | None:
+        for name in suites or []:
             try:
                 load_suite(name)
             except SpecError as exc:  # pydantic reports ValueErrors with the field path

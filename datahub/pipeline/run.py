@@ -79,7 +79,7 @@ class QAGate(Protocol):
     """Runs a job's QA suites on the table version it committed and records the results
     (``datahub.qa.run_for_job``); returns the counts kept in the run record."""
 
-    def __call__(self, lake: Lake, *, suites: Sequence[str], table: str, version: int | None,
+    def __call__(self, lake: Lake, *, suites: Sequence[str] | None, table: str, version: int | None,
                  run_id: str) -> dict[str, Any]: ...
 
 
