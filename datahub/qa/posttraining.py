@@ -6,18 +6,20 @@ step's row; no Python loop per row), in the same streamed pass and the same boun
 one machine and in the engines' tasks alike (``datahub.qa.validate.validation_batch``). A column exists when the
 table has its sources (a text-only table has none of them).
 
-| column | type | from | value |
-|---|---|---|---|
-| ``messages_turns`` | int64 | ``messages`` | messages in the conversation |
-| ``messages_assistant_turns`` | int64 | ``messages`` | messages with role ``assistant`` (what SFT trains on) |
-| ``messages_empty_turns`` | int64 | ``messages`` | messages of any role that are empty: content empty after trimming whitespace (or null) and no tool call (``tool_calls`` null, blank or ``[]``) |
-| ``messages_last_role`` | string | ``messages`` | role of the last message (null for an empty list) |
-| ``chosen_turns``, ``rejected_turns`` | int64 | ``chosen``, ``rejected`` | messages in the reply |
-| ``chosen_empty_turns``, ``rejected_empty_turns`` | int64 | ``chosen``, ``rejected`` | empty messages of the reply, as ``messages_empty_turns`` |
-| ``chosen_equals_rejected`` | bool | ``chosen``, ``rejected`` | both replies hold the same messages: as many, and each with the same role, content and tool calls after trimming whitespace (``preference_quality``'s ``identical_pair``) |
-| ``steps_count`` | int64 | ``steps`` | steps in the row (one segment of at most ``MAX_STEPS_PER_ROW``) |
-| ``steps_reward_nulls`` | int64 | ``steps`` | steps without a reward |
-| ``steps_within_episode`` | bool | ``steps``, ``step_offset``, ``episode_steps`` | the segment lies inside its episode: ``0 <= step_offset`` and ``step_offset + steps_count <= episode_steps`` (false when either is null) |
+- ``messages_turns`` (int64, from ``messages``): messages in the conversation.
+- ``messages_assistant_turns`` (int64, ``messages``): messages with role ``assistant`` (what SFT trains on).
+- ``messages_empty_turns`` (int64, ``messages``): messages of any role that are empty: content empty after trimming
+  whitespace (or null) and no tool call (``tool_calls`` null, blank or ``[]``).
+- ``messages_last_role`` (string, ``messages``): role of the last message (null for an empty list).
+- ``chosen_turns``, ``rejected_turns`` (int64, ``chosen``, ``rejected``): messages in the reply.
+- ``chosen_empty_turns``, ``rejected_empty_turns`` (int64): empty messages of the reply, as ``messages_empty_turns``.
+- ``chosen_equals_rejected`` (bool, ``chosen`` and ``rejected``): both replies hold the same messages: as many, and
+  each with the same role, content and tool calls after trimming whitespace (``preference_quality``'s
+  ``identical_pair`` compares the same trimmed contents).
+- ``steps_count`` (int64, ``steps``): steps in the row (one segment of at most ``MAX_STEPS_PER_ROW``).
+- ``steps_reward_nulls`` (int64, ``steps``): steps without a reward.
+- ``steps_within_episode`` (bool, ``steps``, ``step_offset``, ``episode_steps``): the segment lies inside its
+  episode: ``0 <= step_offset`` and ``step_offset + steps_count <= episode_steps`` (false when either is null).
 
 On a row of another kind the source column is null, and so is every derived value. Great Expectations' column-map
 expectations (``expect_column_values_to_be_between``, ``..._to_be_in_set``) judge non-null values only, so in a table
@@ -43,15 +45,15 @@ class Derived:
     kind: str  # the sample kind whose columns it reads
     sources: tuple[str, ...]
     type: pa.DataType
-    compute: Callable[[pa.Table], pa.Array]
+    compute: Callable[[_Batch], pa.Array]
 
 
 DERIVED: dict[str, Derived] = {}
+_Compute = Callable[["_Batch"], pa.Array]
 
 
-def _derive(name: str, kind: str, sources: tuple[str, ...], type_: pa.DataType
-            ) -> Callable[[Callable[[pa.Table], pa.Array]], Callable[[pa.Table], pa.Array]]:
-    def register(compute: Callable[[pa.Table], pa.Array]) -> Callable[[pa.Table], pa.Array]:
+def _derive(name: str, kind: str, sources: tuple[str, ...], type_: pa.DataType) -> Callable[[_Compute], _Compute]:
+    def register(compute: _Compute) -> _Compute:
         if name in DERIVED:
             raise ValueError(f"derived validation column {name!r} is defined twice")
         DERIVED[name] = Derived(name, kind, sources, type_, compute)
@@ -64,6 +66,13 @@ def derived_columns(names: set[str] | list[str]) -> list[Derived]:
     """The derived columns a table with columns ``names`` can give (all their sources present)."""
     present = set(names)
     return [d for d in DERIVED.values() if set(d.sources) <= present]
+
+
+def compute_derived(table: pa.Table, wanted: set[str] | None = None) -> dict[str, pa.Array]:
+    """The derived columns of one batch that its columns can give (only the ``wanted`` ones when given); each
+    list column is flattened once per batch, whatever number of columns read it."""
+    batch = _Batch(table)
+    return {d.name: d.compute(batch) for d in derived_columns(table.column_names) if wanted is None or d.name in wanted}
 
 
 @dataclass(frozen=True)
@@ -85,8 +94,20 @@ class _Lists:
         return pa.array(counts, pa.int64(), mask=~self.valid)
 
 
-def _lists(table: pa.Table, name: str) -> _Lists:
-    column = table.column(name)
+class _Batch:
+    """One batch and its list columns, flattened on first use."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self._flat: dict[str, _Lists] = {}
+
+    def lists(self, name: str) -> _Lists:
+        if name not in self._flat:
+            self._flat[name] = _lists(self.table.column(name))
+        return self._flat[name]
+
+
+def _lists(column: pa.Array | pa.ChunkedArray) -> _Lists:
     lists = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     lengths = np.asarray(pc.fill_null(pc.list_value_length(lists), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
     valid = np.asarray(lists.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
@@ -112,46 +133,47 @@ def _calls(array: pa.Array) -> pa.Array:
 
 def _empty_messages(lists: _Lists) -> np.ndarray:
     """Per message: content empty after trimming and no tool call."""
-    return _bools(pc.equal(_trimmed(lists.field("content")), "")) & _bools(pc.equal(_calls(lists.field("tool_calls")), ""))
+    no_content = _bools(pc.equal(_trimmed(lists.field("content")), ""))
+    return no_content & _bools(pc.equal(_calls(lists.field("tool_calls")), ""))
 
 
 @_derive("messages_turns", "chat", ("messages",), pa.int64())
-def messages_turns(table: pa.Table) -> pa.Array:
-    lists = _lists(table, "messages")
+def messages_turns(batch: _Batch) -> pa.Array:
+    lists = batch.lists("messages")
     return pa.array(lists.lengths, pa.int64(), mask=~lists.valid)
 
 
 @_derive("messages_assistant_turns", "chat", ("messages",), pa.int64())
-def messages_assistant_turns(table: pa.Table) -> pa.Array:
-    lists = _lists(table, "messages")
+def messages_assistant_turns(batch: _Batch) -> pa.Array:
+    lists = batch.lists("messages")
     return lists.per_row(_bools(pc.equal(lists.field("role"), "assistant")))
 
 
 @_derive("messages_empty_turns", "chat", ("messages",), pa.int64())
-def messages_empty_turns(table: pa.Table) -> pa.Array:
-    lists = _lists(table, "messages")
+def messages_empty_turns(batch: _Batch) -> pa.Array:
+    lists = batch.lists("messages")
     return lists.per_row(_empty_messages(lists))
 
 
 @_derive("messages_last_role", "chat", ("messages",), pa.string())
-def messages_last_role(table: pa.Table) -> pa.Array:
-    lists = _lists(table, "messages")
+def messages_last_role(batch: _Batch) -> pa.Array:
+    lists = batch.lists("messages")
     last = np.cumsum(lists.lengths) - 1
     has = lists.valid & (lists.lengths > 0)
     return pc.take(lists.field("role"), pa.array(np.where(has, last, 0), pa.int64(), mask=~has))
 
 
-def _turns(side: str) -> Callable[[pa.Table], pa.Array]:
-    def turns(table: pa.Table) -> pa.Array:
-        lists = _lists(table, side)
+def _turns(side: str) -> _Compute:
+    def turns(batch: _Batch) -> pa.Array:
+        lists = batch.lists(side)
         return pa.array(lists.lengths, pa.int64(), mask=~lists.valid)
 
     return turns
 
 
-def _empty_turns(side: str) -> Callable[[pa.Table], pa.Array]:
-    def empty(table: pa.Table) -> pa.Array:
-        lists = _lists(table, side)
+def _empty_turns(side: str) -> _Compute:
+    def empty(batch: _Batch) -> pa.Array:
+        lists = batch.lists(side)
         return lists.per_row(_empty_messages(lists))
 
     return empty
@@ -163,8 +185,8 @@ for _side in ("chosen", "rejected"):
 
 
 @_derive("chosen_equals_rejected", "preference", ("chosen", "rejected"), pa.bool_())
-def chosen_equals_rejected(table: pa.Table) -> pa.Array:
-    chosen, rejected = _lists(table, "chosen"), _lists(table, "rejected")
+def chosen_equals_rejected(batch: _Batch) -> pa.Array:
+    chosen, rejected = batch.lists("chosen"), batch.lists("rejected")
     valid = chosen.valid & rejected.valid
     same_length = valid & (chosen.lengths == rejected.lengths)
     equal = np.zeros(chosen.rows, dtype=bool)
@@ -172,8 +194,8 @@ def chosen_equals_rejected(table: pa.Table) -> pa.Array:
     if len(rows):
         # the rows of equal length, flattened on both sides, line up message by message
         picked = pa.array(rows, pa.int64())
-        mine = _lists(pa.table({"m": pc.take(table.column("chosen"), picked)}), "m")
-        theirs = _lists(pa.table({"m": pc.take(table.column("rejected"), picked)}), "m")
+        mine = _lists(pc.take(batch.table.column("chosen"), picked))
+        theirs = _lists(pc.take(batch.table.column("rejected"), picked))
         same = (_bools(pc.equal(pc.fill_null(mine.field("role"), ""), pc.fill_null(theirs.field("role"), "")))
                 & _bools(pc.equal(_trimmed(mine.field("content")), _trimmed(theirs.field("content"))))
                 & _bools(pc.equal(_calls(mine.field("tool_calls")), _calls(theirs.field("tool_calls")))))
@@ -183,22 +205,22 @@ def chosen_equals_rejected(table: pa.Table) -> pa.Array:
 
 
 @_derive("steps_count", "trajectory", ("steps",), pa.int64())
-def steps_count(table: pa.Table) -> pa.Array:
-    lists = _lists(table, "steps")
+def steps_count(batch: _Batch) -> pa.Array:
+    lists = batch.lists("steps")
     return pa.array(lists.lengths, pa.int64(), mask=~lists.valid)
 
 
 @_derive("steps_reward_nulls", "trajectory", ("steps",), pa.int64())
-def steps_reward_nulls(table: pa.Table) -> pa.Array:
-    lists = _lists(table, "steps")
+def steps_reward_nulls(batch: _Batch) -> pa.Array:
+    lists = batch.lists("steps")
     return lists.per_row(_bools(pc.is_null(lists.field("reward"))))
 
 
 @_derive("steps_within_episode", "trajectory", ("steps", "step_offset", "episode_steps"), pa.bool_())
-def steps_within_episode(table: pa.Table) -> pa.Array:
-    lists = _lists(table, "steps")
-    offset = pc.cast(table.column("step_offset"), pa.int64())
-    episode = pc.cast(table.column("episode_steps"), pa.int64())
+def steps_within_episode(batch: _Batch) -> pa.Array:
+    lists = batch.lists("steps")
+    offset = pc.cast(batch.table.column("step_offset"), pa.int64())
+    episode = pc.cast(batch.table.column("episode_steps"), pa.int64())
     end = pc.add(offset, pa.array(lists.lengths, pa.int64()))
     inside = _bools(pc.and_(pc.greater_equal(offset, 0), pc.less_equal(end, episode)))
     return pa.array(inside, pa.bool_(), mask=~lists.valid)

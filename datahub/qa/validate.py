@@ -21,7 +21,7 @@ from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
 from datahub.close_names import did_you_mean
 from datahub.qa.aggregates import EXACT_TYPES, ID_COLUMN, ID_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
-from datahub.qa.posttraining import DERIVED, derived_columns
+from datahub.qa.posttraining import DERIVED, compute_derived, derived_columns
 
 BATCH_ROWS = 4096
 
@@ -78,9 +78,8 @@ def validation_batch(batch: pa.RecordBatch | pa.Table, wanted: set[str]) -> pa.T
             valid = np.asarray(pc.is_valid(text))
             hashes[valid] = value_hashes(pc.drop_null(text))
             columns["text_id"] = pa.array(hashes.view(np.int64), mask=~valid)
-    for derived in derived_columns(table.column_names):
-        if derived.name in wanted and derived.name not in columns:
-            columns[derived.name] = derived.compute(table)
+    for name, values in compute_derived(table, wanted - set(columns)).items():
+        columns[name] = values
     return pa.table(columns) if columns else pa.table({"_rows": pa.nulls(table.num_rows, pa.int8())})
 
 
@@ -280,8 +279,8 @@ def validation_frame(table: pa.Table) -> Any:
         text = table.column("text").combine_chunks()
         columns["text_length"] = pc.utf8_length(text)
         columns["text_id"] = pc.dictionary_encode(text).indices if len(text) else pa.array([], pa.int32())
-    for derived in derived_columns(table.column_names):
-        columns.setdefault(derived.name, derived.compute(table))
+    for name, values in compute_derived(table).items():
+        columns.setdefault(name, values)
     return pa.table(columns).to_pandas()
 
 

@@ -270,3 +270,9 @@ def test_derived_columns_stream_in_batches_as_they_compute_on_the_whole_table(tm
     assert sorted(v for v in values["steps_count"] if v is not None) == [0, 2, 3]
     assert sorted(v for v in values["messages_empty_turns"] if v is not None) == [0] * len(CHATS) + [1]
     assert sorted(v for v in values["steps_within_episode"] if v is not None) == [True] * 3
+    # the pass reads the nested columns it derives from and the ids it names, never the text
+    from datahub.config.suites import load_suite
+    from datahub.qa.validate import plan_pass
+
+    plan = plan_pass(table.schema, [load_suite("posttraining.v1")], total_rows=table.num_rows)
+    assert set(plan.read) == {"messages", "chosen", "rejected", "steps", "step_offset", "episode_steps", "sample_id"}

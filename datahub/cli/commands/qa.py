@@ -131,7 +131,8 @@ def _observed(observed: dict | None) -> str:
     if "observed_value" in observed:
         return f"observed={observed['observed_value']}"
     if observed.get("unexpected_count"):
-        count, rows, percent = observed["unexpected_count"], observed.get("element_count"), observed.get("unexpected_percent")
+        count, rows = observed["unexpected_count"], observed.get("element_count")
+        percent = observed.get("unexpected_percent")
         line = f"unexpected={count}/{rows}"
         if rows and percent is not None and abs(percent - 100.0 * count / rows) > 1e-9:  # nulls are not judged
             line += f" ({percent:.3g}% of the non-null values)"
