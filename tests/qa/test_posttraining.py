@@ -83,8 +83,10 @@ class CutEpisodeSteps(BatchOperator):
         return table.set_column(table.schema.get_field_index("steps"), "steps", emptied)
 
 
-def _build(tmp_path: Path, name: str, *, chats=(), pairs=(), episodes=(), texts=()) -> Lake:
-    """A lake written by run_job from JSONL files of each kind (no quality operators: QA is the only gate)."""
+def _build(tmp_path: Path, name: str, *, chats=(), pairs=(), episodes=(), texts=(), qa: dict | None = None) -> Lake:
+    """A lake written by run_job from JSONL files of each kind (no quality operators: QA is the only gate); with
+    ``qa``, the job's ``qa:`` section, gated by ``datahub.qa.run_for_job`` as ``datahub run`` does (its counts on
+    ``lake.qa``)."""
     inputs = tmp_path / f"{name}-in"
     inputs.mkdir()
     specs = []
@@ -95,14 +97,20 @@ def _build(tmp_path: Path, name: str, *, chats=(), pairs=(), episodes=(), texts=
     if texts:
         (inputs / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         specs.append({"uri": str(inputs / "text.jsonl")})
-    spec = validate_job_spec({
+    raw: dict[str, Any] = {
         "name": name, "lake": {"root": str(tmp_path / name)}, "inputs": specs,
         "graph": {"cut": {"op": "test_qa_cut_episode_steps"}, "samples": {"sink": "samples", "after": ["cut"]}},
-    }, source=f"{name}.yaml")
-    result = run_job(spec, engine=ArrowEngine())
+    }
+    if qa is not None:
+        raw["qa"] = qa
+    from datahub.qa import run_for_job
+
+    result = run_job(validate_job_spec(raw, source=f"{name}.yaml"), engine=ArrowEngine(), qa_gate=run_for_job)
     assert result.status == "succeeded", result.error
     assert result.counts["quarantined_total"] == 0, result.counts
-    return Lake(tmp_path / name)
+    lake = Lake(tmp_path / name)
+    lake.qa = result.counts.get("qa")
+    return lake
 
 
 def _failed(results) -> dict[str, list[tuple[str, Any]]]:
@@ -152,6 +160,26 @@ def test_a_broken_record_fails_exactly_its_expectation(tmp_path, bad, expectatio
     assert entry["observed"]["unexpected_count"] == 1
     assert entry["unexpected_sample_ids"] == [_sample_id(lake, marker)]  # which record to fix
     assert not releasable(lake, table="samples", version=lake.version("samples"))
+
+
+def test_a_jobs_qa_section_with_no_suites_gates_on_posttraining_v1(tmp_path):
+    """`qa: {}` in a post-training job: run_job's gate runs samples.v1 and posttraining.v1 on the committed
+    version, so a broken pair fails the run's QA (recorded, unreleasable) though the run itself succeeds."""
+    from datahub.qa import releasable, results_for
+
+    clean = _build(tmp_path, "clean", chats=CHATS, pairs=PAIRS, qa={})
+    assert clean.qa["success"] is True
+    assert clean.qa["suites"] == {"samples.v1": {"success": True, "failed": 0},
+                                  "posttraining.v1": {"success": True, "failed": 0}}
+    broken = _build(tmp_path, "broken", chats=CHATS, pairs=[*PAIRS, SAME_PAIR], qa={})
+    assert broken.qa["success"] is False
+    assert broken.qa["suites"]["posttraining.v1"] == {"success": False, "failed": 1}
+    version = broken.version("samples")
+    assert {r.suite: r.success for r in results_for(broken, table="samples", version=version)} == {
+        "samples.v1": True, "posttraining.v1": False}
+    assert not releasable(broken, table="samples", version=version)
+    named = _build(tmp_path, "named", chats=CHATS, pairs=[*PAIRS, SAME_PAIR], qa={"suites": ["samples.v1"]})
+    assert set(named.qa["suites"]) == {"samples.v1"}  # named suites only
 
 
 def test_a_text_only_lake_runs_samples_v1_alone_with_todays_verdict(tmp_path):
