@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.kinds.names import DEFAULT_KIND, KIND_COLUMN
 from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
 
 KIND_BATCH_ROWS = 1 << 16  # rows of the kind column counted at a time
 
@@ -17,8 +19,8 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
     """Describe a lake (every table) or one table: version, rows, files, schema, recent commits, and for one table
     with a ``kind`` column its rows per kind (``kind_counts``).
 
-    From the Delta log only (add actions, metadata, history), except the per-kind counts of one table: a streamed
-    pass over its ``kind`` column.
+    From the Delta log only (add actions, metadata, history), except the per-kind counts of one table: from the
+    log's per-file statistics, and a streamed pass over the ``kind`` column of files that hold several kinds.
     """
     names = [table] if table else lake.tables()
     out: dict[str, Any] = {"lake": lake.root, "tables": {}}
@@ -48,13 +50,50 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
 
 def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str, int]:
     """Rows of ``table`` (at ``version``) per sample kind, a null kind counted as text (``kinds.names``), most
-    first: the ``kind`` column only, a batch at a time (a count per distinct kind is all that is held)."""
+    first. A data file whose Delta statistics show one kind (min == max, with its null count: text) or only nulls
+    is counted from the log; only the other files' ``kind`` column is read, a batch at a time (a count per distinct
+    kind is all that is held), so a table of files written per kind reads no data file."""
     counts: dict[str, int] = {}
-    scanner = lake.dataset(table, version).scanner(columns=[KIND_COLUMN], batch_size=KIND_BATCH_ROWS)
-    for batch in scanner.to_batches():
-        if not batch.num_rows:
-            continue
-        kinds = pc.fill_null(batch.column(0).cast(pa.string()), DEFAULT_KIND)
-        for entry in pc.value_counts(kinds).to_pylist():
-            counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+
+    def add(kind: str, rows: int) -> None:
+        if rows:
+            counts[kind] = counts.get(kind, 0) + rows
+
+    actions = pa.table(lake.table(table, version).get_add_actions(flatten=True))
+
+    def column(name: str) -> list[Any]:
+        return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
+
+    partitioned = f"partition.{KIND_COLUMN}" in actions.column_names
+    mixed: list[str] = []
+    for path, rows, value, nulls, low, high in zip(
+            column("path"), column("num_records"), column(f"partition.{KIND_COLUMN}"),
+            column(f"null_count.{KIND_COLUMN}"), column(f"min.{KIND_COLUMN}"), column(f"max.{KIND_COLUMN}")):
+        if rows is not None and partitioned:  # one kind per file: its partition value
+            add(DEFAULT_KIND if value is None else str(value), rows)
+        elif rows is not None and nulls is not None and (nulls == rows or _one_value(low, high)):
+            add(DEFAULT_KIND, nulls)
+            if nulls < rows:
+                add(str(low), rows - nulls)
+        else:  # several kinds, or no statistics (another writer, or written before the kind column)
+            mixed.append(path)
+    if mixed:
+        dataset = lake.dataset(table, version)
+        present = {fragment.path for fragment in dataset.get_fragments()}
+        files: list[str] | None = [path if path in present else unquote(path) for path in mixed]
+        if not present.issuperset(files or []):  # the scan names a file otherwise than the log: read every file
+            counts.clear()
+            files = None
+        for batch in scan_batches(dataset, columns=[KIND_COLUMN], batch_rows=KIND_BATCH_ROWS, files=files):
+            kinds = pc.fill_null(batch.column(0).cast(pa.string()), DEFAULT_KIND)
+            for entry in pc.value_counts(kinds).to_pylist():
+                add(entry["values"], entry["counts"])
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+STATS_PREFIX_CHARS = 32  # writers may truncate string statistics to a prefix (Spark's dataSkippingStringPrefixLength)
+
+
+def _one_value(low: object, high: object) -> bool:
+    """Whether a file's min and max show one value: equal strings shorter than any truncated statistic."""
+    return isinstance(low, str) and low == high and len(low) < STATS_PREFIX_CHARS
