@@ -58,11 +58,12 @@ class Contamination:
 def contamination(lake: Lake, *, table: str = "samples", version: int | None = None, ngram: int = DEFAULT_NGRAM,
                   min_overlap: int = 1, evalsets: Sequence[str] | None = None, batch_rows: int = BATCH_ROWS,
                   progress: Callable[[int], None] | None = None,
-                  hits: Callable[[pa.Table], None] | None = None) -> Contamination:
+                  hits: Callable[[pa.Table], None] | None = None, examples: int = EXAMPLES) -> Contamination:
     """Stream ``table`` at ``version`` (default latest) and find samples sharing n-grams with the eval sets.
 
     ``hits``: the contaminated samples are handed to it instead of being held, as ``HITS`` tables (sample_id, ref of
-    its first eval item), in sample_id order, one row per sample; ``refs`` then keeps ``EXAMPLES`` of them."""
+    its first eval item), in sample_id order, one row per sample; ``refs`` then keeps the first ``examples`` of them
+    (by sample_id)."""
     version = int(lake.table(table).version()) if version is None else version
     problem = not_of_samples(table, lake.dataset(table, version).schema.names, reads="the eval-set check reads samples",
                              lake_ref=lake.ref)
@@ -75,7 +76,7 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
     if hits is not None:
         with SortedRuns(HITS, "sample_id") as found:  # a sample's first match, as the held dict keeps it
             rows = _scan(lake, table, version, index, min_overlap, batch_rows, progress, found.add)
-            return _streamed(Contamination(table, version, rows, checked, ngram=ngram), found, hits)
+            return _streamed(Contamination(table, version, rows, checked, ngram=ngram), found, hits, examples)
     refs: dict[str, str] = {}
     by_evalset: dict[str, int] = {}
 
@@ -112,7 +113,8 @@ def _scan(lake: Lake, table: str, version: int, index: NgramIndex, min_overlap: 
     return rows
 
 
-def _streamed(checked: Contamination, found: SortedRuns, hits: Callable[[pa.Table], None]) -> Contamination:
+def _streamed(checked: Contamination, found: SortedRuns, hits: Callable[[pa.Table], None],
+              examples: int) -> Contamination:
     """``checked`` with the counts of the distinct contaminated samples in ``found``, handed to ``hits``."""
     by_evalset: dict[str, int] = {}
     refs: dict[str, str] = {}
@@ -122,8 +124,8 @@ def _streamed(checked: Contamination, found: SortedRuns, hits: Callable[[pa.Tabl
         names = pc.replace_substring_regex(block.column("ref"), pattern=":.*$", replacement="")
         for entry in pc.value_counts(names).to_pylist():
             by_evalset[entry["values"]] = by_evalset.get(entry["values"], 0) + entry["counts"]
-        if len(refs) < EXAMPLES:
-            taken = block.slice(0, EXAMPLES - len(refs))
+        if len(refs) < examples:
+            taken = block.slice(0, examples - len(refs))
             refs.update(zip(taken.column("sample_id").to_pylist(), taken.column("ref").to_pylist()))
         hits(block)
     return Contamination(checked.table, checked.version, checked.rows_checked, checked.evalsets,

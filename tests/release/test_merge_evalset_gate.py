@@ -147,11 +147,11 @@ def test_the_contaminated_ids_of_a_merge_stream_through_spilled_runs(tmp_path, m
     import datahub.evalset.check as check
     from datahub.lake import external_sort
 
-    monkeypatch.setattr(check, "EXAMPLES", 1)
     monkeypatch.setattr(external_sort, "RUN_ROWS", 1)
     lake = _lake(tmp_path)
     leaky = get_release(lake, "leaky")
-    found = check.contamination(lake, table=leaky.table, version=leaky.version, hits=lambda hits: None, batch_rows=2)
+    found = check.contamination(lake, table=leaky.table, version=leaky.version, hits=lambda hits: None, batch_rows=2,
+                                examples=1)
     assert found.count == 2 and len(found.refs) == 1 and found.by_evalset == {"bench@1": 2}
     release = merge_releases(lake, "mix", sources=["leaky", "clean"], allow_contamination="dev split")
     assert release.details["contamination"]["contaminated"] == 2

@@ -10,6 +10,8 @@ from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, plain, print_json
 from datahub.cli.release_option import RELEASE_HELP
 
+JSON_EXAMPLES = 20  # contaminated sample ids `evalset check --json` lists (the rest stream past, not held)
+
 
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Evaluation sets (benchmarks) a release must not contain: register, list, check.",
@@ -92,11 +94,11 @@ def register(app: typer.Typer) -> None:
                 update("rows", done[0])
 
             found = contamination(root, table=table, version=version, ngram=ngram, min_overlap=min_overlap,
-                                  progress=advance)
+                                  progress=advance, hits=lambda hits: None, examples=JSON_EXAMPLES)
         what = what.format(version=found.version)
         if as_json:
             print_json({**found.as_dict(), **({"release": release} if release is not None else {}),
-                        "examples": dict(list(sorted(found.refs.items()))[:20])})
+                        "examples": dict(sorted(found.refs.items()))})
         elif not found.evalsets:
             console().print("no eval sets registered: nothing to check against")
         elif found.count:  # the description's "[set@1: n sample(s)]" is text, not Rich markup
