@@ -104,7 +104,8 @@ def create_release(
         run_ids, jobs = history_runs(lake, table, version)
         return freeze(lake, name, table=frozen, version=frozen_version, kind="create",
                       qa_status=verdict.status, creator=creator, details=details,
-                      released_notes=notes.merged() if allowed is not None else None, allow_contamination=allowed,
+                      released_notes=notes.merged() if allowed is not None else None,
+                      allow_contamination=allow_contamination,
                       extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
 
 

@@ -362,13 +362,14 @@ def freeze(
         frozen = {**(params or {}), "frozen": f"{table}@v{version}", "rows": released.rows,
                   "digest": f"{released.digest:032x}"}
         refuse_other_try(lake, name, "lineage", frozen, fix=fix)  # allow_contamination is compared below
-        frozen[_ALLOWED] = allow_contamination
         notes = iter(released_notes) if released_notes is not None else None
+        frozen[_ALLOWED] = allow_contamination if notes is not None else None  # what the lineage's notes say
         first = committed_params(lake, "lineage", name)
-        if first is not None and first.get(_ALLOWED) != allow_contamination:
-            if first.get(_ALLOWED) is not None:
-                _refuse_other_allowance(name, "lineage", first.get(_ALLOWED), allow_contamination)
-            if notes is not None:  # the first try's released rows lack the notes: they go in a commit of their own
+        written = _written_allowance(lake, name, first)
+        if written is not None and written != allow_contamination:
+            _refuse_other_allowance(name, written, allow_contamination)
+        if first is not None:
+            if written is None and notes is not None:  # the first try's released rows lack the notes
                 _late_notes(lake, name, released, runs.merged(), notes, allow_contamination, ts)
         elif released.ids or extra is not None:
             chunks = _lineage_chunks(name, released, runs.merged(), ts, extra, notes)
@@ -406,9 +407,26 @@ _ALLOWED = "allow_contamination"  # in the lineage commit's params: the reason i
 NOTES_TXN_SUFFIX = "#contamination"  # the txn of the notes committed after the released rows (``_late_notes``)
 
 
-def _refuse_other_allowance(name: str, table: str, first: str | None, this: str | None) -> None:
+def _written_allowance(lake: Lake, name: str, first: dict[str, Any] | None) -> str | None:
+    """The allowed contamination the lineage of release ``name`` already gives its samples (in the released rows'
+    reasons, or in the notes committed after them), or None."""
+    if first is None:
+        return None
+    if first.get(_ALLOWED) is not None:
+        return str(first[_ALLOWED])
+    txn = release_txn(name) + NOTES_TXN_SUFFIX
+    if not lake.applied("lineage", txn):
+        return None
+    for entry in lake.history("lineage"):
+        if entry.get("datahub.txn") == txn:
+            recorded = json.loads(entry.get(PARAMS_KEY) or "{}").get(_ALLOWED)
+            return None if recorded is None else str(recorded)
+    return None
+
+
+def _refuse_other_allowance(name: str, first: str, this: str | None) -> None:
     raise ReleaseError(
-        f"release {name!r} was half-created by an earlier try whose {table} commit gives its contaminated samples "
+        f"release {name!r} was half-created by an earlier try whose lineage commit gives its contaminated samples "
         f"allow_contamination={json.dumps(first)}; this run has allow_contamination={json.dumps(this)}. Re-run with "
         f'--allow-contamination "{first}" to finish it (the samples\' lineage says so), or choose a new release name')
 
@@ -419,14 +437,6 @@ def _late_notes(lake: Lake, name: str, released: _Released, distinct: Iterator[p
     lineage an earlier try committed without them (an eval set registered since overlaps it, and the re-run allows
     it): committed rows are never rewritten, so each contaminated sample gets a second ``released`` row of this
     release that says why it went out. Committed once (txn ``release/NAME#contamination``, with the reason)."""
-    txn = release_txn(name) + NOTES_TXN_SUFFIX
-    if lake.applied("lineage", txn):
-        for entry in lake.history("lineage"):
-            if entry.get("datahub.txn") == txn:
-                first = json.loads(entry.get(PARAMS_KEY) or "{}").get(_ALLOWED)
-                if first != allowed:
-                    _refuse_other_allowance(name, "lineage notes", first, allowed)
-        return
     cursor = _SortedRows(notes)
 
     def rows() -> Iterator[pa.Table]:
@@ -445,7 +455,8 @@ def _late_notes(lake: Lake, name: str, released: _Released, distinct: Iterator[p
                                    reason=full.filter(noted), ref=name, ts=ts, sort=False)
             current = following
 
-    commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS,
+    commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=release_txn(name) + NOTES_TXN_SUFFIX,
+                row_group_rows=LINEAGE_CHUNK_ROWS,
                 metadata={"datahub.release": name, PARAMS_KEY: params_text({_ALLOWED: allowed})})
 
 

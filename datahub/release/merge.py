@@ -267,21 +267,23 @@ def merge_releases(
     if dedup == "near":
         params.update(threshold=threshold, verify=verify)
     # allow_contamination is not a param: it changes no row, and a merge killed before its record must be able to
-    # finish with it once an eval set registered since then overlaps an input (the reason goes to details)
+    # finish with it once an eval set registered since then overlaps an input (the reason goes to details, and to the
+    # samples' lineage: freeze compares it with what a first try's lineage says)
     refuse_other_try(lake, new, MATERIALIZED_PREFIX + new, params, fix=_FIX)
     parents = [get_release(lake, s) for s in sources]
     with SortedRuns(NOTES, "sample_id") as notes:
         contamination = _contamination_gate(lake, new, parents, allow_contamination, notes, progress=progress)
         return _merged(lake, new, parents, params, share=share, weights=weights, seed=seed, dedup=dedup,
                        threshold=threshold, verify=verify, creator=creator, contamination=contamination,
+                       allow_contamination=allow_contamination,
                        notes=notes.merged() if contamination and contamination["contaminated"] else None,
                        progress=progress)
 
 
 def _merged(lake: Lake, new: str, parents: list[Release], params: dict[str, Any], *, share: dict[str, float] | None,
             weights: dict[str, float] | None, seed: int, dedup: DedupMode, threshold: float, verify: bool,
-            creator: str | None, contamination: dict[str, Any] | None, notes: Iterator[pa.Table] | None,
-            progress: Progress | None) -> Release:
+            creator: str | None, contamination: dict[str, Any] | None, allow_contamination: str | None,
+            notes: Iterator[pa.Table] | None, progress: Progress | None) -> Release:
     """The merge past its gate: rows written to ``release_<new>``, then ``freeze`` (``notes``: the allowed
     contamination of each contaminated sample, for its ``released`` reason)."""
     sources = [p.name for p in parents]
@@ -307,7 +309,7 @@ def _merged(lake: Lake, new: str, parents: list[Release], params: dict[str, Any]
             lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
             creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
             reason_prefix="merged_from:", released_notes=notes,
-            allow_contamination=contamination["allowed"] if contamination else None,
+            allow_contamination=allow_contamination,
             run_ids=sorted({r for p in parents for r in p.run_ids}), jobs=sorted({j for p in parents for j in p.jobs}),
             params=params, fix=_FIX, progress=progress,
         )

@@ -132,3 +132,19 @@ def test_a_create_killed_after_its_lineage_commit_finishes_with_allow_contaminat
     assert [r for s, r in reasons if s == sample_id_of(leaked)] == [None, "contamination allowed: held-out split "
                                                                            "(bench@1:q3)"]
     assert rows.num_rows == 8
+
+
+def test_a_create_whose_lineage_gives_an_allowed_reason_is_finished_with_that_reason_only(tmp_path, kill_before_record):
+    """The first try wrote 'contamination allowed: R' into its samples' lineage and was killed; the eval set got a new
+    version since, which no sample overlaps: the re-run must still give R (the lineage says it), and then finishes."""
+    leaked = "Quiz answers. " + item_text("q3")
+    lake = _lake(tmp_path, CLEAN + [leaked])
+    kill_before_record(create_release, lake, "r1", allow_contamination="dev split")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench2.jsonl", items=[
+        ("z9", "an entirely new question about the melting point of gallium in a warm human hand", "29.8 C")]))
+    with pytest.raises(ReleaseError, match="allow_contamination=\"dev split\"; this run has allow_contamination=null"):
+        create_release(lake, "r1")
+    with pytest.raises(ReleaseError, match="this run has allow_contamination=\"other\""):
+        create_release(lake, "r1", allow_contamination="other")
+    release = create_release(lake, "r1", allow_contamination="dev split")
+    assert release.row_count == 7 and release.details["contamination"]["evalsets"] == ["bench@2"]
