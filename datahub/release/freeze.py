@@ -259,8 +259,12 @@ def _noted(ids: pa.Array, reasons: pa.Array, notes: _SortedRows, bound: pa.Scala
         return reasons
     found = pa.concat_tables(pieces)
     note = pc.take(found.column("note"), pc.index_in(ids, value_set=found.column("sample_id").combine_chunks()))
-    note = note.combine_chunks() if isinstance(note, pa.ChunkedArray) else note
-    return pc.coalesce(pc.binary_join_element_wise(reasons, note, "; "), note, reasons)
+    return _joined(reasons, note.combine_chunks() if isinstance(note, pa.ChunkedArray) else note)
+
+
+def _joined(reasons: pa.Array, notes: pa.Array) -> pa.Array:
+    """``REASON; NOTE``, the note alone where the reason is null, the reason where the note is."""
+    return pc.coalesce(pc.binary_join_element_wise(reasons, notes, "; "), notes, reasons)
 
 
 def _lineage_chunks(name: str, released: _Released, distinct: Iterator[pa.Table], ts: datetime,
@@ -446,23 +450,17 @@ def _late_notes(lake: Lake, name: str, released: _Released, distinct: Iterator[p
             following = next(chunks, None)
             ids = current.column("sample_id").combine_chunks()
             bound = following.column("sample_id")[0] if following is not None else None
-            plain = released.reasons.take(current.column("reason_code").combine_chunks())
-            reasons = _noted(ids, pa.nulls(len(ids), pa.string()), cursor, bound)
-            noted = pc.is_valid(reasons)
+            notes_of = _noted(ids, pa.nulls(len(ids), pa.string()), cursor, bound)  # null: no note
+            noted = pc.is_valid(notes_of)
             if pc.any(noted).as_py():
-                full = pc.if_else(noted, _noted_again(plain, reasons), plain)
+                reasons = _joined(released.reasons.take(current.column("reason_code").combine_chunks()), notes_of)
                 yield lineage_rows(ids.filter(noted), run_id=release_txn(name), op=RELEASE_OP, action="released",
-                                   reason=full.filter(noted), ref=name, ts=ts, sort=False)
+                                   reason=reasons.filter(noted), ref=name, ts=ts, sort=False)
             current = following
 
     commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=release_txn(name) + NOTES_TXN_SUFFIX,
                 row_group_rows=LINEAGE_CHUNK_ROWS,
                 metadata={"datahub.release": name, PARAMS_KEY: params_text({_ALLOWED: allowed})})
-
-
-def _noted_again(reasons: pa.Array, notes: pa.Array) -> pa.Array:
-    """``REASON; NOTE`` or the note alone, as ``_noted`` joins them."""
-    return pc.coalesce(pc.binary_join_element_wise(reasons, notes, "; "), notes)
 
 
 def logged_rows(lake: Lake, table: str, version: int) -> int | None:
