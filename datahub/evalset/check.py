@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from datahub.errors import SpecError
 from datahub.lake.external_sort import SortedRuns
+from datahub.evalset.registry import list_evalsets
 from datahub.lake.lake import Lake
 from datahub.lake.tables import not_of_samples
 from operators.decontam.evalsets import load_index
@@ -39,6 +40,7 @@ class Contamination:
     refs: dict[str, str] = field(default_factory=dict)  # sample_id -> ``evalset@version:item`` of its first match
     ngram: int = DEFAULT_NGRAM
     contaminated: int | None = None  # when ``refs`` holds examples only (the ids were streamed): how many there are
+    evalset_digests: dict[str, str] = field(default_factory=dict)  # ``name@version`` -> its items' content digest
 
     @property
     def count(self) -> int:
@@ -52,7 +54,7 @@ class Contamination:
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.table, "version": self.version, "rows_checked": self.rows_checked,
                 "evalsets": self.evalsets, "by_evalset": self.by_evalset, "contaminated": self.count,
-                "ngram": self.ngram}
+                "ngram": self.ngram, "evalset_digests": self.evalset_digests}
 
 
 def contamination(lake: Lake, *, table: str = "samples", version: int | None = None, ngram: int = DEFAULT_NGRAM,
@@ -71,12 +73,14 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
         raise SpecError(problem)
     index = load_index(lake, evalsets, ngram=ngram)
     checked = sorted({ref.split(":", 1)[0] for ref in index.refs})
+    digests = {key: s.digest for s in list_evalsets(lake) if (key := f"{s.name}@{s.version}") in checked}
     if not len(index):
         return Contamination(table, version, 0, checked, ngram=ngram, contaminated=None if hits is None else 0)
     if hits is not None:
         with SortedRuns(HITS, "sample_id") as found:  # a sample's first match, as the held dict keeps it
             rows = _scan(lake, table, version, index, min_overlap, batch_rows, progress, found.add)
-            return _streamed(Contamination(table, version, rows, checked, ngram=ngram), found, hits, examples)
+            return _streamed(Contamination(table, version, rows, checked, ngram=ngram, evalset_digests=digests),
+                             found, hits, examples)
     refs: dict[str, str] = {}
     by_evalset: dict[str, int] = {}
 
@@ -88,7 +92,7 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
                 by_evalset[name] = by_evalset.get(name, 0) + 1
 
     rows = _scan(lake, table, version, index, min_overlap, batch_rows, progress, held)
-    return Contamination(table, version, rows, checked, by_evalset, refs, ngram=ngram)
+    return Contamination(table, version, rows, checked, by_evalset, refs, ngram=ngram, evalset_digests=digests)
 
 
 def _scan(lake: Lake, table: str, version: int, index: NgramIndex, min_overlap: int, batch_rows: int,
@@ -129,4 +133,5 @@ def _streamed(checked: Contamination, found: SortedRuns, hits: Callable[[pa.Tabl
             refs.update(zip(taken.column("sample_id").to_pylist(), taken.column("ref").to_pylist()))
         hits(block)
     return Contamination(checked.table, checked.version, checked.rows_checked, checked.evalsets,
-                         dict(sorted(by_evalset.items())), refs, ngram=checked.ngram, contaminated=count)
+                         dict(sorted(by_evalset.items())), refs, ngram=checked.ngram, contaminated=count,
+                         evalset_digests=checked.evalset_digests)

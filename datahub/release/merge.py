@@ -354,7 +354,8 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
             f"`datahub evalset check --release RELEASE --json --lake {lake.ref}`) and merge the redacted one, or "
             'merge anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
         )
-    checks = {p.name: recorded[p.name] if p.name in recorded else found[p.name].as_dict() for p in parents}
+    checks = {p.name: recorded[p.name] if p.name in recorded else {**found[p.name].as_dict(), "digest": p.digest}
+              for p in parents}
     evalsets = sorted({s for check in checks.values() for s in check["evalsets"]})
     if not evalsets:
         return None
@@ -370,27 +371,29 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
 
 def _recorded_clean_checks(lake: Lake, parents: list[Release]) -> dict[str, dict[str, Any]]:
     """Input release name -> the eval-set check an earlier ``release create`` or ``merge`` recorded (its
-    ``details["contamination"]``) of that input's frozen table at the same version, with no contaminated sample,
-    against exactly the eval-set versions registered now and with the same n-gram size (``recorded_by``: that
-    release). Only clean checks: a contaminated input is scanned again for its ids. Eval-set versions are immutable
-    (new content is a new version), so the same versions and table version give the same result."""
+    ``details["contamination"]``) of the same rows: that input's frozen table at the same version, row count and
+    digest of sample ids (content hashes); with no contaminated sample; against exactly the eval-set versions
+    registered now, by content digest; with the same n-gram size (``recorded_by``: that release). Only clean checks:
+    a contaminated input is scanned again for its ids."""
     from datahub.evalset.check import DEFAULT_NGRAM
     from datahub.evalset.registry import list_evalsets
 
-    registered = sorted(f"{s.name}@{s.version}" for s in list_evalsets(lake))
+    registered = {f"{s.name}@{s.version}": s.digest for s in list_evalsets(lake)}
     if not registered:
         return {}
-    wanted = {(p.table, p.version, p.row_count): p.name for p in parents}
+    wanted = {(p.table, p.version, p.row_count, p.digest): p.name for p in parents}
     out: dict[str, dict[str, Any]] = {}
     for release in list_releases(lake):
         recorded = release.details.get("contamination") or {}
-        for check in [recorded, *(recorded.get("releases") or {}).values()]:
-            key = (check.get("table"), check.get("version"), check.get("rows_checked"))
-            name = wanted.get(key)
-            if (name is not None and name not in out and check.get("evalsets") == registered
-                    and check.get("ngram") == DEFAULT_NGRAM and check.get("contaminated") == 0):
+        own = release.digest if (recorded.get("table"), recorded.get("version")) == (release.table, release.version) \
+            else None  # a create's check of the version it froze as it is
+        for check, digest in [(recorded, own), *((c, c.get("digest")) for c in (recorded.get("releases") or {}).values())]:
+            name = wanted.get((check.get("table"), check.get("version"), check.get("rows_checked"), digest))
+            if (name is not None and name not in out and check.get("evalsets") == sorted(registered)
+                    and check.get("evalset_digests") == registered and check.get("ngram") == DEFAULT_NGRAM
+                    and check.get("contaminated") == 0):
                 out[name] = {**{k: v for k, v in check.items() if k not in ("allowed", "recorded_by")},
-                             "recorded_by": check.get("recorded_by", release.name)}
+                             "digest": digest, "recorded_by": check.get("recorded_by", release.name)}
     return out
 
 

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from datahub.errors import ReleaseError
-from datahub.evalset import add_evalset, contamination
+from datahub.evalset import add_evalset, contamination, list_evalsets
 from datahub.lake import Lake
 from datahub.release import create_release, get_release, list_releases
 from datahub.sample_id import sample_id_of
@@ -63,7 +63,7 @@ def test_clean_table_releases_and_records_the_check(tmp_path):
     release = create_release(lake, "r1")
     assert release.details["contamination"] == {"table": "samples", "version": release.version, "rows_checked": 6,
                                                 "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0,
-                                                "ngram": 13,
+                                                "ngram": 13, "evalset_digests": {"bench@1": list_evalsets(lake)[0].digest},
                                                 "allowed": None}
 
 

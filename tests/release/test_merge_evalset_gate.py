@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from datahub.errors import ReleaseError
-from datahub.evalset import add_evalset
+from datahub.evalset import add_evalset, list_evalsets
 from datahub.lake import Lake
 from datahub.release import create_release, get_release, list_releases, merge_releases
 from datahub.sample_id import sample_id_of
@@ -223,3 +223,32 @@ def test_a_merge_finished_with_allow_contamination_after_its_lineage_commit_note
     assert noted == sorted([(sample_id_of(LEAKED[0]), f"{late} (bench@1:q2)"),
                             (sample_id_of(LEAKED[1]), f"{late} (bench@1:q3)")])
     assert rows.num_rows == 9 + 2  # every released row of the first try, and one noted row per contaminated sample
+
+
+def test_a_recorded_check_is_not_reused_once_an_eval_set_of_the_same_version_holds_other_items(tmp_path):
+    """The evalsets table made again (deleted by hand, the set added anew): 'bench@1' names other items now, so the
+    check recorded against the old bench@1 (its content digest) is not taken."""
+    import shutil
+
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    add_samples(lake, CLEAN + LEAKED, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "plain", allow_contamination="dev split")  # contaminated: never reused
+    add_samples(lake, OTHER, "s3://bucket/b.jsonl", table="other", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "clean", table="other")
+    scanned: list[int] = []
+
+    def progress(stage, done, total):
+        if stage == "eval-set check":
+            scanned.append(done)
+
+    merge_releases(lake, "mix", sources=["clean"], progress=progress)
+    assert scanned == []
+    shutil.rmtree(lake.table_uri("evalsets"))
+    add_evalset(lake, "bench", write_evalset(tmp_path / "other.jsonl", items=[(
+        "z1", "a question about harbours, ships and the tides of the northern sea in a second corpus", "tides")]))
+    assert [f"{s.name}@{s.version}" for s in list_evalsets(lake)] == ["bench@1"]
+    again = merge_releases(lake, "mix2", sources=["clean"], progress=progress)
+    assert scanned[-1] == 3 and "recorded_by" not in again.details["contamination"]["releases"]["clean"]
+    merged = merge_releases(lake, "mix3", sources=["plain"], allow_contamination="dev split", progress=progress)
+    assert scanned[-1] == 6 and merged.details["contamination"]["contaminated"] == 0  # 'plain' read again
