@@ -8,9 +8,14 @@ import time
 from pathlib import Path
 
 HOLD_S = 60.0  # how long a healthy task runs: far longer than a pass that cancels it takes to return
+# How long the failing task waits for another task to start (it raises as soon as one does): only a guard against an
+# engine that runs one task at a time. A pass right after a failed one waits for Ray to start fresh workers (the
+# failed pass's were killed): measured 0-18.9 s at load ~10 on 2 cores, and a 20 s wait expired once there ("no task
+# ran beside the failing one"); a loaded CI machine may take longer still.
+START_WAIT_S = 120.0
 
 
-def fail_once_running(folder: str, task: int, *, failing: int = 0, wait_s: float = 60.0) -> None:
+def fail_once_running(folder: str, task: int, *, failing: int = 0, wait_s: float = START_WAIT_S) -> None:
     """Task ``failing`` raises ``ValueError("task N fails")`` once another task runs (or after ``wait_s``); every
     other task holds ``lock-N`` for ``HOLD_S`` and then leaves ``finished-N``."""
     if task == failing:

@@ -19,7 +19,7 @@ import pytest
 from datahub.engines.sink import Sink
 from datahub.operator import BatchOperator, register
 from tests.engines.conftest import spark_engine  # noqa: F401  (the session Spark fixture)
-from tests.engines.task_locks import assert_stopped, fail_once_running
+from tests.engines.task_locks import START_WAIT_S, assert_stopped, fail_once_running
 
 ROUTED = pa.schema([("group", pa.int64()), ("value", pa.int64())])
 
@@ -46,7 +46,7 @@ class _GroupSink(Sink[int, list]):
     def write(self, batches: Iterable[pa.Table]) -> int:
         group = int(pa.concat_tables(list(batches))["group"][0].as_py())
         if self.folder is not None:
-            fail_once_running(self.folder, group, wait_s=20)  # Spark may hand one worker two groups
+            fail_once_running(self.folder, group)  # Spark may hand one worker two groups: it waits for the other's
         return group
 
     def commit(self, results: list) -> list:
@@ -157,7 +157,7 @@ class _FileSink(Sink[list, list]):
     def write(self, batches: Iterable[pa.Table]) -> list:
         files = pa.concat_tables(list(batches))["file"].to_pylist()
         for file in files:
-            fail_once_running(self.folder, file, wait_s=20)
+            fail_once_running(self.folder, file)
         return files
 
     def commit(self, results: list) -> list:
@@ -228,7 +228,7 @@ def test_a_ray_read_its_consumer_stops_leaves_no_task_running(tmp_path: Path, ra
     end before ``close`` returns. (Ray Data hands out the first batch once three blocks are in: files 0, 1, 2.)"""
     batches = ray_engine.read_files([0, 1, 2, 3, 4], _Holds(str(tmp_path))).iter_batches()
     assert next(batches)["file"].to_pylist() in ([0], [1], [2])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + START_WAIT_S
     while not list(tmp_path.glob("running-*")) and time.monotonic() < deadline:
         time.sleep(0.02)
     batches.close()
@@ -316,7 +316,7 @@ class _OnceReadsRun:
         batches = self.frame.iter_batches()
         try:
             for batch in batches:
-                deadline = time.monotonic() + 30
+                deadline = time.monotonic() + START_WAIT_S
                 while not list(self.folder.glob("running-*")) and time.monotonic() < deadline:
                     time.sleep(0.02)
                 yield batch

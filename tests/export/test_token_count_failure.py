@@ -17,7 +17,7 @@ from datahub.errors import IntegrityError
 from datahub.export.source import TableSource
 from datahub.export.tokens import LoadedTokenizer, export_table_tokens, load_tokenizer
 from datahub.lake import Lake
-from tests.engines.task_locks import assert_stopped, fail_once_running
+from tests.engines.task_locks import START_WAIT_S, assert_stopped, fail_once_running
 from tests.export.helpers import cfs_storage
 from tests.export.test_tokens import train_tokenizer
 
@@ -36,7 +36,7 @@ class _LockingTokenizer(LoadedTokenizer):
     def encode(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         task = int(str(texts[0]).split()[1])
         if task == self.quick:  # neither fails nor holds a lock: returns once another task runs
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + START_WAIT_S
             while not any(Path(self.folder).glob("running-*")) and time.monotonic() < deadline:
                 time.sleep(0.02)
         else:

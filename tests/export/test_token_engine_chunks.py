@@ -280,7 +280,7 @@ class _FailingGroups(Sink[int, list]):
             if self.folder is not None:
                 from tests.engines.task_locks import fail_once_running
 
-                fail_once_running(self.folder, group, wait_s=20)  # Spark may hand one task two groups
+                fail_once_running(self.folder, group)  # Spark may hand one task two groups: it waits for the other's
         assert group is not None
         return group
 
