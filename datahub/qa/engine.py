@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,7 @@ from datahub.qa.validate import (
     PassPlan,
     Partial,
     aggregate_batches,
+    bounded_batch_rows,
     finish_pass,
     merge_partials,
     plan_pass,
@@ -114,6 +115,7 @@ def run_suites_on_ray(engine: Engine, lake: Lake, suites: list[Suite], *, table:
     counts = [fragment.count_rows() for fragment in fragments]  # Parquet footers: where each file's rows begin
     options = {"batch_rows": batch_rows} if batch_rows else {}
     plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=sum(counts), **options)
+    plan = replace(plan, batch_rows=bounded_batch_rows(fragments, plan.read, plan.batch_rows))
     starts = [sum(counts[:i]) for i in range(len(counts))]
     map_reduce = importlib.import_module("datahub.engines.ray.tasks").map_reduce
     partitions = max(1, workers or engine.parallelism)  # type: ignore[attr-defined]
@@ -137,7 +139,9 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     wanted = frozenset(c for c in sources if c in named) or frozenset(sorted(sources)[:1])
     read = tuple(sorted({s for c in wanted for s in sources[c]})) or (schema.names[0],)
     columns = validation_batch(schema.empty_table().select(list(read)), set(wanted)).schema
-    files = [fragment.path for fragment in dataset.get_fragments()]
+    fragments = list(dataset.get_fragments())
+    files = [fragment.path for fragment in fragments]
+    batch_rows = bounded_batch_rows(fragments, read, batch_rows)
     read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe
     jobs_ended_on_exit = importlib.import_module("datahub.engines.spark.jobs").jobs_ended_on_exit
     # GX catches a failed Spark job's error (the expectation gets an error entry, computed again locally): the

@@ -9,21 +9,43 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.close_names import did_you_mean
 from datahub.config.suites import Suite
 from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
-from datahub.close_names import did_you_mean
 from datahub.qa.aggregates import EXACT_TYPES, ID_COLUMN, ID_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
 from datahub.qa.posttraining import DERIVED, compute_derived, derived_columns
 
 BATCH_ROWS = 4096
+# Decoded bytes of the read columns one batch may hold, about: fewer rows a batch when rows are wide. 4,096 rows of
+# 5 KB texts (20 MB) keep 4,096 rows; trajectory segments of 1,024 steps (~250 KB of steps and as much text a row)
+# would make a 4,096-row batch ~2 GB, and a 1,000-row file's one batch peaked at 1.4 GB of RSS (bench_traj).
+BATCH_BYTES = 32 * 2**20
+
+
+def bounded_batch_rows(fragments: Iterable[Any], columns: Iterable[str], batch_rows: int) -> int:
+    """``batch_rows``, lowered so that a batch of ``columns`` holds about ``BATCH_BYTES``: rows are as wide as in the
+    widest row group of ``fragments`` (Parquet footers: uncompressed bytes of the columns' leaves per row)."""
+    wanted = set(columns)
+    widest = 0.0
+    for fragment in fragments:
+        metadata = fragment.metadata
+        for index in range(metadata.num_row_groups):
+            group = metadata.row_group(index)
+            if group.num_rows:
+                size = sum(group.column(i).total_uncompressed_size for i in range(group.num_columns)
+                           if group.column(i).path_in_schema.split(".", 1)[0] in wanted)
+                widest = max(widest, size / group.num_rows)
+    if not widest:
+        return batch_rows
+    return max(1, min(batch_rows, int(BATCH_BYTES // widest)))
 
 
 def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
@@ -222,10 +244,12 @@ def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int, 
                          ) -> list[tuple[bool, list[dict[str, Any]]]]:
     """Run ``suites`` over a ``pyarrow.dataset`` of Parquet files (``Lake.dataset``) in one pass of ``batch_rows``
     batches (``scan_batches``: no read-ahead, so a slow pass holds one batch), reading only the columns
-    they name; returns (success, entries) per suite, entries in the shape ``run_expectations`` gives.
+    they name (fewer rows a batch where rows are wide: ``bounded_batch_rows``); returns (success, entries) per
+    suite, entries in the shape ``run_expectations`` gives.
     ``progress("rows", done, total_rows)`` is called after each batch (a long pass is never silent)."""
     plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=total_rows, batch_rows=batch_rows)
-    batches: Iterable[pa.RecordBatch] = scan_batches(dataset, columns=list(plan.read), batch_rows=batch_rows)
+    plan = replace(plan, batch_rows=bounded_batch_rows(dataset.get_fragments(), plan.read, plan.batch_rows))
+    batches: Iterable[pa.RecordBatch] = scan_batches(dataset, columns=list(plan.read), batch_rows=plan.batch_rows)
     batches = counted(batches, progress, "rows", total=total_rows, rows=lambda batch: batch.num_rows)
     return finish_pass(plan, aggregate_batches(plan, batches))
 

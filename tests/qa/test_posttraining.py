@@ -313,3 +313,34 @@ def test_derived_columns_stream_in_batches_as_they_compute_on_the_whole_table(tm
 
     plan = plan_pass(table.schema, [load_suite("posttraining.v1")], total_rows=table.num_rows)
     assert set(plan.read) == {"messages", "chosen", "rejected", "steps", "step_offset", "episode_steps", "sample_id"}
+
+
+def test_wide_rows_are_read_in_fewer_rows_a_batch_with_the_same_verdicts(tmp_path, monkeypatch):
+    """A trajectory row can hold 1,024 steps and as much rendered text: the pass sizes its batches from the Parquet
+    footers (bytes of the read columns per row) so one batch holds about BATCH_BYTES, whatever rows a file has;
+    batch boundaries change no verdict."""
+    import datahub.qa.validate as validate
+    from datahub.qa import run_suites
+
+    lake = _build(tmp_path, "wide", chats=[*CHATS, EMPTY_ASSISTANT], pairs=[*PAIRS, SAME_PAIR],
+                  episodes=[*EPISODES, CUT_EPISODE], texts=TEXTS)
+    rows = lake.dataset("samples").count_rows()
+
+    def batches_seen() -> tuple[list[int], list]:
+        seen: list[int] = []
+        results = run_suites(lake, commit=False, progress=lambda stage, done, total: seen.append(done))
+        return seen, results
+
+    whole, expected = batches_seen()
+    assert whole[-1] == rows and len(set(whole) - {0}) == 1  # 4,096-row batches: one
+    monkeypatch.setattr(validate, "BATCH_BYTES", 1)  # one row a batch
+    narrow, got = batches_seen()
+    assert sorted(set(narrow) - {0}) == list(range(1, rows + 1))
+    assert [r.results for r in got] == [r.results for r in expected]
+    monkeypatch.setattr(validate, "BATCH_BYTES", 32 * 2**20)
+    fragments = list(lake.dataset("samples").get_fragments())
+    per_row = max(sum(g.column(i).total_uncompressed_size for i in range(g.num_columns)
+                      if g.column(i).path_in_schema.split(".")[0] in ("steps", "text")) / g.num_rows
+                  for f in fragments for g in (f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)))
+    assert validate.bounded_batch_rows(fragments, ["steps", "text"], 10**9) == int(32 * 2**20 // per_row)
+    assert validate.bounded_batch_rows(fragments, ["steps", "text"], 4096) == 4096  # small rows keep 4,096
