@@ -56,14 +56,14 @@ from datahub.errors import IntegrityError, ReleaseError, SpecError
 from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
 from datahub.export.plan import (ORDER, BucketPlan, IdSample, KeyBuckets, SummaryPlan, bucket_count, checked_ids,
                                  export_ordering, index_reserve, member_bytes, order_hash, sort_buckets)
-from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_members, encoded_rows,
-                                    export_columns)
+from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_rows, export_columns,
+                                    member_data)
 from datahub.export.exported_lineage import refuse_other_export
 from datahub.export.scratch import EXPORT_PREFIX, scratch_dir, sweep_stale
 from datahub.export.source import TableSource
 from datahub.export.spill import BucketSpill, RecordSpill, bucket_bytes, buckets_allowed
 from datahub.shards.index import ShardIndex, index_member
-from datahub.shards.tar import BLOCK, RECORD, end_of_archive
+from datahub.shards.tar import BLOCK, RECORD, end_of_archive, header_blocks
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, hashing_thread, shard_name
 from datahub.export.exported_lineage import commit_shard_index
 from datahub.lake.lake import Lake
@@ -478,10 +478,11 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
                 raise IntegrityError(f"{where}: more rows on the second read than the {rows} of the first; the table "
                                      "version changed underneath? re-run the export")
             ids = batch.column(KEY_COLUMN).cast(pa.string())
-            members, kinds, member_sizes = encoded_members(batch)
+            data, kinds, member_sizes = member_data(batch)  # spilled without headers and padding
+            shard_sizes = _member_spans(member_sizes).sum(axis=1)
             if buckets is None:
                 extensions = kinds
-                count_buckets = bucket_count(rows, bytes_per_row=members.nbytes // count,
+                count_buckets = bucket_count(rows, bytes_per_row=int(shard_sizes.sum()) // count,
                                              bucket_bytes=bucket_bytes(settings["shard_size"]),
                                              max_buckets=buckets_allowed(), bucket_rows=bucket_rows)
                 buckets = KeyBuckets.by_hash(count_buckets) if sample is None else \
@@ -492,11 +493,14 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
                                      f"({list(kinds)} vs {list(extensions or ())}); re-run the export")
             hashes = order_hash(ids, seed) if seed is not None else None
             bucket = buckets.of(ids, hashes)
-            offsets, sizes = spill.add(bucket, members)
+            offsets, spilled = spill.add(bucket, data)
+            if not np.array_equal(spilled, np.maximum(member_sizes, 0).sum(axis=1)):
+                raise IntegrityError(f"{where}: rows spilled other bytes than their members hold; re-run the export")
             columns: dict[str, Any] = {KEY_COLUMN: ids}
             if hashes is not None:
                 columns["order_hash"] = pa.array(hashes, pa.uint64())
-            columns["offset"], columns["size"] = pa.array(offsets, pa.int64()), pa.array(sizes, pa.int64())
+            # offset: where the row's member data lie in its spill bucket; size: the bytes it takes in a shard
+            columns["offset"], columns["size"] = pa.array(offsets, pa.int64()), pa.array(shard_sizes, pa.int64())
             for number in range(len(kinds)):
                 columns[f"m{number}"] = pa.array(member_sizes[:, number], pa.int64())
             records.add(bucket, pa.table(columns))
@@ -613,6 +617,7 @@ def _build_shards(local: _LocalRows, writer: ShardWriter, todo: list[int], *, bu
         elif len(ring[slot]) < capacity:  # with room to spare: shards of one size differ by a few KB
             ring[slot] = mmap.mmap(-1, capacity + capacity // 16, flags=mmap.MAP_PRIVATE)
         view = memoryview(ring[slot])
+        blocks = np.frombuffer(ring[slot], dtype=np.uint8, count=len(ring[slot]) // BLOCK * BLOCK).reshape(-1, BLOCK)
         keys: list[str] = []
         member_sizes: list[np.ndarray] = []
         place = 0
@@ -621,12 +626,14 @@ def _build_shards(local: _LocalRows, writer: ShardWriter, todo: list[int], *, bu
             places = place + np.cumsum(sizes) - sizes
             if place + int(sizes.sum()) > members:
                 raise IntegrityError(f"{name}: the spill holds more bytes than the plan; re-run the export")
-            spill.gather(bucket, np.asarray(rows.column("offset"), dtype=np.int64), sizes, places, view)
+            data = np.column_stack([np.asarray(rows.column(f"m{n}"), dtype=np.int64)
+                                    for n in range(len(plan.extensions))]) \
+                if plan.extensions else np.zeros((rows.num_rows, 0), dtype=np.int64)
+            _frame_rows(spill, bucket, np.asarray(rows.column("offset"), dtype=np.int64), data, sizes, places,
+                        rows.column(KEY_COLUMN), plan.extensions, view, blocks, where=name)
             place += int(sizes.sum())
             keys.extend(rows.column(KEY_COLUMN).to_pylist())
-            member_sizes.append(np.column_stack([np.asarray(rows.column(f"m{n}"), dtype=np.int64)
-                                                 for n in range(len(plan.extensions))])
-                                if plan.extensions else np.zeros((rows.num_rows, 0), dtype=np.int64))
+            member_sizes.append(data)
         if place != members:
             raise IntegrityError(f"{name}: the spill gave back fewer bytes than the plan holds; re-run the export")
         while released < plan.buckets and plan.bucket_starts[released + 1] <= needed[turn]:
@@ -640,7 +647,41 @@ def _build_shards(local: _LocalRows, writer: ShardWriter, todo: list[int], *, bu
         closing = end_of_archive(end)
         view[end:end + len(closing)] = closing
         yield _Built(index, view[:end + len(closing)])
-        del view
+        del view, blocks
+
+
+def _member_spans(sizes: np.ndarray) -> np.ndarray:
+    """Bytes each member takes in a shard (rows x extensions; data bytes in, -1 for no member): its header, data
+    and padding to the next block, 0 for no member."""
+    data = np.maximum(sizes, 0)
+    return np.where(sizes >= 0, BLOCK + data + (-data % BLOCK), 0)
+
+
+def _frame_rows(spill: BucketSpill, bucket: int, offsets: np.ndarray, sizes: np.ndarray, row_bytes: np.ndarray,
+                places: np.ndarray, keys: pa.ChunkedArray | pa.Array, extensions: tuple[str, ...], view: memoryview,
+                blocks: np.ndarray, *, where: str) -> None:
+    """Rows of one spill bucket into a shard's buffer as tar members: each member's data (spilled back to back
+    without headers, from the row's ``offsets``; ``sizes``: rows x extensions, -1 for no member) read to its place,
+    its header (``header_blocks``) and its zero padding written by 512-byte block (``blocks``: the buffer by block;
+    every member starts at a block boundary, ``places`` are the rows' places in the shard). The same bytes as the
+    rows' ``encoded_members``; every byte of the rows' span is written (the buffer is reused)."""
+    spans = _member_spans(sizes)
+    if not np.array_equal(spans.sum(axis=1), row_bytes):
+        raise IntegrityError(f"{where}: the plan's member sizes do not add up to its rows' sizes; re-run the export")
+    data = np.maximum(sizes, 0)
+    heads = places[:, None] + np.cumsum(spans, axis=1) - spans  # each member's header, in the shard
+    sources = offsets[:, None] + np.cumsum(data, axis=1) - data  # its data, in the bucket's file
+    padded = (sizes > 0) & (data % BLOCK != 0)
+    blocks[(heads[padded] + BLOCK + data[padded]) // BLOCK] = 0  # the last data block: zeros past the data
+    for column, extension in enumerate(extensions):
+        present = sizes[:, column] >= 0
+        if not present.any():
+            continue
+        chosen = keys if present.all() else keys.filter(pa.array(present))
+        names = pc.binary_join_element_wise(chosen, pa.scalar(f".{extension}"), "")
+        blocks[heads[present, column] // BLOCK] = header_blocks(names, data[present, column])
+    present = sizes >= 0
+    spill.gather(bucket, sources[present], data[present], heads[present] + BLOCK, view)
 
 
 def _write_shards(built: Iterator[_Built], writer: ShardWriter, *, upload_workers: int = 1) -> Iterator[ShardDone]:

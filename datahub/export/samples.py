@@ -356,23 +356,13 @@ def _encode_tar(table: pa.Table, *, batch_rows: int) -> Iterator[tuple[pa.Array,
     member (-1 where the row has none)."""
     from datahub.shards.tar import member_blocks, zero_padding
 
-    binary = binary_columns(table.schema)
-    media = {c for spec in _member_kinds(table.schema) for c in spec.member_columns}
-    json_columns = [c for c in table.column_names if c != TEXT_COLUMN and c not in binary and c not in media]
+    columns = _member_columns(table.schema)
     empty = pa.scalar(b"", pa.large_binary())
     for batch in table.to_batches(max_chunksize=batch_rows):
-        n = batch.num_rows
         keys = batch.column(KEY_COLUMN)
-        if TEXT_COLUMN in batch.column_names:
-            txt = pc.cast(pc.fill_null(batch.column(TEXT_COLUMN), ""), pa.large_binary())
-        else:
-            txt = pa.array([b""] * n, pa.large_binary())
-        members: list[tuple[str, pa.Array]] = [("txt", txt), ("json", json_records(batch, json_columns))]
-        members.extend(kind_members(batch))
-        members.extend((c, pc.cast(batch.column(c), pa.large_binary())) for c in binary)
         parts: list[pa.Array] = []
         layout: list[tuple[str, np.ndarray]] = []
-        for ext, data in members:
+        for ext, data in _members(batch, *columns):
             present = pc.is_valid(data)
             sizes = np.asarray(pc.fill_null(pc.binary_length(data), 0), dtype=np.int64)
             names = pc.binary_join_element_wise(keys, pa.scalar(f".{ext}"), "")
@@ -385,6 +375,46 @@ def _encode_tar(table: pa.Table, *, batch_rows: int) -> Iterator[tuple[pa.Array,
                 layout.append((ext, sizes))
             parts.extend((head, pc.fill_null(data, empty), pad))
         yield pc.binary_join_element_wise(*parts, empty), layout
+
+
+def _member_columns(schema: pa.Schema) -> tuple[list[str], list[str]]:
+    """The columns written as members of their own (binary columns) and those that make the ``.json`` member."""
+    binary = binary_columns(schema)
+    media = {c for spec in _member_kinds(schema) for c in spec.member_columns}
+    return binary, [c for c in schema.names if c != TEXT_COLUMN and c not in binary and c not in media]
+
+
+def _members(batch: pa.RecordBatch, binary: list[str], json_columns: list[str]) -> list[tuple[str, pa.Array]]:
+    """A batch's members in row order, (extension, data per row; null: no member): ``.txt``, ``.json``, the kinds'
+    media members, the binary columns."""
+    n = batch.num_rows
+    if TEXT_COLUMN in batch.column_names:
+        txt = pc.cast(pc.fill_null(batch.column(TEXT_COLUMN), ""), pa.large_binary())
+    else:
+        txt = pa.array([b""] * n, pa.large_binary())
+    members: list[tuple[str, pa.Array]] = [("txt", txt), ("json", json_records(batch, json_columns))]
+    members.extend(kind_members(batch))
+    members.extend((c, pc.cast(batch.column(c), pa.large_binary())) for c in binary)
+    return members
+
+
+def member_data(batch: pa.RecordBatch | pa.Table) -> tuple[list[pa.LargeBinaryArray], tuple[str, ...], np.ndarray]:
+    """Every row's member data without tar headers or padding, one large_binary array per member kind in row order
+    (``.txt`` from the batch's text buffer as it is; a null value: no member), the members' extensions (the same for
+    every batch of one schema) and their data bytes per row (rows x extensions, int64; -1 where a row has no such
+    member). What an export in one process spills, a row's values back to back (``BucketSpill.add``): the headers
+    and padding (~20% of a shard's bytes for ~5 KB texts) are made when the shard is built
+    (``datahub.shards.tar.header_blocks``), from these sizes and the keys: the same bytes as ``encoded_members``."""
+    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
+    columns = _member_columns(table.schema)
+    one = table.combine_chunks().to_batches()
+    if not one or not table.num_rows:
+        return [], (), np.zeros((0, 0), dtype=np.int64)
+    members = _members(one[0], *columns)
+    sizes = np.column_stack([np.where(np.asarray(pc.is_valid(data)),
+                                      np.asarray(pc.fill_null(pc.binary_length(data), 0), dtype=np.int64), -1)
+                             for _, data in members])
+    return [data for _, data in members], tuple(ext for ext, _ in members), sizes
 
 
 def encoded_rows(batch: pa.RecordBatch | pa.Table) -> pa.LargeBinaryArray:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import resource
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -132,40 +133,57 @@ class BucketSpill:
                      for b in range(buckets)]
         self._ends = [0] * buckets
 
-    def add(self, buckets: np.ndarray, members: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of one batch: their buckets (int64) and encoded members (large_binary, no nulls); returns each row's
-        offset in its bucket's file and its bytes (int64, in the batch's order)."""
-        count = len(members)
+    def add(self, buckets: np.ndarray, members: pa.Array | Sequence[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of one batch: their buckets (int64) and their bytes, as one large_binary array (no nulls) or as
+        several aligned ones (a row's bytes are its values back to back, a null adds none: an export's member data,
+        column by column, written from the batch's own buffers without joining them first); returns each row's offset
+        in its bucket's file and its bytes (int64, in the batch's order)."""
+        parts = [members] if isinstance(members, pa.Array) else list(members)
+        count = len(parts[0]) if parts else 0
         if not count:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         order = np.argsort(buckets, kind="stable")  # by bucket, read order within one
         sorted_buckets = np.asarray(buckets, dtype=np.int64)[order]
-        offsets = np.frombuffer(members.buffers()[1], dtype=np.int64)[members.offset:members.offset + count + 1]
-        row_sizes = np.diff(offsets)
-        starts, sizes = offsets[:-1][order], row_sizes[order]
-        data = members.buffers()[2]
-        view = memoryview(data) if data is not None else memoryview(b"")
+        starts = np.empty((count, len(parts)), dtype=np.int64)  # per row (in bucket order) and part
+        sizes = np.empty((count, len(parts)), dtype=np.int64)
+        views: list[memoryview] = []
+        for column, part in enumerate(parts):
+            offsets = np.frombuffer(part.buffers()[1], dtype=np.int64)[part.offset:part.offset + count + 1]
+            lengths = np.diff(offsets)
+            if part.null_count:
+                lengths = np.where(np.asarray(part.is_valid()), lengths, 0)
+            starts[:, column], sizes[:, column] = offsets[:-1][order], lengths[order]
+            data = part.buffers()[2]
+            views.append(memoryview(data) if data is not None else memoryview(b""))
+        row_sizes = sizes.sum(axis=1)  # in bucket order
         cuts = np.flatnonzero(sorted_buckets[1:] != sorted_buckets[:-1]) + 1
         firsts, lasts = np.concatenate([[0], cuts]), np.concatenate([cuts, [count]])
         ends = np.asarray(self._ends, dtype=np.int64)
-        within = np.cumsum(sizes) - sizes
+        within = np.cumsum(row_sizes) - row_sizes
         placed = within - np.repeat(within[firsts], lasts - firsts) + \
             np.repeat(ends[sorted_buckets[firsts]], lasts - firsts)
         places = np.empty(count, dtype=np.int64)
         places[order] = placed
-        slices = [view[o:o + n] for o, n in zip(starts.tolist(), sizes.tolist())]
+        bytes_of = np.empty(count, dtype=np.int64)
+        bytes_of[order] = row_sizes
+        # the rows' values as slices of the batch's buffers (empty ones left out), row after row in bucket order
+        kept = sizes.reshape(-1) > 0
+        columns = np.tile(np.arange(len(parts)), count)[kept].tolist()
+        slices = [views[c][o:o + n] for c, o, n in zip(columns, starts.reshape(-1)[kept].tolist(),
+                                                         sizes.reshape(-1)[kept].tolist())]
+        slice_ends = np.concatenate([[0], np.cumsum((sizes > 0).sum(axis=1))])  # per row: its slices end here
         jobs: list[tuple[int, list[memoryview], int]] = []
-        run_bytes = np.add.reduceat(sizes, firsts).tolist()
-        for first, last, bucket, written in zip(firsts.tolist(), lasts.tolist(), sorted_buckets[firsts].tolist(),
-                                                run_bytes):
-            if written:  # the rows' slices of the batch's buffer, written with one pwritev (no gathered copy)
+        run_bytes = np.add.reduceat(row_sizes, firsts).tolist()
+        for first, last, bucket, written in zip(slice_ends[firsts].tolist(), slice_ends[lasts].tolist(),
+                                                sorted_buckets[firsts].tolist(), run_bytes):
+            if written:  # the rows' slices of the batch's buffers, written with one pwritev (no gathered copy)
                 jobs.append((self._fds[bucket], slices[first:last], self._ends[bucket]))
                 self._ends[bucket] += written
         if jobs:  # one task per batch: a task per bucket cost ~25 us each of the main thread
             self._pending.append(self._writer.submit(_write_jobs, jobs))
         while len(self._pending) > 2:  # about two batches wait for the disk
             self._pending.popleft().result()
-        return places, row_sizes.astype(np.int64, copy=False)
+        return places, bytes_of
 
     def finish(self) -> None:
         """Wait for the appends and removals queued so far (raises the first failed one)."""

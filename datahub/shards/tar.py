@@ -108,6 +108,14 @@ def member_blocks(names: pa.Array, sizes: np.ndarray) -> pa.Array:
 
     Same bytes as :func:`header` (tests compare them); one numpy pass instead of a Python call per member.
     """
+    blocks = header_blocks(names, sizes)
+    value_offsets = np.arange(len(blocks) + 1, dtype=np.int64) * BLOCK
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(blocks), [None, pa.py_buffer(value_offsets),
+                                                                             pa.py_buffer(blocks.reshape(-1))])
+
+
+def header_blocks(names: pa.Array, sizes: np.ndarray) -> np.ndarray:
+    """``member_blocks`` as a numpy array of members x 512 bytes (uint8), to be copied into a shard by block."""
     import pyarrow.compute as pc
 
     n = len(names)
@@ -134,9 +142,11 @@ def member_blocks(names: pa.Array, sizes: np.ndarray) -> pa.Array:
             first = int(np.flatnonzero(wrong)[0])
             header(names[first].as_py().decode("ascii", "replace"), int(sizes[first]))  # raises with the message
     blocks = np.broadcast_to(np.frombuffer(_TEMPLATE, dtype=np.uint8), (n, BLOCK)).copy()
-    # each name's bytes at the start of its block: flat positions (row * BLOCK + column)
-    starts = np.repeat(np.arange(n) * BLOCK - (offsets[:-1] - offsets[0]), lengths)
-    blocks.reshape(-1)[np.arange(len(chars)) + starts] = chars
+    if n and int(lengths.min()) == int(lengths.max()):  # names of one length (content-hash keys): a matrix copy
+        blocks[:, :int(lengths[0])] = chars.reshape(n, int(lengths[0]))
+    else:  # each name's bytes at the start of its block: flat positions (row * BLOCK + column)
+        starts = np.repeat(np.arange(n) * BLOCK - (offsets[:-1] - offsets[0]), lengths)
+        blocks.reshape(-1)[np.arange(len(chars)) + starts] = chars
     digits = ((sizes[:, None] >> (3 * np.arange(10, -1, -1))) & 7) + ord("0")  # 11 octal digits, then NUL
     blocks[:, 124:135] = digits
     blocks[:, 135] = 0
@@ -147,9 +157,7 @@ def member_blocks(names: pa.Array, sizes: np.ndarray) -> pa.Array:
     checksum = _TEMPLATE_SUM + name_sums + digits.sum(axis=1)
     blocks[:, 148:154] = ((checksum[:, None] >> (3 * np.arange(5, -1, -1))) & 7) + ord("0")
     blocks[:, 154], blocks[:, 155] = 0, ord(" ")
-    value_offsets = np.arange(n + 1, dtype=np.int64) * BLOCK
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(value_offsets),
-                                                                   pa.py_buffer(blocks.reshape(-1))])
+    return blocks
 
 
 def zero_padding(sizes: np.ndarray) -> pa.Array:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 
 import jsonschema
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from datahub.errors import IntegrityError, ReleaseError
@@ -412,3 +414,40 @@ def test_a_local_export_hashes_its_shards_on_one_thread_started_once(tmp_path, m
     for shard in manifest.shards:
         data = Path(shard.replicas["cfs"]).read_bytes()
         assert hashlib.sha256(data).hexdigest() == shard.sha256
+
+
+def test_a_local_export_spills_member_data_without_tar_headers_and_writes_the_reference_bytes(tmp_path,
+                                                                                              monkeypatch) -> None:
+    """The spill holds each row's member data alone (no 512-byte headers, no padding): the shard is framed as it is
+    built. Edge cases of the framing: empty and null texts, data of exactly a block, null and empty binary values,
+    rows from two data files, buffers reused across shards (one upload worker: two buffers for 12 shards)."""
+    from datahub.export.samples import encode, prepare
+    from datahub.export.spill import BucketSpill
+    from datahub.lake import Lake
+    from tests.export.test_pipeline import _reference_shards
+
+    lake = Lake(tmp_path / "lake")
+    lengths = [0, 1, 511, 512, 513, 1024, 1500, 3000]
+    for part in range(2):
+        table = samples_table(30, start=30 * part, with_binary=True)
+        texts = [None if i % 11 == 3 else "x" * lengths[i % len(lengths)] for i in range(30)]
+        images = [None if i % 5 == 0 else bytes([i]) * [0, 512, 1, 1000, 700][i % 5 - 1] for i in range(30)]
+        table = table.set_column(table.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
+        table = table.set_column(table.schema.get_field_index("png"), "png", pa.array(images, pa.binary()))
+        version = lake.commit("samples", table, txn=f"seed/{part}")
+    spilled = [0]
+    real_add = BucketSpill.add
+
+    def add(self, buckets, members):
+        for part in [members] if isinstance(members, pa.Array) else members:  # a null value adds no bytes
+            spilled[0] += int(pc.sum(pc.binary_length(part)).as_py() or 0)
+        return real_add(self, buckets, members)
+
+    monkeypatch.setattr(BucketSpill, "add", add)
+    manifest = _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs")), shard_samples=5, upload_workers=1)
+    whole = prepare(lake.read("samples", version=version), shuffle_seed=None, where="test")
+    assert spilled[0] == sum(len(data) for _, members in encode(whole) for _, data in members)
+    expected = _reference_shards(whole, shard_size=None, shard_samples=5)
+    assert len(manifest.shards) == 12
+    assert [Path(s.replicas["cfs"]).read_bytes() for s in manifest.shards] == expected
+
