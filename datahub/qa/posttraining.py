@@ -133,8 +133,9 @@ def _calls(array: pa.Array) -> pa.Array:
 
 def _empty_messages(lists: _Lists) -> np.ndarray:
     """Per message: content empty after trimming and no tool call."""
-    no_content = _bools(pc.equal(_trimmed(lists.field("content")), ""))
-    return no_content & _bools(pc.equal(_calls(lists.field("tool_calls")), ""))
+    content = lists.field("content")  # blank: null, empty or all whitespace (no trimmed copy of every content)
+    blank = ~_bools(pc.greater(pc.binary_length(content), 0)) | _bools(pc.utf8_is_space(content))
+    return blank & _bools(pc.equal(_calls(lists.field("tool_calls")), ""))
 
 
 @_derive("messages_turns", "chat", ("messages",), pa.int64())
