@@ -244,7 +244,7 @@ def test_qa_cli_runs_posttraining_by_default_and_shows_it_in_help_and_json(tmp_p
 
     runner = CliRunner()
     help_text = " ".join(runner.invoke(app, ["qa", "--help"], terminal_width=200).output.split())
-    assert "posttraining.v1" in help_text
+    assert "posttraining.v1" in help_text and "unexpected_sample_ids" in help_text
     missing = [name for name in DERIVED if name not in help_text]
     assert not missing, missing
     lake = _build(tmp_path, "cli", chats=CHATS, pairs=[*PAIRS, SAME_PAIR], texts=TEXTS)

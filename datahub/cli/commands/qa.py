@@ -48,6 +48,9 @@ def register(app: typer.Typer) -> None:
         messages_turns, steps_reward_nulls. Rows of other kinds are null
         there and not judged.
 
+        A failed row check names the sample_id of its first rows (--json:
+        unexpected_sample_ids, up to 20; not with --engine spark).
+
         Exit 1 when a suite fails (the version is then unreleasable), 2 on a usage error."""
         from datahub.cli.lake_option import open_lake
         from datahub.qa import run_suites
