@@ -252,3 +252,32 @@ def test_a_recorded_check_is_not_reused_once_an_eval_set_of_the_same_version_hol
     assert scanned[-1] == 3 and "recorded_by" not in again.details["contamination"]["releases"]["clean"]
     merged = merge_releases(lake, "mix3", sources=["plain"], allow_contamination="dev split", progress=progress)
     assert scanned[-1] == 6 and merged.details["contamination"]["contaminated"] == 0  # 'plain' read again
+
+
+def test_a_contaminated_check_recorded_with_allow_contamination_is_never_reused(tmp_path):
+    """A create that found contamination and was allowed recorded its check: a merge of that release without
+    --allow-contamination must scan it again and refuse, not take the recorded check (only clean checks count)."""
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    add_samples(lake, CLEAN + LEAKED, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "plain", allow_contamination="dev split")
+    assert get_release(lake, "plain").details["contamination"]["contaminated"] == 2
+    with pytest.raises(ReleaseError, match="'plain': 2 sample\\(s\\) .* overlap eval sets"):
+        merge_releases(lake, "mix", sources=["plain"])
+
+
+def test_a_clean_check_of_a_recreated_samples_table_at_the_same_version_and_row_count_is_not_reused(tmp_path):
+    """The samples table made again restarts its versions: a clean check of the old table at the same version and
+    row count is not taken for the new rows (the digest of sample ids differs), so the new table's overlap refuses."""
+    import shutil
+
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    add_samples(lake, CLEAN, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    old = create_release(lake, "old")
+    shutil.rmtree(lake.table_uri("samples"))  # made again: same versions, same row count, other rows
+    add_samples(lake, CLEAN[:2] + LEAKED, "s3://bucket/a.jsonl", run_id="job-cccccccccccc")
+    new = create_release(lake, "new", allow_contamination="dev split")
+    assert (new.table, new.version, new.row_count) == (old.table, old.version, old.row_count)
+    with pytest.raises(ReleaseError, match="'new': 2 sample\\(s\\) .* overlap eval sets"):
+        merge_releases(lake, "mix", sources=["new"])
