@@ -52,24 +52,31 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
     """Rows of ``table`` (at ``version``) per sample kind, a null kind counted as text (``kinds.names``), most
     first. A data file whose Delta statistics show one kind (min == max, with its null count: text) or only nulls
     is counted from the log; only the other files' ``kind`` column is read, a batch at a time (a count per distinct
-    kind is all that is held), so a table of files written per kind reads no data file."""
+    kind is all that is held), so a table of files written per kind reads no data file. A table with deletion vectors
+    is never counted from the log (its statistics count deleted rows): it is scanned, and the scan refuses it."""
     counts: dict[str, int] = {}
 
     def add(kind: str, rows: int) -> None:
         if rows:
             counts[kind] = counts.get(kind, 0) + rows
 
-    actions = pa.table(lake.table(table, version).get_add_actions(flatten=True))
+    delta_table = lake.table(table, version)
+    actions = pa.table(delta_table.get_add_actions(flatten=True))
 
     def column(name: str) -> list[Any]:
         return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
 
     partitioned = f"partition.{KIND_COLUMN}" in actions.column_names
+    # a file's numRecords and null counts include the rows its deletion vector deletes: such a table is read whole,
+    # and the scan refuses it as it did before these counts came from the log (pyarrow cannot apply the vectors)
+    deletion_vectors = _has_deletion_vectors(delta_table, actions)
     mixed: list[str] = []
     for path, rows, value, nulls, low, high in zip(
             column("path"), column("num_records"), column(f"partition.{KIND_COLUMN}"),
             column(f"null_count.{KIND_COLUMN}"), column(f"min.{KIND_COLUMN}"), column(f"max.{KIND_COLUMN}")):
-        if rows is not None and partitioned:  # one kind per file: its partition value
+        if deletion_vectors:
+            mixed.append(path)
+        elif rows is not None and partitioned:  # one kind per file: its partition value
             add(DEFAULT_KIND if value is None else str(value), rows)
         elif rows is not None and nulls is not None and (nulls == rows or _one_value(low, high)):
             add(DEFAULT_KIND, nulls)
@@ -81,7 +88,7 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
         dataset = lake.dataset(table, version)
         present = {fragment.path for fragment in dataset.get_fragments()}
         files: list[str] | None = [path if path in present else unquote(path) for path in mixed]
-        if not present.issuperset(files or []):  # the scan names a file otherwise than the log: read every file
+        if deletion_vectors or not present.issuperset(files or []):  # or the scan names a file otherwise than the log
             counts.clear()
             files = None
         for batch in scan_batches(dataset, columns=[KIND_COLUMN], batch_rows=KIND_BATCH_ROWS, files=files):
@@ -97,3 +104,12 @@ STATS_PREFIX_CHARS = 32  # writers may truncate string statistics to a prefix (S
 def _one_value(low: object, high: object) -> bool:
     """Whether a file's min and max show one value: equal strings shorter than any truncated statistic."""
     return isinstance(low, str) and low == high and len(low) < STATS_PREFIX_CHARS
+
+
+def _has_deletion_vectors(delta_table: Any, actions: pa.Table) -> bool:
+    """Whether rows of the table may be deleted by deletion vectors: its protocol has the reader feature, or an add
+    action carries a vector (a column deltalake may expose as ``deletionVector...``)."""
+    if "deletionVectors" in (delta_table.protocol().reader_features or []):
+        return True
+    return any("deletion" in name.lower() and actions.column(name).null_count < actions.num_rows
+               for name in actions.column_names)
