@@ -455,20 +455,26 @@ def _plan_pass(source: TableSource, settings: dict[str, Any], *, running: Engine
 def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: str | None, scope: ExitStack,
                   bucket_rows: int | None) -> tuple[BucketPlan, _LocalRows]:
     """An export in this process: a pass over ``sample_id`` (the row count; in id order a sample of the ids for the
-    buckets' splitters), then one read of every column: each row encoded once, its members appended to its key
-    bucket's spill file and its record (id, order hash, place, member sizes) to the bucket's records; then each
-    bucket is sorted on its own and the shards cut across them in order (``plan.sort_buckets``). The driver holds
-    a batch, one bucket's records and one entry per shard: not a thing per row of the release."""
+    buckets' splitters; a seeded export takes the count from the Delta log's statistics when they hold it,
+    ``TableSource.live_rows``, and makes no such pass), then one read of every column: each row encoded once, its
+    members appended to its key bucket's spill file and its record (id, order hash, place, member sizes) to the
+    bucket's records; then each bucket is sorted on its own and the shards cut across them in order
+    (``plan.sort_buckets``). The driver holds a batch, one bucket's records and one entry per shard: not a thing per
+    row of the release."""
     where = source.where
     seed = settings["shuffle_seed"]
     sample = IdSample() if seed is None else None
-    rows = 0
-    for batch in source.scan([KEY_COLUMN], batch_rows=65_536):
-        if batch.num_rows:
-            ids = checked_ids(batch.column(KEY_COLUMN), where=where)
-            rows += len(ids)
-            if sample is not None:
-                sample.add(ids)
+    # seeded: the buckets are ranges of the order hash, so only the row count is needed first, exact from the Delta
+    # log's file statistics when every file has them (the ids are then checked as they are read)
+    counted = source.live_rows() if seed is not None else None
+    rows = counted or 0
+    if counted is None:
+        for batch in source.scan([KEY_COLUMN], batch_rows=65_536):
+            if batch.num_rows:
+                ids = checked_ids(batch.column(KEY_COLUMN), where=where)
+                rows += len(ids)
+                if sample is not None:
+                    sample.add(ids)
     directory = scope.enter_context(scratch_dir(EXPORT_PREFIX, parent=spill_dir))
     scope.enter_context(_collector_paused())  # until the export's scope closes: its shards are built in it too
     spill = BucketSpill(directory)
@@ -483,9 +489,10 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
             if not count:
                 continue
             if read + count > rows:
-                raise IntegrityError(f"{where}: more rows on the second read than the {rows} of the first; the table "
+                raise IntegrityError(f"{where}: more rows read than the {rows} counted first; the table "
                                      "version changed underneath? re-run the export")
-            ids = batch.column(KEY_COLUMN).cast(pa.string())
+            ids = checked_ids(batch.column(KEY_COLUMN), where=where) if counted is not None else \
+                batch.column(KEY_COLUMN).cast(pa.string())
             data, kinds, member_sizes = member_data(batch)  # spilled without headers and padding
             shard_sizes = _member_spans(member_sizes).sum(axis=1)
             if buckets is None:
@@ -514,7 +521,7 @@ def _plan_buckets(source: TableSource, settings: dict[str, Any], *, spill_dir: s
             records.add(bucket, pa.table(columns))
             read += count
     if read != rows:
-        raise IntegrityError(f"{where}: {read} rows on the second read, {rows} on the first; re-run the export")
+        raise IntegrityError(f"{where}: {read} rows read, {rows} counted first; re-run the export")
     spill.finish()
     records.flush()
     plan = sort_buckets(records.read, buckets.count if buckets is not None else 0, directory=directory,

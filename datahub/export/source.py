@@ -47,6 +47,22 @@ class TableSource:
     def schema(self) -> pa.Schema:
         return pa.schema(self.dataset().schema)
 
+    def live_rows(self) -> int | None:
+        """The version's live rows from the Delta log's per-file statistics, exact without reading a data file:
+        ``numRecords`` summed, or with a ``_drop_reason`` column its null count summed (the rows not dropped); None
+        when a file lacks the statistic or has a deletion vector (then only a pass over the rows counts them)."""
+        actions = pa.table(self.lake.table(self.table, self.version).get_add_actions(flatten=True))
+        if not actions.num_rows:
+            return 0
+        if any("deletion" in name.lower() and actions.column(name).null_count < actions.num_rows
+               for name in actions.column_names):
+            return None
+        drop = f"null_count.{DROP_COLUMN}"
+        counted = drop if DROP_COLUMN in self.schema().names else "num_records"
+        if counted not in actions.column_names or actions.column(counted).null_count:
+            return None
+        return int(pc.sum(actions.column(counted)).as_py() or 0)
+
     def files(self) -> list[str]:
         """The version's data files (one engine task each)."""
         return [fragment.path for fragment in self.dataset().get_fragments()]

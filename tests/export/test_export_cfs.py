@@ -510,3 +510,41 @@ def test_the_lineage_rows_are_written_with_the_shards_and_committed_after_the_la
     assert "lineage commit" not in events and not failing.exists("lineage")
     assert not list(Path(failing.table_uri("lineage")).rglob("*.parquet"))
 
+
+def test_a_seeded_export_counts_its_rows_from_the_delta_log_and_reads_the_ids_once(tmp_path, monkeypatch) -> None:
+    """A seeded export's buckets are ranges of the order hash: only the row count is needed before the rows are
+    read, and the Delta log's file statistics give it exactly (live rows: the null count of ``_drop_reason``), so
+    no pass over ``sample_id`` is made; the shards are those of an export that counts them by a pass, and bad ids
+    are still refused."""
+    from datahub.export.source import TableSource
+    from datahub.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    first = samples_table(40)
+    lake.commit("samples", first.append_column("_drop_reason", pa.array([None] * 40, pa.string())), txn="a")
+    second = samples_table(30, start=40)
+    version = lake.commit("samples", second.append_column(
+        "_drop_reason", pa.array(["dup" if i % 3 == 0 else None for i in range(30)], pa.string())), txn="b")
+    assert TableSource(lake, "samples", version).live_rows() == 60
+    scans: list[list[str]] = []
+    real_scan = TableSource.scan
+
+    def scan(self, columns, **kwargs):
+        scans.append(list(columns))
+        return real_scan(self, columns, **kwargs)
+
+    monkeypatch.setattr(TableSource, "scan", scan)
+    manifest = _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs")), shard_samples=7, shuffle_seed=5)
+    assert ["sample_id"] not in scans and len(scans) == 1
+    assert manifest.num_samples == 60
+    monkeypatch.setattr(TableSource, "live_rows", lambda self: None)  # counted by a pass, as without statistics
+    counted = _export(lake, version, cfs_storage(("cfs", tmp_path / "cfs-pass")), shard_samples=7, shuffle_seed=5)
+    assert ["sample_id"] in scans
+    assert [s.sha256 for s in counted.shards] == [s.sha256 for s in manifest.shards]
+
+    monkeypatch.undo()
+    dots = Lake(tmp_path / "dots")
+    table = samples_table(5)
+    version = dots.commit("samples", table.set_column(0, "sample_id", pa.array(["a.b", "c", "d", "e", "f"])), txn="t")
+    with pytest.raises(IntegrityError, match="'a.b' is not a valid shard key"):
+        _export(dots, version, cfs_storage(("cfs", tmp_path / "cfs-dots")), shuffle_seed=5)
