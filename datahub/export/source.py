@@ -51,10 +51,13 @@ class TableSource:
         """The version's live rows from the Delta log's per-file statistics, exact without reading a data file:
         ``numRecords`` summed, or with a ``_drop_reason`` column its null count summed (the rows not dropped); None
         when a file lacks the statistic or has a deletion vector (then only a pass over the rows counts them)."""
-        actions = pa.table(self.lake.table(self.table, self.version).get_add_actions(flatten=True))
+        delta_table = self.lake.table(self.table, self.version)
+        actions = pa.table(delta_table.get_add_actions(flatten=True))
         if not actions.num_rows:
             return 0
-        if any("deletion" in name.lower() and actions.column(name).null_count < actions.num_rows
+        # a file's numRecords and null counts include the rows its deletion vector deletes (the protocol's reader
+        # feature, or an add action's ``deletionVector...`` columns)
+        if "deletionVectors" in (delta_table.protocol().reader_features or []) or any("deletion" in name.lower() and actions.column(name).null_count < actions.num_rows
                for name in actions.column_names):
             return None
         drop = f"null_count.{DROP_COLUMN}"

@@ -526,6 +526,13 @@ def test_a_seeded_export_counts_its_rows_from_the_delta_log_and_reads_the_ids_on
     version = lake.commit("samples", second.append_column(
         "_drop_reason", pa.array(["dup" if i % 3 == 0 else None for i in range(30)], pa.string())), txn="b")
     assert TableSource(lake, "samples", version).live_rows() == 60
+    with monkeypatch.context() as patched:  # a table with deletion vectors: its statistics count deleted rows
+        from types import SimpleNamespace
+
+        from deltalake import DeltaTable
+
+        patched.setattr(DeltaTable, "protocol", lambda self: SimpleNamespace(reader_features=["deletionVectors"]))
+        assert TableSource(lake, "samples", version).live_rows() is None
     scans: list[list[str]] = []
     real_scan = TableSource.scan
 
