@@ -19,6 +19,7 @@ from datahub.errors import SpecError
 from datahub.lake.external_sort import SortedRuns
 from datahub.evalset.registry import list_evalsets
 from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
 from datahub.lake.tables import not_of_samples
 from operators.decontam.evalsets import load_index
 from operators.decontam.ngrams import DEFAULT_NGRAM, NgramIndex
@@ -100,10 +101,9 @@ def _scan(lake: Lake, table: str, version: int, index: NgramIndex, min_overlap: 
     """The rows of ``table`` at ``version`` read (``sample_id`` and ``text``, a batch at a time); each batch's
     contaminated samples to ``found`` (``HITS``, null ids left out)."""
     rows = 0
-    scanner = lake.dataset(table, version).scanner(columns=["sample_id", "text"], batch_size=batch_rows)
-    for batch in scanner.to_batches():
-        if not batch.num_rows:
-            continue
+    # scan_batches, not Dataset.scanner(): the matching is slower than decoding, and the scanner's read-ahead queued
+    # decoded batches (220 MB of Arrow on 120 MB of text vs 28 MB; lake/scan.py)
+    for batch in scan_batches(lake.dataset(table, version), columns=["sample_id", "text"], batch_rows=batch_rows):
         rows += batch.num_rows
         matches = index.match(batch.column("text"))
         hit = np.flatnonzero(matches.counts >= min_overlap)
