@@ -26,20 +26,29 @@ READ_BUFFER_BYTES = 4 * 2**20
 
 
 def scan_batches(dataset: Any, *, columns: Sequence[str] | None = None, batch_rows: int = BATCH_ROWS,
-                 files: Iterable[str] | None = None) -> Iterator[pa.RecordBatch]:
+                 files: Iterable[str] | None = None, values_in: tuple[str, Sequence[Any]] | None = None
+                 ) -> Iterator[pa.RecordBatch]:
     """The rows of ``dataset`` (a ``pyarrow.dataset.FileSystemDataset`` of Parquet files, e.g. ``Lake.dataset``),
     ``columns`` only (default all), ``batch_rows`` at a time, in the dataset's schema (columns a file lacks are
-    null; partition columns come from each file's partition values). ``files``: only these data files' rows."""
+    null; partition columns come from each file's partition values). ``files``: only these data files' rows.
+    ``values_in=(column, values)``: only rows whose ``column`` (a stored column) is one of ``values``; row groups
+    whose min/max statistics of it exclude every value are not read (a lookup by sample_id in a table ordered by
+    it reads one row group per file), and each batch read is filtered at once (batches may be empty)."""
+    import pyarrow.compute as pc
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
     schema = pa.schema(dataset.schema)
     names = list(columns) if columns is not None else schema.names
     missing = [c for c in names if c not in schema.names]
+    if values_in is not None and values_in[0] not in schema.names:
+        missing.append(values_in[0])
     if missing:
         raise KeyError(f"columns {missing} are not in the table (columns: {', '.join(schema.names)})")
     wanted = pa.schema([schema.field(c) for c in names])
     only = set(files) if files is not None else None
+    key, keys = (values_in[0], sorted(set(values_in[1]))) if values_in is not None else (None, [])
+    value_sets: dict[pa.DataType, pa.Array] = {}  # ``values`` in the type of the files' column (string or large)
     for fragment in dataset.get_fragments():
         if only is not None and fragment.path not in only:
             continue
@@ -47,16 +56,52 @@ def scan_batches(dataset: Any, *, columns: Sequence[str] | None = None, batch_ro
         with pq.ParquetFile(fragment.path, filesystem=dataset.filesystem, buffer_size=READ_BUFFER_BYTES,
                             pre_buffer=False) as parquet:
             present = [c for c in names if c in parquet.schema_arrow.names]
+            row_groups = None
+            if key is not None:
+                if key not in parquet.schema_arrow.names:  # null in this file: no value matches
+                    continue
+                row_groups = _row_groups_with(parquet.metadata, key, keys)
+                if not row_groups:
+                    continue
             if not present:  # e.g. only partition columns asked for: the row count is in the footer
-                yield from _constant_batches(parquet.metadata.num_rows, wanted, constants, batch_rows)
-                continue
-            for batch in parquet.iter_batches(batch_size=batch_rows, columns=present):
+                if key is None:
+                    yield from _constant_batches(parquet.metadata.num_rows, wanted, constants, batch_rows)
+                    continue
+                present = [key]  # read to filter by, dropped below
+            read = present if key is None or key in present else [*present, key]
+            for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=read):
+                if key is not None:
+                    column = batch.column(key)
+                    if column.type not in value_sets:
+                        value_sets[column.type] = pa.array(keys, column.type)
+                    batch = batch.filter(pc.is_in(column, value_set=value_sets[column.type]))
                 table = pa.Table.from_batches([batch])
                 for name, value in constants.items():
                     if name in names and name not in table.column_names:
                         table = table.append_column(name, pa.repeat(pa.scalar(value), table.num_rows))
                 for out in conform(table, wanted).combine_chunks().to_batches():
                     yield out
+
+
+def _row_groups_with(metadata: Any, column: str, values: list[Any]) -> list[int]:
+    """The row groups of a Parquet file whose min/max statistics of ``column`` may hold one of ``values`` (sorted);
+    a row group without such statistics is kept."""
+    from bisect import bisect_left
+
+    index = next((i for i in range(metadata.num_columns) if metadata.schema.column(i).path == column), None)
+    kept = []
+    for group in range(metadata.num_row_groups):
+        statistics = metadata.row_group(group).column(index).statistics if index is not None else None
+        if statistics is None or not statistics.has_min_max:
+            kept.append(group)
+            continue
+        try:
+            first = bisect_left(values, statistics.min)
+            if first < len(values) and values[first] <= statistics.max:
+                kept.append(group)
+        except TypeError:  # statistics of another type than the values (e.g. bytes): read it
+            kept.append(group)
+    return kept
 
 
 def _constant_batches(rows: int, schema: pa.Schema, constants: dict[str, Any], batch_rows: int
