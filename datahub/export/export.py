@@ -38,7 +38,7 @@ import mmap
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -65,7 +65,7 @@ from datahub.export.spill import BucketSpill, RecordSpill, bucket_bytes, buckets
 from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive, header_blocks
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, hashing_thread, shard_name
-from datahub.export.exported_lineage import commit_shard_index, shard_index_ahead
+from datahub.export.exported_lineage import shard_index_ahead
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.progress import Progress
@@ -812,14 +812,6 @@ class _Journal:
         stops another export or a tier apply of this release and tier from running meanwhile)."""
         self.tier.delete(self.dir.rsplit("/", 1)[0], recursive=True)
         self.tier.sweep_partials(self.tier.uri(self.release), older_than=STALE_PARTIAL_S)
-
-
-def commit_export_lineage(lake: Lake, release: str, tier: Tier, shards: list[ShardDone],
-                          ids_of: Callable[[ShardDone], pa.Array], export_key: str) -> None:
-    """The shard index as ``exported`` lineage events, one commit (txn ``export/{release}/{tier}``), streamed
-    shard by shard (``ids_of`` gives a shard's sample ids in shard order)."""
-    commit_shard_index(lake, release, tier, ((shard.name, ids_of(shard)) for shard in shards), op=EXPORT_OP,
-                       params_hash=export_key)
 
 
 def _content_digest(id_chunks: Iterable[pa.Array], table: str, version: int) -> str:
