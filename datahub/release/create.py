@@ -14,7 +14,7 @@ from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.tables import not_of_samples
 from datahub.progress import Progress
-from datahub.release.freeze import committed_params, freeze, history_runs, logged_rows, refuse_taken
+from datahub.release.freeze import check_key, committed_params, freeze, history_runs, logged_rows, refuse_taken
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, release_exists
 from datahub.release.exclude import exclude_redacted
@@ -106,6 +106,7 @@ def create_release(
                       qa_status=verdict.status, creator=creator, details=details,
                       released_notes=notes.merged() if allowed is not None else None,
                       allow_contamination=allow_contamination,
+                      contamination_check=check_key(found.evalset_digests, found.ngram),
                       extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
 
 

@@ -11,6 +11,7 @@ record would describe other rows than the committed ones.
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 from datetime import datetime, timezone
 from collections.abc import Callable, Iterable, Iterator
@@ -326,6 +327,7 @@ def freeze(
     released_reason_of: Callable[[pa.Array], pa.Array] | None = None,
     released_notes: Iterable[pa.Table] | None = None,
     allow_contamination: str | None = None,
+    contamination_check: str | None = None,
     params: dict[str, Any] | None = None,
     fix: str = "",
     progress: Progress | None = None,
@@ -340,7 +342,9 @@ def freeze(
     ``SortedRuns.merged()``), read once along the released ids: a released row of such an id gets the note in its
     reason (``REASON; NOTE``, or the note alone), e.g. an allowed eval-set contamination (``allow_contamination``,
     recorded with the lineage commit: when an earlier try committed the lineage without it, as an eval set registered
-    since then overlaps now, the notes go to the lineage in a commit of their own, ``_late_notes``).
+    since then overlaps now, the notes go to the lineage in a commit of their own, ``_late_notes``, one per
+    ``contamination_check``: the ``check_key`` of the eval-set check that found them, so samples a check of eval sets
+    changed since an earlier try finds are noted too).
     ``extra_lineage`` (e.g. ``dropped`` rows) is merged in by sample_id: a table (sorted here), or a stream of
     tables or record batches already sorted by sample_id (e.g. ``SortedRuns.merged()`` over spilled rows), read
     once, a chunk's share at a time. ``params`` (the command's arguments) are recorded with the lineage commit
@@ -368,13 +372,17 @@ def freeze(
         refuse_other_try(lake, name, "lineage", frozen, fix=fix)  # allow_contamination is compared below
         notes = iter(released_notes) if released_notes is not None else None
         frozen[_ALLOWED] = allow_contamination if notes is not None else None  # what the lineage's notes say
+        frozen[_CHECK] = contamination_check if notes is not None else None  # the check they come from
         first = committed_params(lake, "lineage", name)
         written = _written_allowance(lake, name, first)
         if written is not None and written != allow_contamination:
             _refuse_other_allowance(name, written, allow_contamination)
         if first is not None:
-            if written is None and notes is not None:  # the first try's released rows lack the notes
-                _late_notes(lake, name, released, runs.merged(), notes, allow_contamination, ts)
+            if notes is not None and not _check_noted(lake, name, first, contamination_check):
+                # the first try's released rows lack the notes of this check (it found nothing then, or its eval
+                # sets have changed since, and may overlap other samples now)
+                _late_notes(lake, name, released, runs.merged(), notes, allow_contamination, contamination_check,
+                            ts)
         elif released.ids or extra is not None:
             chunks = _lineage_chunks(name, released, runs.merged(), ts, extra, notes)
             commit_rows(lake, "lineage", counted(chunks, progress, "lineage", total=None, rows=len),
@@ -408,23 +416,42 @@ def freeze(
 
 
 _ALLOWED = "allow_contamination"  # in the lineage commit's params: the reason its released notes give, or None
+_CHECK = "contamination_check"  # ... and the ``check_key`` of the eval-set check the notes come from
 NOTES_TXN_SUFFIX = "#contamination"  # the txn of the notes committed after the released rows (``_late_notes``)
+
+
+def check_key(evalset_digests: dict[str, str], ngram: int) -> str:
+    """What identifies an eval-set check of one frozen table: the checked eval sets' content digests and the n-gram
+    size (the contaminated samples follow from them)."""
+    text = json.dumps({"evalset_digests": evalset_digests, "ngram": ngram}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _notes_txn(name: str, check: str | None) -> str:
+    return release_txn(name) + NOTES_TXN_SUFFIX + (f"/{check}" if check else "")
+
+
+def _check_noted(lake: Lake, name: str, first: dict[str, Any], check: str | None) -> bool:
+    """Whether the lineage of release ``name`` already has the notes of eval-set check ``check``: in the released
+    rows (``first``, the lineage commit's params) or in a notes commit of that check."""
+    if first.get(_ALLOWED) is not None and first.get(_CHECK) == check:
+        return True
+    return lake.applied("lineage", _notes_txn(name, check))
 
 
 def _written_allowance(lake: Lake, name: str, first: dict[str, Any] | None) -> str | None:
     """The allowed contamination the lineage of release ``name`` already gives its samples (in the released rows'
-    reasons, or in the notes committed after them), or None."""
+    reasons, or in the notes of any check committed after them: each gives the same reason), or None."""
     if first is None:
         return None
     if first.get(_ALLOWED) is not None:
         return str(first[_ALLOWED])
-    txn = release_txn(name) + NOTES_TXN_SUFFIX
-    if not lake.applied("lineage", txn):
-        return None
+    prefix = release_txn(name) + NOTES_TXN_SUFFIX
     for entry in lake.history("lineage"):
-        if entry.get("datahub.txn") == txn:
+        if str(entry.get("datahub.txn") or "").startswith(prefix):
             recorded = json.loads(entry.get(PARAMS_KEY) or "{}").get(_ALLOWED)
-            return None if recorded is None else str(recorded)
+            if recorded is not None:
+                return str(recorded)
     return None
 
 
@@ -436,11 +463,12 @@ def _refuse_other_allowance(name: str, first: str, this: str | None) -> None:
 
 
 def _late_notes(lake: Lake, name: str, released: _Released, distinct: Iterator[pa.Table], notes: Iterator[pa.Table],
-                allowed: str | None, ts: datetime) -> None:
+                allowed: str | None, check: str | None, ts: datetime) -> None:
     """The notes of the released ids (``_noted``) as ``released`` lineage rows of their own, for a release whose
     lineage an earlier try committed without them (an eval set registered since overlaps it, and the re-run allows
     it): committed rows are never rewritten, so each contaminated sample gets a second ``released`` row of this
-    release that says why it went out. Committed once (txn ``release/NAME#contamination``, with the reason)."""
+    release that says why it went out. Committed once per eval-set check (txn ``release/NAME#contamination/CHECK``,
+    with the reason): a sample two checks find gets a row of each (lineage queries de-duplicate releases)."""
     cursor = _SortedRows(notes)
 
     def rows() -> Iterator[pa.Table]:
@@ -458,9 +486,9 @@ def _late_notes(lake: Lake, name: str, released: _Released, distinct: Iterator[p
                                    reason=reasons.filter(noted), ref=name, ts=ts, sort=False)
             current = following
 
-    commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=release_txn(name) + NOTES_TXN_SUFFIX,
+    commit_rows(lake, "lineage", rows(), schema=LINEAGE, txn=_notes_txn(name, check),
                 row_group_rows=LINEAGE_CHUNK_ROWS,
-                metadata={"datahub.release": name, PARAMS_KEY: params_text({_ALLOWED: allowed})})
+                metadata={"datahub.release": name, PARAMS_KEY: params_text({_ALLOWED: allowed, _CHECK: check})})
 
 
 def logged_rows(lake: Lake, table: str, version: int) -> int | None:

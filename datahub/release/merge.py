@@ -36,7 +36,8 @@ from datahub.lake.tables import LINEAGE
 from datahub.progress import Progress, counted
 from datahub.release.create import NOTES, no_notes, contamination_notes
 from datahub.release.digest import id_keys
-from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
+from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_try, refuse_taken,
+                                    release_txn)
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import (ROW, SOURCE_COLUMN, DedupMode, Duplicates, Inputs, RowCursor,
                                          exact_duplicates, near_duplicates)
@@ -309,13 +310,22 @@ def _merged(lake: Lake, new: str, parents: list[Release], params: dict[str, Any]
             lake, new, table=table, version=version, kind="merge", qa_status="inherited", parents=sources,
             creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
             reason_prefix="merged_from:", released_notes=notes,
-            allow_contamination=allow_contamination,
+            allow_contamination=allow_contamination, contamination_check=_check_key(contamination),
             run_ids=sorted({r for p in parents for r in p.run_ids}), jobs=sorted({j for p in parents for j in p.jobs}),
             params=params, fix=_FIX, progress=progress,
         )
 
 
 _FIX = "the same --from, --weights, --dedup, --seed, --threshold"
+
+
+def _check_key(contamination: dict[str, Any] | None) -> str | None:
+    """``freeze.check_key`` of the gate's checks of every input (one set of registered eval sets, one n-gram size)."""
+    if contamination is None:
+        return None
+    checks = list((contamination.get("releases") or {}).values())
+    digests = {name: digest for check in checks for name, digest in (check.get("evalset_digests") or {}).items()}
+    return check_key(digests, int(checks[0].get("ngram") or 0) if checks else 0)
 
 
 def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: str | None, notes: SortedRuns, *,

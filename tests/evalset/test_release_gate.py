@@ -14,7 +14,7 @@ from datahub.evalset import add_evalset, contamination, list_evalsets
 from datahub.lake import Lake
 from datahub.release import create_release, get_release, list_releases
 from datahub.sample_id import sample_id_of
-from tests.evalset.helpers import item_text, write_evalset
+from tests.evalset.helpers import QUESTIONS, item_text, write_evalset
 from tests.release.helpers import add_samples
 from tests.release.test_crash_rerun import kill_before_record  # noqa: F401  (fixture)
 
@@ -148,3 +148,50 @@ def test_a_create_whose_lineage_gives_an_allowed_reason_is_finished_with_that_re
         create_release(lake, "r1", allow_contamination="other")
     release = create_release(lake, "r1", allow_contamination="dev split")
     assert release.row_count == 7 and release.details["contamination"]["evalsets"] == ["bench@2"]
+
+
+def _released_reasons(lake: Lake, name: str) -> dict[str, list[str | None]]:
+    """sample_id -> the reasons of its ``released`` lineage rows of release ``name``."""
+    lineage = lake.read("lineage")
+    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
+                                  pc.equal(lineage.column("ref"), name)))
+    out: dict[str, list[str | None]] = {}
+    for sample_id, reason in zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist()):
+        out.setdefault(sample_id, []).append(reason)
+    return out
+
+
+@pytest.mark.parametrize("first_try_allowed", [False, True])
+def test_samples_an_eval_set_overlaps_only_since_an_earlier_try_are_noted_in_the_lineage_too(
+        tmp_path, kill_before_record, first_try_allowed):
+    """Killed after the lineage (and its contamination notes for bench@1: q3) was committed; bench@2 adds q1, which
+    another sample overlaps: the re-run with the same reason records 2 contaminated samples, so both must have a
+    released row saying 'contamination allowed' (before, only the check that wrote the first notes was noted: the
+    sample overlapping q1 had none). The notes are written once per check (eval-set contents): a re-run of the same
+    check adds nothing. ``first_try_allowed``: bench@1 was there on the first try (its lineage commit carries the
+    notes), or registered after it (the notes went into a commit of their own)."""
+    q1, q3 = "Trivia: " + item_text("q1"), "Quiz answers. " + item_text("q3")
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, CLEAN + [q3, q1], "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    bench1 = write_evalset(tmp_path / "b1.jsonl", items=[q for q in QUESTIONS if q[0] != "q1"])
+    if first_try_allowed:
+        add_evalset(lake, "bench", bench1)
+        kill_before_record(create_release, lake, "r1", allow_contamination="R")
+    else:
+        kill_before_record(create_release, lake, "r1")
+        add_evalset(lake, "bench", bench1)
+        kill_before_record(create_release, lake, "r1", allow_contamination="R")
+    noted = [r for r in _released_reasons(lake, "r1")[sample_id_of(q3)] if r]
+    assert noted == ["contamination allowed: R (bench@1:q3)"]
+    add_evalset(lake, "bench", write_evalset(tmp_path / "b2.jsonl"))  # bench@2: q1, q2, q3
+    kill_before_record(create_release, lake, "r1", allow_contamination="R")
+    with pytest.raises(ReleaseError, match="this run has allow_contamination=\"other\""):
+        create_release(lake, "r1", allow_contamination="other")
+    release = create_release(lake, "r1", allow_contamination="R")
+    assert release.details["contamination"]["by_evalset"] == {"bench@2": 2}
+    reasons = _released_reasons(lake, "r1")
+    assert [r for r in reasons[sample_id_of(q1)] if r] == ["contamination allowed: R (bench@2:q1)"]
+    assert sorted(r for r in reasons[sample_id_of(q3)] if r) == ["contamination allowed: R (bench@1:q3)",
+                                                                "contamination allowed: R (bench@2:q3)"]
+    # the first try's rows (with bench@1's note, or that note in a commit of its own), then bench@2's notes, once
+    assert sum(len(r) for r in reasons.values()) == 8 + (0 if first_try_allowed else 1) + 2

@@ -15,7 +15,7 @@ from datahub.evalset import add_evalset, list_evalsets
 from datahub.lake import Lake
 from datahub.release import create_release, get_release, list_releases, merge_releases
 from datahub.sample_id import sample_id_of
-from tests.evalset.helpers import item_text, write_evalset
+from tests.evalset.helpers import QUESTIONS, item_text, write_evalset
 from tests.release.helpers import add_samples
 from tests.release.test_crash_rerun import kill_before_record  # noqa: F401  (fixture)
 
@@ -281,3 +281,26 @@ def test_a_clean_check_of_a_recreated_samples_table_at_the_same_version_and_row_
     assert (new.table, new.version, new.row_count) == (old.table, old.version, old.row_count)
     with pytest.raises(ReleaseError, match="'new': 2 sample\\(s\\) .* overlap eval sets"):
         merge_releases(lake, "mix", sources=["new"])
+
+
+def test_a_merge_re_run_notes_the_samples_an_eval_set_overlaps_only_since_its_earlier_try(tmp_path, kill_before_record):
+    """As create: killed after its lineage and bench@1's notes (q3), re-run with the same reason once bench@2 also
+    holds q2: the sample overlapping q2 gets a note too (notes are written once per check of the inputs)."""
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, CLEAN + LEAKED, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "leaky")
+    kill_before_record(merge_releases, lake, "mix", sources=["leaky"])
+    add_evalset(lake, "bench", write_evalset(tmp_path / "b1.jsonl", items=[q for q in QUESTIONS if q[0] == "q3"]))
+    kill_before_record(merge_releases, lake, "mix", sources=["leaky"], allow_contamination="R")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "b2.jsonl"))
+    release = merge_releases(lake, "mix", sources=["leaky"], allow_contamination="R")
+    assert release.details["contamination"]["by_evalset"] == {"bench@2": 2}
+    lineage = lake.read("lineage")
+    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
+                                  pc.equal(lineage.column("ref"), "mix")))
+    noted = sorted((s, r) for s, r in zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist())
+                   if "contamination" in r)
+    late = "merged_from:leaky; contamination allowed: R"
+    assert noted == sorted([(sample_id_of(LEAKED[1]), f"{late} (bench@1:q3)"),
+                            (sample_id_of(LEAKED[0]), f"{late} (bench@2:q2)"),
+                            (sample_id_of(LEAKED[1]), f"{late} (bench@2:q3)")])
