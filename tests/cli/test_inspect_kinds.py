@@ -9,9 +9,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
 from datahub.kinds.names import DEFAULT_KIND, KIND_COLUMN
@@ -118,3 +120,74 @@ def test_a_table_with_deletion_vectors_is_not_counted_from_statistics(tmp_path):
     with pytest.raises(type(refused.value)):  # the scan's own refusal: the same error as reading the rows
         lake.dataset("samples")
     assert kind_counts(lake, "samples", 0) == {"chat": 4}  # the version before the delete has none
+
+
+def test_a_table_partitioned_by_kind_is_counted_from_its_partition_values_without_reading_a_file(tmp_path):
+    """A null partition value (``__HIVE_DEFAULT_PARTITION__``) is text; every data file is made unreadable, so the
+    counts come from the log's partition values alone."""
+    from datahub.lake.describe import kind_counts
+
+    lake = Lake(tmp_path / "lake")
+    kinds = ["chat", None, "image_text", "chat", None, "trajectory", "chat"]
+    rows = sample_rows([f"doc {i}" for i in range(len(kinds))], "a.jsonl")
+    lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(kinds, pa.string())), txn="job-000000000001",
+                partition_by=[KIND_COLUMN])
+    expected = {"chat": 3, "text": 2, "image_text": 1, "trajectory": 1}
+    assert _scanned(lake) == expected
+    paths = pa.table(lake.table("samples").get_add_actions(flatten=True)).column("path").to_pylist()
+    assert len(paths) == 4
+    for path in paths:
+        (Path(lake.table_uri("samples")) / unquote(path)).write_bytes(b"not parquet any more")
+    counts = kind_counts(lake, "samples")
+    assert counts == expected and list(counts) == list(expected)
+
+
+def _external_add(lake: Lake, path: str, rows: pa.Table, stats: dict | None) -> None:
+    """Commit a data file another writer wrote (``path`` relative to the table; the log URL-escapes it)."""
+    from deltalake import DeltaTable
+    from deltalake.transaction import AddAction
+
+    uri = lake.table_uri("samples")
+    local = Path(uri) / path
+    local.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows, local)
+    table = DeltaTable(uri)
+    table.create_write_transaction([AddAction(path, local.stat().st_size, {}, 1_765_000_000_000, True,
+                                              json.dumps(stats) if stats else "")],
+                                   mode="append", schema=table.schema())
+
+
+def test_a_file_committed_without_statistics_under_an_escaped_path_is_read(tmp_path):
+    """The log spells the path URL-escaped (``spark%20out/...``), the scan decoded; the file without statistics is read
+    (its kinds counted), the file with statistics is not (made unreadable)."""
+    from datahub.lake.describe import kind_counts
+
+    lake = Lake(tmp_path / "lake")
+    rows = sample_rows([f"doc {i}" for i in range(3)], "a.jsonl")
+    lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(["chat"] * 3, pa.string())), txn="job-000000000001")
+    _external_add(lake, "spark out/part-1.parquet", sample_rows([f"other {i}" for i in range(4)], "b.jsonl")
+                  .append_column(KIND_COLUMN, pa.array(["chat", "trajectory", None, "preference"], pa.string())), None)
+    expected = {"chat": 4, "preference": 1, "text": 1, "trajectory": 1}
+    assert _scanned(lake) == expected
+    logged = pa.table(lake.table("samples").get_add_actions(flatten=True)).column("path").to_pylist()
+    assert "spark%20out/part-1.parquet" in logged
+    (first,) = [p for p in logged if "spark" not in p]
+    (Path(lake.table_uri("samples")) / first).write_bytes(b"not parquet any more")
+    assert kind_counts(lake, "samples") == expected
+
+
+def test_equal_statistics_of_a_truncating_writer_are_not_taken_for_one_kind(tmp_path):
+    """A writer that truncates string statistics to 32 characters without a tie-breaker shows min == max for a file
+    of two kinds sharing a 32-character prefix: that file is read, not counted as 3 rows of the prefix."""
+    from datahub.lake.describe import STATS_PREFIX_CHARS, kind_counts
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("samples", sample_rows(["x"], "a").append_column(KIND_COLUMN, pa.array(["chat"])),
+                txn="job-000000000001")
+    prefix = "p" * STATS_PREFIX_CHARS
+    alpha, beta = prefix + "_alpha", prefix + "_beta"
+    _external_add(lake, "ext.parquet", sample_rows(["y1", "y2", "y3"], "b").append_column(
+        KIND_COLUMN, pa.array([alpha, beta, beta])), {"numRecords": 3, "minValues": {KIND_COLUMN: prefix},
+                                                        "maxValues": {KIND_COLUMN: prefix},
+                                                        "nullCount": {KIND_COLUMN: 0}})
+    assert kind_counts(lake, "samples") == {beta: 2, "chat": 1, alpha: 1}
