@@ -21,6 +21,11 @@ table has its sources (a text-only table has none of them).
 - ``steps_within_episode`` (bool, ``steps``, ``step_offset``, ``episode_steps``): the segment lies inside its
   episode: ``0 <= step_offset`` and ``step_offset + steps_count <= episode_steps`` (false when either is null).
 
+A row whose ``kind`` column names the derived column's kind is judged even when its list column is null (a broken
+operator or merge wrote null instead of a list): the null list counts as an empty one (``messages_assistant_turns``,
+``rejected_turns``, ``steps_count`` are then 0 and fail ``posttraining.v1``). So the derived columns read ``kind``
+when the table has it (``KIND_COLUMN``).
+
 On a row of another kind the source column is null, and so is every derived value. Great Expectations' column-map
 expectations (``expect_column_values_to_be_between``, ``..._to_be_in_set``) judge non-null values only, so in a table
 that mixes kinds each check sees the rows of its own kind: ``schemas/gx/posttraining.v1.json`` needs no ``mostly``
@@ -30,7 +35,7 @@ for that, and marks every expectation ``meta.optional`` so a table without that 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -49,6 +54,9 @@ class Derived:
 
 
 DERIVED: dict[str, Derived] = {}
+KIND_COLUMN = "kind"
+# the sample kind whose rows carry each list column (datahub.kinds.posttraining)
+LIST_KINDS = {"messages": "chat", "chosen": "preference", "rejected": "preference", "steps": "trajectory"}
 _Compute = Callable[["_Batch"], pa.Array]
 
 
@@ -102,8 +110,13 @@ class _Batch:
         self._flat: dict[str, _Lists] = {}
 
     def lists(self, name: str) -> _Lists:
+        """``name`` flattened; a null list on a row whose ``kind`` is the column's kind counts as empty."""
         if name not in self._flat:
-            self._flat[name] = _lists(self.table.column(name))
+            lists = _lists(self.table.column(name))
+            if KIND_COLUMN in self.table.column_names:
+                mine = _bools(pc.equal(self.table.column(KIND_COLUMN), LIST_KINDS[name]))
+                lists = replace(lists, valid=lists.valid | mine)
+            self._flat[name] = lists
         return self._flat[name]
 
 

@@ -21,7 +21,7 @@ from datahub.config.suites import Suite
 from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
 from datahub.qa.aggregates import EXACT_TYPES, ID_COLUMN, ID_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
-from datahub.qa.posttraining import DERIVED, compute_derived, derived_columns
+from datahub.qa.posttraining import DERIVED, KIND_COLUMN, compute_derived, derived_columns
 
 BATCH_ROWS = 4096
 # Decoded bytes of the read columns one batch may hold, about: fewer rows a batch when rows are wide. 4,096 rows of
@@ -51,8 +51,8 @@ def bounded_batch_rows(fragments: Iterable[Any], columns: Iterable[str], batch_r
 def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
     """Columns suites can name -> the table columns they come from (``text_length`` and ``text_id`` from
     ``text``, ``quality_<signal>`` from the ``quality`` struct, the post-training columns of
-    ``datahub.qa.posttraining`` from ``messages``, ``chosen``/``rejected`` or ``steps``, flat columns from
-    themselves)."""
+    ``datahub.qa.posttraining`` from ``messages``, ``chosen``/``rejected`` or ``steps`` and ``kind``, flat columns
+    from themselves)."""
     columns: dict[str, tuple[str, ...]] = {}
     for column in schema:
         if column.name == "quality" and pa.types.is_struct(column.type):
@@ -62,8 +62,9 @@ def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
             columns[column.name] = (column.name,)
     if "text" in schema.names:
         columns["text_length"] = columns["text_id"] = ("text",)
+    kind = (KIND_COLUMN,) if KIND_COLUMN in schema.names else ()  # a row of the kind is judged when its list is null
     for derived in derived_columns(schema.names):
-        columns.setdefault(derived.name, derived.sources)  # a stored column of that name wins
+        columns.setdefault(derived.name, derived.sources + kind)  # a stored column of that name wins
     return columns
 
 

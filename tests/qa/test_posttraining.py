@@ -83,8 +83,30 @@ class CutEpisodeSteps(BatchOperator):
         return table.set_column(table.schema.get_field_index("steps"), "steps", emptied)
 
 
+@register
+class NullNestedColumns(BatchOperator):
+    """Nulls the nested column of a row of its kind (a broken operator or merge): ``messages`` of chats that mention
+    an incident, ``rejected`` of pairs about macOS, ``steps`` of episodes whose id starts with ``null-``."""
+
+    name = "test_qa_null_nested_columns"
+    kinds = frozenset({"text", "chat", "preference", "trajectory"})
+
+    def process(self, table: pa.Table) -> pa.Table:
+        if not table.num_rows:
+            return table
+        hits = {"messages": lambda: pc.match_substring(table.column("text"), "incident"),
+                "rejected": lambda: pc.match_substring(table.column("text"), "macOS"),
+                "steps": lambda: pc.starts_with(table.column("episode_id"), "null-")}
+        for name, hit in hits.items():
+            if name in table.column_names:
+                column = table.column(name)
+                nulled = pc.if_else(pc.fill_null(hit(), False), pa.scalar(None, column.type), column)
+                table = table.set_column(table.schema.get_field_index(name), name, nulled)
+        return table
+
+
 def _build(tmp_path: Path, name: str, *, chats=(), pairs=(), episodes=(), texts=(), qa: dict | None = None,
-           lake_name: str | None = None) -> Lake:
+           lake_name: str | None = None, op: str = "test_qa_cut_episode_steps") -> Lake:
     """A lake written by run_job from JSONL files of each kind (no quality operators: QA is the only gate); with
     ``qa``, the job's ``qa:`` section, gated by ``datahub.qa.run_for_job`` as ``datahub run`` does (its counts on
     ``lake.qa``). ``lake_name``: the lake to write (default ``name``; another run's lake gets a second commit)."""
@@ -100,7 +122,7 @@ def _build(tmp_path: Path, name: str, *, chats=(), pairs=(), episodes=(), texts=
         specs.append({"uri": str(inputs / "text.jsonl")})
     raw: dict[str, Any] = {
         "name": name, "lake": {"root": str(tmp_path / (lake_name or name))}, "inputs": specs,
-        "graph": {"cut": {"op": "test_qa_cut_episode_steps"}, "samples": {"sink": "samples", "after": ["cut"]}},
+        "graph": {"cut": {"op": op}, "samples": {"sink": "samples", "after": ["cut"]}},
     }
     if qa is not None:
         raw["qa"] = qa
@@ -161,6 +183,33 @@ def test_a_broken_record_fails_exactly_its_expectation(tmp_path, bad, expectatio
     assert entry["observed"]["unexpected_count"] == 1
     assert entry["unexpected_sample_ids"] == [_sample_id(lake, marker)]  # which record to fix
     assert not releasable(lake, table="samples", version=lake.version("samples"))
+
+
+@pytest.mark.parametrize("bad, expectation, marker", [
+    ({"chats": [EMPTY_ASSISTANT]}, ("expect_column_values_to_be_between", "messages_assistant_turns"), "incident"),
+    ({"pairs": [{"prompt": "Name a shell that ships with macOS.", "chosen": "zsh", "rejected": "bash"}]},
+     ("expect_column_values_to_be_between", "rejected_turns"), "macOS"),
+    ({"episodes": [{**CUT_EPISODE, "episode_id": "null-3"}]}, ("expect_column_values_to_be_between", "steps_count"),
+     "disk full"),
+], ids=["chat-messages-null", "preference-rejected-null", "trajectory-steps-null"])
+def test_a_row_of_a_post_training_kind_with_a_null_nested_column_is_judged_as_empty(tmp_path, bad, expectation,
+                                                                                    marker):
+    """Its ``kind`` says which checks judge it: a null list counts as an empty one there (a row of another kind
+    stays null and unjudged)."""
+    from datahub.qa import run_suites
+
+    records = {"chats": CHATS, "pairs": PAIRS, "episodes": EPISODES, "texts": TEXTS}
+    for key, extra in bad.items():
+        records[key] = [*records[key], *extra]
+    lake = _build(tmp_path, "null", op="test_qa_null_nested_columns", **records)
+    rows = lake.read("samples", columns=["kind", "messages", "rejected", "steps"]).to_pylist()
+    assert sum(r[{"chat": "messages", "preference": "rejected", "trajectory": "steps"}.get(r["kind"], "kind")] is None
+               for r in rows) == 1
+    results = run_suites(lake, commit=False)
+    assert _failed(results) == {"samples.v1": [], "posttraining.v1": [expectation]}
+    [entry] = results[1].failed_expectations
+    assert entry["observed"]["unexpected_count"] == 1
+    assert entry["unexpected_sample_ids"] == [_sample_id(lake, marker)]
 
 
 def test_a_jobs_qa_section_with_no_suites_gates_on_posttraining_v1(tmp_path):
@@ -307,12 +356,13 @@ def test_derived_columns_stream_in_batches_as_they_compute_on_the_whole_table(tm
     assert sorted(v for v in values["steps_count"] if v is not None) == [0, 2, 3]
     assert sorted(v for v in values["messages_empty_turns"] if v is not None) == [0] * len(CHATS) + [1]
     assert sorted(v for v in values["steps_within_episode"] if v is not None) == [True] * 3
-    # the pass reads the nested columns it derives from and the ids it names, never the text
+    # the pass reads the nested columns it derives from, their rows' kind and the ids it names, never the text
     from datahub.config.suites import load_suite
     from datahub.qa.validate import plan_pass
 
     plan = plan_pass(table.schema, [load_suite("posttraining.v1")], total_rows=table.num_rows)
-    assert set(plan.read) == {"messages", "chosen", "rejected", "steps", "step_offset", "episode_steps", "sample_id"}
+    assert set(plan.read) == {"messages", "chosen", "rejected", "steps", "step_offset", "episode_steps", "sample_id",
+                              "kind"}
 
 
 def test_wide_rows_are_read_in_fewer_rows_a_batch_with_the_same_verdicts(tmp_path, monkeypatch):
