@@ -2,7 +2,8 @@
 
 Which suites ``datahub qa`` runs when none is named (``default_suites``): ``samples.v1`` always, plus each bundled
 suite whose ``meta.default_when_columns`` names a column the table has (``posttraining.v1``: ``messages``,
-``chosen``, ``rejected``, ``steps``, the columns of the chat, preference and trajectory kinds).
+``chosen``, ``rejected``, ``steps``, the columns of the chat, preference and trajectory kinds, when of those kinds'
+types).
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def load_suite(name: str, *, suites_dir: str | Path | None = None) -> Suite:
 
 def default_suites(columns: Iterable[str], *, suites_dir: str | Path | None = None) -> list[str]:
     """The suites ``datahub qa`` runs on a table with ``columns`` when none is named: ``samples.v1``, then each
-    suite under ``suites_dir`` (default ``schemas/gx``) whose ``meta.default_when_columns`` names one of them."""
+    suite under ``suites_dir`` (default ``schemas/gx``) whose ``meta.default_when_columns`` names one of them.
+    ``columns``: those of a type the suite can read (``datahub.qa.results.run_suites`` leaves out a ``steps`` or
+    ``messages`` column of another type: ``datahub.qa.posttraining.mistyped_sources``)."""
     present = set(columns)
     chosen = [DEFAULT_SUITE]
     for name in available_suites(suites_dir):

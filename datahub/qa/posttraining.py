@@ -21,6 +21,11 @@ table has its sources (a text-only table has none of them).
 - ``steps_within_episode`` (bool, ``steps``, ``step_offset``, ``episode_steps``): the segment lies inside its
   episode: ``0 <= step_offset`` and ``step_offset + steps_count <= episode_steps`` (false when either is null).
 
+A source column of another type (``steps`` a count, ``messages`` JSON text: a table from another writer) is no
+source: no derived column reads it (``mistyped_sources``, ``SOURCE_TYPES``), ``datahub qa`` does not run
+``posttraining.v1`` on it by default, and a suite naming a column derived from it fails that expectation with the
+column, its type and the type needed.
+
 A row whose ``kind`` column names the derived column's kind is judged even when its list column is null (a broken
 operator or merge wrote null instead of a list): the null list counts as an empty one (``messages_assistant_turns``,
 ``rejected_turns``, ``steps_count`` are then 0 and fail ``posttraining.v1``). So the derived columns read ``kind``
@@ -70,9 +75,53 @@ def _derive(name: str, kind: str, sources: tuple[str, ...], type_: pa.DataType) 
     return register
 
 
-def derived_columns(names: set[str] | list[str]) -> list[Derived]:
-    """The derived columns a table with columns ``names`` can give (all their sources present)."""
-    present = set(names)
+def _is_text(type_: pa.DataType) -> bool:
+    return pa.types.is_string(type_) or pa.types.is_large_string(type_)
+
+
+def _list_of_struct_with(fields: dict[str, Callable[[pa.DataType], bool]]) -> Callable[[pa.DataType], bool]:
+    def fits(type_: pa.DataType) -> bool:
+        if not (pa.types.is_list(type_) or pa.types.is_large_list(type_)) or not pa.types.is_struct(type_.value_type):
+            return False
+        struct = type_.value_type
+        return all(struct.get_field_index(name) >= 0 and check(struct.field(name).type) for name, check in fields.items())
+
+    return fits
+
+
+_MESSAGES = ("a list of structs with string fields role, content, tool_calls (datahub.kinds.posttraining.MESSAGES)",
+             _list_of_struct_with({"role": _is_text, "content": _is_text, "tool_calls": _is_text}))
+_INTEGER = ("an integer", pa.types.is_integer)
+# what each source column must be for the derived columns to read it: (description, predicate on its Arrow type)
+SOURCE_TYPES: dict[str, tuple[str, Callable[[pa.DataType], bool]]] = {
+    "messages": _MESSAGES, "chosen": _MESSAGES, "rejected": _MESSAGES,
+    "steps": ("a list of structs with a reward field (datahub.kinds.posttraining.STEPS)",
+              _list_of_struct_with({"reward": lambda type_: True})),
+    "step_offset": _INTEGER, "episode_steps": _INTEGER,
+}
+
+
+def mistyped_sources(schema: pa.Schema) -> dict[str, str]:
+    """Source columns the table has with a type the derived columns cannot read (a table from another writer whose
+    ``steps`` is a count, or ``messages`` JSON text) -> what is wrong: ``column 'steps' is int64, not ...``. No
+    derived column reads them, and ``datahub qa`` does not pick ``posttraining.v1`` for them."""
+    wrong = {}
+    for field_ in schema:
+        if field_.name in SOURCE_TYPES:
+            expected, fits = SOURCE_TYPES[field_.name]
+            if not fits(field_.type):
+                wrong[field_.name] = f"column {field_.name!r} is {field_.type}, not {expected}"
+    return wrong
+
+
+def judged_by_kind(schema: pa.Schema) -> bool:
+    """The table has a text ``kind`` column: its rows of a kind are judged when their list column is null."""
+    return KIND_COLUMN in schema.names and _is_text(schema.field(KIND_COLUMN).type)
+
+
+def derived_columns(schema: pa.Schema) -> list[Derived]:
+    """The derived columns a table of ``schema`` can give (all their sources present, each of the type read)."""
+    present = set(schema.names) - set(mistyped_sources(schema))
     return [d for d in DERIVED.values() if set(d.sources) <= present]
 
 
@@ -80,7 +129,7 @@ def compute_derived(table: pa.Table, wanted: set[str] | None = None) -> dict[str
     """The derived columns of one batch that its columns can give (only the ``wanted`` ones when given); each
     list column is flattened once per batch, whatever number of columns read it."""
     batch = _Batch(table)
-    return {d.name: d.compute(batch) for d in derived_columns(table.column_names) if wanted is None or d.name in wanted}
+    return {d.name: d.compute(batch) for d in derived_columns(table.schema) if wanted is None or d.name in wanted}
 
 
 @dataclass(frozen=True)
@@ -113,7 +162,7 @@ class _Batch:
         """``name`` flattened; a null list on a row whose ``kind`` is the column's kind counts as empty."""
         if name not in self._flat:
             lists = _lists(self.table.column(name))
-            if KIND_COLUMN in self.table.column_names:
+            if judged_by_kind(self.table.schema):
                 mine = _bools(pc.equal(self.table.column(KIND_COLUMN), LIST_KINDS[name]))
                 lists = replace(lists, valid=lists.valid | mine)
             self._flat[name] = lists

@@ -20,6 +20,7 @@ from datahub.lake.lake import Lake
 from datahub.lake.tables import QA_RESULTS
 from datahub.progress import Progress
 from datahub.qa.engine import run_suites_on_ray, run_suites_on_spark
+from datahub.qa.posttraining import mistyped_sources
 
 QA_TABLE = "qa_results"
 
@@ -87,7 +88,9 @@ def run_suites(
     if version is None:
         version = int(lake.table(table).version())
     if suites is None:  # from the version's schema (the Delta log and one footer: no rows read)
-        names = default_suites(lake.dataset(table, version).schema.names, suites_dir=suites_dir)
+        schema = pa.schema(lake.dataset(table, version).schema)
+        wrong = mistyped_sources(schema)  # a `steps` count is no trajectory column
+        names = default_suites([n for n in schema.names if n not in wrong], suites_dir=suites_dir)
         loaded = [load_suite(name, suites_dir=suites_dir) for name in names]
     with ExitStack() as scope:
         running = engine_in_scope(engine, scope, purpose="QA")

@@ -21,7 +21,14 @@ from datahub.config.suites import Suite
 from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
 from datahub.qa.aggregates import EXACT_TYPES, ID_COLUMN, ID_TYPES, SAMPLE_ROWS, Check, evaluate, value_hashes
-from datahub.qa.posttraining import DERIVED, KIND_COLUMN, compute_derived, derived_columns
+from datahub.qa.posttraining import (
+    DERIVED,
+    KIND_COLUMN,
+    compute_derived,
+    derived_columns,
+    judged_by_kind,
+    mistyped_sources,
+)
 
 BATCH_ROWS = 4096
 # Decoded bytes of the read columns one batch may hold, about: fewer rows a batch when rows are wide. 4,096 rows of
@@ -62,8 +69,8 @@ def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
             columns[column.name] = (column.name,)
     if "text" in schema.names:
         columns["text_length"] = columns["text_id"] = ("text",)
-    kind = (KIND_COLUMN,) if KIND_COLUMN in schema.names else ()  # a row of the kind is judged when its list is null
-    for derived in derived_columns(schema.names):
+    kind = (KIND_COLUMN,) if judged_by_kind(schema) else ()  # a row of the kind is judged when its list is null
+    for derived in derived_columns(schema):
         columns.setdefault(derived.name, derived.sources + kind)  # a stored column of that name wins
     return columns
 
@@ -118,7 +125,10 @@ class SuiteRun:
     missing: list[dict[str, Any]] = field(default_factory=list)  # failed entries: a column the table cannot give
 
 
-def plan_suite(suite: Suite, available: set[str]) -> SuiteRun:
+def plan_suite(suite: Suite, available: set[str], mistyped: dict[str, str] | None = None) -> SuiteRun:
+    """How each expectation of ``suite`` runs on a table whose validation columns are ``available``; ``mistyped``
+    (``datahub.qa.posttraining.mistyped_sources``): an expectation on a column derived from one of those fails
+    with what is wrong, even when optional (the table has the column, just not of a type it can be derived from)."""
     skipped: list[dict[str, Any]] = []
     checks: list[Check] = []
     sampled: list[dict[str, Any]] = []
@@ -127,13 +137,14 @@ def plan_suite(suite: Suite, available: set[str]) -> SuiteRun:
     for index, expectation in enumerate(suite.expectations):
         column = (expectation.get("kwargs") or {}).get("column")
         if column is not None and column not in available:
-            if (expectation.get("meta") or {}).get("optional"):
+            wrong = _wrong_sources(column, mistyped or {})
+            if (expectation.get("meta") or {}).get("optional") and not wrong:
                 skipped.append(_entry(expectation, success=None, observed=None,
                                       skipped=f"column {column!r} not in table"))
             else:
                 order.append(("missing", len(missing)))
                 missing.append(_entry(expectation, success=False, observed=None,
-                                      error=missing_column(suite, index, column, available)))
+                                      error=missing_column(suite, index, column, available, mistyped)))
             continue
         clean = {k: v for k, v in expectation.items() if k in ("type", "kwargs", "meta")}
         if clean["type"] in EXACT_TYPES:
@@ -145,12 +156,23 @@ def plan_suite(suite: Suite, available: set[str]) -> SuiteRun:
     return SuiteRun(suite, skipped, checks, sampled, order, missing)
 
 
-def missing_column(suite: Suite, index: int, column: str, available: set[str]) -> str:
-    """Why expectation ``index`` of ``suite`` cannot run on a table whose validation columns are ``available``,
-    naming the suite file, the expectation and the fix."""
+def _wrong_sources(column: str, mistyped: dict[str, str]) -> list[str]:
+    derived = DERIVED.get(column)
+    return [mistyped[source] for source in derived.sources if source in mistyped] if derived is not None else []
+
+
+def missing_column(suite: Suite, index: int, column: str, available: set[str],
+                   mistyped: dict[str, str] | None = None) -> str:
+    """Why expectation ``index`` of ``suite`` cannot run on a table whose validation columns are ``available``
+    (and whose ``mistyped`` source columns have another type), naming the suite file, the expectation and the fix."""
     expectation = suite.expectations[index]
     where = f"{suite.path}: expectations[{index}] ({expectation.get('type')} on {column!r})"
     derived = DERIVED.get(column)
+    wrong = _wrong_sources(column, mistyped or {})
+    if derived is not None and wrong:
+        return (f"{where}: {column!r} is derived from {', '.join(derived.sources)} ({derived.kind} samples), but this "
+                f"table's {'; '.join(wrong)}: it does not hold {derived.kind} samples; run the suite on a table "
+                f"datahub wrote {derived.kind} samples to, or leave it out (--suite samples.v1)")
     if derived is not None:
         lacking = [source for source in derived.sources if source not in available]
         return (f"{where}: {column!r} is derived from {', '.join(derived.sources)} ({derived.kind} samples) and this "
@@ -194,7 +216,8 @@ class Partial:
 
 def plan_pass(schema: pa.Schema, suites: list[Suite], *, total_rows: int, batch_rows: int = BATCH_ROWS) -> PassPlan:
     sources = validation_columns(schema)
-    runs = tuple(plan_suite(s, set(sources)) for s in suites)
+    mistyped = mistyped_sources(schema)
+    runs = tuple(plan_suite(s, set(sources), mistyped) for s in suites)
     wanted = {c for run in runs for c in [*(ch.column for ch in run.checks),
                                            *((e.get("kwargs") or {}).get("column") for e in run.sampled)] if c}
     if any(run.sampled for run in runs):  # a sampled expectation may read any column

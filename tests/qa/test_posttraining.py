@@ -394,3 +394,28 @@ def test_wide_rows_are_read_in_fewer_rows_a_batch_with_the_same_verdicts(tmp_pat
                   for f in fragments for g in (f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)))
     assert validate.bounded_batch_rows(fragments, ["steps", "text"], 10**9) == int(32 * 2**20 // per_row)
     assert validate.bounded_batch_rows(fragments, ["steps", "text"], 4096) == 4096  # small rows keep 4,096
+
+
+def test_columns_named_like_post_training_ones_but_of_other_types_run_samples_v1_alone(tmp_path):
+    """A table from another writer whose ``steps`` is a count and ``messages`` JSON text: no derived column reads
+    them, so the default suites are samples.v1 alone (which passes, as before posttraining.v1); naming
+    posttraining.v1 gives, per expectation, an error naming the column, its type and the type it needs."""
+    from datahub.qa import run_suites
+
+    lake = Lake(tmp_path / "other")
+    lake.commit("samples", pa.table({
+        "sample_id": ["a", "b"], "text": ["The first document of the other writer.", "And its second document."],
+        "kind": ["text", "text"], "steps": pa.array([3, 4], pa.int64()),
+        "messages": ['[{"role": "user", "content": "hi"}]', None]}), txn="other/1")
+    [result] = run_suites(lake, commit=False)
+    assert (result.suite, result.success) == ("samples.v1", True)
+    [named] = run_suites(lake, suites=["posttraining.v1"], commit=False)
+    assert not named.success
+    errors = {e["kwargs"]["column"]: e.get("error") for e in named.results}
+    assert all(errors[c] is None for c in ("chosen_turns", "chosen_equals_rejected"))  # no such columns: skipped
+    wrong = {c: e for c, e in errors.items() if e}
+    assert set(wrong) == {"messages_assistant_turns", "messages_empty_turns", "messages_last_role", "steps_count",
+                          "steps_within_episode"}
+    assert "column 'steps' is int64" in wrong["steps_count"] and "a list of structs" in wrong["steps_count"]
+    assert "column 'messages' is string" in wrong["messages_last_role"]
+    assert "role, content, tool_calls" in wrong["messages_last_role"]
