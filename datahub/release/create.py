@@ -14,7 +14,8 @@ from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.tables import not_of_samples
 from datahub.progress import Progress
-from datahub.release.freeze import check_key, committed_params, freeze, history_runs, logged_rows, refuse_taken
+from datahub.release.freeze import (check_key, committed_params, freeze, history_runs, logged_rows,
+                                    refuse_other_allowance, refuse_taken)
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, release_exists
 from datahub.release.exclude import exclude_redacted
@@ -79,6 +80,7 @@ def create_release(
             f"release {name!r} refused: no QA results for {table} v{version} and --require-qa was given; "
             f"run the QA suites first: {qa_command(lake, table=table, version=version)}"
         )
+    refuse_other_allowance(lake, name, allow_contamination)  # before the eval-set check reads every row
     from datahub.evalset.check import contamination
 
     checked = _rows_done(progress, "eval-set check", logged_rows(lake, table, version)) if progress else None

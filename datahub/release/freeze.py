@@ -455,6 +455,15 @@ def _written_allowance(lake: Lake, name: str, first: dict[str, Any] | None) -> s
     return None
 
 
+def refuse_other_allowance(lake: Lake, name: str, allow_contamination: str | None) -> None:
+    """Refuse, before any pass over the rows, a re-run of a half-created release ``name`` whose
+    ``allow_contamination`` differs from the reason its lineage already gives (``freeze`` would refuse it only after
+    the eval-set check and, for a merge, the whole dedup pass)."""
+    written = _written_allowance(lake, name, committed_params(lake, "lineage", name))
+    if written is not None and written != allow_contamination:
+        _refuse_other_allowance(name, written, allow_contamination)
+
+
 def _refuse_other_allowance(name: str, first: str, this: str | None) -> None:
     raise ReleaseError(
         f"release {name!r} was half-created by an earlier try whose lineage commit gives its contaminated samples "

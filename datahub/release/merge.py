@@ -36,8 +36,8 @@ from datahub.lake.tables import LINEAGE
 from datahub.progress import Progress, counted
 from datahub.release.create import NOTES, no_notes, contamination_notes
 from datahub.release.digest import id_keys
-from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_try, refuse_taken,
-                                    release_txn)
+from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
+                                    refuse_other_try, refuse_taken, release_txn)
 from datahub.release.materialize import commit_rows
 from datahub.release.merge_dedup import (ROW, SOURCE_COLUMN, DedupMode, Duplicates, Inputs, RowCursor,
                                          exact_duplicates, near_duplicates)
@@ -271,6 +271,7 @@ def merge_releases(
     # finish with it once an eval set registered since then overlaps an input (the reason goes to details, and to the
     # samples' lineage: freeze compares it with what a first try's lineage says)
     refuse_other_try(lake, new, MATERIALIZED_PREFIX + new, params, fix=_FIX)
+    refuse_other_allowance(lake, new, allow_contamination)
     parents = [get_release(lake, s) for s in sources]
     with SortedRuns(NOTES, "sample_id") as notes:
         contamination = _contamination_gate(lake, new, parents, allow_contamination, notes, progress=progress)

@@ -304,3 +304,24 @@ def test_a_merge_re_run_notes_the_samples_an_eval_set_overlaps_only_since_its_ea
     assert noted == sorted([(sample_id_of(LEAKED[1]), f"{late} (bench@1:q3)"),
                             (sample_id_of(LEAKED[0]), f"{late} (bench@2:q2)"),
                             (sample_id_of(LEAKED[1]), f"{late} (bench@2:q3)")])
+
+
+def test_a_re_run_with_another_reason_is_refused_before_any_pass_over_the_rows(tmp_path, kill_before_record):
+    """A merge (or create) whose first try's lineage gives 'contamination allowed: R' is refused for another reason or
+    none before the eval-set check and the dedup pass read a row (before, only freeze refused, after both)."""
+    lake = _lake(tmp_path)
+    kill_before_record(merge_releases, lake, "mix", sources=["clean", "leaky"], allow_contamination="R")
+    kill_before_record(create_release, lake, "r1", table="samples", allow_contamination="R")
+    stages: list[str] = []
+
+    def progress(stage, done, total):
+        stages.append(stage)
+
+    for reason in ("other", None):
+        with pytest.raises(ReleaseError, match="this run has allow_contamination="):
+            merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination=reason, progress=progress)
+        with pytest.raises(ReleaseError, match="this run has allow_contamination="):
+            create_release(lake, "r1", allow_contamination=reason, progress=progress)
+    assert stages == []
+    assert merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="R").row_count == 9
+    assert create_release(lake, "r1", allow_contamination="R").row_count == 6
