@@ -9,7 +9,10 @@ table has its sources (a text-only table has none of them).
 - ``messages_turns`` (int64, from ``messages``): messages in the conversation.
 - ``messages_assistant_turns`` (int64, ``messages``): messages with role ``assistant`` (what SFT trains on).
 - ``messages_empty_turns`` (int64, ``messages``): messages of any role that are empty: content empty after trimming
-  whitespace (or null) and no tool call (``tool_calls`` null, blank or ``[]``).
+  whitespace (or null) and no tool call (``tool_calls`` null, blank or ``[]``). Counts legitimate turns too (an empty
+  system prompt in ShareGPT exports, a tool that printed nothing), so it is for users' own suites.
+- ``messages_empty_assistant_turns`` (int64, ``messages``): the empty messages of role ``assistant`` (what SFT trains
+  on: an empty one teaches the model to say nothing); ``posttraining.v1`` gates on this one.
 - ``messages_last_role`` (string, ``messages``): role of the last message (null for an empty list).
 - ``chosen_turns``, ``rejected_turns`` (int64, ``chosen``, ``rejected``): messages in the reply.
 - ``chosen_empty_turns``, ``rejected_empty_turns`` (int64): empty messages of the reply, as ``messages_empty_turns``.
@@ -216,6 +219,12 @@ def messages_assistant_turns(batch: _Batch) -> pa.Array:
 def messages_empty_turns(batch: _Batch) -> pa.Array:
     lists = batch.lists("messages")
     return lists.per_row(_empty_messages(lists))
+
+
+@_derive("messages_empty_assistant_turns", "chat", ("messages",), pa.int64())
+def messages_empty_assistant_turns(batch: _Batch) -> pa.Array:
+    lists = batch.lists("messages")
+    return lists.per_row(_empty_messages(lists) & _bools(pc.equal(lists.field("role"), "assistant")))
 
 
 @_derive("messages_last_role", "chat", ("messages",), pa.string())

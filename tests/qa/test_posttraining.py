@@ -151,7 +151,7 @@ def test_a_clean_mixed_lake_passes_both_default_suites(tmp_path):
     judged = {e["kwargs"]["column"]: e for e in results[1].results}
     assert all(e["success"] is True for e in judged.values())  # none skipped: every kind's columns are here
     # each check judged the rows of its own kind only (the others are null there)
-    assert judged["messages_empty_turns"]["observed"]["element_count"] == lake.dataset("samples").count_rows()
+    assert judged["messages_empty_assistant_turns"]["observed"]["element_count"] == lake.dataset("samples").count_rows()
     assert judged["chosen_equals_rejected"]["observed"]["unexpected_count"] == 0
     from datahub.qa import run_for_job  # a job's qa: gate with no suites named picks them as `datahub qa` does
 
@@ -166,7 +166,8 @@ def _sample_id(lake: Lake, marker: str) -> str:
 
 
 @pytest.mark.parametrize("bad, expectation, marker", [
-    ({"chats": [EMPTY_ASSISTANT]}, ("expect_column_values_to_be_between", "messages_empty_turns"), "incident"),
+    ({"chats": [EMPTY_ASSISTANT]}, ("expect_column_values_to_be_between", "messages_empty_assistant_turns"),
+     "incident"),
     ({"pairs": [SAME_PAIR]}, ("expect_column_values_to_be_in_set", "chosen_equals_rejected"), "macOS"),
     ({"episodes": [CUT_EPISODE]}, ("expect_column_values_to_be_between", "steps_count"), "disk full"),
 ], ids=["empty-assistant-turn", "chosen-equals-rejected", "no-steps"])
@@ -210,6 +211,38 @@ def test_a_row_of_a_post_training_kind_with_a_null_nested_column_is_judged_as_em
     [entry] = results[1].failed_expectations
     assert entry["observed"]["unexpected_count"] == 1
     assert entry["unexpected_sample_ids"] == [_sample_id(lake, marker)]
+
+
+LEGIT_EMPTY_TURNS = [
+    # ShareGPT with an empty system turn (OpenHermes-2.5 style)
+    {"conversations": [{"from": "system", "value": ""}, {"from": "human", "value": "Which port does HTTPS use?"},
+                       {"from": "gpt", "value": "443."}]},
+    # a tool that printed nothing (mkdir succeeded), then the assistant answers
+    {"messages": [{"role": "user", "content": "Create /srv/app."},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "c9", "type": "function",
+                       "function": {"name": "sh", "arguments": "{\"cmd\": \"mkdir -p /srv/app\"}"}}]},
+                  {"role": "tool", "tool_call_id": "c9", "content": ""},
+                  {"role": "assistant", "content": "Created /srv/app."}]},
+]
+
+
+def test_empty_system_and_tool_turns_pass_the_default_gate_an_empty_assistant_turn_does_not(tmp_path):
+    """posttraining.v1 gates on empty assistant turns (what SFT trains on); an empty system prompt or a tool that
+    printed nothing is legitimate, and counted only in messages_empty_turns (for users' own suites)."""
+    from datahub.qa import run_suites
+
+    lake = _build(tmp_path, "legit", chats=[*CHATS, *LEGIT_EMPTY_TURNS], qa={})
+    assert lake.qa["suites"]["posttraining.v1"] == {"success": True, "failed": 0}
+    from datahub.qa.validate import validation_frame
+
+    frame = validation_frame(lake.read("samples"))
+    chats = frame[frame["messages_turns"].notna()]
+    assert sorted(chats["messages_empty_turns"]) == [0, 0, 0, 0, 1, 1]
+    assert sorted(chats["messages_empty_assistant_turns"]) == [0] * 6
+    broken = _build(tmp_path, "broken", chats=[*CHATS, *LEGIT_EMPTY_TURNS, EMPTY_ASSISTANT])
+    _, post = run_suites(broken, commit=False)
+    assert [e["kwargs"]["column"] for e in post.failed_expectations] == ["messages_empty_assistant_turns"]
 
 
 def test_a_jobs_qa_section_with_no_suites_gates_on_posttraining_v1(tmp_path):
@@ -272,7 +305,7 @@ def test_ray_and_spark_give_the_streamed_verdicts(tmp_path, ray_engine, spark_en
     suites = ["samples.v1", "posttraining.v1", str(typo)]
     local = run_suites(lake, suites=suites, commit=False)
     assert _failed(local)["posttraining.v1"] == [
-        ("expect_column_values_to_be_between", "messages_empty_turns"),
+        ("expect_column_values_to_be_between", "messages_empty_assistant_turns"),
         ("expect_column_values_to_be_between", "steps_count"),
         ("expect_column_values_to_be_in_set", "chosen_equals_rejected")]
     on_ray = run_suites(lake, suites=suites, commit=False, engine=ray_engine)
@@ -414,8 +447,8 @@ def test_columns_named_like_post_training_ones_but_of_other_types_run_samples_v1
     errors = {e["kwargs"]["column"]: e.get("error") for e in named.results}
     assert all(errors[c] is None for c in ("chosen_turns", "chosen_equals_rejected"))  # no such columns: skipped
     wrong = {c: e for c, e in errors.items() if e}
-    assert set(wrong) == {"messages_assistant_turns", "messages_empty_turns", "messages_last_role", "steps_count",
-                          "steps_within_episode"}
+    assert set(wrong) == {"messages_assistant_turns", "messages_empty_assistant_turns", "messages_last_role",
+                          "steps_count", "steps_within_episode"}
     assert "column 'steps' is int64" in wrong["steps_count"] and "a list of structs" in wrong["steps_count"]
     assert "column 'messages' is string" in wrong["messages_last_role"]
     assert "role, content, tool_calls" in wrong["messages_last_role"]

@@ -39,13 +39,14 @@ def register(app: typer.Typer) -> None:
         posttraining.v1, run by default on tables with chat, preference or
         trajectory columns, checks columns derived per batch from the nested
         ones (datahub/qa/posttraining.py documents each):
-        chat: messages_assistant_turns >= 1, messages_empty_turns = 0 (no
-        message with empty content and no tool call), messages_last_role =
-        assistant; preference: chosen_turns and rejected_turns >= 1,
+        chat: messages_assistant_turns >= 1, messages_empty_assistant_turns
+        = 0 (no assistant message with empty content and no tool call; an
+        empty system or tool turn is fine), messages_last_role = assistant; preference: chosen_turns and rejected_turns >= 1,
         chosen_empty_turns and rejected_empty_turns = 0,
         chosen_equals_rejected = false; trajectory: steps_count >= 1,
         steps_within_episode = true. Also derived, for your own suites:
-        messages_turns, steps_reward_nulls. Rows of other kinds are null
+        messages_turns, messages_empty_turns (empty turns of any role),
+        steps_reward_nulls. Rows of other kinds are null
         there and not judged.
 
         A failed row check names the sample_id of its first rows (--json:
