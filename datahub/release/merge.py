@@ -361,8 +361,9 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
         raise ReleaseError(
             f"release {new!r} refused: {described}\n"
             "a merge is a new release and must not leak an eval set: take them out of that input release with "
-            f"`datahub release redact NEW --from RELEASE --sample ID ... --reason ... --lake {lake.ref}` (the ids: "
-            f"`datahub evalset check --release RELEASE --json --lake {lake.ref}`) and merge the redacted one, or "
+            f"`datahub release redact NEW --from RELEASE --ids-file IDS --reason ... --lake {lake.ref}` (every id, "
+            f"to the file IDS: `datahub evalset check --release RELEASE --ids-out IDS --lake {lake.ref}`) and merge "
+            "the redacted one, or "
             'merge anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
         )
     checks = {p.name: recorded[p.name] if p.name in recorded else {**found[p.name].as_dict(), "digest": p.digest}

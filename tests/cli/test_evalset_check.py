@@ -76,3 +76,36 @@ def test_a_release_made_before_the_eval_set_was_registered_is_checked_by_name(tm
     assert typo.returncode == 2 and "no release 'r2'" in typo.stderr and "Traceback" not in typo.stderr, typo.stderr
     both = datahub("evalset", "check", "--release", "r1", "--version", "1", "--lake", lake)
     assert both.returncode == 2 and "--release r1 already fixes the table and version" in both.stderr, both.stderr
+
+
+def test_ids_out_writes_every_contaminated_id_for_redact_and_the_merge_refusal_says_so(tmp_path):
+    """`--json` lists 20 examples only, so the merge refusal's fix (redact the ids, merge the redacted release) could
+    not be done with more contaminated samples: `--ids-out FILE` streams every id to a file `release redact
+    --ids-file` reads, and the refusal names both."""
+    import pytest
+
+    from datahub.errors import ReleaseError
+    from datahub.evalset import add_evalset
+    from datahub.lake import Lake
+    from datahub.release import create_release, merge_releases
+    from datahub.sample_id import sample_id_of
+    from tests.release.helpers import add_samples
+
+    leaked = [f"post {i}: {LEAKED}" for i in range(25)]
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, leaked + [CLEAN], "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "r1")
+    bench = {"id": "q7", "question": "what happened?", "answer": LEAKED}
+    (tmp_path / "bench.jsonl").write_text(json.dumps(bench) + "\n")
+    add_evalset(lake, "bench", tmp_path / "bench.jsonl")
+    with pytest.raises(ReleaseError, match="--ids-file IDS .*evalset check --release RELEASE --ids-out IDS"):
+        merge_releases(lake, "mix", sources=["r1"])
+    ids = tmp_path / "ids.txt"
+    checked = datahub("evalset", "check", "--release", "r1", "--lake", lake.root, "--json", "--ids-out", str(ids))
+    assert checked.returncode == 1 and json.loads(checked.stdout)["contaminated"] == 25, checked.stderr
+    assert len(json.loads(checked.stdout)["examples"]) == 20
+    assert ids.read_text().splitlines() == sorted(sample_id_of(text) for text in leaked)
+    redacted = datahub("release", "redact", "r2", "--from", "r1", "--ids-file", str(ids), "--reason", "bench leak",
+                       "--lake", lake.root)
+    assert redacted.returncode == 0, redacted.stdout + redacted.stderr
+    assert merge_releases(lake, "mix", sources=["r2"]).row_count == 1

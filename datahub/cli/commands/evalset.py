@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from datahub.cli.lake_option import LAKE_HELP
 from datahub.cli.output import console, plain, print_json
 from datahub.cli.release_option import RELEASE_HELP
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 JSON_EXAMPLES = 20  # contaminated sample ids `evalset check --json` lists (the rest stream past, not held)
 
@@ -75,6 +80,9 @@ def register(app: typer.Typer) -> None:
         ngram: int = typer.Option(13, "--ngram", min=3, help="Words per n-gram."),
         min_overlap: int = typer.Option(1, "--min-overlap", min=1, help="Matching n-grams that make a sample contaminated."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        ids_out: Optional[Path] = typer.Option(None, "--ids-out", help="Write every contaminated sample id to this "
+                                               "file, one per line (for `datahub release redact --ids-file`); "
+                                               f"--json lists {JSON_EXAMPLES} examples only."),
     ) -> None:
         """Count samples of a table version (or of a release) that share n-grams with the registered eval sets (streamed).
 
@@ -93,8 +101,13 @@ def register(app: typer.Typer) -> None:
                 done[0] += rows
                 update("rows", done[0])
 
-            found = contamination(root, table=table, version=version, ngram=ngram, min_overlap=min_overlap,
-                                  progress=advance, hits=lambda hits: None, examples=JSON_EXAMPLES)
+            with open(ids_out, "w") if ids_out is not None else contextlib.nullcontext() as out:
+                def write_ids(hits: pa.Table) -> None:  # sorted blocks of the distinct contaminated ids
+                    if out is not None and hits.num_rows:
+                        out.write("".join(f"{sample_id}\n" for sample_id in hits.column("sample_id").to_pylist()))
+
+                found = contamination(root, table=table, version=version, ngram=ngram, min_overlap=min_overlap,
+                                      progress=advance, hits=write_ids, examples=JSON_EXAMPLES)
         what = what.format(version=found.version)
         if as_json:
             print_json({**found.as_dict(), **({"release": release} if release is not None else {}),
