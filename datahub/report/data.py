@@ -125,9 +125,13 @@ def collect(lake: Lake, *, table: str = "samples", version: int | None = None, b
         data.rows = dataset.count_rows()
     data.signals = _histograms(dataset, ranges, batch_rows)
     if lake.exists("lineage") and run_ids:
-        dropped = lake.dataset("lineage").to_batches(
-            columns=["op", "reason", "ref"], batch_size=batch_rows, batch_readahead=1,
-            filter=(pc.field("action") == "dropped") & pc.field("run_id").isin(sorted(run_ids)))
+        # scan_batches, filtered here: the dataset scanner read ahead of this slower consumer (JSON refs, the
+        # cluster sort) whatever its batch_readahead said
+        lineage = lake.dataset("lineage")
+        runs = pa.array(sorted(run_ids), lineage.schema.field("run_id").type)  # the scan's batches have its schema
+        scanned = scan_batches(lineage, columns=["action", "run_id", "op", "reason", "ref"], batch_rows=batch_rows)
+        dropped = (batch.filter(pc.and_(pc.equal(batch.column("action"), "dropped"),
+                                        pc.is_in(batch.column("run_id"), value_set=runs))) for batch in scanned)
         with SortedRuns(_MEMBERS, "cluster", counts="members", run_rows=max(batch_rows, 1024)) as members:
             for batch in dropped:
                 kinds = pa.table([batch.column("op"), batch.column("reason")], names=["op", "reason"])
