@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,16 +25,15 @@ import pyarrow as pa
 from datahub.config.suites import Suite
 from datahub.engines.base import Engine
 from datahub.lake.lake import Lake
-from datahub.lake.scan import scan_batches
 from datahub.qa.aggregates import hash_counts
 from datahub.qa.validate import (
     PassPlan,
     Partial,
     aggregate_batches,
-    bounded_batch_rows,
     finish_pass,
     merge_partials,
     plan_pass,
+    read_batches,
     run_expectations,
     run_suites_streaming,
     validation_batch,
@@ -55,7 +54,7 @@ class _FileAggregates:
 
     def __call__(self, task: tuple[str, int]) -> Partial:
         path, start = task
-        batches = scan_batches(self.lake.dataset(self.table, self.version), columns=list(self.plan.read),
+        batches = read_batches(self.lake.dataset(self.table, self.version), self.plan.read,
                                batch_rows=self.plan.batch_rows, files=[path])
         return aggregate_batches(self.plan, batches, start=start)
 
@@ -72,10 +71,9 @@ class _FileValidationColumns:
     batch_rows: int
 
     def __call__(self, path: str) -> Iterator[pa.Table]:
-        for batch in scan_batches(self.lake.dataset(self.table, self.version), columns=list(self.read),
+        for batch in read_batches(self.lake.dataset(self.table, self.version), self.read,
                                   batch_rows=self.batch_rows, files=[path]):
-            if batch.num_rows:
-                yield validation_batch(batch, set(self.wanted))
+            yield validation_batch(batch, set(self.wanted))
 
 
 @dataclass(frozen=True)
@@ -115,7 +113,6 @@ def run_suites_on_ray(engine: Engine, lake: Lake, suites: list[Suite], *, table:
     counts = [fragment.count_rows() for fragment in fragments]  # Parquet footers: where each file's rows begin
     options = {"batch_rows": batch_rows} if batch_rows else {}
     plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=sum(counts), **options)
-    plan = replace(plan, batch_rows=bounded_batch_rows(fragments, plan.read, plan.batch_rows))
     starts = [sum(counts[:i]) for i in range(len(counts))]
     map_reduce = importlib.import_module("datahub.engines.ray.tasks").map_reduce
     partitions = max(1, workers or engine.parallelism)  # type: ignore[attr-defined]
@@ -139,16 +136,14 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     wanted = frozenset(c for c in sources if c in named) or frozenset(sorted(sources)[:1])
     read = tuple(sorted({s for c in wanted for s in sources[c]})) or (schema.names[0],)
     columns = validation_batch(schema.empty_table().select(list(read)), set(wanted)).schema
-    fragments = list(dataset.get_fragments())
-    files = [fragment.path for fragment in fragments]
-    batch_rows = bounded_batch_rows(fragments, read, batch_rows)
+    files = [fragment.path for fragment in dataset.get_fragments()]
     read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe
     jobs_ended_on_exit = importlib.import_module("datahub.engines.spark.jobs").jobs_ended_on_exit
     # GX catches a failed Spark job's error (the expectation gets an error entry, computed again locally): the
     # job's other tasks must end before the fallback reads the same files, and before the caller goes on
     with jobs_ended_on_exit(engine.session):  # type: ignore[attr-defined]
-        frame = read_dataframe(engine, files, _FileValidationColumns(lake, table, version, read, wanted, batch_rows),
-                               columns)
+        task = _FileValidationColumns(lake, table, version, read, wanted, batch_rows)
+        frame = read_dataframe(engine, files, task, columns)
         outcomes = [run_expectations(frame, suite, spark=True) for suite in suites]
     return [_fallback(lake, suite, outcome, table=table, version=version) for suite, outcome in zip(suites, outcomes)]
 

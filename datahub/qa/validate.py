@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,25 +34,44 @@ BATCH_ROWS = 4096
 # Decoded bytes of the read columns one batch may hold, about: fewer rows a batch when rows are wide. 4,096 rows of
 # 5 KB texts (20 MB) keep 4,096 rows; trajectory segments of 1,024 steps (~250 KB of steps and as much text a row)
 # would make a 4,096-row batch ~2 GB, and a 1,000-row file's one batch peaked at 1.4 GB of RSS (bench_traj).
+# Counted on the decoded reads (``nbytes``: ``bounded_batches``).
+# ``chosen_equals_rejected`` copies the equal-length rows of both replies once a batch: up to ~2x those columns.
 BATCH_BYTES = 32 * 2**20
+# Rows one Parquet read decodes: a batch ends at the read that reaches BATCH_BYTES, so it overshoots by at most one
+# read (64 rows of 1,024 steps: ~32 MB). Not sized from the footers: their bytes a row (averaged over a row group)
+# understate a run of wide rows among short texts 6x and dictionary-encoded pages ~1000x (reviewer-qa's mixed.py,
+# bytes.py). The price: ~40 us a read, samples.v1's pass over short texts ~35% slower than 4,096-row reads.
+READ_ROWS = 64
 
 
-def bounded_batch_rows(fragments: Iterable[Any], columns: Iterable[str], batch_rows: int) -> int:
-    """``batch_rows``, lowered so that a batch of ``columns`` holds about ``BATCH_BYTES``: rows are as wide as in the
-    widest row group of ``fragments`` (Parquet footers: uncompressed bytes of the columns' leaves per row)."""
-    wanted = set(columns)
-    widest = 0.0
-    for fragment in fragments:
-        metadata = fragment.metadata
-        for index in range(metadata.num_row_groups):
-            group = metadata.row_group(index)
-            if group.num_rows:
-                size = sum(group.column(i).total_uncompressed_size for i in range(group.num_columns)
-                           if group.column(i).path_in_schema.split(".", 1)[0] in wanted)
-                widest = max(widest, size / group.num_rows)
-    if not widest:
-        return batch_rows
-    return max(1, min(batch_rows, int(BATCH_BYTES // widest)))
+def bounded_batches(reads: Iterable[pa.RecordBatch], *, max_rows: int) -> Iterator[pa.Table]:
+    """Consecutive ``reads`` joined (no copy: one chunk each) into batches of at most ``max_rows`` rows that end as
+    soon as they hold ``BATCH_BYTES`` of decoded columns."""
+    pending: list[pa.RecordBatch] = []
+    rows = size = 0
+    for read in reads:
+        if not read.num_rows:
+            continue
+        if pending and rows + read.num_rows > max_rows:
+            yield pa.Table.from_batches(pending)
+            pending, rows, size = [], 0, 0
+        pending.append(read)
+        rows += read.num_rows
+        size += read.nbytes
+        if size >= BATCH_BYTES or rows >= max_rows:
+            yield pa.Table.from_batches(pending)
+            pending, rows, size = [], 0, 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+def read_batches(dataset: Any, columns: Iterable[str], *, batch_rows: int, files: list[str] | None = None
+                 ) -> Iterator[pa.Table]:
+    """``columns`` of ``dataset`` (``files`` only, when given) in batches of at most ``batch_rows`` rows and about
+    ``BATCH_BYTES`` decoded: ``scan_batches`` reads of ``READ_ROWS`` rows joined by ``bounded_batches``. What the
+    local pass, each Ray task and each Spark task validate."""
+    reads = scan_batches(dataset, columns=list(columns), batch_rows=min(READ_ROWS, batch_rows), files=files)
+    return bounded_batches(reads, max_rows=batch_rows)
 
 
 def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
@@ -229,7 +248,7 @@ def plan_pass(schema: pa.Schema, suites: list[Suite], *, total_rows: int, batch_
     return PassPlan(runs, sources, frozenset(wanted), read, stride, batch_rows)
 
 
-def aggregate_batches(plan: PassPlan, batches: Iterable[pa.RecordBatch], *, start: int = 0) -> Partial:
+def aggregate_batches(plan: PassPlan, batches: Iterable[pa.RecordBatch | pa.Table], *, start: int = 0) -> Partial:
     """Stream ``batches`` (the plan's ``read`` columns) through fresh aggregates; ``start``: the table row the
     first batch begins at, so the every-k-th-row sample is the same however the table is split."""
     sample: list[pa.Table] = []
@@ -268,13 +287,12 @@ def run_suites_streaming(dataset: Any, suites: list[Suite], *, total_rows: int, 
                          ) -> list[tuple[bool, list[dict[str, Any]]]]:
     """Run ``suites`` over a ``pyarrow.dataset`` of Parquet files (``Lake.dataset``) in one pass of ``batch_rows``
     batches (``scan_batches``: no read-ahead, so a slow pass holds one batch), reading only the columns
-    they name (fewer rows a batch where rows are wide: ``bounded_batch_rows``); returns (success, entries) per
+    they name (fewer rows a batch where rows are wide: ``read_batches``); returns (success, entries) per
     suite, entries in the shape ``run_expectations`` gives.
     ``progress("rows", done, total_rows)`` is called after each batch (a long pass is never silent)."""
     plan = plan_pass(pa.schema(dataset.schema), suites, total_rows=total_rows, batch_rows=batch_rows)
-    plan = replace(plan, batch_rows=bounded_batch_rows(dataset.get_fragments(), plan.read, plan.batch_rows))
-    batches: Iterable[pa.RecordBatch] = scan_batches(dataset, columns=list(plan.read), batch_rows=plan.batch_rows)
-    batches = counted(batches, progress, "rows", total=total_rows, rows=lambda batch: batch.num_rows)
+    batches = counted(read_batches(dataset, plan.read, batch_rows=plan.batch_rows), progress, "rows",
+                      total=total_rows, rows=lambda batch: batch.num_rows)
     return finish_pass(plan, aggregate_batches(plan, batches))
 
 

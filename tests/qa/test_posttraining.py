@@ -399,9 +399,8 @@ def test_derived_columns_stream_in_batches_as_they_compute_on_the_whole_table(tm
 
 
 def test_wide_rows_are_read_in_fewer_rows_a_batch_with_the_same_verdicts(tmp_path, monkeypatch):
-    """A trajectory row can hold 1,024 steps and as much rendered text: the pass sizes its batches from the Parquet
-    footers (bytes of the read columns per row) so one batch holds about BATCH_BYTES, whatever rows a file has;
-    batch boundaries change no verdict."""
+    """A trajectory row can hold 1,024 steps and as much rendered text: a batch ends once its reads hold
+    BATCH_BYTES of decoded columns, whatever rows a file has; batch boundaries change no verdict."""
     import datahub.qa.validate as validate
     from datahub.qa import run_suites
 
@@ -416,17 +415,11 @@ def test_wide_rows_are_read_in_fewer_rows_a_batch_with_the_same_verdicts(tmp_pat
 
     whole, expected = batches_seen()
     assert whole[-1] == rows and len(set(whole) - {0}) == 1  # 4,096-row batches: one
-    monkeypatch.setattr(validate, "BATCH_BYTES", 1)  # one row a batch
+    monkeypatch.setattr(validate, "BATCH_BYTES", 1)  # one read a batch
+    monkeypatch.setattr(validate, "READ_ROWS", 1)  # one row a read
     narrow, got = batches_seen()
     assert sorted(set(narrow) - {0}) == list(range(1, rows + 1))
     assert [r.results for r in got] == [r.results for r in expected]
-    monkeypatch.setattr(validate, "BATCH_BYTES", 32 * 2**20)
-    fragments = list(lake.dataset("samples").get_fragments())
-    per_row = max(sum(g.column(i).total_uncompressed_size for i in range(g.num_columns)
-                      if g.column(i).path_in_schema.split(".")[0] in ("steps", "text")) / g.num_rows
-                  for f in fragments for g in (f.metadata.row_group(j) for j in range(f.metadata.num_row_groups)))
-    assert validate.bounded_batch_rows(fragments, ["steps", "text"], 10**9) == int(32 * 2**20 // per_row)
-    assert validate.bounded_batch_rows(fragments, ["steps", "text"], 4096) == 4096  # small rows keep 4,096
 
 
 def test_columns_named_like_post_training_ones_but_of_other_types_run_samples_v1_alone(tmp_path):
@@ -452,3 +445,56 @@ def test_columns_named_like_post_training_ones_but_of_other_types_run_samples_v1
     assert "column 'steps' is int64" in wrong["steps_count"] and "a list of structs" in wrong["steps_count"]
     assert "column 'messages' is string" in wrong["messages_last_role"]
     assert "role, content, tool_calls" in wrong["messages_last_role"]
+
+
+def test_a_batch_holds_about_batch_bytes_of_decoded_columns_in_a_mixed_file_on_every_path(tmp_path, monkeypatch):
+    """One file of many short texts and a dense run of wide trajectory rows (the samples table holds every kind in
+    input order): the footers' average bytes a row hide the wide run, so batches are bounded by the decoded bytes
+    read, in the local pass, the Ray task (``_FileAggregates``) and the Spark read (``_FileValidationColumns``) alike;
+    verdicts do not change."""
+    import datahub.qa.engine as engine
+    import datahub.qa.validate as validate
+    from datahub.config.suites import load_suite
+    from datahub.kinds.posttraining import STEPS
+
+    short = 2_000
+    wide = [[{"observation": f"row {r} step {s} " + "x" * 480, "reward": 1.0} for s in range(64)] for r in range(40)]
+    table = pa.table({
+        "sample_id": [f"s{i:05d}" for i in range(short + len(wide))],
+        "kind": ["text"] * short + ["trajectory"] * len(wide),
+        "text": [f"short text {i}" for i in range(short)] + [f"episode {r}" for r in range(len(wide))],
+        "steps": pa.array([None] * short + wide, STEPS),
+        "step_offset": pa.array([None] * short + [0] * len(wide), pa.int64()),
+        "episode_steps": pa.array([None] * short + [64] * len(wide), pa.int64()),
+    })
+    lake = Lake(tmp_path / "mixed")
+    lake.commit("samples", table, txn="mixed/1")
+    limit = 256 * 2**10  # the wide run is ~1.3 MB: five times this; the file averages ~0.7 KB a row
+    monkeypatch.setattr(validate, "BATCH_BYTES", limit)
+    monkeypatch.setattr(validate, "READ_ROWS", 4)  # a read of wide rows (~128 KB) is under the limit, as 64 are
+    # under 32 MiB for rows of up to ~0.5 MB (1,024 steps)
+    seen: list[int] = []
+    batch_of = validate.validation_batch
+
+    def spy(batch, wanted):
+        seen.append(batch.nbytes)
+        return batch_of(batch, wanted)
+
+    monkeypatch.setattr(validate, "validation_batch", spy)
+    monkeypatch.setattr(engine, "validation_batch", spy)
+    from datahub.qa import run_suites
+
+    suites = [load_suite("samples.v1"), load_suite("posttraining.v1")]
+    [_, post] = run_suites(lake, suites=["samples.v1", "posttraining.v1"], commit=False)
+    assert post.success and len(seen) > 1
+    assert max(seen) <= 2 * limit, ("local", max(seen), limit)
+    dataset = lake.dataset("samples")
+    [path] = dataset.files
+    plan = validate.plan_pass(pa.schema(dataset.schema), suites, total_rows=table.num_rows)
+    seen.clear()
+    version = lake.version("samples")
+    engine._FileAggregates(lake, "samples", version, plan)((path, 0))  # what each Ray task runs
+    assert len(seen) > 1 and max(seen) <= 2 * limit, ("ray task", max(seen), limit)
+    seen.clear()
+    list(engine._FileValidationColumns(lake, "samples", version, plan.read, plan.wanted, plan.batch_rows)(path))  # Spark's
+    assert len(seen) > 1 and max(seen) <= 2 * limit, ("spark read", max(seen), limit)
