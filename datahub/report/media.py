@@ -16,13 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from datahub.kinds.media import IMAGE, IMAGE_HEIGHT, IMAGE_WIDTH
 from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
 
 BATCH_ROWS = 65_536
+LINEAGE_BATCH_ROWS = 16_384  # rows of the lineage scan for dropped clusters (a JSON ref each): ~5 MB a batch
 SHEET_IMAGES = 48  # kept images on the contact sheet
 SHEET_CLUSTERS = 24  # keepers of the largest duplicate clusters
 
@@ -85,8 +88,12 @@ def _largest_clusters(lake: Lake, run_ids: list[str], top: int) -> list[tuple[st
     if not lake.exists("lineage") or not run_ids:
         return []
     dup_of: dict[str, str] = {}
-    batches = lake.dataset("lineage").to_batches(columns=["sample_id", "ref"], batch_size=BATCH_ROWS,
-                                                 filter=(pc.field("action") == "dropped") & pc.field("run_id").isin(run_ids))
+    # scan_batches, filtered here: the dataset scanner read ahead of this per-row loop whatever its readahead said
+    lineage = lake.dataset("lineage")
+    runs = pa.array(run_ids, lineage.schema.field("run_id").type)  # the scan's batches have its schema
+    scanned = scan_batches(lineage, columns=["action", "run_id", "sample_id", "ref"], batch_rows=LINEAGE_BATCH_ROWS)
+    batches = (batch.filter(pc.and_(pc.equal(batch.column("action"), "dropped"),
+                                    pc.is_in(batch.column("run_id"), value_set=runs))) for batch in scanned)
     for batch in batches:
         for sample_id, ref in zip(batch.column("sample_id").to_pylist(), batch.column("ref").to_pylist()):
             try:
