@@ -17,7 +17,9 @@ The table is read once, in batches, and only the columns the suite names (``text
 A failed ``not_null``, ``between`` or ``in_set`` check also names the ``sample_id`` of its first ``EXAMPLES``
 unexpected rows, in scan order (``example_ids``; the entry's ``unexpected_sample_ids``), when the table has that
 column: GX's ``partial_unexpected_list`` of ``chosen_equals_rejected`` is ``[True, ...]``, which says nothing of
-which pair to fix. Great Expectations on Spark does not give them.
+which pair to fix. Great Expectations on Spark does not give them. Rows whose ``sample_id`` is null have no id to
+name: they are counted (``unexpected_without_id``; the entry's ``unexpected_rows_without_sample_id``); a check on
+``sample_id`` itself names none.
 
 A uniqueness check holds up to ``HELD_HASHES`` hashes (8 MB); past that they are counted per hash and spilled to
 local disk in sorted runs (``datahub.lake.external_sort``), merged when the check is judged.
@@ -110,6 +112,7 @@ class Check:
     total: float = 0.0
     examples: list[Any] = field(default_factory=list)
     example_ids: list[str] = field(default_factory=list)  # sample_id of the unexpected rows, first EXAMPLES
+    unexpected_without_id: int = 0  # unexpected rows whose sample_id is null (nothing to name)
     hashes: list[np.ndarray] = field(default_factory=list)
     hash_counts: tuple[int, int, int] | None = None  # (distinct, hashed rows, rows of repeated values), engine-counted
     spilled: SortedRuns | None = field(default=None, repr=False, compare=False)  # (hash, count) past HELD_HASHES
@@ -197,6 +200,7 @@ class Check:
         self.total += later.total
         self.examples.extend(later.examples[:max(0, EXAMPLES - len(self.examples))])
         self.example_ids.extend(later.example_ids[:max(0, EXAMPLES - len(self.example_ids))])
+        self.unexpected_without_id += later.unexpected_without_id
         self.hashes.extend(later.hashes)
         if later.spilled is not None:
             self._spill_hashes()
@@ -225,8 +229,10 @@ class Check:
             self._example_ids(ids, unexpected)
 
     def _example_ids(self, ids: pa.Array, unexpected: pa.Array) -> None:
+        if ids.null_count:  # a row without a sample_id is counted: no id to name, and never the string 'None'
+            self.unexpected_without_id += int(pc.sum(pc.and_(unexpected, pc.is_null(ids))).as_py() or 0)
         if len(self.example_ids) < EXAMPLES:
-            picked = pc.filter(ids, unexpected).slice(0, EXAMPLES - len(self.example_ids))
+            picked = pc.drop_null(pc.filter(ids, unexpected)).slice(0, EXAMPLES - len(self.example_ids))
             self.example_ids.extend(str(i) for i in picked.to_pylist())
 
     def result(self) -> tuple[bool, dict[str, Any]]:
@@ -312,4 +318,5 @@ def evaluate(checks: Iterable[Check], batches: Iterable[pa.Table]) -> None:
             values = None
             if column is not None and column in batch.column_names:
                 values = batch.column(column).combine_chunks()
-            check.update(batch.num_rows, values, ids if check.kind in ID_TYPES else None)
+            named = check.kind in ID_TYPES and column != ID_COLUMN  # a check on the ids has none to name
+            check.update(batch.num_rows, values, ids if named else None)

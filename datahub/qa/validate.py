@@ -328,6 +328,8 @@ def finish_pass(plan: PassPlan, done: Partial) -> list[tuple[bool, list[dict[str
             entry = _entry(check.expectation, success=success, observed=_observed(result))
             if check.example_ids:
                 entry["unexpected_sample_ids"] = list(check.example_ids)
+            if check.unexpected_without_id:
+                entry["unexpected_rows_without_sample_id"] = check.unexpected_without_id
             entries.append(entry)
         out.append((all(e["success"] is not False for e in entries), entries))
     return out

@@ -178,3 +178,20 @@ def test_an_expectation_that_does_not_fit_the_column_type_fails_alone_naming_it(
     assert "expect_column_values_to_be_in_set on column 'source_offset' (int64)" in entries[1]["error"]
     assert "fix the suite's kwargs" in entries[1]["error"]
     assert not entries[2].get("error") and not entries[3].get("error")
+
+
+def test_unexpected_rows_without_a_sample_id_are_counted_not_named_none(tmp_path):
+    """A failed row check names the sample ids of its rows; a row whose sample_id is null has none to name (not the
+    string 'None'): it is counted in unexpected_rows_without_sample_id. A check on sample_id itself names no ids."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"sample_id": ["a" * 32, None, None, "b" * 32],
+                             "text": ["a text of some words", "", "another text here", ""]}), tmp_path / "p.parquet")
+    suite = Suite("ids.v1", "1", [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "sample_id"}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "text_length", "min_value": 1}}], "ids")
+    [(ok, (on_id, on_text))] = run_suites_streaming(ds.dataset(tmp_path, format="parquet"), [suite], total_rows=4)
+    assert not ok and on_id["observed"]["unexpected_count"] == 2 and on_text["observed"]["unexpected_count"] == 2
+    assert "unexpected_sample_ids" not in on_id and "unexpected_rows_without_sample_id" not in on_id
+    assert on_text["unexpected_sample_ids"] == ["b" * 32]
+    assert on_text["unexpected_rows_without_sample_id"] == 1
