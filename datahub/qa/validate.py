@@ -161,17 +161,15 @@ def plan_suite(suite: Suite, available: set[str], mistyped: dict[str, str] | Non
     sampled: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
     order: list[tuple[str, int]] = []
+    failed = unrunnable(suite, available, mistyped)
     for index, expectation in enumerate(suite.expectations):
         column = (expectation.get("kwargs") or {}).get("column")
-        if column is not None and column not in available:
-            wrong = _wrong_sources(column, mistyped or {})
-            if (expectation.get("meta") or {}).get("optional") and not wrong:
-                skipped.append(_entry(expectation, success=None, observed=None,
-                                      skipped=f"column {column!r} not in table"))
-            else:
-                order.append(("missing", len(missing)))
-                missing.append(_entry(expectation, success=False, observed=None,
-                                      error=missing_column(suite, index, column, available, mistyped)))
+        if index in failed:
+            order.append(("missing", len(missing)))
+            missing.append(failed[index])
+            continue
+        if column is not None and column not in available:  # optional
+            skipped.append(_entry(expectation, success=None, observed=None, skipped=f"column {column!r} not in table"))
             continue
         clean = {k: v for k, v in expectation.items() if k in ("type", "kwargs", "meta")}
         if clean["type"] in EXACT_TYPES:
@@ -181,6 +179,21 @@ def plan_suite(suite: Suite, available: set[str], mistyped: dict[str, str] | Non
             order.append(("sampled", len(sampled)))
             sampled.append(clean)
     return SuiteRun(suite, skipped, checks, sampled, order, missing)
+
+
+def unrunnable(suite: Suite, available: set[str], mistyped: dict[str, str] | None = None) -> dict[int, dict[str, Any]]:
+    """Index in ``suite`` -> failed entry of each expectation on a column the table cannot give (not optional, or
+    derived from a ``mistyped`` column), its error naming the suite file and that index: one error path for the
+    local pass, Ray and Spark (which leaves them out of what Great Expectations runs)."""
+    failed = {}
+    for index, expectation in enumerate(suite.expectations):
+        column = (expectation.get("kwargs") or {}).get("column")
+        if column is None or column in available:
+            continue
+        if not (expectation.get("meta") or {}).get("optional") or _wrong_sources(column, mistyped or {}):
+            failed[index] = _entry(expectation, success=False, observed=None,
+                                   error=missing_column(suite, index, column, available, mistyped))
+    return failed
 
 
 def _wrong_sources(column: str, mistyped: dict[str, str]) -> list[str]:
