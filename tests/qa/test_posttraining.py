@@ -500,3 +500,21 @@ def test_a_batch_holds_about_batch_bytes_of_decoded_columns_in_a_mixed_file_on_e
     seen.clear()
     list(engine._FileValidationColumns(lake, "samples", version, plan.read, plan.wanted, plan.batch_rows)(path))  # Spark's
     assert len(seen) > 1 and max(seen) <= 2 * limit, ("spark read", max(seen), limit)
+
+
+def test_qa_cli_says_which_source_columns_a_skipped_check_lacks(tmp_path):
+    """A trajectory table without step_offset/episode_steps (another writer) skips steps_within_episode for lack of
+    those columns, not for lack of trajectory samples, which it has."""
+    from datahub.cli.main import app
+    from datahub.kinds.posttraining import STEPS
+
+    lake = Lake(tmp_path / "steps")
+    lake.commit("samples", pa.table({
+        "sample_id": ["a" * 32], "kind": ["trajectory"], "text": ["df reports /var at 98%"],
+        "steps": pa.array([[{"observation": "df reports /var at 98%", "action": "du -sh /var/*"}]], STEPS)}),
+        txn="steps/1")
+    out = CliRunner().invoke(app, ["qa", "--lake", str(lake.root), "--no-record"], terminal_width=200)
+    text = " ".join(out.output.split())
+    assert out.exit_code == 0, out.output
+    assert "(no step_offset, episode_steps column): steps_within_episode" in text
+    assert "(no trajectory samples): steps_within_episode" not in text

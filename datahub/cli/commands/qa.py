@@ -86,7 +86,8 @@ def register(app: typer.Typer) -> None:
                 mark = "[green]passed[/]" if r.success else "[bold red]FAILED[/]"
                 out.print(f"{r.suite} (v{r.suite_version}) on {r.table}@{r.table_version}: {mark}")
                 absent = [e["kwargs"]["column"] for e in r.results if e["success"] is None and _absent_column(e)]
-                for why, columns in _absent_reasons(absent).items():
+                names = the_lake.dataset(r.table, r.table_version).schema.names if absent else []
+                for why, columns in _absent_reasons(absent, set(names)).items():
                     out.print(f"  skip {len(columns)} optional expectation{'s' if len(columns) > 1 else ''}: columns "
                               f"not in this table ({why}): {', '.join(columns)}", soft_wrap=True)
                 for e in r.results:
@@ -110,15 +111,23 @@ def _absent_column(entry: dict) -> bool:
     return column is not None and entry.get("skipped") == f"column {column!r} not in table"
 
 
-def _absent_reasons(columns: list[str]) -> dict[str, list[str]]:
+def _absent_reasons(columns: list[str], table_columns: set[str]) -> dict[str, list[str]]:
     """Skipped optional columns by why they are absent: post-training columns derived from a kind's columns the
-    table lacks (datahub.qa.posttraining), or signals no operator wrote (a chat or image job has no gopher ones)."""
+    table (``table_columns``) lacks (datahub.qa.posttraining): no samples of that kind when its list column is
+    absent, else the missing columns by name; or signals no operator wrote (a chat or image job has no gopher
+    ones)."""
     from datahub.qa.posttraining import DERIVED
 
     reasons: dict[str, list[str]] = {}
     for column in columns:
         derived = DERIVED.get(column)
-        why = f"no {derived.kind} samples" if derived else "signals no operator of its job wrote"
+        lacking = [source for source in derived.sources if source not in table_columns] if derived else []
+        if derived is None:
+            why = "signals no operator of its job wrote"
+        elif derived.sources[0] in lacking:  # the kind's list column: messages, chosen/rejected or steps
+            why = f"no {derived.kind} samples"
+        else:
+            why = f"no {', '.join(lacking)} column" if lacking else f"{derived.kind} columns of another type"
         reasons.setdefault(why, []).append(column)
     return reasons
 
