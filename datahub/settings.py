@@ -10,6 +10,7 @@ callers and tests can pass their own environment.
 | ``DATAHUB_PROGRESS`` | ``progress_forced`` | ``1`` shows terminal progress bars even when not a TTY |
 | ``DATAHUB_ALLOCATOR`` | ``allocator`` | ``system`` (default) or ``arrow``: memory allocator of the CLI |
 | ``DATAHUB_REGION`` | ``region`` | the loader's region: replicas there are read first |
+| ``DATAHUB_RAY_NUM_CPUS`` | ``ray_num_cpus`` | CPUs of an embedded Ray when the job names none (default: the CPUs this process may use) |
 | ``DATAHUB_TEST_KILL_AT`` | ``kill_at`` | fault injection for crash-safety tests: checkpoints to SIGKILL at |
 | ``XDG_CACHE_HOME`` | ``cache_home`` | the user's cache directory (default ``~/.cache``): the loader's sha256 verdicts |
 
@@ -21,10 +22,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from datahub.errors import SpecError
+
 MINHASH_COMPILED_ENV = "DATAHUB_MINHASH_COMPILED"
 PROGRESS_ENV = "DATAHUB_PROGRESS"
 ALLOCATOR_ENV = "DATAHUB_ALLOCATOR"
 REGION_ENV = "DATAHUB_REGION"
+RAY_NUM_CPUS_ENV = "DATAHUB_RAY_NUM_CPUS"
 KILL_AT_ENV = "DATAHUB_TEST_KILL_AT"
 CACHE_HOME_ENV = "XDG_CACHE_HOME"
 
@@ -51,6 +55,17 @@ def allocator(environ: Mapping[str, str] | None = None) -> str:
 def region(environ: Mapping[str, str] | None = None) -> str | None:
     """The reader's region (``DATAHUB_REGION``; empty: none)."""
     return _env(environ).get(REGION_ENV) or None
+
+
+def ray_num_cpus(environ: Mapping[str, str] | None = None) -> int | None:
+    """CPUs of an embedded Ray when the job's ``engine.num_cpus`` is not set (``DATAHUB_RAY_NUM_CPUS``), or None."""
+    value = _env(environ).get(RAY_NUM_CPUS_ENV, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise SpecError(f"{RAY_NUM_CPUS_ENV}={value!r}: expected a whole number of CPUs >= 1 (e.g. "
+                         f"{RAY_NUM_CPUS_ENV}=4), or unset it to use the CPUs this process may run on")
+    return int(value)
 
 
 def kill_at(environ: Mapping[str, str] | None = None) -> str | None:

@@ -12,6 +12,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # loopback-only test cluster
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# CLI subprocesses that start an embedded Ray (a job with no engine.num_cpus) size it like the session's Ray,
+# not by the CI runner's cores (64 workers sharing the runner would time out the CLI tests)
+os.environ.setdefault("DATAHUB_RAY_NUM_CPUS", "2")
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ class _Model(BaseModel):
 class EngineSpec(_Model):
     kind: Literal["ray", "spark"] = "ray"
     address: str | None = Field(None, description="Ray cluster address; None starts an embedded local Ray")
-    num_cpus: int | None = Field(None, ge=1, description="CPUs for an embedded engine; None = all")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs for an embedded Ray; None = DATAHUB_RAY_NUM_CPUS, else the CPUs this process may use")
     object_store_mb: int | None = Field(
         None, ge=64, description="embedded Ray: cap on its shared-memory object store (MB); beyond it blocks spill "
         "to local disk. None = Ray's default (30% of RAM)")

@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import pyarrow as pa
 
+from datahub import settings
 from datahub.engines.base import Engine, ReadFn
 from datahub.engines.cluster import check_ray_address
+from datahub.engines.cpus import usable_cpus
 from datahub.engines.frame import Aggregate, BatchFn, Frame
 from datahub.engines.ray import watchdog
 
@@ -240,7 +242,7 @@ class RayEngine(Engine):
         if self.spec.address:
             kwargs["address"] = self.spec.address
         else:
-            kwargs["num_cpus"] = self.spec.num_cpus or os.cpu_count() or 1
+            kwargs["num_cpus"] = self.spec.num_cpus or settings.ray_num_cpus() or usable_cpus()
             if self.spec.object_store_mb is not None:
                 kwargs["object_store_memory"] = self.spec.object_store_mb * 2**20
                 # a capped store spills: one spill and one restore process (~100 MB each) instead of

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from datahub.engines.cluster import check_spark_master
+from datahub.engines.cpus import usable_cpus
 from datahub.engines.spark.quiet import driver_log_options, pandas_notice_ignored
 from datahub.errors import MissingDependencyError, TerminalError
 
@@ -63,7 +64,7 @@ def _is_local(master: str | None) -> bool:
 
 def _local_cores(master: str) -> int:
     inside = master[master.find("[") + 1 : master.find("]")] if "[" in master else "1"
-    return (os.cpu_count() or 1) if inside.startswith("*") else max(1, int(inside.split(",")[0]))
+    return usable_cpus() if inside.startswith("*") else max(1, int(inside.split(",")[0]))
 
 
 def session_conf(spec: EngineSpec, *, python: str, environ: Mapping[str, str]) -> dict[str, str]:
