@@ -2,7 +2,9 @@
 batch_readahead=1) its pass over them held decoded row groups ahead of its slower consumer (JSON refs, the cluster
 sort): 57-65 MB of the ~100 MB of lineage columns it reads here, varying run to run with thread timing (the pattern
 of the CI failure fixed in 29b69cc). With scan_batches: 10.5 MB in every run, at 2 or 32 Arrow threads. The image
-section's largest-clusters pass read the same events the same way (63-68 MB; now 10.2 MB)."""
+section's largest-clusters pass read the same events the same way (63-68 MB; now 10.2 MB), and its contact sheet took
+its first 48 images with Dataset.head, which decoded whole row groups of images of several files (100-252 MB of a
+100 MB image column; now 16 MB for the whole image section)."""
 
 from __future__ import annotations
 
@@ -85,3 +87,45 @@ def test_the_image_sections_cluster_pass_holds_a_batch_not_the_lineage(dropped_l
     assert len(measured["top"]) == 5 and all(n >= 2 for _, n in measured["top"])
     # 63-68 MB through the dataset scanner; 10.2 MB with scan_batches (16,384-row batches of four columns)
     assert measured["peak"] < measured["lineage_bytes"] / 4, {k: measured[k] for k in ("peak", "lineage_bytes")}
+
+
+IMAGES_PEAK = """
+import json, os, sys, tempfile
+import pyarrow as pa
+from datahub.lake import Lake
+from datahub.report.media import media_plots
+lake = Lake(sys.argv[1])
+before = pa.default_memory_pool().max_memory()
+plots = media_plots(lake, out_dir=tempfile.mkdtemp())
+peak = pa.default_memory_pool().max_memory() - before
+images = lake.dataset("samples").to_table(columns=["image"]).nbytes
+print(json.dumps({"peak": peak, "images": images, "plots": sorted(plots)}))
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_the_image_section_holds_a_few_images_not_row_groups_of_them(tmp_path):
+    """Four files of 500 rows with 50 KB images (100 MB, one row group each) and 24 dropped duplicates whose
+    keepers are spread over them: the contact sheet's 48 images and the 24 keepers' are read a few at a time."""
+    import os
+
+    import pyarrow as pa
+
+    from datahub.lake import Lake
+
+    lake = Lake(tmp_path / "lake")
+    keepers: list[str] = []
+    for f in range(4):
+        ids = [f"{f:02x}{i:030x}" for i in range(500)]
+        keepers += ids[::84][:6]
+        lake.commit("samples", pa.table({"sample_id": ids, "image": [os.urandom(50_000) for _ in ids],
+                                         "image_width": pa.array([64] * 500, pa.int32()),
+                                         "image_height": pa.array([48] * 500, pa.int32()),
+                                         "text": ["a caption"] * 500, "ingest_run_id": ["r1"] * 500}), txn=f"s{f}")
+    lake.commit("lineage", pa.table({"sample_id": [f"dd{i:030x}" for i in range(24)], "run_id": ["r1"] * 24,
+                                     "action": ["dropped"] * 24,
+                                     "ref": [json.dumps({"dup_of": k}) for k in keepers]}), txn="l0")
+    measured = _measure(IMAGES_PEAK, tmp_path / "lake")
+    assert measured["plots"] == ["contact_sheet", "duplicate_clusters", "image_sizes"]
+    assert measured["peak"] < measured["images"] / 4, {k: measured[k] for k in ("peak", "images")}
