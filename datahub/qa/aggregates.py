@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,17 +149,17 @@ class Check:
     def _update(self, values: pa.Array, ids: pa.Array | None) -> None:
         valid = pc.drop_null(values)
         kind, kwargs = self.kind, self.kwargs
-        valid_ids = None if ids is None or not len(valid) else pc.filter(ids, pc.is_valid(values))
+        ids_of_valid = None if ids is None or not len(valid) else (lambda: pc.filter(ids, pc.is_valid(values)))
         if kind == "expect_column_values_to_not_be_null":
             self.unexpected += len(values) - len(valid)
             if ids is not None and len(values) > len(valid):
                 self._example_ids(ids, pc.is_null(values))
         elif kind == "expect_column_values_to_be_between":
             outside = _outside(valid, kwargs)
-            self._count(valid, outside, valid_ids)
+            self._count(valid, outside, ids_of_valid)
         elif kind == "expect_column_values_to_be_in_set":
             allowed = pa.array(kwargs.get("value_set") or [], valid.type if len(kwargs.get("value_set") or []) else None)
-            self._count(valid, pc.invert(pc.is_in(valid, value_set=allowed.cast(valid.type))), valid_ids)
+            self._count(valid, pc.invert(pc.is_in(valid, value_set=allowed.cast(valid.type))), ids_of_valid)
         elif kind == "expect_column_mean_to_be_between":
             self.total += float(pc.sum(pc.cast(valid, pa.float64())).as_py() or 0.0)
         elif kind in ("expect_column_values_to_be_unique", "expect_column_proportion_of_unique_values_to_be_between"):
@@ -220,13 +220,14 @@ class Check:
         mine = self.hash_counts or (0, 0, 0)
         self.hash_counts = (mine[0] + counts[0], mine[1] + counts[1], mine[2] + counts[2])
 
-    def _count(self, valid: pa.Array, unexpected: pa.Array, ids: pa.Array | None) -> None:
+    def _count(self, valid: pa.Array, unexpected: pa.Array, ids: Callable[[], pa.Array] | None) -> None:
+        """``ids``: the sample ids of the ``valid`` rows, filtered only when a row is unexpected (rarely)."""
         count = int(pc.sum(unexpected).as_py() or 0)
         self.unexpected += count
         if count and len(self.examples) < EXAMPLES:
             self.examples.extend(pc.filter(valid, unexpected).slice(0, EXAMPLES - len(self.examples)).to_pylist())
         if count and ids is not None:
-            self._example_ids(ids, unexpected)
+            self._example_ids(ids(), unexpected)
 
     def _example_ids(self, ids: pa.Array, unexpected: pa.Array) -> None:
         if ids.null_count:  # a row without a sample_id is counted: no id to name, and never the string 'None'
