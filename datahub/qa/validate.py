@@ -37,22 +37,23 @@ BATCH_ROWS = 4096
 # Counted on the decoded reads (``nbytes``: ``bounded_batches``).
 # ``chosen_equals_rejected`` copies the equal-length rows of both replies once a batch: up to ~2x those columns.
 BATCH_BYTES = 32 * 2**20
-# Rows one Parquet read decodes: a batch ends at the read that reaches BATCH_BYTES, so it overshoots by at most one
-# read (64 rows of 1,024 steps: ~32 MB). Not sized from the footers: their bytes a row (averaged over a row group)
-# understate a run of wide rows among short texts 6x and dictionary-encoded pages ~1000x (reviewer-qa's mixed.py,
-# bytes.py). The price: ~40 us a read, samples.v1's pass over short texts ~35% slower than 4,096-row reads.
+# Rows one Parquet read decodes: a batch ends before the read that would take it past BATCH_BYTES, so only a read
+# wider than BATCH_BYTES alone exceeds it (64 rows of 1,024 steps and their text: ~30 MB). Not sized from the
+# footers: their bytes a row (averaged over a row group) understate a run of wide rows among short texts 6x and
+# dictionary-encoded pages ~1000x (reviewer-qa's mixed.py, bytes.py). The price: ~40 us a read, samples.v1's pass
+# over short texts ~35% slower than 4,096-row reads.
 READ_ROWS = 64
 
 
 def bounded_batches(reads: Iterable[pa.RecordBatch], *, max_rows: int) -> Iterator[pa.Table]:
-    """Consecutive ``reads`` joined (no copy: one chunk each) into batches of at most ``max_rows`` rows that end as
-    soon as they hold ``BATCH_BYTES`` of decoded columns."""
+    """Consecutive ``reads`` joined (no copy: one chunk each) into batches of at most ``max_rows`` rows and at most
+    ``BATCH_BYTES`` of decoded columns (a read wider than that alone is a batch of its own)."""
     pending: list[pa.RecordBatch] = []
     rows = size = 0
     for read in reads:
         if not read.num_rows:
             continue
-        if pending and rows + read.num_rows > max_rows:
+        if pending and (rows + read.num_rows > max_rows or size + read.nbytes > BATCH_BYTES):
             yield pa.Table.from_batches(pending)
             pending, rows, size = [], 0, 0
         pending.append(read)
