@@ -61,6 +61,18 @@ def run_suite(
                       suites_dir=suites_dir)[0]
 
 
+def table_default_suites(lake: Lake, *, table: str, version: int | None = None,
+                         suites_dir: str | Path | None = None) -> list[str]:
+    """The suites ``datahub qa`` runs on ``table`` at ``version`` (default latest) when none is named, from the
+    version's schema (the Delta log and one footer: no rows read): ``samples.v1``, plus ``posttraining.v1`` on chat,
+    preference or trajectory columns of the types its derived columns read (a ``steps`` count is none)."""
+    from datahub.config.suites import default_suites
+
+    schema = pa.schema(lake.dataset(table, version).schema)
+    wrong = mistyped_sources(schema)
+    return default_suites([n for n in schema.names if n not in wrong], suites_dir=suites_dir)
+
+
 def run_suites(
     lake: Lake,
     *,
@@ -80,17 +92,15 @@ def run_suites(
     ``progress(stage, done, total)`` follows the local pass's rows (called from no engine pass).
     ``suites=None``: the table's default suites (``datahub.config.suites.default_suites``: ``samples.v1``, plus
     ``posttraining.v1`` on a table with chat, preference or trajectory columns)."""
-    from datahub.config.suites import default_suites, load_suite
+    from datahub.config.suites import load_suite
     from datahub.qa.validate import run_suites_streaming
 
     if suites is not None:
         loaded = [load_suite(name, suites_dir=suites_dir) for name in suites]  # bad names fail before reading
     if version is None:
         version = int(lake.table(table).version())
-    if suites is None:  # from the version's schema (the Delta log and one footer: no rows read)
-        schema = pa.schema(lake.dataset(table, version).schema)
-        wrong = mistyped_sources(schema)  # a `steps` count is no trajectory column
-        names = default_suites([n for n in schema.names if n not in wrong], suites_dir=suites_dir)
+    if suites is None:
+        names = table_default_suites(lake, table=table, version=version, suites_dir=suites_dir)
         loaded = [load_suite(name, suites_dir=suites_dir) for name in names]
     with ExitStack() as scope:
         running = engine_in_scope(engine, scope, purpose="QA")

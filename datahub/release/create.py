@@ -3,7 +3,7 @@ checked against the registered evaluation sets (``datahub.evalset``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +27,7 @@ def create_release(
     table: str = "samples",
     version: int | None = None,
     require_qa: bool = False,
+    require_suites: Sequence[str] = (),
     creator: str | None = None,
     allow_contamination: str | None = None,
     progress: Progress | None = None,
@@ -38,6 +39,9 @@ def create_release(
     failed, (with ``require_qa``) when no QA ran on it, or when samples share 13-grams with a
     registered eval set, unless ``allow_contamination`` gives the reason (recorded in the
     release's details and in the contaminated samples' ``released`` lineage rows).
+    ``require_suites``: suites that must have a result on that version (``datahub release create --require-qa``
+    passes the table's default suites, ``datahub.qa.table_default_suites``, so a chat table checked by samples.v1
+    alone is refused until posttraining.v1 ran on it).
 
     Samples taken down by an earlier ``release redact`` (its ids, or every row of its ``source_uri``) stay out:
     when the version holds any, the release is materialized in ``release_<name>`` without them
@@ -79,6 +83,13 @@ def create_release(
         raise ReleaseError(
             f"release {name!r} refused: no QA results for {table} v{version} and --require-qa was given; "
             f"run the QA suites first: {qa_command(lake, table=table, version=version)}"
+        )
+    missing = [suite for suite in require_suites if suite not in verdict.suites]
+    if verdict.ran and missing:
+        raise ReleaseError(
+            f"release {name!r} refused: no QA results of {', '.join(missing)} for {table} v{version} (suites that ran: "
+            f"{', '.join(sorted(verdict.suites))}) and --require-qa asks for the table's default suites; run them: "
+            f"{qa_command(lake, table=table, version=version)}"
         )
     refuse_other_allowance(lake, name, allow_contamination)  # before the eval-set check reads every row
     from datahub.evalset.check import contamination

@@ -518,3 +518,27 @@ def test_qa_cli_says_which_source_columns_a_skipped_check_lacks(tmp_path):
     assert out.exit_code == 0, out.output
     assert "(no step_offset, episode_steps column): steps_within_episode" in text
     assert "(no trajectory samples): steps_within_episode" not in text
+
+
+def test_release_create_require_qa_asks_for_the_tables_default_suites(tmp_path):
+    """`release create --require-qa` on a chat/preference table checked by samples.v1 alone is refused, naming
+    posttraining.v1 and the qa command; once `datahub qa` ran the default suites, it releases. Text tables still
+    need samples.v1 only."""
+    from datahub.cli.main import app
+
+    runner = CliRunner()
+    lake = _build(tmp_path, "chat", chats=CHATS, pairs=PAIRS, qa={"suites": ["samples.v1"]})
+    refused = runner.invoke(app, ["release", "create", "r1", "--lake", str(lake.root), "--require-qa"],
+                            terminal_width=200)
+    assert refused.exit_code != 0
+    message = " ".join((refused.output + str(refused.exception)).split())  # the app raises; main() prints it
+    assert "no QA results of posttraining.v1" in message and "suites that ran: samples.v1" in message, message
+    assert f"datahub qa --lake {lake.root} --table samples" in message, message
+    qa = runner.invoke(app, ["qa", "--lake", str(lake.root)])
+    assert qa.exit_code == 0, qa.output
+    made = runner.invoke(app, ["release", "create", "r1", "--lake", str(lake.root), "--require-qa", "--json"])
+    assert made.exit_code == 0, made.output
+    assert set(json.loads(made.output)["details"]["qa_suites"]) == {"samples.v1", "posttraining.v1"}
+    text = _build(tmp_path, "text", texts=TEXTS, qa={"suites": ["samples.v1"]})
+    plain = runner.invoke(app, ["release", "create", "t1", "--lake", str(text.root), "--require-qa"])
+    assert plain.exit_code == 0, plain.output

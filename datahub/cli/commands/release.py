@@ -61,7 +61,9 @@ def register(app: typer.Typer) -> None:
         lake: str = LAKE,
         table: str = typer.Option("samples", "--table", help="Table to freeze."),
         version: Optional[int] = typer.Option(None, "--version", help="Delta version to freeze (default: latest)."),
-        require_qa: bool = typer.Option(False, "--require-qa", help="Refuse when no QA suite ran on that version."),
+        require_qa: bool = typer.Option(False, "--require-qa", help="Refuse unless the table's default QA suites "
+                                        "(those `datahub qa` runs on it: samples.v1, plus posttraining.v1 on chat, "
+                                        "preference or trajectory data) have results on that version."),
         allow_contamination: Optional[str] = typer.Option(
             None, "--allow-contamination", metavar="REASON",
             help="Release even though samples overlap a registered eval set (datahub evalset); the reason is recorded "
@@ -77,9 +79,16 @@ def register(app: typer.Typer) -> None:
 
         the_lake = _lake(lake)
         existed = exist_ok and release_exists(the_lake, name)
+        required: list[str] = []
+        if require_qa and not existed and the_lake.exists(table) and (
+                version is None or 0 <= version <= int(the_lake.table(table).version())):  # else create refuses
+            from datahub.qa.results import table_default_suites
+
+            required = table_default_suites(the_lake, table=table, version=version)
         with progress(f"release create {name}", enabled=not as_json and not existed) as update:
             release = create_release(the_lake, name, table=table, version=version, require_qa=require_qa,
-                                     allow_contamination=allow_contamination, progress=update, exist_ok=exist_ok)
+                                     require_suites=required, allow_contamination=allow_contamination,
+                                     progress=update, exist_ok=exist_ok)
         if as_json:
             print_json({**release.as_dict(), **({"existed": existed} if exist_ok else {})})
             return
