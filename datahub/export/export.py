@@ -38,7 +38,7 @@ import mmap
 import os
 import re
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -65,7 +65,7 @@ from datahub.export.spill import BucketSpill, RecordSpill, bucket_bytes, buckets
 from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive, header_blocks
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, hashing_thread, shard_name
-from datahub.export.exported_lineage import shard_index_ahead
+from datahub.export.exported_lineage import commit_shard_index
 from datahub.lake.lake import Lake
 from datahub.pipeline.faults import checkpoint
 from datahub.progress import Progress
@@ -190,11 +190,6 @@ def export_table_version(
         # by index: the filter above may drop a middle entry (another plan's boundary) and keep later ones
         finished = {d.index for d in done}
         todo = [span.index for span in plan.spans if span.index not in finished]
-        # the lineage rows (the plan's ids of every shard) are written while the shards are, committed after them
-        lineage_ids = plan.cursor()
-        shard_index = ((shard_name(release_name, span.index), lineage_ids.shard_ids(span.index)) for span in plan.spans)
-        lineage = scope.enter_context(shard_index_ahead(lake, release_name, target, shard_index, op=EXPORT_OP,
-                                                        params_hash=export_key))
         for shard in _write(source, writer, todo, plan=plan, local=local, running=running, workers=workers,
                             upload_workers=upload_workers):
             done.append(shard)
@@ -220,10 +215,7 @@ def export_table_version(
                 raise IntegrityError(f"release {release_name!r}: shards {vanished[:3]}{more} "
                                      f"vanished from tier {target.name} during the export (a concurrent `datahub tier "
                                      "apply`?); re-run the export")
-        if [d.name for d in done] != [shard_name(release_name, span.index) for span in plan.spans]:
-            raise IntegrityError(f"release {release_name!r}: the export published {len(done)} shards, its plan has "
-                                 f"{len(plan.spans)}; re-run the export")
-        lineage()  # the shard index, one lineage commit (see ``shard_index_ahead``)
+        commit_export_lineage(lake, release_name, target, done, lambda s: plan.shard_ids(s.index), export_key)
         checkpoint("export:before_manifest")
         replicas = {s.name: {**(dict(existing.shards[s.index].replicas) if existing else {}),
                              target.name: target.uri(release_name, s.name)} for s in done}
@@ -812,6 +804,14 @@ class _Journal:
         stops another export or a tier apply of this release and tier from running meanwhile)."""
         self.tier.delete(self.dir.rsplit("/", 1)[0], recursive=True)
         self.tier.sweep_partials(self.tier.uri(self.release), older_than=STALE_PARTIAL_S)
+
+
+def commit_export_lineage(lake: Lake, release: str, tier: Tier, shards: list[ShardDone],
+                          ids_of: Callable[[ShardDone], pa.Array], export_key: str) -> None:
+    """The shard index as ``exported`` lineage events, one commit (txn ``export/{release}/{tier}``), streamed
+    shard by shard (``ids_of`` gives a shard's sample ids in shard order)."""
+    commit_shard_index(lake, release, tier, ((shard.name, ids_of(shard)) for shard in shards), op=EXPORT_OP,
+                       params_hash=export_key)
 
 
 def _content_digest(id_chunks: Iterable[pa.Array], table: str, version: int) -> str:

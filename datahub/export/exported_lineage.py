@@ -7,9 +7,7 @@ target-size file of rows).
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -54,56 +52,6 @@ def commit_shard_index(lake: Lake, release: str, tier: Tier, shards: Iterable[tu
 
     return commit_exported(lake, events(), txn=f"export/{release}/{tier.name}", op=op, params_hash=params_hash,
                            metadata={"datahub.export": release, "datahub.tier": tier.name})
-
-
-@contextmanager
-def shard_index_ahead(lake: Lake, release: str, tier: Tier, shards: Iterable[tuple[str, pa.Array]], *, op: str,
-                      params_hash: str) -> Iterator[Callable[[], int | None]]:
-    """``commit_shard_index`` prepared on a thread while the block runs (an export writes its shards meanwhile: that
-    phase waits for the disk or the network, and the shards' ids are known from the plan before they are written),
-    committed only when the block calls the function it is given (the new lineage version, or None when committed
-    before). Leaving the block without that call (an error) commits nothing and removes the rows' files; a process
-    killed meanwhile leaves uncommitted files in the lineage table's folder, as a killed commit always could. The
-    order of effects is the export's: the lineage commit after every shard, before the manifest."""
-    go, stop = threading.Event(), threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def gated() -> Iterator[tuple[str, pa.Array]]:
-        for shard in shards:
-            if stop.is_set():
-                break
-            yield shard
-        go.wait()
-        if stop.is_set():
-            raise _Abandoned(f"export of {release!r} to tier {tier.name}: stopped before its lineage commit")
-
-    def prepare() -> None:
-        try:
-            outcome["version"] = commit_shard_index(lake, release, tier, gated(), op=op, params_hash=params_hash)
-        except BaseException as exc:  # handed to the caller at the commit
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=prepare, name="datahub-export-lineage", daemon=True)
-
-    def commit() -> int | None:
-        go.set()
-        thread.join()
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome.get("version")
-
-    thread.start()
-    try:
-        yield commit
-    finally:
-        if not go.is_set():  # the block failed: the thread stops without committing and removes its files
-            stop.set()
-            go.set()
-        thread.join()
-
-
-class _Abandoned(Exception):
-    """The block of ``shard_index_ahead`` ended without its commit (the export failed first)."""
 
 
 EXPORT_KEY = "datahub.export_key"  # lineage commit metadata: the export key (settings) the exported rows stand for

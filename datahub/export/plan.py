@@ -22,7 +22,6 @@ its shard with a binary search over the shards' first keys (``ExportPlan.route``
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -427,13 +426,6 @@ class BucketPlan:
             # in several passes) costs page-cache mappings, not a copy
             self._loaded = (bucket, _read_segment(self.path, self.segments[bucket]))
         return self._loaded[1]
-
-    def cursor(self) -> BucketPlan:
-        """The same plan with a loaded bucket of its own: for another thread reading it meanwhile (an export's lineage
-        rows while its shards are gathered); one more bucket's records mapped at a time."""
-        other = copy.copy(self)
-        other._loaded = None
-        return other
 
     def rows(self, start: int, count: int) -> list[tuple[int, pa.Table]]:
         """The records of ranks ``[start, start + count)``, in order: (bucket, its records in the range) each."""

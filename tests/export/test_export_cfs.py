@@ -452,65 +452,6 @@ def test_a_local_export_spills_member_data_without_tar_headers_and_writes_the_re
     assert [Path(s.replicas["cfs"]).read_bytes() for s in manifest.shards] == expected
 
 
-def test_the_lineage_rows_are_written_with_the_shards_and_committed_after_the_last(tmp_path, monkeypatch) -> None:
-    """The shard index's lineage rows are prepared while the shards are written (their ids come from the plan), the
-    lineage commit comes after the last shard and before the manifest; a failed export commits none and leaves no
-    rows' file in the lineage table's folder."""
-    import threading
-
-    import datahub.export.exported_lineage as exported_lineage
-    import datahub.release.materialize as materialize
-
-    lake, version = make_lake(tmp_path / "lake", 60)
-    storage = cfs_storage(("cfs", tmp_path / "cfs"))
-    events: list[str] = []
-    all_rows = threading.Event()
-    real_rows, real_commit, real_publish = exported_lineage.lineage_rows, materialize.commit_files, Tier.publish
-
-    def rows(keys, **kwargs):
-        events.append(f"rows {len(keys)}")
-        if sum(int(e.split()[1]) for e in events if e.startswith("rows")) == 60:
-            all_rows.set()
-        return real_rows(keys, **kwargs)
-
-    def commit_files(*args, **kwargs):
-        events.append("lineage commit")
-        return real_commit(*args, **kwargs)
-
-    def publish(self, uri, data):
-        name = uri.rsplit("/", 1)[-1]
-        if name == "rel-v1-000005.tar":  # the last shard: published only once every shard's rows were made
-            assert all_rows.wait(timeout=60), "the lineage rows were not prepared while the shards were written"
-        if name.endswith(".tar") or name == "manifest.json":
-            events.append(name)
-        return real_publish(self, uri, data)
-
-    monkeypatch.setattr(exported_lineage, "lineage_rows", rows)
-    monkeypatch.setattr(materialize, "commit_files", commit_files)
-    monkeypatch.setattr(Tier, "publish", publish)
-    manifest = _export(lake, version, storage, shard_samples=10, upload_workers=1)
-    assert events.index("rel-v1-000005.tar") > max(i for i, e in enumerate(events) if e.startswith("rows"))
-    assert events.index("rel-v1-000005.tar") < events.index("lineage commit") < events.index("manifest.json")
-    assert events.count("lineage commit") == 1
-    assert lake.read("lineage").num_rows == 60 and read_lake_manifest(lake, "rel-v1") == manifest
-
-    failing, _ = make_lake(tmp_path / "failing", 60)
-    all_rows.clear()
-
-    def fail_last(self, uri, data):
-        if uri.endswith("-000005.tar"):
-            assert all_rows.wait(timeout=60)
-            raise OSError("disk went away")
-        return real_publish(self, uri, data)
-
-    events.clear()
-    monkeypatch.setattr(Tier, "publish", fail_last)
-    with pytest.raises(OSError, match="disk went away"):
-        _export(failing, version, cfs_storage(("cfs", tmp_path / "cfs-failing")), shard_samples=10, upload_workers=1)
-    assert "lineage commit" not in events and not failing.exists("lineage")
-    assert not list(Path(failing.table_uri("lineage")).rglob("*.parquet"))
-
-
 def test_a_seeded_export_counts_its_rows_from_the_delta_log_and_reads_the_ids_once(tmp_path, monkeypatch) -> None:
     """A seeded export's buckets are ranges of the order hash: only the row count is needed before the rows are
     read, and the Delta log's file statistics give it exactly (live rows: the null count of ``_drop_reason``), so
