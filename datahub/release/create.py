@@ -39,9 +39,10 @@ def create_release(
     failed, (with ``require_qa``) when no QA ran on it, or when samples share 13-grams with a
     registered eval set, unless ``allow_contamination`` gives the reason (recorded in the
     release's details and in the contaminated samples' ``released`` lineage rows).
-    ``require_suites``: suites that must have a result on that version (``datahub release create --require-qa``
-    passes the table's default suites, ``datahub.qa.table_default_suites``, so a chat table checked by samples.v1
-    alone is refused until posttraining.v1 ran on it).
+    ``require_suites``: suites that must have a result on that version. ``datahub release create --require-qa``
+    passes the table's kind-specific default suites (``datahub.qa.table_default_suites`` less ``samples.v1``), so a
+    chat table checked by samples.v1 alone is refused until posttraining.v1 ran; a Python caller passes them the
+    same way (this layer does not import ``datahub.qa``, which imports it).
 
     Samples taken down by an earlier ``release redact`` (its ids, or every row of its ``source_uri``) stay out:
     when the version holds any, the release is materialized in ``release_<name>`` without them

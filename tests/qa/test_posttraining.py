@@ -542,3 +542,7 @@ def test_release_create_require_qa_asks_for_the_tables_default_suites(tmp_path):
     text = _build(tmp_path, "text", texts=TEXTS, qa={"suites": ["samples.v1"]})
     plain = runner.invoke(app, ["release", "create", "t1", "--lake", str(text.root), "--require-qa"])
     assert plain.exit_code == 0, plain.output
+    # any suite still satisfies --require-qa on its samples.v1 part: a chat table checked by posttraining.v1 alone
+    alone = _build(tmp_path, "alone", chats=CHATS, qa={"suites": ["posttraining.v1"]})
+    only = runner.invoke(app, ["release", "create", "a1", "--lake", str(alone.root), "--require-qa"])
+    assert only.exit_code == 0, only.output + str(only.exception)
