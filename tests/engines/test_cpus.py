@@ -14,15 +14,43 @@ from datahub.errors import SpecError
 from datahub.settings import RAY_NUM_CPUS_ENV, ray_num_cpus
 
 
+def _cgroups(tmp_path, proc: str, files: dict[str, str]):
+    root = tmp_path / "sys-fs-cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text + "\n")
+    root.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cgroup").write_text(proc)
+    return {"cgroup_root": root, "proc_cgroup": tmp_path / "cgroup"}
+
+
 @pytest.mark.parametrize(("text", "quota"), [("200000 100000", 2), ("150000 100000", 2), ("50000 100000", 1),
                                                ("max 100000", None), ("garbage", None)])
-def test_cgroup_quota_is_read_in_whole_cpus_rounded_up(tmp_path, text, quota):
-    cpu_max = tmp_path / "cpu.max"
-    cpu_max.write_text(text + "\n")
-    assert cgroup_quota(cpu_max) == quota
+def test_a_cgroup_v2_quota_is_read_in_whole_cpus_rounded_up(tmp_path, text, quota):
+    where = _cgroups(tmp_path, "0::/\n", {"cpu.max": text})
+    assert cgroup_quota(**where) == quota
     affinity = len(os.sched_getaffinity(0))
-    assert usable_cpus(cpu_max=cpu_max) == (min(affinity, quota) if quota else affinity)
-    assert cgroup_quota(tmp_path / "absent") is None
+    assert usable_cpus(**where) == (min(affinity, quota) if quota else affinity)
+
+
+def test_the_smallest_quota_on_the_cgroup_path_counts_in_v2_and_v1(tmp_path):
+    # v2, nested: the job's cgroup has none, its parent 1.5 CPUs, the root none
+    v2 = _cgroups(tmp_path / "v2", "0::/kubepods/pod1/job\n",
+                  {"cpu.max": "max 100000", "kubepods/pod1/cpu.max": "150000 100000", "kubepods/pod1/job/cpu.max":
+                   "max 100000"})
+    assert cgroup_quota(**v2) == 2
+    # v1 (this machine's layout): the cpu controller's cfs quota, -1 meaning none
+    v1 = _cgroups(tmp_path / "v1", "4:memory:/x\n1:cpu,cpuacct:/docker/abc\n0::/\n",
+                  {"cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000",
+                   "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "300000",
+                   "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000"})
+    assert cgroup_quota(**v1) == 3
+    # a container sees its own cgroup as the mount's root: the host path in /proc/self/cgroup is not mounted
+    inside = _cgroups(tmp_path / "inside", "1:cpu:/docker/abc\n", {"cpu/cpu.cfs_quota_us": "100000",
+                                                                    "cpu/cpu.cfs_period_us": "100000"})
+    assert cgroup_quota(**inside) == 1
+    assert cgroup_quota(**_cgroups(tmp_path / "none", "1:cpu:/\n0::/\n", {})) is None
+    assert cgroup_quota(cgroup_root=tmp_path / "absent", proc_cgroup=tmp_path / "absent") is None
 
 
 def test_usable_cpus_follow_the_affinity_mask_not_the_hosts_cpus():
