@@ -47,7 +47,10 @@ def scan_batches(dataset: Any, *, columns: Sequence[str] | None = None, batch_ro
         raise KeyError(f"columns {missing} are not in the table (columns: {', '.join(schema.names)})")
     wanted = pa.schema([schema.field(c) for c in names])
     only = set(files) if files is not None else None
-    key, keys = (values_in[0], sorted(set(values_in[1]))) if values_in is not None else (None, [])
+    # a null never matches (SQL's IN; pc.is_in's default)
+    key, keys = (values_in[0], sorted({v for v in values_in[1] if v is not None})) if values_in else (None, [])
+    if values_in is not None and not keys:
+        return
     value_sets: dict[pa.DataType, pa.Array] = {}  # ``values`` in the type of the files' column (string or large)
     for fragment in dataset.get_fragments():
         if only is not None and fragment.path not in only:
@@ -57,23 +60,28 @@ def scan_batches(dataset: Any, *, columns: Sequence[str] | None = None, batch_ro
                             pre_buffer=False) as parquet:
             present = [c for c in names if c in parquet.schema_arrow.names]
             row_groups = None
-            if key is not None:
-                if key not in parquet.schema_arrow.names:  # null in this file: no value matches
+            file_key = key
+            if key is not None and key in constants:  # a partition column: the whole file matches, or none of it
+                if constants[key] not in keys:
                     continue
-                row_groups = _row_groups_with(parquet.metadata, key, keys)
+                file_key = None
+            if file_key is not None:
+                if file_key not in parquet.schema_arrow.names:  # null in this file: no value matches
+                    continue
+                row_groups = _row_groups_with(parquet.metadata, file_key, keys)
                 if not row_groups:
                     continue
             if not present:  # e.g. only partition columns asked for: the row count is in the footer
-                if key is None:
+                if file_key is None:
                     yield from _constant_batches(parquet.metadata.num_rows, wanted, constants, batch_rows)
                     continue
-                present = [key]  # read to filter by, dropped below
-            read = present if key is None or key in present else [*present, key]
+                present = [file_key]  # read to filter by, dropped below
+            read = present if file_key is None or file_key in present else [*present, file_key]
             for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=read):
-                if key is not None:
-                    column = batch.column(key)
+                if file_key is not None:
+                    column = batch.column(file_key)
                     if column.type not in value_sets:
-                        value_sets[column.type] = pa.array(keys, column.type)
+                        value_sets[column.type] = _value_set(keys, column.type, file_key, fragment.path)
                     batch = batch.filter(pc.is_in(column, value_set=value_sets[column.type]))
                 table = pa.Table.from_batches([batch])
                 for name, value in constants.items():
@@ -81,6 +89,14 @@ def scan_batches(dataset: Any, *, columns: Sequence[str] | None = None, batch_ro
                         table = table.append_column(name, pa.repeat(pa.scalar(value), table.num_rows))
                 for out in conform(table, wanted).combine_chunks().to_batches():
                     yield out
+
+
+def _value_set(values: list[Any], type_: pa.DataType, column: str, path: str) -> pa.Array:
+    try:
+        return pa.array(values, type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        raise TypeError(f"{path}: values_in on column {column!r} ({type_}): the values {values[:3]!r} are not of "
+                        f"that type ({exc}); pass values of the column's type") from None
 
 
 def _row_groups_with(metadata: Any, column: str, values: list[Any]) -> list[int]:

@@ -48,3 +48,20 @@ def test_a_lookup_of_other_columns_and_of_no_key(tmp_path):
     assert list(scan_batches(dataset, values_in=("sample_id", []))) == []
     with pytest.raises(KeyError, match="'id'"):
         list(scan_batches(dataset, values_in=("id", ["x"])))
+
+
+def test_a_lookup_by_a_partition_column_a_null_value_and_values_of_another_type(tmp_path):
+    table = _table(0, 300, pa.string()).append_column("part", pa.array(["a"] * 100 + ["b"] * 200))
+    ds.write_dataset(table, tmp_path / "p", format="parquet", partitioning=["part"], partitioning_flavor="hive")
+    dataset = ds.dataset(str(tmp_path / "p"), format="parquet", partitioning="hive")
+    # a partition column's value is the file's: the whole file matches, or none of it (was: no rows at all)
+    rows = [r for b in scan_batches(dataset, columns=["n"], values_in=("part", ["b"])) for r in b.to_pylist()]
+    assert sorted(r["n"] for r in rows) == list(range(100, 300))
+    assert list(scan_batches(dataset, values_in=("part", ["c"]))) == []
+    # a null matches no row (SQL's IN), beside the values that do (was: TypeError from sorting None with str)
+    got = [r["n"] for b in scan_batches(dataset, columns=["n"], values_in=("sample_id", [None, "00000005"]))
+           for r in b.to_pylist()]
+    assert got == [5]
+    assert list(scan_batches(dataset, values_in=("sample_id", [None]))) == []
+    with pytest.raises(TypeError, match=r"values_in on column 'n' \(int64\).*pass values of the column's type"):
+        list(scan_batches(dataset, values_in=("n", ["five"])))
