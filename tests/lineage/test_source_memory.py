@@ -43,5 +43,6 @@ def test_the_story_of_a_small_file_does_not_hold_the_lakes_ingested_events(tmp_p
     assert measured["records"] == 3
     # the lake's ingested events are ~80 MB here; a bounded scan holds a batch of them (and the 3 matches): 11.3-11.6
     # MB, then lineage_events of the 3 ids 8.1 MB. The dataset scanner held 22-39 MB whatever its readahead said (a
-    # fresh-clone CI saw 38.7 MB), and 11-20 MB in lineage_events with readahead 1 (until a0f3f91).
-    assert measured["peak"] < measured["ingested_bytes"] / 6, measured
+    # fresh-clone CI saw 38.7 MB), and 11-20 MB in lineage_events with readahead 1 (until a0f3f91). Bound ~16 MB: a
+    # third above the scan's peak, under the scanner's least.
+    assert measured["peak"] < measured["ingested_bytes"] / 5, measured
