@@ -214,11 +214,7 @@ def test_a_merge_finished_with_allow_contamination_after_its_lineage_commit_note
         merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="another reason")
     release = merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="found late")
     assert release.details["contamination"]["allowed"] == "found late"
-    lineage = lake.read("lineage")
-    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
-                                  pc.equal(lineage.column("ref"), "mix")))
-    noted = sorted((s, r) for s, r in zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist())
-                   if "contamination" in r)
+    rows, noted = _released_rows_and_notes(lake, "mix")
     late = "merged_from:leaky; contamination allowed: found late"
     assert noted == sorted([(sample_id_of(LEAKED[0]), f"{late} (bench@1:q2)"),
                             (sample_id_of(LEAKED[1]), f"{late} (bench@1:q3)")])
@@ -295,11 +291,7 @@ def test_a_merge_re_run_notes_the_samples_an_eval_set_overlaps_only_since_its_ea
     add_evalset(lake, "bench", write_evalset(tmp_path / "b2.jsonl"))
     release = merge_releases(lake, "mix", sources=["leaky"], allow_contamination="R")
     assert release.details["contamination"]["by_evalset"] == {"bench@2": 2}
-    lineage = lake.read("lineage")
-    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
-                                  pc.equal(lineage.column("ref"), "mix")))
-    noted = sorted((s, r) for s, r in zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist())
-                   if "contamination" in r)
+    rows, noted = _released_rows_and_notes(lake, "mix")
     late = "merged_from:leaky; contamination allowed: R"
     assert noted == sorted([(sample_id_of(LEAKED[1]), f"{late} (bench@1:q3)"),
                             (sample_id_of(LEAKED[0]), f"{late} (bench@2:q2)"),
@@ -325,3 +317,13 @@ def test_a_re_run_with_another_reason_is_refused_before_any_pass_over_the_rows(t
     assert stages == []
     assert merge_releases(lake, "mix", sources=["clean", "leaky"], allow_contamination="R").row_count == 9
     assert create_release(lake, "r1", allow_contamination="R").row_count == 6
+
+
+def _released_rows_and_notes(lake, release: str):
+    """The release's ``released`` lineage rows, and the (sample_id, reason) of those noting a contamination."""
+    lineage = lake.read("lineage")
+    rows = lineage.filter(pc.and_(pc.equal(lineage.column("action"), "released"),
+                                  pc.equal(lineage.column("ref"), release)))
+    noted = sorted((s, r) for s, r in zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist())
+                   if "contamination" in r)
+    return rows, noted
