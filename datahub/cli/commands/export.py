@@ -29,13 +29,13 @@ def register(app: typer.Typer) -> None:
         shard_samples: Optional[int] = typer.Option(None, "--shard-samples", help="Samples per shard instead of a size."),
         shuffle_seed: Optional[int] = typer.Option(None, "--shuffle-seed", help="Seeded sample order (default: by sample_id)."),
         table: Optional[str] = typer.Option(None, "--table", help="Export this table version instead of a release record."),
-        version: Optional[int] = typer.Option(None, "--version", help="Delta version of --table (default: latest)."),
+        version: Optional[int] = typer.Option(None, "--version", help="With --table: its Delta version (default: latest). A release exports the version it froze."),
         engine: str = typer.Option("local", "--engine", help="local (this process), ray or spark: engine tasks write "
                                    "whole shards straight to the tier; same bytes either way."),
-        address: Optional[str] = typer.Option(None, "--address", help="Ray cluster address or Spark master URL "
-                                              "(default: an embedded local engine)."),
-        workers: Optional[int] = typer.Option(None, "--workers", help="Engine tasks at once (default: the engine's)."),
-        object_store_mb: Optional[int] = typer.Option(None, "--object-store-mb", min=64, help="Embedded Ray: cap on its "
+        address: Optional[str] = typer.Option(None, "--address", help="With --engine ray|spark: a Ray cluster "
+                                              "address or Spark master URL (default: an embedded local engine)."),
+        workers: Optional[int] = typer.Option(None, "--workers", help="With --engine ray|spark: engine tasks at once (default: the engine's)."),
+        object_store_mb: Optional[int] = typer.Option(None, "--object-store-mb", min=64, help="With --engine ray and no --address: cap on the embedded Ray's "
                                                       "shared-memory object store, beyond which the shuffle spills to "
                                                       f"local disk (default {EMBEDDED_RAY_STORE_MB}, so memory does not "
                                                       "grow with the release)."),
@@ -62,10 +62,12 @@ def register(app: typer.Typer) -> None:
         from datahub.export import export_release, export_table_version
         from datahub.storage import load_storage_config
 
-        config = load_storage_config(storage)
-        the_lake = open_lake(lake)
         if engine not in ("local", "ray", "spark"):
             raise typer.BadParameter(f"use local, ray or spark, got {engine!r}", param_hint="--engine")
+        _refuse_ignored_options(release, table=table, version=version, engine=engine, address=address,
+                                workers=workers, object_store_mb=object_store_mb)
+        config = load_storage_config(storage)
+        the_lake = open_lake(lake)
         options: dict[str, Any] = {"tier": tier, "storage": config, "shard_size": shard_size, "shard_samples": shard_samples,
                    "shuffle_seed": shuffle_seed, "workers": workers, "verify": verify}
         if tokenizer is None and (eod_token is not None or file_tokens is not None or add_special_tokens):
@@ -117,6 +119,28 @@ def register(app: typer.Typer) -> None:
         out.print(f"  samples    {manifest.num_samples}")
         out.print(f"  bytes      {total}")
         out.print(f"  replicas   {', '.join(manifest.tiers)}")
+
+
+def _refuse_ignored_options(release: str, *, table: str | None, version: int | None, engine: str,
+                            address: str | None, workers: int | None, object_store_mb: int | None) -> None:
+    """An option that the other options given make meaningless is an error, never dropped: `--version 0` of a
+    release exported the version the release froze, and `--address` without `--engine` exported in this process."""
+    from datahub.errors import SpecError
+
+    if version is not None and table is None:
+        raise SpecError(f"--version {version} goes with --table: release {release!r} already froze its table version; "
+                        f"drop --version, or export that table version under a name of your own: "
+                        f"--table samples --version {version}")
+    if engine == "local" and address is not None:
+        raise SpecError(f"--address {address} names a cluster, but --engine is local (this process): add --engine ray "
+                        "(a Ray address) or --engine spark (a Spark master), or drop --address")
+    if engine == "local" and workers is not None:
+        raise SpecError(f"--workers {workers} sets how many engine tasks write at once, but --engine is local (this "
+                        "process): add --engine ray or --engine spark, or drop --workers")
+    if object_store_mb is not None and (engine != "ray" or address is not None):
+        raise SpecError(f"--object-store-mb {object_store_mb} sizes the embedded Ray that --engine ray starts "
+                        "without --address; a cluster's object store is set on the cluster (ray start "
+                        "--object-store-memory): drop --object-store-mb")
 
 
 def _export_tokens(the_lake: Any, release: str, *, tokenizer: Path, table: str | None, version: int | None,
