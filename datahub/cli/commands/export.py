@@ -18,8 +18,19 @@ from datahub.cli.output import console, print_json, progress
 EMBEDDED_RAY_STORE_MB = 256
 
 
+EXAMPLES = """Examples:
+  datahub export corpus-v1 --lake lake/ --tier cfs --storage storage.yaml
+  datahub export corpus-v1 --lake lake/ --tier ceph --storage storage.yaml \\
+      --engine ray --address ray://head:10001 --workers 64
+  datahub export corpus-v1 --lake lake/ --tier cfs --storage storage.yaml \\
+      --tokenizer tok/tokenizer.json
+  # again: check every replica by sha256, rewrite damaged shards
+  datahub export corpus-v1 --lake lake/ --tier cfs --storage storage.yaml \\
+      --verify"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("export")
+    @app.command("export", epilog=EXAMPLES)
     def export(
         release: str = typer.Argument(..., help="Release name (shards are named RELEASE-NNNNNN.tar)."),
         lake: str = typer.Option(..., "--lake", help=LAKE_HELP),

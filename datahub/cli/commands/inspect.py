@@ -10,8 +10,15 @@ from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, plain, print_json
 
 
+EXAMPLES = """Examples:
+  # every table: Delta version, rows, files
+  datahub inspect --lake lake/demo
+  # one table: schema, rows per kind, history
+  datahub inspect --lake lake/demo samples --json"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("inspect")
+    @app.command("inspect", epilog=EXAMPLES)
     def inspect(
         lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
         table: Optional[str] = typer.Argument(None, help="One table to describe in detail (schema, history)."),

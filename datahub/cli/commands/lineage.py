@@ -65,8 +65,17 @@ def _as_listed(source: str) -> str:
     return os.path.abspath(os.path.expanduser(source))
 
 
+EXAMPLES = """Examples:
+  # one sample's story
+  datahub lineage e018a41b37251f2f8a4fce4b025281ee --lake lake/demo
+  # what became of each record of an input file
+  datahub lineage --source data/demo/docs-a.jsonl.gz --lake lake/demo
+  # Z-order the lineage table by sample_id
+  datahub lineage optimize --lake lake/demo"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("lineage")
+    @app.command("lineage", epilog=EXAMPLES)
     def lineage(
         sample_id: Optional[str] = typer.Argument(None, help="A sample id, or `optimize` to Z-order the lineage table."),
         lake: str = typer.Option(..., "--lake", help=LAKE_HELP),

@@ -108,8 +108,15 @@ def _other_runs(root: str, run: str) -> str:
     return f" (runs that quarantined records: {listed}{did_you_mean(run, runs)})"
 
 
+EXAMPLES = """Examples:
+  datahub quarantine --lake lake/demo
+  datahub quarantine --lake lake/demo --reason invalid_json --examples 10
+  # one run's records (run ids: datahub runs --lake lake/demo)
+  datahub quarantine --lake lake/demo --run demo-6f4acf5e741f --json"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("quarantine")
+    @app.command("quarantine", epilog=EXAMPLES)
     def quarantine(
         lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
         reason: Optional[str] = typer.Option(None, "--reason", help="Only this reason (e.g. invalid_json)."),

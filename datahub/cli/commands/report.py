@@ -12,8 +12,13 @@ from datahub.cli.output import console, print_json, progress
 from datahub.cli.release_option import RELEASE_HELP
 
 
+EXAMPLES = """Examples:
+  datahub report --lake lake/demo --out report/
+  datahub report --lake lake/demo --out report-v1/ --release corpus-v1"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("report")
+    @app.command("report", epilog=EXAMPLES)
     def report(
         lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
         lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),

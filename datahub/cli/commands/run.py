@@ -15,8 +15,19 @@ if TYPE_CHECKING:
     from datahub.pipeline.run import RunResult
 
 
+EXAMPLES = """Examples:
+  # validate the spec and list its input files; run nothing
+  datahub run jobs/demo.yaml --check
+  # incremental: only input files not ingested before
+  datahub run jobs/demo.yaml
+  datahub run jobs/demo.yaml --lake /data/lake --json
+  datahub run jobs/demo.yaml --set graph.dedup.params.threshold=0.9
+  # every input file again, on Spark
+  datahub run jobs/demo.yaml --engine spark --full"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("run")
+    @app.command("run", epilog=EXAMPLES)
     def run(
         job: Path = typer.Argument(..., help="Job spec YAML, e.g. jobs/demo.yaml.", exists=False),
         lake: Optional[str] = typer.Option(None, "--lake", help="Override the spec's lake: a root (a path or "

@@ -10,8 +10,13 @@ from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
 from datahub.cli.output import console, print_json
 
 
+EXAMPLES = """Examples:
+  datahub runs --lake lake/demo
+  datahub runs --lake lake/demo --job demo --json"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("runs")
+    @app.command("runs", epilog=EXAMPLES)
     def runs(
         lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
         lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),

@@ -10,12 +10,19 @@ import typer
 from datahub.cli.output import console, print_json
 
 
+EXAMPLES = """Examples:
+  datahub schedule render jobs/nightly.yaml --target cron --out deploy/
+  datahub schedule render jobs/nightly.yaml --target k8s-cronjob \\
+      --lake lake.yaml --image registry/datahub:1.4
+  datahub schedule render jobs/nightly.yaml --target airflow --out dags/"""
+
+
 def register(app: typer.Typer) -> None:
     group = typer.Typer(help="Run jobs on a schedule with an existing scheduler (cron, Kubernetes, Airflow).",
                         no_args_is_help=True)
     app.add_typer(group, name="schedule")
 
-    @group.command("render")
+    @group.command("render", epilog=EXAMPLES)
     def render(
         jobs: list[Path] = typer.Argument(..., help="Job spec YAML files with a `schedule:` cron field."),
         target: str = typer.Option(..., "--target", help="k8s-cronjob | airflow | cron (a crontab line)."),

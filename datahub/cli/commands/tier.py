@@ -87,6 +87,23 @@ def _print_plan(plan: TierPlan, rules: dict[str, str] | None = None, regions: di
     out.print(f"total: copy {plan.bytes_to_copy} bytes, delete {plan.bytes_to_delete} bytes")
 
 
+PLAN_EXAMPLES = """Examples:
+  # what the policy would copy and delete, and how many bytes
+  datahub tier plan --lake lake/ --storage storage.yaml
+  datahub tier plan --lake lake/ --storage storage.yaml --release corpus-v1 \\
+      --tiers cfs,ceph --json"""
+
+APPLY_EXAMPLES = """Examples:
+  datahub tier apply --lake lake/ --storage storage.yaml
+  # a second region's tiers join from eu.yaml
+  datahub tier apply --lake lake/ --storage storage.yaml --storage eu.yaml \\
+      --release corpus-v1 --tiers cfs,ceph-eu --max-mb-s 200"""
+
+TOUCH_EXAMPLES = """Examples:
+  # from a training job's start-up: keeps the release on its hot tier
+  datahub tier touch corpus-v1 --lake lake/ --reader pretrain-7b"""
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(tier_app, name="tier")
 
@@ -105,9 +122,9 @@ _MAX_MB_S = typer.Option(None, "--max-mb-s", min=0.001,
                               "e.g. a cross-region link shared with other traffic.")
 
 
-@tier_app.command("plan")
+@tier_app.command("plan", epilog=PLAN_EXAMPLES)
 def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
-         tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY,
+         tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json", help="Print JSON."), verify: bool = _VERIFY,
          max_mb_s: Optional[float] = _MAX_MB_S) -> None:
     """Dry run: what would be copied and deleted, and how many bytes."""
     from datahub.export.tiering import plan_tiers
@@ -123,9 +140,9 @@ def plan(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] =
     _print_plan(result, rules, regions)
 
 
-@tier_app.command("apply")
+@tier_app.command("apply", epilog=APPLY_EXAMPLES)
 def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] = _RELEASE,
-          tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json"), verify: bool = _VERIFY,
+          tiers: Optional[str] = _TIERS, as_json: bool = typer.Option(False, "--json", help="Print JSON."), verify: bool = _VERIFY,
           workers: int = _WORKERS, max_mb_s: Optional[float] = _MAX_MB_S) -> None:
     """Copy -> verify checksum at the destination -> update manifests -> delete sources. Safe to re-run.
     Token files (export --tokenizer) move with the release: copied to its new tiers, and deleted from a tier it
@@ -148,7 +165,7 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
     _print_plan(TierPlan(tuple(done), result.kept), regions=_regions(config))
 
 
-@tier_app.command("touch")
+@tier_app.command("touch", epilog=TOUCH_EXAMPLES)
 def touch(release: str = typer.Argument(..., help="The release that was read."), lake: str = _LAKE,
           reader: Optional[str] = typer.Option(None, "--reader", help="Who read it (job name, host): kept with the event."),
           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:

@@ -1,0 +1,61 @@
+"""Every command's --help ends with command lines to copy (a new user's first question after "what does it do" is
+"how do I call it"); before, no --help showed one. Each example is parsed by the command itself, so an example
+cannot name an option that does not exist or miss a required one."""
+
+from __future__ import annotations
+
+import shlex
+
+import click
+import pytest
+from typer.main import get_command
+
+from datahub.cli.main import app
+from tests.cli.conftest import datahub
+
+COMMANDS = [("run",), ("runs",), ("schedule", "render"), ("tier", "plan"), ("tier", "apply"), ("tier", "touch"),
+            ("quarantine",), ("lineage",), ("report",), ("inspect",), ("export",)]
+
+
+def _command(path: tuple[str, ...]) -> click.Command:
+    command = get_command(app)
+    for name in path:
+        command = command.commands[name]  # type: ignore[attr-defined]
+    return command
+
+
+def _examples(command: click.Command) -> list[str]:
+    epilog = command.epilog or ""
+    assert epilog.startswith("Examples:"), f"no Examples: block in {command.name}'s help"
+    examples: list[str] = []
+    continued = False
+    for line in epilog.splitlines()[1:]:
+        line = line.strip()
+        if not line or line.startswith("#"):  # a comment says what the next example does
+            continue
+        if continued:
+            examples[-1] += " " + line.removesuffix("\\").strip()
+        else:
+            examples.append(line.removesuffix("\\").strip())
+        continued = line.endswith("\\")  # a long example goes on on the next line, as in a shell
+    return examples
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=" ".join)
+def test_every_command_shows_examples_its_own_parser_accepts(path):
+    command = _command(path)
+    examples = _examples(command)
+    assert examples, path
+    for example in examples:
+        words = shlex.split(example)
+        assert words[:1 + len(path)] == ["datahub", *path], example
+        args = words[1 + len(path):]
+        assert args, f"{example}: an example with no arguments shows nothing"
+        with command.make_context(" ".join(path), args, resilient_parsing=False):  # raises on an unknown option
+            pass
+
+
+def test_the_examples_print_in_help():
+    out = datahub("export", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "Examples:" in out.stdout and "datahub export corpus-v1 --lake lake/ --tier cfs --storage storage.yaml" in out.stdout, out.stdout
