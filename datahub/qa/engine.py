@@ -9,7 +9,11 @@
   ``text_length``, ``text_id`` and ``quality_<signal>``), and Great Expectations validates that Spark DataFrame with
   its Spark execution engine (every expectation type: GX computes its metrics as Spark jobs, nothing is collected).
   An expectation GX raises on with Spark (no Spark implementation) falls back to the local streaming pass
-  (aggregate or bounded sample); its entry's ``spark_fallback`` says why.
+  (aggregate or bounded sample); its entry's ``spark_fallback`` says why. A row check with unexpected rows
+  (``ID_TYPES``) names the ``sample_id`` of its first ``EXAMPLES`` ones as the local pass does, in its scan order:
+  each task numbers its rows (``POSITION``: the file's index in the version's file list, the row in the file), and
+  a Spark sort-with-limit (each task keeps its own first ``EXAMPLES``) brings at most ``EXAMPLES`` rows a task to
+  the driver, which keeps the first ``EXAMPLES``; one more Spark job counts the unexpected rows without an id.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pyarrow as pa
 from datahub.config.suites import Suite
 from datahub.engines.base import Engine
 from datahub.lake.lake import Lake
-from datahub.qa.aggregates import hash_counts
+from datahub.qa.aggregates import EXAMPLES, ID_COLUMN, ID_TYPES, hash_counts
 from datahub.qa.posttraining import mistyped_sources
 from datahub.qa.validate import (
     PassPlan,
@@ -43,6 +47,9 @@ from datahub.qa.validate import (
 )
 
 Outcome = list[tuple[bool, list[dict[str, Any]]]]
+# A Spark row's place in the local pass's scan order: file index << ROW_BITS | row in the file (no file holds 2**40)
+POSITION = "__datahub_qa_position"
+ROW_BITS = 40
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,8 @@ class _FileAggregates:
 
 @dataclass(frozen=True)
 class _FileValidationColumns:
-    """A Spark task's read: one data file's validation columns, batch by batch (picklable)."""
+    """A Spark task's read: one data file's validation columns, batch by batch, and each row's ``POSITION``
+    (picklable)."""
 
     lake: Lake
     table: str
@@ -72,10 +80,15 @@ class _FileValidationColumns:
     wanted: frozenset[str]
     batch_rows: int
 
-    def __call__(self, path: str) -> Iterator[pa.Table]:
+    def __call__(self, task: tuple[int, str]) -> Iterator[pa.Table]:
+        index, path = task
+        position = index << ROW_BITS
         for batch in read_batches(self.lake.dataset(self.table, self.version), self.read,
                                   batch_rows=self.batch_rows, files=[path]):
-            yield validation_batch(batch, set(self.wanted))
+            columns = validation_batch(batch, set(self.wanted))
+            rows = np.arange(position, position + columns.num_rows, dtype=np.int64)
+            position += columns.num_rows
+            yield columns.append_column(POSITION, pa.array(rows))
 
 
 @dataclass(frozen=True)
@@ -140,10 +153,13 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     runnable = [Suite(s.name, s.version, [e for i, e in enumerate(s.expectations) if i not in bad], s.path, s.meta)
                 for s, bad in zip(suites, failed)]
     named = {(e.get("kwargs") or {}).get("column") for suite in suites for e in suite.expectations}
+    if ID_COLUMN in sources and any(e.get("type") in ID_TYPES for suite in runnable for e in suite.expectations):
+        named.add(ID_COLUMN)  # to name the unexpected rows
     wanted = frozenset(c for c in sources if c in named) or frozenset(sorted(sources)[:1])
     read = tuple(sorted({s for c in wanted for s in sources[c]})) or (schema.names[0],)
     columns = validation_batch(schema.empty_table().select(list(read)), set(wanted)).schema
-    files = [fragment.path for fragment in dataset.get_fragments()]
+    columns = columns.append(pa.field(POSITION, pa.int64()))
+    files = list(enumerate(fragment.path for fragment in dataset.get_fragments()))  # the local pass's file order
     read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe
     jobs_ended_on_exit = importlib.import_module("datahub.engines.spark.jobs").jobs_ended_on_exit
     # GX catches a failed Spark job's error (the expectation gets an error entry, computed again locally): the
@@ -151,13 +167,78 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     with jobs_ended_on_exit(engine.session):  # type: ignore[attr-defined]
         task = _FileValidationColumns(lake, table, version, read, wanted, batch_rows)
         frame = read_dataframe(engine, files, task, columns)
-        outcomes = [run_expectations(frame, suite, spark=True) for suite in runnable]
+        outcomes = [run_expectations(frame.drop(POSITION), suite, spark=True) for suite in runnable]
+        if ID_COLUMN in wanted:
+            _name_unexpected_rows(frame, [entry for _, entries in outcomes for entry in entries])
     out = []
     for suite, outcome, bad in zip(runnable, outcomes, failed):
         _, entries = _fallback(lake, suite, outcome, table=table, version=version)
         entries = [*entries, *bad.values()]
         out.append((all(e["success"] is not False for e in entries), entries))
     return out
+
+
+def _unexpected_rows(entry: dict[str, Any]) -> Any:
+    """The Spark predicate of ``entry``'s unexpected rows, as the local pass counts them (``Check._update``), or
+    None when it names no ids: another type, an error (the fallback's local pass names them), none unexpected, or
+    a check on the ids themselves."""
+    from pyspark.sql import functions as F
+
+    from datahub.engines.spark.arrow import spark_name
+
+    kwargs, column = entry["kwargs"], entry["kwargs"].get("column")
+    unexpected = (entry.get("observed") or {}).get("unexpected_count")
+    if entry["expectation"] not in ID_TYPES or entry.get("error") or not unexpected or column in (None, ID_COLUMN):
+        return None
+    values = F.col(spark_name(column))
+    if entry["expectation"] == "expect_column_values_to_not_be_null":
+        return values.isNull()
+    if entry["expectation"] == "expect_column_values_to_be_in_set":
+        return values.isNotNull() & ~values.isin(list(kwargs.get("value_set") or []))
+    outside = F.lit(False)
+    if kwargs.get("min_value") is not None:
+        low = F.lit(kwargs["min_value"])
+        outside = outside | (values <= low if kwargs.get("strict_min") else values < low)
+    if kwargs.get("max_value") is not None:
+        high = F.lit(kwargs["max_value"])
+        outside = outside | (values >= high if kwargs.get("strict_max") else values > high)
+    return values.isNotNull() & outside
+
+
+def first_unexpected(frame: Any, predicate: Any) -> Any:
+    """The ``sample_id`` (as ``id``) of the first ``EXAMPLES`` rows of ``frame`` where ``predicate`` holds and the id
+    is not null, by ``POSITION``: a sort with a limit, which Spark plans as ``TakeOrderedAndProject``."""
+    from pyspark.sql import functions as F
+
+    from datahub.engines.spark.arrow import spark_name
+
+    ids = F.col(spark_name(ID_COLUMN))
+    return frame.where(predicate & ids.isNotNull()).select(ids.alias("id"), F.col(POSITION)).orderBy(POSITION) \
+        .limit(EXAMPLES)
+
+
+def _name_unexpected_rows(frame: Any, entries: list[dict[str, Any]]) -> None:
+    """Add ``unexpected_sample_ids`` (the first ``EXAMPLES`` by ``POSITION``: the local pass's scan order) and
+    ``unexpected_rows_without_sample_id`` to the entries of row checks with unexpected rows, as the local pass
+    does. Spark jobs: one sort-with-limit per such entry (``TakeOrderedAndProject``: each task keeps its first
+    ``EXAMPLES`` rows, the driver gets at most that many a task) and one count of the rows without an id for all."""
+    from pyspark.sql import functions as F
+
+    from datahub.engines.spark.arrow import spark_name
+
+    ids = F.col(spark_name(ID_COLUMN))
+    named = [(entry, predicate) for entry in entries if (predicate := _unexpected_rows(entry)) is not None]
+    if not named:
+        return
+    for entry, predicate in named:
+        first = first_unexpected(frame, predicate).collect()
+        if first:
+            entry["unexpected_sample_ids"] = [str(row["id"]) for row in first]
+    without = frame.select(*(F.sum(F.when(predicate & ids.isNull(), 1).otherwise(0)).alias(f"c{i}")
+                             for i, (_, predicate) in enumerate(named))).collect()[0]
+    for i, (entry, _) in enumerate(named):
+        if without[f"c{i}"]:
+            entry["unexpected_rows_without_sample_id"] = int(without[f"c{i}"])
 
 
 def _fallback(lake: Lake, suite: Suite, outcome: tuple[bool, list[dict[str, Any]]], *, table: str,

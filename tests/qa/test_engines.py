@@ -120,3 +120,67 @@ def test_duplicates_across_files_and_nan_scores_give_gx_verdicts_on_every_engine
             sorted((_key(e), e["success"]) for e in whole), engine
         mean = next(e for e in result.results if e["expectation"] == "expect_column_mean_to_be_between")
         assert mean["observed"]["observed_value"] == pytest.approx(0.2), engine
+
+
+def test_a_failed_row_check_names_the_same_first_sample_ids_on_every_engine(tmp_path, ray_engine,
+                                                                            spark_engine):  # noqa: F811
+    """Three files (three commits) with known failing rows, more than 20 of them, spread over the files, ids not in
+    sorted order and one failing row without an id: local, Ray and Spark name the same first 20 ids in scan order
+    (file by file, row by row) and count the row without an id."""
+    import pyarrow as pa
+
+    from datahub.qa import run_suites
+
+    lake = Lake(tmp_path / "lake")
+    for part in range(3):
+        ids = [f"z{part}-{row:03d}" if row % 4 else f"a{part}-{row:03d}" for row in range(40)]
+        score = [None if row % 3 == 0 else 0.5 for row in range(40)]
+        lang = ["xx" if row % 5 == 0 else "en" for row in range(40)]
+        if part == 1:
+            ids[3], score[3] = None, None  # a failing row with no id to name
+        lake.commit("samples", pa.table({"sample_id": pa.array(ids, pa.string()), "text": ["t"] * 40, "lang": lang,
+                                         "score": pa.array(score, pa.float64())}), txn=f"part{part}")
+    # scan order: the version's files as the Delta snapshot lists them (what the local pass reads), rows in order
+    rows = pa.concat_tables(f.to_table() for f in lake.dataset("samples").get_fragments()).to_pylist()
+    failing = [r["sample_id"] for r in rows if r["score"] is None and r["sample_id"] is not None]
+    low = [r["sample_id"] for r in rows if r["score"] is not None]
+    other_lang = [r["sample_id"] for r in rows if r["lang"] != "en"]
+    assert failing[:20] != sorted(failing)[:20] and len(failing) > 20
+    expectations = [
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "score"}},
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": "score", "min_value": 0.6}},
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "lang", "value_set": ["en"]}},
+        {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "sample_id"}},
+    ]
+    (tmp_path / "t.json").write_text(json.dumps({"name": "t", "meta": {"version": "1"}, "expectations": expectations}))
+    named = {}
+    for engine in ("local", ray_engine, spark_engine):
+        [result] = run_suites(lake, suites=[str(tmp_path / "t.json")], commit=False, engine=engine)
+        named[getattr(engine, "name", engine)] = {
+            _key(e): (e.get("unexpected_sample_ids"), e.get("unexpected_rows_without_sample_id"))
+            for e in result.results}
+    def key(index: int) -> tuple:
+        return _key({"expectation": expectations[index]["type"], "kwargs": expectations[index]["kwargs"]})
+
+    not_null = key(0)
+    assert named["local"][not_null] == (failing[:20], 1)
+    assert named["local"][key(1)] == (low[:20], None)
+    assert named["local"][key(2)] == (other_lang[:20], None)
+    assert named["local"][key(3)] == (None, None)  # a check on the ids names none
+    assert named["ray"] == named["local"]
+    assert named["spark"] == named["local"]
+
+
+def test_spark_takes_the_first_unexpected_ids_with_a_limit_on_the_engine(spark_engine):  # noqa: F811
+    """The ids query is a sort with a limit that Spark runs as TakeOrderedAndProject (each task keeps its first 20
+    rows), not a collect of every unexpected row."""
+    from pyspark.sql import functions as F
+
+    from datahub.qa.engine import POSITION, first_unexpected
+
+    frame = spark_engine.session.range(10_000, numPartitions=4).select(
+        F.concat(F.lit("id"), F.col("id").cast("string")).alias("sample_id"),
+        (F.col("id") % 7).alias("score"), (9_999 - F.col("id")).alias(POSITION))
+    query = first_unexpected(frame, F.col("score") == 0)
+    assert "TakeOrderedAndProject" in query._jdf.queryExecution().executedPlan().toString()
+    assert [row["id"] for row in query.collect()] == [f"id{9_999 - p}" for p in range(10_000) if (9_999 - p) % 7 == 0][:20]

@@ -314,6 +314,13 @@ def test_ray_and_spark_give_the_streamed_verdicts(tmp_path, ray_engine, spark_en
     assert _verdicts(on_ray) == _verdicts(local)
     assert _verdicts(on_spark) == _verdicts(local)
     assert [r.results for r in on_ray] == [r.results for r in local]  # the same aggregates, merged
+
+    def named(results) -> list:
+        return [sorted((e["expectation"], e["kwargs"].get("column"), e.get("unexpected_sample_ids"),
+                        e.get("unexpected_rows_without_sample_id")) for e in r.results) for r in results]
+
+    assert named(on_spark) == named(local)  # which records to fix, on Spark too
+    assert sum(bool(e.get("unexpected_sample_ids")) for r in local for e in r.results) >= 3
     # the same error, naming the expectation's index in its suite file, on every engine
     [error] = {next(e["error"] for e in r.results if e.get("error")) for r in (local[2], on_ray[2], on_spark[2])}
     assert error.startswith(f"{typo}: expectations[1]") and "did you mean 'steps_count'" in error
@@ -498,7 +505,7 @@ def test_a_batch_holds_about_batch_bytes_of_decoded_columns_in_a_mixed_file_on_e
     engine._FileAggregates(lake, "samples", version, plan)((path, 0))  # what each Ray task runs
     assert len(seen) > 1 and max(seen) <= 2 * limit, ("ray task", max(seen), limit)
     seen.clear()
-    list(engine._FileValidationColumns(lake, "samples", version, plan.read, plan.wanted, plan.batch_rows)(path))  # Spark's
+    list(engine._FileValidationColumns(lake, "samples", version, plan.read, plan.wanted, plan.batch_rows)((0, path)))  # Spark
     assert len(seen) > 1 and max(seen) <= 2 * limit, ("spark read", max(seen), limit)
 
 

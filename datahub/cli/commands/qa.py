@@ -50,7 +50,8 @@ def register(app: typer.Typer) -> None:
         there and not judged.
 
         A failed row check names the sample_id of its first rows (--json:
-        unexpected_sample_ids, up to 20; not with --engine spark).
+        unexpected_sample_ids, up to 20, in scan order: the same ids on
+        every engine).
 
         Exit 1 when a suite fails (the version is then unreleasable), 2 on a usage error."""
         from datahub.cli.lake_option import open_lake
