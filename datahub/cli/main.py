@@ -41,6 +41,25 @@ def _root(
     """datahub: see `datahub COMMAND --help` for each command."""
 
 
+def _flags_show_no_value() -> None:
+    """typer 0.29 prints every flag's type in --help (`--json <bool>`, `--full <bool>`), which reads as taking a
+    value: `datahub runs --lake L --json true` then failed as "two lakes given ('true' ...)" (the word became the
+    deprecated positional lake). A flag's help shows no type; options that take a value keep theirs."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None:  # another typer: nothing printed a type to hide
+        return
+
+    def display_type_rich(self: TyperOption, ctx: object) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    setattr(TyperOption, "display_type_rich", display_type_rich)
+
+
+_flags_show_no_value()
+
+
 def _register_commands() -> None:
     from datahub.cli import commands
 

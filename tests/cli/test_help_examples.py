@@ -59,3 +59,12 @@ def test_the_examples_print_in_help():
     out = datahub("export", "--help")
     assert out.returncode == 0, out.stderr
     assert "Examples:" in out.stdout and "datahub export corpus-v1 --lake lake/ --tier cfs --storage storage.yaml" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("path", [("runs",), ("run",), ("export",), ("release", "create")], ids=" ".join)
+def test_a_flag_is_not_shown_as_taking_a_value(path):
+    """typer printed `--json <bool>`; `datahub runs --lake L --json true` then failed as "two lakes given ('true')"."""
+    out = datahub(*path, "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--json" in out.stdout and "<bool>" not in out.stdout, out.stdout
+    assert "<str>" in out.stdout  # an option that takes a value still says what
