@@ -7,7 +7,7 @@ Memory stays bounded whatever the table's size: the eval n-gram index (8-12 byte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
 from datahub.lake.tables import not_of_samples
 from operators.decontam.evalsets import load_index
+from operators.decontam import ngrams
 from operators.decontam.ngrams import DEFAULT_NGRAM, NgramIndex
 
 BATCH_ROWS = 1024  # ~5 MB of text per batch at 5 KB/doc; the n-gram arrays are ~10x the text
@@ -42,6 +43,7 @@ class Contamination:
     ngram: int = DEFAULT_NGRAM
     contaminated: int | None = None  # when ``refs`` holds examples only (the ids were streamed): how many there are
     evalset_digests: dict[str, str] = field(default_factory=dict)  # ``name@version`` -> its items' content digest
+    matcher: int | None = None  # ``ngrams.MATCHER_VERSION`` of the code that matched (None: not recorded)
 
     @property
     def count(self) -> int:
@@ -55,18 +57,20 @@ class Contamination:
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.table, "version": self.version, "rows_checked": self.rows_checked,
                 "evalsets": self.evalsets, "by_evalset": self.by_evalset, "contaminated": self.count,
-                "ngram": self.ngram, "evalset_digests": self.evalset_digests}
+                "ngram": self.ngram, "evalset_digests": self.evalset_digests, "matcher": self.matcher}
 
 
 def contamination(lake: Lake, *, table: str = "samples", version: int | None = None, ngram: int = DEFAULT_NGRAM,
                   min_overlap: int = 1, evalsets: Sequence[str] | None = None, batch_rows: int = BATCH_ROWS,
                   progress: Callable[[int], None] | None = None,
-                  hits: Callable[[pa.Table], None] | None = None, examples: int = EXAMPLES) -> Contamination:
+                  hits: Callable[[pa.Table], None] | None = None, examples: int = EXAMPLES,
+                  rows: Iterable[pa.Table | pa.RecordBatch] | None = None) -> Contamination:
     """Stream ``table`` at ``version`` (default latest) and find samples sharing n-grams with the eval sets.
 
     ``hits``: the contaminated samples are handed to it instead of being held, as ``HITS`` tables (sample_id, ref of
     its first eval item), in sample_id order, one row per sample; ``refs`` then keeps the first ``examples`` of them
-    (by sample_id)."""
+    (by sample_id). ``rows``: check these batches (``sample_id`` and ``text``; e.g. the rows of ``table`` at
+    ``version`` that a ``release redact`` keeps) instead of the whole version, which then only names what they are."""
     version = int(lake.table(table).version()) if version is None else version
     problem = not_of_samples(table, lake.dataset(table, version).schema.names, reads="the eval-set check reads samples",
                              lake_ref=lake.ref)
@@ -75,13 +79,17 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
     index = load_index(lake, evalsets, ngram=ngram)
     checked = sorted({ref.split(":", 1)[0] for ref in index.refs})
     digests = {key: s.digest for s in list_evalsets(lake) if (key := f"{s.name}@{s.version}") in checked}
+    matcher = ngrams.MATCHER_VERSION  # read at call time: what matched, as the gates compare it
     if not len(index):
-        return Contamination(table, version, 0, checked, ngram=ngram, contaminated=None if hits is None else 0)
+        return Contamination(table, version, 0, checked, ngram=ngram, contaminated=None if hits is None else 0,
+                             matcher=matcher)
+    batches = _batches(rows, batch_rows) if rows is not None else scan_batches(
+        lake.dataset(table, version), columns=["sample_id", "text"], batch_rows=batch_rows)
     if hits is not None:
         with SortedRuns(HITS, "sample_id") as found:  # a sample's first match, as the held dict keeps it
-            rows = _scan(lake, table, version, index, min_overlap, batch_rows, progress, found.add)
-            return _streamed(Contamination(table, version, rows, checked, ngram=ngram, evalset_digests=digests),
-                             found, hits, examples)
+            scanned = _scan(batches, index, min_overlap, progress, found.add)
+            return _streamed(Contamination(table, version, scanned, checked, ngram=ngram, evalset_digests=digests,
+                                           matcher=matcher), found, hits, examples)
     refs: dict[str, str] = {}
     by_evalset: dict[str, int] = {}
 
@@ -92,18 +100,27 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
                 name = ref.split(":", 1)[0]
                 by_evalset[name] = by_evalset.get(name, 0) + 1
 
-    rows = _scan(lake, table, version, index, min_overlap, batch_rows, progress, held)
-    return Contamination(table, version, rows, checked, by_evalset, refs, ngram=ngram, evalset_digests=digests)
+    scanned = _scan(batches, index, min_overlap, progress, held)
+    return Contamination(table, version, scanned, checked, by_evalset, refs, ngram=ngram, evalset_digests=digests,
+                         matcher=matcher)
 
 
-def _scan(lake: Lake, table: str, version: int, index: NgramIndex, min_overlap: int, batch_rows: int,
+def _batches(rows: Iterable[pa.Table | pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
+    """``rows`` (``sample_id`` and ``text``) as record batches of at most ``batch_rows`` rows (the n-gram arrays of a
+    batch are ~10x its text)."""
+    for block in rows:
+        table = pa.Table.from_batches([block]) if isinstance(block, pa.RecordBatch) else block
+        yield from table.select(["sample_id", "text"]).to_batches(max_chunksize=batch_rows)
+
+
+def _scan(batches: Iterable[pa.RecordBatch], index: NgramIndex, min_overlap: int,
           progress: Callable[[int], None] | None, found: Callable[[pa.Table], None]) -> int:
-    """The rows of ``table`` at ``version`` read (``sample_id`` and ``text``, a batch at a time); each batch's
-    contaminated samples to ``found`` (``HITS``, null ids left out)."""
+    """The rows of ``batches`` read (``sample_id`` and ``text``, a batch at a time); each batch's contaminated
+    samples to ``found`` (``HITS``, null ids left out)."""
     rows = 0
-    # scan_batches, not Dataset.scanner(): the matching is slower than decoding, and the scanner's read-ahead queued
-    # decoded batches (220 MB of Arrow on 120 MB of text vs 28 MB; lake/scan.py)
-    for batch in scan_batches(lake.dataset(table, version), columns=["sample_id", "text"], batch_rows=batch_rows):
+    # the batches come from scan_batches, not Dataset.scanner(): the matching is slower than decoding, and the
+    # scanner's read-ahead queued decoded batches (220 MB of Arrow on 120 MB of text vs 28 MB; lake/scan.py)
+    for batch in batches:
         rows += batch.num_rows
         matches = index.match(batch.column("text"))
         hit = np.flatnonzero(matches.counts >= min_overlap)
@@ -134,4 +151,4 @@ def _streamed(checked: Contamination, found: SortedRuns, hits: Callable[[pa.Tabl
         hits(block)
     return Contamination(checked.table, checked.version, checked.rows_checked, checked.evalsets,
                          dict(sorted(by_evalset.items())), refs, ngram=checked.ngram, contaminated=count,
-                         evalset_digests=checked.evalset_digests)
+                         evalset_digests=checked.evalset_digests, matcher=checked.matcher)

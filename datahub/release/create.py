@@ -3,11 +3,8 @@ checked against the registered evaluation sets (``datahub.evalset``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
-
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
 from datahub.lake.external_sort import SortedRuns
@@ -18,6 +15,7 @@ from datahub.release.freeze import (check_key, committed_params, freeze, history
                                     refuse_other_allowance, refuse_taken)
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, release_exists
+from datahub.release.evalset_gate import NOTES, contamination_notes, no_notes, rows_done
 from datahub.release.exclude import exclude_redacted
 
 def create_release(
@@ -95,7 +93,7 @@ def create_release(
     refuse_other_allowance(lake, name, allow_contamination)  # before the eval-set check reads every row
     from datahub.evalset.check import contamination
 
-    checked = _rows_done(progress, "eval-set check", logged_rows(lake, table, version)) if progress else None
+    checked = rows_done(progress, "eval-set check", logged_rows(lake, table, version)) if progress else None
     with SortedRuns(NOTES, "sample_id") as notes:  # the contaminated ids stream to disk, not held
         hits = contamination_notes(notes, allow_contamination) if allow_contamination is not None else None
         found = contamination(lake, table=table, version=version, progress=checked, hits=hits or no_notes)
@@ -120,25 +118,8 @@ def create_release(
                       qa_status=verdict.status, creator=creator, details=details,
                       released_notes=notes.merged() if allowed is not None else None,
                       allow_contamination=allow_contamination,
-                      contamination_check=check_key(found.evalset_digests, found.ngram),
+                      contamination_check=check_key(found.evalset_digests, found.ngram, found.matcher),
                       extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
-
-
-NOTES = pa.schema([("sample_id", pa.string()), ("note", pa.string())])  # freeze's released_notes
-
-
-def contamination_notes(notes: SortedRuns, allowed: str) -> Callable[[pa.Table], None]:
-    """A ``contamination(hits=)`` sink that adds each contaminated sample's lineage note to ``notes``:
-    ``contamination allowed: REASON (evalset@version:item)`` (the ``released`` reason create and merge give it)."""
-    def add(hits: pa.Table) -> None:
-        text = pc.binary_join_element_wise(f"contamination allowed: {allowed} (", hits.column("ref"), ")", "")
-        notes.add(pa.table([hits.column("sample_id"), text], schema=NOTES))
-
-    return add
-
-
-def no_notes(hits: pa.Table) -> None:
-    """No notes to write (the release is refused, or nothing was found): ``contamination`` keeps examples only."""
 
 
 def _the_same_release(lake: Lake, name: str, *, table: str, version: int | None, require_qa: bool,
@@ -168,18 +149,6 @@ def _the_same_release(lake: Lake, name: str, *, table: str, version: int | None,
     raise ReleaseError(f"release {name!r} already exists and froze {frozen_table} v{frozen_version}, not {table} v{asked} "
                        "as asked; release names are immutable: choose a new name (e.g. bump the version suffix), or "
                        "pass the --version it froze")
-
-
-def _rows_done(progress: Progress, stage: str, total: int | None) -> Callable[[int], None]:
-    """A ``progress(rows in a batch)`` callback (``contamination``'s) as ``progress(stage, rows done, total)``."""
-    done = 0
-
-    def batch_done(rows: int) -> None:
-        nonlocal done
-        done += rows
-        progress(stage, done, total)
-
-    return batch_done
 
 
 def _half_created_version(lake: Lake, name: str, table: str) -> int | None:

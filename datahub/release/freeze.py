@@ -420,10 +420,11 @@ _CHECK = "contamination_check"  # ... and the ``check_key`` of the eval-set chec
 NOTES_TXN_SUFFIX = "#contamination"  # the txn of the notes committed after the released rows (``_late_notes``)
 
 
-def check_key(evalset_digests: dict[str, str], ngram: int) -> str:
-    """What identifies an eval-set check of one frozen table: the checked eval sets' content digests and the n-gram
-    size (the contaminated samples follow from them)."""
-    text = json.dumps({"evalset_digests": evalset_digests, "ngram": ngram}, sort_keys=True)
+def check_key(evalset_digests: dict[str, str], ngram: int, matcher: int | None) -> str:
+    """What identifies an eval-set check of one frozen table: the checked eval sets' content digests, the n-gram
+    size and the matcher's version (``operators.decontam.ngrams.MATCHER_VERSION``): the contaminated samples follow
+    from them."""
+    text = json.dumps({"evalset_digests": evalset_digests, "ngram": ngram, "matcher": matcher}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -335,12 +335,12 @@ def add_taken(runs: SortedRuns, taken: Taken) -> None:
     runs.add(pa.table([pa.array(taken.rows, pa.int64())], schema=TAKEN_ROWS))
 
 
-def rows_kept(dataset: Any, taken: SortedRuns) -> Iterator[pa.Table]:
-    """Every column of the rows that stay, in the version's order, ``ROW_BATCH_ROWS`` rows read at a time (the taken
-    rows' numbers read back in order)."""
+def rows_kept(dataset: Any, taken: SortedRuns, *, columns: Sequence[str] | None = None) -> Iterator[pa.Table]:
+    """Every column (or ``columns``) of the rows that stay, in the version's order, ``ROW_BATCH_ROWS`` rows read at a
+    time (the taken rows' numbers read back in order: ``taken`` is read once)."""
     gone = RowCursor(taken.merged(), TAKEN_ROWS)
     first = 0
-    for batch in scan_batches(dataset, batch_rows=ROW_BATCH_ROWS):
+    for batch in scan_batches(dataset, columns=columns, batch_rows=ROW_BATCH_ROWS):
         rows = gone.take(first, first + batch.num_rows).column(ROW).to_numpy() - first
         first += batch.num_rows
         keep = np.ones(batch.num_rows, dtype=bool)

@@ -13,7 +13,8 @@ each source (no source is upsampled), picked by the smallest seeded hash of samp
 lineage records the same. Like ``release create``, a merge is refused when an input overlaps a registered eval set
 (each input is checked before anything is written), unless the reason is given: it is then recorded in the release's
 details and in the ``released`` lineage reason of each contaminated sample. An input whose frozen table version an
-earlier release already checked clean against the same eval-set versions is not scanned again.
+earlier release already checked clean against the same eval-set contents, n-gram size and matcher version is not
+scanned again (``release.evalset_gate``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from datahub.lake.lineage_rows import lineage_rows
 from datahub.lake.scan import scan_batches
 from datahub.lake.tables import LINEAGE
 from datahub.progress import Progress, counted
-from datahub.release.create import NOTES, no_notes, contamination_notes
 from datahub.release.digest import id_keys
+from datahub.release.evalset_gate import NOTES, contamination_notes, no_notes, recorded_clean_checks
 from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
                                     refuse_other_try, refuse_taken, release_txn)
 from datahub.release.materialize import commit_rows
@@ -321,12 +322,14 @@ _FIX = "the same --from, --weights, --dedup, --seed, --threshold"
 
 
 def _check_key(contamination: dict[str, Any] | None) -> str | None:
-    """``freeze.check_key`` of the gate's checks of every input (one set of registered eval sets, one n-gram size)."""
+    """``freeze.check_key`` of the gate's checks of every input (one set of registered eval sets, one n-gram size,
+    one matcher version)."""
     if contamination is None:
         return None
     checks = list((contamination.get("releases") or {}).values())
     digests = {name: digest for check in checks for name, digest in (check.get("evalset_digests") or {}).items()}
-    return check_key(digests, int(checks[0].get("ngram") or 0) if checks else 0)
+    return check_key(digests, int(checks[0].get("ngram") or 0) if checks else 0,
+                     checks[0].get("matcher") if checks else None)
 
 
 def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: str | None, notes: SortedRuns, *,
@@ -339,7 +342,7 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
     (``recorded_by`` names that release)."""
     from datahub.evalset.check import contamination
 
-    recorded = _recorded_clean_checks(lake, parents)
+    recorded = recorded_clean_checks(lake, parents)
     found: dict[str, Contamination] = {}
     done = 0
     total = sum(p.row_count for p in parents if p.name not in recorded)
@@ -379,34 +382,6 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
     return {"evalsets": evalsets, "rows_checked": sum(check["rows_checked"] for check in checks.values()),
             "by_evalset": by_evalset, "contaminated": contaminated, "releases": checks,
             "allowed": allowed if contaminated else None}
-
-
-def _recorded_clean_checks(lake: Lake, parents: list[Release]) -> dict[str, dict[str, Any]]:
-    """Input release name -> the eval-set check an earlier ``release create`` or ``merge`` recorded (its
-    ``details["contamination"]``) of the same rows: that input's frozen table at the same version, row count and
-    digest of sample ids (content hashes); with no contaminated sample; against exactly the eval-set versions
-    registered now, by content digest; with the same n-gram size (``recorded_by``: that release). Only clean checks:
-    a contaminated input is scanned again for its ids."""
-    from datahub.evalset.check import DEFAULT_NGRAM
-    from datahub.evalset.registry import list_evalsets
-
-    registered = {f"{s.name}@{s.version}": s.digest for s in list_evalsets(lake)}
-    if not registered:
-        return {}
-    wanted = {(p.table, p.version, p.row_count, p.digest): p.name for p in parents}
-    out: dict[str, dict[str, Any]] = {}
-    for release in list_releases(lake):
-        recorded = release.details.get("contamination") or {}
-        own = release.digest if (recorded.get("table"), recorded.get("version")) == (release.table, release.version) \
-            else None  # a create's check of the version it froze as it is
-        for check, digest in [(recorded, own), *((c, c.get("digest")) for c in (recorded.get("releases") or {}).values())]:
-            name = wanted.get((check.get("table"), check.get("version"), check.get("rows_checked"), digest))
-            if (name is not None and name not in out and check.get("evalsets") == sorted(registered)
-                    and check.get("evalset_digests") == registered and check.get("ngram") == DEFAULT_NGRAM
-                    and check.get("contaminated") == 0):
-                out[name] = {**{k: v for k, v in check.items() if k not in ("allowed", "recorded_by")},
-                             "digest": digest, "recorded_by": check.get("recorded_by", release.name)}
-    return out
 
 
 def _merge_rows(lake: Lake, new: str, parents: list[Release], datasets: list[Any], inputs: Inputs, drops: _Drops,

@@ -14,16 +14,21 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timezone
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.errors import ReleaseError
+from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.progress import Progress, counted
-from datahub.release.freeze import PARAMS_KEY, freeze, params_text, refuse_other_try, refuse_taken, release_txn
+from datahub.release.evalset_gate import (NOTES, allowed_of, contamination_notes, no_notes, recorded_clean_checks,
+                                          registered_digests, rows_done)
+from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
+                                    refuse_other_try, refuse_taken, release_txn)
 from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, RangeSplit, SortedIds, add_taken,
                                     rows_kept, taken_row_runs, taken_rows)
 from datahub.release.materialize import commit_rows
@@ -146,6 +151,7 @@ def redact(
     ids_files: Sequence[str] = (),
     source_uri: str | None = None,
     creator: str | None = None,
+    allow_contamination: str | None = None,
     partition_ids: int = PARTITION_IDS,
     progress: Progress | None = None,
 ) -> Release:
@@ -158,9 +164,21 @@ def redact(
     own rows (``datahub.release.lookup``); the rows that go are spilled (their ids, sorted, and row numbers), then
     whole rows that stay are written to the new table; each release is read for ``contained_in`` the same way.
     Nothing per given id or per removed row is held, whatever the take-down's size. ``progress(stage, done, total)``
-    gets the rows found to remove, the rows written, then ``freeze``'s.
+    gets the rows found to remove, the eval-set check's, the rows written, then ``freeze``'s.
+
+    A redact is a new release, so it passes ``release create``'s eval-set gate before its rows are written: the rows
+    that stay are checked against the eval sets registered now (one registered since ``source`` was released is
+    caught), and an overlap refuses it unless ``allow_contamination`` gives the reason (recorded in
+    ``details["contamination"]`` and in each contaminated sample's ``released`` lineage reason). A clean check of
+    ``source``'s rows against the same eval-set contents, n-gram size and matcher is taken instead of reading them
+    again (``recorded_by``, ``reused_check_of``). When ``source`` was itself released with allowed contamination
+    against exactly the eval sets registered now, the reason carries over to the samples that stay
+    (``carried_from``), as no new overlap is possible then.
     """
     check_name(new)
+    if allow_contamination is not None and not allow_contamination.strip():
+        raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
+                           '--allow-contamination "eval set is the held-out split, not the one we score on"')
     if not reason or not reason.strip():
         raise ReleaseError("redact needs --reason TEXT (e.g. 'copyright take-down request #123'); it is recorded in lineage")
     with SortedIds(run_rows=partition_ids) as given:
@@ -185,12 +203,18 @@ def redact(
         dataset = lake.dataset(parent.table, parent.version)
         if source_uri is not None and "source_uri" not in dataset.schema.names:
             raise ReleaseError(f"release {source!r} has no source_uri column; redact it by --sample ID instead")
+        registered = registered_digests(lake)
+        reused = recorded_clean_checks(lake, [parent]).get(parent.name)
+        carried = allowed_of(parent, registered)
+        allowed = allow_contamination if allow_contamination is not None else carried
+        refuse_other_allowance(lake, new, allowed)  # before any pass over the rows, as create and merge do
+        scan = bool(registered) and reused is None  # the rows that stay are read for the eval-set check
 
         # pass 1 (ids and source_uri only): what goes, its ids sorted and spilled (freeze scans the ids that stay
         # from the new table) and its row numbers; the named ids (given, and removed by source) for the releases
         # that hold them
         with SortedIds(run_rows=partition_ids) as removed, SortedIds(run_rows=partition_ids) as named, \
-                taken_row_runs() as gone:
+                taken_row_runs() as gone, taken_row_runs() as gone_checked, SortedRuns(NOTES, "sample_id") as notes:
             removed_rows = 0
             hits = taken_rows(dataset, given, partition_ids=partition_ids,
                                sources={source_uri: 0} if source_uri is not None else None)
@@ -199,6 +223,8 @@ def redact(
                 removed_rows += len(taken.ids)
                 removed.add(taken.ids)
                 add_taken(gone, taken)
+                if scan:  # the eval-set check reads the rows that stay once, the write once more
+                    add_taken(gone_checked, taken)
                 if count and source_uri is not None:
                     named.add(taken.ids)
             if not removed_rows:
@@ -223,9 +249,16 @@ def redact(
                     yield lineage_rows(block, run_id=release_txn(new), op=REDACT_OP, action="dropped",
                                        reason=f"redacted: {reason}", ref=ref, ts=ts, sort=False)
 
+            kept_rows = parent.row_count - removed_rows
+            checked = _contamination_gate(
+                lake, new, parent, registered=registered, reused=reused, allowed=allowed,
+                carried=carried if allow_contamination is None else None, notes=notes, kept_rows=kept_rows,
+                kept=rows_kept(dataset, gone_checked, columns=["sample_id", "text"]) if scan else None,
+                progress=progress)
+
             # pass 2: every column of the rows that stay, streamed into the commit; written here and committed as add
             # actions: delta-rs's writer buffers up to a target-size file of rows
-            kept = counted(rows_kept(dataset, gone), progress, "write", total=parent.row_count - removed_rows, rows=len)
+            kept = counted(rows_kept(dataset, gone), progress, "write", total=kept_rows, rows=len)
             commit_rows(lake, table, kept, txn=release_txn(new), schema=pa.schema(dataset.schema),
                         row_group_rows=ROW_BATCH_ROWS, metadata={"datahub.release": new,
                                                                  "datahub.redact_reason": reason,
@@ -233,12 +266,61 @@ def redact(
             version = int(lake.table(table).version())
             commit_rows(lake, REDACTED_TABLE, _redacted_rows(removed, new), txn=release_txn(new), schema=REDACTED,
                         row_group_rows=BATCH_ROWS * 8, metadata={"datahub.release": new})
-            details = {"reason": reason, "removed": removed_rows, "removed_ids_table": REDACTED_TABLE,
-                       "requested_ids": count, "source_uri": source_uri, "contained_in": contained_in}
+            details: dict[str, Any] = {"reason": reason, "removed": removed_rows, "removed_ids_table": REDACTED_TABLE,
+                                       "requested_ids": count, "source_uri": source_uri, "contained_in": contained_in}
+            if checked is not None:
+                # the check read (or covers) exactly the rows of this table version: a later merge or redact of this
+                # release may take it (``evalset_gate.recorded_clean_checks``)
+                details["contamination"] = {**checked, "table": table, "version": version}
+            contaminated = checked is not None and bool(checked["contaminated"])
             return freeze(lake, new, table=table, version=version, kind="redact", qa_status="inherited",
                           parents=[source], creator=creator, details=details, extra_lineage=dropped(),
+                          released_notes=notes.merged() if contaminated else None,
+                          allow_contamination=allowed,
+                          contamination_check=None if checked is None else check_key(
+                              checked["evalset_digests"], checked["ngram"], checked["matcher"]),
                           run_ids=list(parent.run_ids), jobs=list(parent.jobs), params=params,
                           fix="the same --from, --reason and samples", progress=progress)
+
+
+def _contamination_gate(lake: Lake, new: str, parent: Release, *, registered: dict[str, str],
+                        reused: dict[str, Any] | None, allowed: str | None, carried: str | None, notes: SortedRuns,
+                        kept_rows: int, kept: Iterator[pa.Table] | None,
+                        progress: Progress | None) -> dict[str, Any] | None:
+    """``release create``'s eval-set check of the rows of ``parent`` that the redact keeps (``kept``): refused on any
+    overlap unless ``allowed`` gives the reason (``carried``: the parent's own, see ``evalset_gate.allowed_of``); the
+    contaminated samples' notes stream into ``notes``. What to record in ``details["contamination"]`` (None when no
+    eval set is registered, as create records nothing then)."""
+    if not registered:
+        return None
+    if reused is not None:
+        # A redact only removes rows: every row it keeps is a row of ``parent``, unchanged. A clean check of all of
+        # parent's rows (same table version, row count and digest of sample ids) against the same eval-set contents,
+        # n-gram size and matcher version as now (what recorded_clean_checks compares) matched none of them, and
+        # matching is per row, so a check of the kept rows now would match none either: reading them again buys
+        # nothing. Any change to what the check depends on (an eval set added or changed, another matcher) fails
+        # that comparison and the kept rows are read.
+        record = {k: v for k, v in reused.items() if k != "digest"}
+        return {**record, "rows_checked": kept_rows, "by_evalset": {}, "contaminated": 0, "allowed": None,
+                "reused_check_of": parent.name}
+    from datahub.evalset.check import contamination
+
+    assert kept is not None
+    checked = rows_done(progress, "eval-set check", kept_rows) if progress else None
+    found = contamination(lake, table=parent.table, version=parent.version, rows=kept, progress=checked,
+                          hits=contamination_notes(notes, allowed) if allowed is not None else no_notes)
+    if found.count and allowed is None:
+        raise ReleaseError(
+            f"release {new!r} refused: in the rows of release {parent.name!r} that the redact keeps, "
+            f"{found.describe()}\n"
+            "a redact is a new release and must not leak an eval set: take them down too (every id, to the file IDS: "
+            f"`datahub evalset check --release {parent.name} --ids-out IDS --lake {lake.ref}`, then add "
+            "--ids-file IDS to this redact), or "
+            'redact anyway with --allow-contamination "REASON" (recorded in the release and its lineage)')
+    record = {**found.as_dict(), "allowed": allowed if found.count else None, "checked_rows_of": parent.name}
+    if found.count and carried is not None:
+        record["carried_from"] = parent.name  # the parent's allowance, against the same eval sets
+    return record
 
 
 def _ids_sha256(ids: SortedIds) -> str:

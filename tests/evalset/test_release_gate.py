@@ -64,7 +64,7 @@ def test_clean_table_releases_and_records_the_check(tmp_path):
     assert release.details["contamination"] == {"table": "samples", "version": release.version, "rows_checked": 6,
                                                 "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0,
                                                 "ngram": 13, "evalset_digests": {"bench@1": list_evalsets(lake)[0].digest},
-                                                "allowed": None}
+                                                "matcher": 1, "allowed": None}
 
 
 def test_cli_refuses_then_allows(tmp_path):

@@ -72,7 +72,7 @@ def test_a_clean_merge_records_the_check(tmp_path):
     assert recorded["allowed"] is None and recorded["contaminated"] == 0 and recorded["rows_checked"] == 3
 
 
-def test_cli_merge_refuses_then_allows_and_redact_help_says_it_is_not_rechecked(tmp_path):
+def test_cli_merge_refuses_then_allows_and_redact_help_says_it_is_gated(tmp_path):
     lake = _lake(tmp_path)
 
     def datahub(*args):
@@ -90,7 +90,8 @@ def test_cli_merge_refuses_then_allows_and_redact_help_says_it_is_not_rechecked(
     assert json.loads(allowed.stdout)["details"]["contamination"]["allowed"] == "held-out split"
     helped = datahub("release", "redact", "--help")
     assert helped.returncode == 0
-    assert "not re-checked against the eval sets" in " ".join(helped.stdout.split()), helped.stdout
+    assert "Refused, as release create is, when the samples that stay overlap an eval set" in " ".join(
+        helped.stdout.split()), helped.stdout
 
 
 def test_a_merge_killed_before_its_record_finishes_with_allow_contamination_once_an_eval_set_is_added(
@@ -327,3 +328,40 @@ def _released_rows_and_notes(lake, release: str):
     noted = sorted((s, r) for s, r in zip(rows.column("sample_id").to_pylist(), rows.column("reason").to_pylist())
                    if "contamination" in r)
     return rows, noted
+
+
+def test_a_check_recorded_by_another_matcher_version_is_not_reused(tmp_path, monkeypatch):
+    """A recorded clean check names the matcher (text normalization and n-gram hashing) that made it: once the
+    matcher changes (``ngrams.MATCHER_VERSION`` bumped), merge and redact read the rows again, and a parent's allowed
+    contamination no longer carries over to a redact without a new --allow-contamination."""
+    from operators.decontam import ngrams
+
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    add_samples(lake, OTHER, "s3://bucket/b.jsonl", table="other", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "clean", table="other")
+    add_samples(lake, CLEAN + LEAKED, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "leaky", allow_contamination="dev split")
+    before = getattr(ngrams, "MATCHER_VERSION", 1)
+    assert get_release(lake, "clean").details["contamination"].get("matcher") == before
+    scanned: list[int] = []
+
+    def progress(stage, done, total):
+        if stage == "eval-set check":
+            scanned.append(done)
+
+    merge_releases(lake, "mix", sources=["clean"], progress=progress)
+    assert scanned == []  # the same matcher: the create's check is taken
+    monkeypatch.setattr(ngrams, "MATCHER_VERSION", before + 1, raising=False)
+    from datahub.release import redact
+
+    redacted = redact(lake, "clean-r", source="clean", sample_ids=[sample_id_of(OTHER[0])], reason="PII",
+                      progress=progress)
+    assert scanned and scanned[-1] == 2 and "recorded_by" not in redacted.details["contamination"]
+    scanned.clear()
+    merged = merge_releases(lake, "mix2", sources=["clean"], progress=progress)
+    assert scanned and scanned[-1] == 3
+    check = merged.details["contamination"]["releases"]["clean"]
+    assert "recorded_by" not in check and check["matcher"] == before + 1
+    with pytest.raises(ReleaseError, match="'leaky-r' refused: .*2 sample\\(s\\)"):
+        redact(lake, "leaky-r", source="leaky", sample_ids=[sample_id_of(CLEAN[0])], reason="PII")

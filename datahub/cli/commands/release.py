@@ -245,20 +245,28 @@ def register(app: typer.Typer) -> None:
         lake: str = LAKE,
         sample: list[str] = typer.Option([], "--sample", help="A sample id to remove (repeatable)."),
         source_uri: Optional[str] = typer.Option(None, "--source", help="Remove every sample of this input file."),
-        ids_file: Optional[str] = typer.Option(None, "--ids-file", help="A file of sample ids, one per line."),
+        ids_file: list[str] = typer.Option([], "--ids-file", help="A file of sample ids, one per line (repeatable)."),
         reason: str = typer.Option(..., "--reason", help="Why (recorded in lineage): copyright, PII, ..."),
+        allow_contamination: Optional[str] = typer.Option(
+            None, "--allow-contamination", metavar="REASON",
+            help="Release even though samples that stay overlap a registered eval set (datahub evalset); the reason "
+                 "is recorded in the release and in each such sample's lineage (datahub lineage ID)."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Take-down: a new release without the samples; lists every release that holds them.
 
-        A redaction only removes samples of --from, so it is not re-checked against the eval sets;
-        after adding eval sets, check it with `datahub evalset check --release NEW`."""
+        Refused, as release create is, when the samples that stay overlap an eval set registered now: take those
+        down too (`datahub evalset check --release FROM --ids-out FILE`, then --ids-file FILE) or give
+        --allow-contamination. A clean check of --from against the same eval sets is taken without reading its
+        rows again; when --from was released with allowed contamination against the same eval sets, that reason
+        carries over to its samples that stay."""
         from datahub.release import redact
 
-        # the ids file is read a block at a time by redact (a take-down list of millions of ids is never held)
+        # the ids files are read a block at a time by redact (a take-down list of millions of ids is never held)
         with progress(f"release redact {new}", enabled=not as_json) as update:
             release = redact(_lake(lake), new, source=source, reason=reason, sample_ids=list(sample),
-                             ids_files=[ids_file] if ids_file else [], source_uri=source_uri, progress=update)
+                             ids_files=list(ids_file), source_uri=source_uri,
+                             allow_contamination=allow_contamination, progress=update)
         if as_json:
             print_json(release.as_dict())
             return

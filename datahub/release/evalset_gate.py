@@ -1,0 +1,106 @@
+"""The eval-set gate shared by ``release create``, ``merge`` and ``redact``: recorded checks read back, notes.
+
+A release records its eval-set check in ``details["contamination"]`` (``evalset.check.Contamination.as_dict``; a
+merge per input under ``releases``). A recorded check stands for a new one only when nothing its verdict depends on
+changed: the same rows (table, version, row count, digest of sample ids), the same eval-set contents (the digests of
+every set registered now), the same n-gram size and the same matcher (``ngrams.MATCHER_VERSION``: the text
+normalization and n-gram hashing that decide a match).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from datahub.lake.external_sort import SortedRuns
+from datahub.lake.lake import Lake
+from datahub.progress import Progress
+from datahub.release.records import Release, list_releases
+
+
+def registered_digests(lake: Lake) -> dict[str, str]:
+    """``name@version`` -> content digest of the latest version of every registered eval set (what a check now reads)."""
+    from datahub.evalset.registry import list_evalsets
+
+    return {f"{s.name}@{s.version}": s.digest for s in list_evalsets(lake)}
+
+
+def same_basis(checks: Iterable[dict[str, Any]], registered: dict[str, str]) -> bool:
+    """Whether ``checks`` (recorded check dicts) were made against exactly the eval-set contents ``registered`` now,
+    with today's n-gram size and matcher: a check made now would match the same samples of the same rows."""
+    from operators.decontam import ngrams
+
+    checks = list(checks)
+    digests = {name: digest for check in checks for name, digest in (check.get("evalset_digests") or {}).items()}
+    return (bool(checks) and bool(registered) and digests == registered
+            and all(check.get("ngram") == ngrams.DEFAULT_NGRAM and check.get("matcher") == ngrams.MATCHER_VERSION
+                    for check in checks))
+
+
+def recorded_clean_checks(lake: Lake, parents: list[Release]) -> dict[str, dict[str, Any]]:
+    """Input release name -> the eval-set check an earlier release recorded (its ``details["contamination"]``) of the
+    same rows: that input's frozen table at the same version, row count and digest of sample ids (content hashes);
+    with no contaminated sample; against exactly the eval-set versions registered now, by content digest; with the
+    same n-gram size and matcher version (``recorded_by``: that release). Only clean checks: a contaminated input is
+    scanned again for its ids."""
+    registered = registered_digests(lake)
+    if not registered:
+        return {}
+    wanted = {(p.table, p.version, p.row_count, p.digest): p.name for p in parents}
+    out: dict[str, dict[str, Any]] = {}
+    for release in list_releases(lake):
+        recorded = release.details.get("contamination") or {}
+        own = release.digest if (recorded.get("table"), recorded.get("version")) == (release.table, release.version) \
+            else None  # a create's (or redact's) check of the version it froze as it is
+        for check, digest in [(recorded, own), *((c, c.get("digest")) for c in (recorded.get("releases") or {}).values())]:
+            name = wanted.get((check.get("table"), check.get("version"), check.get("rows_checked"), digest))
+            if (name is not None and name not in out and check.get("evalsets") == sorted(registered)
+                    and same_basis([check], registered) and check.get("contaminated") == 0):
+                out[name] = {**{k: v for k, v in check.items() if k not in ("allowed", "recorded_by")},
+                             "digest": digest, "recorded_by": check.get("recorded_by", release.name)}
+    return out
+
+
+def allowed_of(release: Release, registered: dict[str, str]) -> str | None:
+    """The reason ``release`` was let out with although its samples overlap eval sets (``--allow-contamination``),
+    when its recorded check (a merge: every input's) was made against the eval-set contents ``registered`` now with
+    today's n-gram size and matcher; else None. Then a check of any subset of its rows now finds a subset of what
+    that check found, which the reason already covers (``release redact`` carries it)."""
+    recorded = release.details.get("contamination") or {}
+    allowed = recorded.get("allowed")
+    if not allowed:
+        return None
+    checks = list((recorded.get("releases") or {}).values()) or [recorded]
+    return str(allowed) if same_basis(checks, registered) else None
+
+
+NOTES = pa.schema([("sample_id", pa.string()), ("note", pa.string())])  # freeze's released_notes
+
+
+def contamination_notes(notes: SortedRuns, allowed: str) -> Callable[[pa.Table], None]:
+    """A ``contamination(hits=)`` sink that adds each contaminated sample's lineage note to ``notes``:
+    ``contamination allowed: REASON (evalset@version:item)`` (the ``released`` reason create and merge give it)."""
+    def add(hits: pa.Table) -> None:
+        text = pc.binary_join_element_wise(f"contamination allowed: {allowed} (", hits.column("ref"), ")", "")
+        notes.add(pa.table([hits.column("sample_id"), text], schema=NOTES))
+
+    return add
+
+
+def no_notes(hits: pa.Table) -> None:
+    """No notes to write (the release is refused, or nothing was found): ``contamination`` keeps examples only."""
+
+
+def rows_done(progress: Progress, stage: str, total: int | None) -> Callable[[int], None]:
+    """A ``progress(rows in a batch)`` callback (``contamination``'s) as ``progress(stage, rows done, total)``."""
+    done = 0
+
+    def batch_done(rows: int) -> None:
+        nonlocal done
+        done += rows
+        progress(stage, done, total)
+
+    return batch_done
