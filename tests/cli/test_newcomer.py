@@ -183,6 +183,18 @@ def test_report_prints_its_rows_as_log_lines_when_piped(lake_with_runs, tmp_path
     assert seen[0] == ("rows", 0, 3) and seen[-1] == ("rows", 3, 3)
 
 
+def test_quarantine_prints_its_scan_as_log_lines_when_piped(lake_with_runs):
+    """`datahub quarantine` streams the whole quarantine table (millions of rows on a crawl): it was silent until
+    the end; now its scan shows like report's and lineage --source's, and --json stays quiet."""
+    lake, _, _ = lake_with_runs
+    out = datahub("quarantine", "--lake", str(lake))
+    assert out.returncode == 0, out.stderr
+    assert f"quarantine {lake}: rows scanned 3" in out.stderr and f"quarantine {lake}: examples 3/3" in out.stderr
+    assert "invalid_json" in out.stdout and "rows scanned" not in out.stdout
+    quiet = datahub("quarantine", "--lake", str(lake), "--json")
+    assert quiet.returncode == 0 and quiet.stderr == "" and json.loads(quiet.stdout)["total"] == 3
+
+
 def test_release_commands_print_their_passes_as_log_lines_when_piped(tmp_path):
     """release create, redact, merge and diff printed nothing until done (minutes at real sizes)."""
     from datahub.evalset import add_evalset

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Optional
 
 import typer
 
 from datahub.cli.lake_option import LAKE_HELP
-from datahub.cli.output import console, plain, print_json
+from datahub.cli.output import console, plain, print_json, progress
 
 EXAMPLE_COLUMNS = ["source_uri", "source_offset", "detail", "run_id", "raw", "raw_size"]
 PREVIEW_BYTES = 80  # of the record's first bytes (the table keeps a few hundred)
@@ -32,12 +33,14 @@ def _scan(lake: Any, columns: list[str], where: Any, batch_size: int = SCAN_ROWS
 
 
 def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | None = None, examples: int = 3,
-                       storage_options: dict[str, str] | None = None) -> dict[str, Any]:
+                       storage_options: dict[str, str] | None = None,
+                       progress: Callable[..., None] | None = None) -> dict[str, Any]:
     """Quarantined records per reason (most first), each with up to ``examples`` records (file, offset, detail and
     a preview of the record's first bytes), the first by file and offset.
 
     Streams the table once for the counts and the examples' keys (reason, file, offset), then reads the other
     columns (``raw`` among them) of the examples' rows only: memory stays bounded however many records there are.
+    ``progress(stage, done, total)`` hears the rows scanned and the reasons whose examples are read.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -57,9 +60,14 @@ def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | N
     counts: dict[str | None, int] = {}
     firsts: dict[str | None, pa.Table] = {}  # per reason: the `examples` smallest (source_uri, source_offset) so far
     order = [("source_uri", "ascending"), ("source_offset", "ascending")]
+    report = progress or (lambda stage, done, total=None: None)
+    scanned = 0
+    report("rows scanned", 0)
     for batch in _scan(lake, ["reason", "source_uri", "source_offset"], where):
         if not batch.num_rows:
             continue
+        scanned += batch.num_rows
+        report("rows scanned", scanned)
         found = pc.value_counts(batch.column("reason"))
         for value, count in zip(found.field("values").to_pylist(), found.field("counts").to_pylist()):
             counts[value] = counts.get(value, 0) + count
@@ -69,7 +77,9 @@ def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | N
                 rows = pa.concat_tables([t for t in (firsts.get(value), rows) if t is not None])
                 firsts[value] = rows.take(pc.select_k_unstable(rows, k=min(examples, rows.num_rows), sort_keys=order))
     out["total"] = sum(counts.values())
-    for name, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] or "")):
+    for done, (name, count) in enumerate(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0] or ""))):
+        if examples > 0:
+            report("examples", done, len(counts))
         item: dict[str, Any] = {"reason": name, "records": count, "examples": []}
         keys = firsts.get(name)
         if keys is not None and keys.num_rows:
@@ -85,6 +95,8 @@ def quarantine_summary(root: str, *, reason: str | None = None, job_run: str | N
             item["examples"] = [{**{k: v for k, v in row.items() if k != "raw"}, "raw_preview": _preview(row["raw"])}
                                 for row in picked[:examples]]
         out["reasons"].append(item)
+    if examples > 0 and counts:
+        report("examples", len(counts), len(counts))
     return out
 
 
@@ -127,7 +139,8 @@ def register(app: typer.Typer) -> None:
         """Count quarantined records by reason, with example records (file, offset, what was wrong)."""
         from rich.table import Table
 
-        summary = quarantine_summary(lake, reason=reason, job_run=run, examples=examples)
+        with progress(f"quarantine {lake}", enabled=not as_json) as update:
+            summary = quarantine_summary(lake, reason=reason, job_run=run, examples=examples, progress=update)
         if as_json:
             print_json(summary)
             return
