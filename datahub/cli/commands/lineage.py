@@ -20,7 +20,7 @@ def _print_story(story: SampleStory) -> None:
     out = console()
     out.print(f"[bold]sample {plain(story.sample_id)}[/]  fate: [bold]{story.fate}[/]", soft_wrap=True)
     if not story.events:
-        out.print("  no lineage events for this id (check the id, or run `datahub lineage --source URI`)")
+        out.print(f"  no lineage events for this id ({_id_hint(story.sample_id)})", soft_wrap=True)
     for event in story.events:
         action = event["action"]
         color = _COLORS.get(action, "white")
@@ -35,6 +35,20 @@ def _print_story(story: SampleStory) -> None:
                   f"{plain(event['run_id'])}  " + plain("  ".join(detail)), soft_wrap=True)  # a reason may hold [brackets]
     if story.releases:
         out.print(f"  in releases: {', '.join(story.releases)}")
+
+
+SAMPLE_ID_CHARS = 32  # xxh3-128 as hex (datahub/sample_id.py), for every kind
+
+
+def _id_hint(sample_id: str) -> str:
+    """What to check when an id finds nothing: a shortened or mangled id (copied from a narrow table, or a run id)
+    is said to be one; a well-formed one may simply be of another lake."""
+    odd = sorted({c for c in sample_id if c not in "0123456789abcdef"})
+    if len(sample_id) == SAMPLE_ID_CHARS and not odd:
+        return "check the id and the lake, or find the sample with `datahub lineage --source URI`"
+    what = [f"{len(sample_id)} characters"] + ([f"with {', '.join(repr(c) for c in odd[:3])}"] if odd else [])
+    return (f"a sample id is {SAMPLE_ID_CHARS} lower-case hexadecimal characters, this one has {' '.join(what)}; "
+            "copy it whole, or find it with `datahub lineage --source URI`")
 
 
 def _print_source(story: SourceStory) -> None:
@@ -104,7 +118,10 @@ def register(app: typer.Typer) -> None:
 
             with progress(f"lineage --source {source}", enabled=not as_json) as update:
                 story = source_lineage(root, _as_listed(source), progress=update)
-            print_json(story.as_dict()) if as_json else _print_source(story)
+            if as_json:
+                print_json(story.as_dict())
+            elif story.records:  # an empty table read as a file without records: only the line below is printed
+                _print_source(story)
             if not story.records:  # a typo in a script must not look like a file with no records
                 console(stderr=True).print(f"no record of {plain(source)} in the lake (check the URI: it must be the input "
                                            "file's URI as the job listed it)", soft_wrap=True)
