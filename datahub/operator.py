@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 import pyarrow as pa
@@ -148,7 +148,11 @@ class OperatorContext(Protocol):
         """The lake, read for incremental indexes (rows of earlier runs)."""
 
     def from_arrow(self, table: pa.Table) -> Frame:
-        """A frame on the run's engine holding ``table`` (e.g. index rows read from the lake)."""
+        """A frame on the run's engine holding ``table`` (small tables: it is built in the driver)."""
+
+    def read_files(self, files: Sequence[Any], read: Callable[[Any], Iterator[pa.Table]]) -> Frame:
+        """A frame on the run's engine: one task per file description, ``read`` yields its Arrow tables
+        (e.g. the lake index files a dedup operator scans in its tasks, never whole in the driver)."""
 
     def add_side_output(self, table: str, data: Frame | pa.Table) -> None:
         """Rows for another lake table (e.g. ``minhash_index``), committed with the run after the samples."""

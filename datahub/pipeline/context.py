@@ -3,6 +3,7 @@ the narrow ``datahub.operator.OperatorContext`` protocol."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from datahub.config.spec import JobSpec
-    from datahub.engines.base import Engine
+    from datahub.engines.base import Engine, ReadFn
     from datahub.engines.frame import Frame
     from datahub.lake.add_actions import StagedFiles
     from datahub.lake.lake import Lake
@@ -39,6 +40,9 @@ class RunContext:
 
     def from_arrow(self, table: pa.Table) -> Frame:
         return self.engine.from_arrow(table)
+
+    def read_files(self, files: Sequence[Any], read: ReadFn) -> Frame:
+        return self.engine.read_files(files, read)
 
     def checkpoint(self, name: str) -> None:
         checkpoint(name)
