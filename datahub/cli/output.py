@@ -41,6 +41,13 @@ def console(stderr: bool = False) -> Any:
     return Console(stderr=stderr, highlight=False, width=width, soft_wrap=width is not None)
 
 
+def fits(out: Any, table: Any) -> bool:
+    """Whether ``table`` prints on ``out`` without folding a cell: its natural width is within the console's.
+    A table that does not fit folds ids over several lines ("chat- / demo- / 6f4ac") on an 80-column terminal, so
+    the commands print such rows as lines instead (piped output has no width and always fits)."""
+    return bool(out.measure(table, options=out.options.update_width(PIPED_WIDTH)).maximum <= out.width)
+
+
 def plain(text: object) -> str:
     """``text`` escaped for Rich markup: error messages and ids print as written (``[a-z]`` stays)."""
     from rich.markup import escape

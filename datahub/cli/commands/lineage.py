@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from datahub.cli.lake_option import LAKE_HELP
-from datahub.cli.output import console, plain, print_json
+from datahub.cli.output import console, fits, plain, print_json
 
 if TYPE_CHECKING:
     from datahub.lineage.query import SampleStory, SourceStory
@@ -64,7 +64,15 @@ def _print_source(story: SourceStory) -> None:
     for r in story.records:
         grid.add_row(str(r["source_offset"]), r.get("sample_id") or "-", r["fate"], plain(r.get("reason") or ""),
                      plain(r.get("op") or ""), ", ".join(r.get("releases") or []))
-    out.print(grid)
+    if fits(out, grid):
+        out.print(grid)
+        return
+    for r in story.records:  # a narrow terminal: a record per line, its sample id whole (a folded id cannot be copied)
+        why = " ".join(part for part in (plain(r.get("reason") or ""), f"by {plain(r['op'])}" if r.get("op") else "")
+                       if part)
+        releases = ", ".join(r.get("releases") or [])
+        out.print(f"  {r['source_offset']}  {r.get('sample_id') or '-'}  {r['fate']}" + (f"  {why}" if why else "")
+                  + (f"  in {plain(releases)}" if releases else ""), soft_wrap=True)
 
 
 def _as_listed(source: str) -> str:

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from datahub.cli.lake_option import LAKE_ARGUMENT_HELP, LAKE_HELP, lake_ref
-from datahub.cli.output import console, print_json
+from datahub.cli.output import console, fits, print_json
 
 
 EXAMPLES = """Examples:
@@ -53,7 +53,19 @@ def register(app: typer.Typer) -> None:
             grid.add_row(escape(str(i["run_id"])), escape(i["job"]), status, started,
                          "" if i["duration_s"] is None else f"{i['duration_s']:.1f}s",
                          *("" if i[k] is None else str(i[k]) for k in ("inputs", "records_read", "samples_written", "dropped", "quarantined")))
-        out.print(grid)
+        if fits(out, grid):
+            out.print(grid)
+        else:  # a narrow terminal: a run per two lines, the id whole on the first (a folded id cannot be copied)
+            out.print(f"runs in {escape(lake)}", soft_wrap=True)
+            for i in items:
+                started = i["started"].strftime("%Y-%m-%d %H:%M:%S") if i["started"] else "-"
+                duration = "" if i["duration_s"] is None else f"  {i['duration_s']:.1f}s"
+                out.print(f"[bold]{escape(str(i['run_id']))}[/]  [{colors.get(i['status'], 'white')}]{i['status']}[/]  "
+                          f"{started}{duration}", soft_wrap=True)
+                counts = ", ".join(f"{i[k]} {label}" for k, label in (
+                    ("inputs", "input files"), ("records_read", "read"), ("samples_written", "written"),
+                    ("dropped", "dropped"), ("quarantined", "quarantined")) if i[k] is not None)
+                out.print(f"  job {escape(i['job'])}" + (f": {counts}" if counts else ""), soft_wrap=True)
         for i in items:
             if i["status"] in ("failed", "interrupted"):
                 first = (i["error"] or "").splitlines()[0] if i["error"] else ""
