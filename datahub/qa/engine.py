@@ -178,43 +178,50 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     return out
 
 
-def _unexpected_rows(entry: dict[str, Any]) -> Any:
-    """The Spark predicate of ``entry``'s unexpected rows, as the local pass counts them (``Check._update``), or
-    None when it names no ids: another type, an error (the fallback's local pass names them), none unexpected, or
-    a check on the ids themselves."""
-    from pyspark.sql import functions as F
-
-    from datahub.engines.spark.arrow import spark_name
-
-    kwargs, column = entry["kwargs"], entry["kwargs"].get("column")
+def _unexpected_rows(entry: dict[str, Any], column: str) -> str | None:
+    """The Spark SQL predicate of ``entry``'s unexpected rows on ``column`` (its name as Spark carries it), as the
+    local pass counts them (``Check._update``), or None when it names no ids: another type, an error (the
+    fallback's local pass names them), none unexpected, or a check on the ids themselves."""
+    kwargs = entry["kwargs"]
     unexpected = (entry.get("observed") or {}).get("unexpected_count")
-    if entry["expectation"] not in ID_TYPES or entry.get("error") or not unexpected or column in (None, ID_COLUMN):
+    if entry["expectation"] not in ID_TYPES or entry.get("error") or not unexpected \
+            or kwargs.get("column") in (None, ID_COLUMN):
         return None
-    values = F.col(spark_name(column))
     if entry["expectation"] == "expect_column_values_to_not_be_null":
-        return values.isNull()
+        return f"{column} IS NULL"
     if entry["expectation"] == "expect_column_values_to_be_in_set":
-        return values.isNotNull() & ~values.isin(list(kwargs.get("value_set") or []))
-    outside = F.lit(False)
+        allowed = [_literal(v) for v in kwargs.get("value_set") or []]
+        return f"{column} IS NOT NULL AND NOT {column} IN ({', '.join(allowed)})" if allowed else f"{column} IS NOT NULL"
+    outside = []
     if kwargs.get("min_value") is not None:
-        low = F.lit(kwargs["min_value"])
-        outside = outside | (values <= low if kwargs.get("strict_min") else values < low)
+        outside.append(f"{column} {'<=' if kwargs.get('strict_min') else '<'} {_literal(kwargs['min_value'])}")
     if kwargs.get("max_value") is not None:
-        high = F.lit(kwargs["max_value"])
-        outside = outside | (values >= high if kwargs.get("strict_max") else values > high)
-    return values.isNotNull() & outside
+        outside.append(f"{column} {'>=' if kwargs.get('strict_max') else '>'} {_literal(kwargs['max_value'])}")
+    return f"{column} IS NOT NULL AND ({' OR '.join(outside)})" if outside else None
 
 
-def first_unexpected(frame: Any, predicate: Any) -> Any:
-    """The ``sample_id`` (as ``id``) of the first ``EXAMPLES`` rows of ``frame`` where ``predicate`` holds and the id
+def _literal(value: Any) -> str:
+    """``value`` as a Spark SQL literal (suite JSON holds numbers, strings, booleans and null)."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return f"{value!r}D" if value == value and abs(value) != float("inf") else f"CAST('{value}' AS DOUBLE)"
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def first_unexpected(frame: Any, predicate: str, ids: str) -> Any:
+    """``ids`` (as ``id``) of the first ``EXAMPLES`` rows of ``frame`` where the SQL ``predicate`` holds and the id
     is not null, by ``POSITION``: a sort with a limit, which Spark plans as ``TakeOrderedAndProject``."""
-    from pyspark.sql import functions as F
-
-    from datahub.engines.spark.arrow import spark_name
-
-    ids = F.col(spark_name(ID_COLUMN))
-    return frame.where(predicate & ids.isNotNull()).select(ids.alias("id"), F.col(POSITION)).orderBy(POSITION) \
-        .limit(EXAMPLES)
+    return (frame.where(f"({predicate}) AND {ids} IS NOT NULL").selectExpr(f"{ids} AS id", POSITION)
+            .orderBy(POSITION).limit(EXAMPLES))
 
 
 def _name_unexpected_rows(frame: Any, entries: list[dict[str, Any]]) -> None:
@@ -222,20 +229,18 @@ def _name_unexpected_rows(frame: Any, entries: list[dict[str, Any]]) -> None:
     ``unexpected_rows_without_sample_id`` to the entries of row checks with unexpected rows, as the local pass
     does. Spark jobs: one sort-with-limit per such entry (``TakeOrderedAndProject``: each task keeps its first
     ``EXAMPLES`` rows, the driver gets at most that many a task) and one count of the rows without an id for all."""
-    from pyspark.sql import functions as F
-
-    from datahub.engines.spark.arrow import spark_name
-
-    ids = F.col(spark_name(ID_COLUMN))
-    named = [(entry, predicate) for entry in entries if (predicate := _unexpected_rows(entry)) is not None]
+    spark_name = importlib.import_module("datahub.engines.spark.arrow").spark_name
+    ids = _quoted(spark_name(ID_COLUMN))
+    named = [(entry, predicate) for entry in entries
+             if (predicate := _unexpected_rows(entry, _quoted(spark_name(entry["kwargs"].get("column") or ""))))]
     if not named:
         return
     for entry, predicate in named:
-        first = first_unexpected(frame, predicate).collect()
+        first = first_unexpected(frame, predicate, ids).collect()
         if first:
             entry["unexpected_sample_ids"] = [str(row["id"]) for row in first]
-    without = frame.select(*(F.sum(F.when(predicate & ids.isNull(), 1).otherwise(0)).alias(f"c{i}")
-                             for i, (_, predicate) in enumerate(named))).collect()[0]
+    without = frame.selectExpr(*(f"sum(CASE WHEN ({predicate}) AND {ids} IS NULL THEN 1 ELSE 0 END) AS c{i}"
+                                 for i, (_, predicate) in enumerate(named))).collect()[0]
     for i, (entry, _) in enumerate(named):
         if without[f"c{i}"]:
             entry["unexpected_rows_without_sample_id"] = int(without[f"c{i}"])

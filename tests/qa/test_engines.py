@@ -181,6 +181,6 @@ def test_spark_takes_the_first_unexpected_ids_with_a_limit_on_the_engine(spark_e
     frame = spark_engine.session.range(10_000, numPartitions=4).select(
         F.concat(F.lit("id"), F.col("id").cast("string")).alias("sample_id"),
         (F.col("id") % 7).alias("score"), (9_999 - F.col("id")).alias(POSITION))
-    query = first_unexpected(frame, F.col("score") == 0)
+    query = first_unexpected(frame, "score = 0", "sample_id")
     assert "TakeOrderedAndProject" in query._jdf.queryExecution().executedPlan().toString()
     assert [row["id"] for row in query.collect()] == [f"id{9_999 - p}" for p in range(10_000) if (9_999 - p) % 7 == 0][:20]
