@@ -100,7 +100,9 @@ def create_release(
         if found.count and allow_contamination is None:
             raise ReleaseError(
                 f"release {name!r} refused: {found.describe()}\n"
-                "drop them with the decontaminate operator in the job (graph node `op: decontaminate`) and re-run, or "
+                "drop them with the decontaminate operator in the job (graph node `op: decontaminate`) and re-run "
+                f"(every id, to the file IDS: `datahub evalset check --table {table} --version {version} --ids-out IDS "
+                f"--lake {lake.ref}`), or "
                 'release anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
             )
         allowed = allow_contamination if found.count else None

@@ -104,3 +104,39 @@ def rows_done(progress: Progress, stage: str, total: int | None) -> Callable[[in
         progress(stage, done, total)
 
     return batch_done
+
+
+def evalset_verdict(release: Release) -> dict[str, Any]:
+    """What the eval-set gate decided for ``release``, from its record: ``verdict`` ``clean``, ``allowed`` (samples
+    overlap eval sets, let out with the reason ``allowed``) or ``not_checked`` (no eval set was registered when it was
+    made, or an older datahub made it: ``datahub evalset check --release NAME`` checks it now); the eval sets, the
+    contaminated count, and where a recorded check was taken instead of reading rows (``reused``: input -> the
+    release that recorded it) or an allowance carried over (``carried_from``)."""
+    recorded = release.details.get("contamination")
+    if not recorded:
+        return {"verdict": "not_checked", "evalsets": [], "contaminated": None, "allowed": None}
+    contaminated = int(recorded.get("contaminated") or 0)
+    checks = recorded.get("releases") or {release.name: recorded}
+    reused = {name: check["recorded_by"] for name, check in checks.items() if check.get("recorded_by")}
+    out: dict[str, Any] = {"verdict": "allowed" if contaminated else "clean", "evalsets": recorded.get("evalsets", []),
+                           "contaminated": contaminated, "by_evalset": recorded.get("by_evalset", {}),
+                           "rows_checked": recorded.get("rows_checked"), "allowed": recorded.get("allowed"),
+                           "reused": reused}
+    if recorded.get("carried_from"):
+        out["carried_from"] = recorded["carried_from"]
+    return out
+
+
+def describe_verdict(verdict: dict[str, Any], name: str) -> str:
+    """``evalset_verdict`` of release ``name`` in one line for people."""
+    if verdict["verdict"] == "not_checked":
+        return f"not checked (no eval set registered when it was made); check now: datahub evalset check --release {name}"
+    sets = ", ".join(verdict["evalsets"])
+    reused = verdict.get("reused") or {}
+    how = f" (the check recorded by {', '.join(sorted(set(reused.values())))}: rows not read again)" if reused else ""
+    if verdict["verdict"] == "clean":
+        return f"clean: {verdict['rows_checked']} rows share no n-gram with {sets}{how}"
+    counts = ", ".join(f"{name}: {n}" for name, n in sorted((verdict.get("by_evalset") or {}).items()))
+    carried = f" (carried from release {verdict['carried_from']})" if verdict.get("carried_from") else ""
+    return (f"{verdict['contaminated']} sample(s) overlap eval sets [{counts}], allowed: {verdict['allowed']!r}"
+            f"{carried}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING, Optional, cast
+from typing import TYPE_CHECKING, Any, Optional, cast
 
 import typer
 
@@ -47,6 +47,16 @@ def _print_release(release: Release, *, title: str | None = None) -> None:
     out.print(f"  runs          {', '.join(release.run_ids) or '-'}")
     out.print(f"  channels      {', '.join(release.channels) or '-'}")
     out.print(f"  schema v      {release.schema_version}")
+    from datahub.release.evalset_gate import describe_verdict, evalset_verdict
+
+    out.print(f"  eval sets     {plain(describe_verdict(evalset_verdict(release), release.name))}", soft_wrap=True)
+
+
+def _as_json(release: Release) -> dict[str, Any]:
+    """The release's record and the eval-set gate's verdict (``evalset_check``) for --json."""
+    from datahub.release.evalset_gate import evalset_verdict
+
+    return {**release.as_dict(), "evalset_check": evalset_verdict(release)}
 
 
 def register(app: typer.Typer) -> None:
@@ -92,7 +102,7 @@ def register(app: typer.Typer) -> None:
                                      require_suites=required, allow_contamination=allow_contamination,
                                      progress=update, exist_ok=exist_ok)
         if as_json:
-            print_json({**release.as_dict(), **({"existed": existed} if exist_ok else {})})
+            print_json({**_as_json(release), **({"existed": existed} if exist_ok else {})})
             return
         if existed:
             console().print(f"release {name} already exists ({release.table} v{release.version}): nothing to do")
@@ -133,7 +143,7 @@ def register(app: typer.Typer) -> None:
 
         release = get_release(_lake(lake), name)
         if as_json:
-            print_json(release.as_dict())
+            print_json(_as_json(release))
             return
         _print_release(release, title=f"[bold]release {name}[/]")
         if release.details:
@@ -206,7 +216,7 @@ def register(app: typer.Typer) -> None:
                                      threshold=threshold, verify=verify, seed=seed,
                                      allow_contamination=allow_contamination, progress=update)
         if as_json:
-            print_json(release.as_dict())
+            print_json(_as_json(release))
             return
         _print_release(release, title=f"[bold green]release {new} merged[/]")
         d = release.details
@@ -268,7 +278,7 @@ def register(app: typer.Typer) -> None:
                              ids_files=list(ids_file), source_uri=source_uri,
                              allow_contamination=allow_contamination, progress=update)
         if as_json:
-            print_json(release.as_dict())
+            print_json(_as_json(release))
             return
         _print_release(release, title=f"[bold green]release {new} created without {release.details['removed']} sample(s)[/]")
         out = console()
