@@ -35,6 +35,7 @@ DEFAULT_NGRAM = 13
 # The version of what decides a match: ``normalize_for_ngrams``, ``NgramHasher``'s words and hashes, and the index's
 # lookup. Bump it with any change that can make a text match other eval items (or none): a recorded clean eval-set
 # check names it, and a release gate reuses a recorded check only when it is the same (``datahub.release.evalset_gate``).
+# Bump ``DecontaminateOp.version`` (op.py) with it: the operator's lineage and params hash name that one.
 MATCHER_VERSION = 1
 _PUNCTUATION = r"[\p{P}\p{S}]"  # RE2: Unicode punctuation and symbols (as operators.dedup.normalize)
 BLOOM_BITS_PER_NGRAM = 32

@@ -1,0 +1,38 @@
+"""The matcher's output is pinned to ``MATCHER_VERSION``: release gates reuse a recorded clean eval-set check only when
+it names the same matcher version, so a change to the normalization or the n-gram hashing that is not given a new
+version would let a check made by the old code stand for the new one."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+
+from operators.decontam import ngrams
+
+# MATCHER_VERSION -> sha256 of what the matcher makes of TEXTS (normalized texts, 13-gram and 3-gram hashes, owners)
+PINNED = {1: "fdedb255106873c1415dc83f0f021abcdd8c498497e1067ff2354992fa53dce3"}
+TEXTS = ["The Quick, Brown fox -- jumps over the lazy dog; again & again!",
+         "ＦＵＬＬＷＩＤＴＨ Ｔｅｘｔ and «quotes» — em-dash, Ça va? Straße costs 5€ ± 2 ©2024 ①", "short one", "", None,
+         "tabs\tand\nnewlines  and   spaces " * 3]
+
+
+def _matcher_digest() -> str:
+    texts = pa.array(TEXTS, pa.string())
+    digest = hashlib.sha256()
+    for text in ngrams.normalize_for_ngrams(texts).to_pylist():
+        digest.update((text or "").encode() + b"\x00")
+    for n in (ngrams.DEFAULT_NGRAM, 3):
+        hashes, owners = ngrams.NgramHasher(n)(texts)
+        digest.update(np.ascontiguousarray(hashes, dtype=np.uint64).tobytes())
+        digest.update(np.ascontiguousarray(owners, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
+def test_the_matchers_output_is_the_one_pinned_to_its_version():
+    found = _matcher_digest()
+    assert PINNED.get(ngrams.MATCHER_VERSION) == found, (
+        f"the eval-set matcher's output changed ({found}) but MATCHER_VERSION is still {ngrams.MATCHER_VERSION}: "
+        "bump operators/decontam/ngrams.py MATCHER_VERSION (and Decontaminate.version in op.py), then pin the new "
+        "digest here under the new version")
