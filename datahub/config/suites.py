@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from datahub.close_names import did_you_mean
 from datahub.errors import SpecError
 
 SUITES_DIR = Path(__file__).resolve().parents[2] / "schemas" / "gx"
@@ -45,8 +46,14 @@ def load_suite(name: str, *, suites_dir: str | Path | None = None) -> Suite:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        known = ", ".join(available_suites(suites_dir)) or "none"
-        raise SpecError(f"QA suite {name!r}: no file {path}; known suites: {known}") from None
+        if name.endswith(".json"):
+            raise SpecError(f"QA suite {name!r}: no file {path.resolve()}; check the path, or name a suite under "
+                            f"{Path(suites_dir or SUITES_DIR)} ({', '.join(available_suites(suites_dir)) or 'none'})"
+                            ) from None
+        known = available_suites(suites_dir)
+        raise SpecError(f"QA suite {name!r}: no file {path}{did_you_mean(name, known)}; known suites: "
+                        f"{', '.join(known) or 'none'}; name one of them, or a suite .json file by its path "
+                        f"(GX 1.x suite JSON: {{\"name\", \"expectations\": [{{\"type\", \"kwargs\"}}]}})") from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from None
     expectations = raw.get("expectations")

@@ -18,3 +18,9 @@ def test_optional_expectations_on_absent_signals_are_one_line(small_lake):
             "quality_language, quality_language_score, quality_gopher_alpha_words_ratio") in " ".join(skips[0].split())
     as_json = json.loads(datahub("qa", "--lake", str(small_lake), "--no-record", "--json").stdout)
     assert sum(1 for r in as_json["results"][0]["results"] if r.get("skipped")) == 6
+
+
+def test_qa_help_shows_examples_its_own_parser_accepts():
+    from tests.cli.test_help_examples import test_every_command_shows_examples_its_own_parser_accepts as examples
+
+    examples(("qa",))

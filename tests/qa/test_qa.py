@@ -66,8 +66,12 @@ def test_unknown_suite_names_known_ones(lake):
     from datahub.errors import SpecError
     from datahub.qa import run_suite
 
-    with pytest.raises(SpecError, match="samples.v1"):
+    with pytest.raises(SpecError, match="samples.v1") as raised:
         run_suite(lake, suite="samples.v9")
+    assert "did you mean 'samples.v1'" in str(raised.value) and "by its path" in str(raised.value)  # and the fix
+    with pytest.raises(SpecError, match="check the path") as raised:
+        run_suite(lake, suite="suites/mine.v1.json")
+    assert "schemas/gx (posttraining.v1, samples.v1)" in str(raised.value)
 
 
 def test_cli_qa_exit_codes_and_json(lake):

@@ -11,8 +11,17 @@ from datahub.cli.output import console, print_json, progress
 from datahub.cli.release_option import RELEASE_HELP
 
 
+EXAMPLES = """Examples:
+  datahub qa --lake lake/demo
+  # as JSON: a failed row check lists up to 20 unexpected_sample_ids
+  datahub qa --lake lake/demo --suite posttraining.v1 --json
+  # your own suite file, on Spark, not recorded in qa_results
+  datahub qa --lake lake/demo --suite suites/mine.v1.json --engine spark --no-record
+  datahub qa --lake lake/demo --release corpus-v1"""
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("qa")
+    @app.command("qa", epilog=EXAMPLES)
     def qa(
         lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
         lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
