@@ -14,6 +14,11 @@ import sys
 
 import typer
 
+try:  # typer >= 0.22 carries its own copy of click; its usage errors are of that copy's classes
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - a typer on the click package
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
+
 from datahub import __version__
 from datahub.allocator import use_system_allocator
 from datahub.errors import DatahubError
@@ -84,7 +89,18 @@ def _run() -> int:
     try:
         if len(sys.argv) > 1 and sys.argv[1] in POST_LAKE_COMMANDS:
             use_system_allocator()
-        app()
+        status = app(standalone_mode=False)  # usage errors come here, printed as every other error is
+        return status if isinstance(status, int) else 0
+    except _click_errors.NoArgsIsHelpError as exc:  # `datahub tier`: its help is printed already
+        return exc.exit_code
+    except _click_errors.ClickException as exc:
+        from datahub.cli.output import console, plain
+
+        console(stderr=True).print(f"[bold red]error:[/] {plain(usage_error_text(exc))}", soft_wrap=True)
+        return exc.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 1
     except DatahubError as exc:
         from datahub.cli.output import console, plain
 
@@ -107,6 +123,15 @@ def _run() -> int:
         print(exc.code, file=sys.stderr)
         return 1
     return 0
+
+
+def usage_error_text(exc: Exception) -> str:
+    """A usage error (an unknown option, a missing argument, a value out of range) as one line with the command's
+    --help: typer printed a 5-7 line box with the usage, unlike every other error (`error: ...`, one line) that a
+    script or a person greps."""
+    message = str(getattr(exc, "format_message", lambda: str(exc))())
+    ctx = getattr(exc, "ctx", None)
+    return message if ctx is None else f"{message} (see `{ctx.command_path} --help`)"
 
 
 # what a path the user gave can be wrong with (an I/O error or a full disk in the middle of a run keeps its traceback)

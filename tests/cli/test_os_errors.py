@@ -10,7 +10,7 @@ from datahub.cli import main
 
 
 def _failing(exc: OSError):
-    def app() -> None:
+    def app(**options: object) -> None:  # main calls app(standalone_mode=False)
         raise exc
     return app
 
