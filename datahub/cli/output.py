@@ -74,9 +74,15 @@ def progress(description: str, *, enabled: bool = True) -> Iterator[Any]:
         lines.finish()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.table import Column
 
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console(stderr=True), transient=True) as bar:
+    # on a narrow terminal the description gives way (cut in its middle), never the stage, the count or the time:
+    # at 80 columns `lineage --source PATH: lineage events scanned` hid all three behind "…"
+    err = console(stderr=True)
+    room = max(MIN_LABEL_WIDTH, err.width - OTHER_COLUMNS_WIDTH)
+    text = TextColumn("{task.description}", table_column=Column(no_wrap=True, overflow="ellipsis"))
+    with Progress(SpinnerColumn(), text, BarColumn(bar_width=BAR_WIDTH), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as bar:
         tasks: dict[str, Any] = {}
         counts: dict[str, int] = {}  # stage -> its last count
 
@@ -88,13 +94,32 @@ def progress(description: str, *, enabled: bool = True) -> Iterator[Any]:
         def update(stage: str, done: int, total: int | None = None) -> None:
             if stage not in tasks:
                 complete()  # a new stage: the ones before it are done
-                tasks[stage] = bar.add_task(f"{description}: {stage}", total=total)
+                tasks[stage] = bar.add_task(progress_label(description, stage, room), total=total)
             counts[stage] = done
             bar.update(tasks[stage], completed=done, total=total)
 
         yield update
         complete()
         bar.refresh()
+
+
+BAR_WIDTH = 20
+OTHER_COLUMNS_WIDTH = 50  # spinner, bar, "12345678/12345678", "0:00:00" and the spaces between them
+MIN_LABEL_WIDTH = 24
+
+
+def progress_label(description: str, stage: str, width: int) -> str:
+    """``description: stage`` in ``width`` characters: the description is cut in its middle ("lineage --source
+    /data/…/part-7.jsonl: rows"), so the stage and the ends of a path stay readable; the stage alone when not even
+    8 characters of the description fit."""
+    label = f"{description}: {stage}"
+    room = width - len(stage) - 3  # ": " and the "…"
+    if len(label) <= width:
+        return label
+    if room < 8:  # no room for a useful part of the description: the stage alone
+        return stage
+    head = description[:(room + 1) // 2]
+    return f"{head}…{description[len(description) - (room - len(head)):]}: {stage}"
 
 
 def _force_progress() -> bool:

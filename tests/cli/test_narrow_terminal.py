@@ -19,18 +19,22 @@ from tests.cli.conftest import REPO
 
 def on_a_terminal(*args: str, columns: int = 80) -> str:
     """The CLI's output on a pseudo-terminal ``columns`` wide, without colour and cursor codes."""
+    return _on_a_terminal(["-m", "datahub.cli.main", *args], columns)
+
+
+def _on_a_terminal(argv: list[str], columns: int) -> str:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "xterm", "RAY_AUTH_MODE": "disabled"}
-    proc = subprocess.Popen([sys.executable, "-m", "datahub.cli.main", *args], stdin=slave, stdout=slave,
-                            stderr=slave, cwd=REPO, env=env)
+    env.pop("DATAHUB_PROGRESS", None)
+    proc = subprocess.Popen([sys.executable, *argv], stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env=env)
     os.close(slave)
     chunks = []
     try:
         while True:
             ready, _, _ = select.select([master], [], [], 120)
             if not ready:
-                raise TimeoutError(f"datahub {' '.join(args)}: no output for 120 s")
+                raise TimeoutError(f"{' '.join(argv)}: no output for 120 s")
             try:
                 data = os.read(master, 65536)
             except OSError:  # EIO: the child closed the terminal
@@ -64,3 +68,24 @@ def test_run_and_sample_ids_print_whole_on_an_80_column_terminal(small_lake):
 def test_a_wide_terminal_keeps_the_tables(small_lake):
     runs = on_a_terminal("runs", "--lake", str(small_lake), columns=200)
     assert "┃ run " in runs and "quarantined" in runs, runs
+
+
+def test_a_progress_bar_on_an_80_column_terminal_shows_its_stage_and_count():
+    """`lineage --source PATH` (or any long description) hid the stage, the count and the time behind "…"."""
+    script = ("import time\n"
+              "from datahub.cli.output import progress\n"
+              "with progress('lineage --source /work/main/data/posttraining/chat-openai.jsonl') as update:\n"
+              "    update('lineage events scanned', 32768)\n"
+              "    time.sleep(0.5)\n")
+    shown = _on_a_terminal(["-c", script], 80)
+    assert "lineage events scanned" in shown and "32768/32768" in shown, shown[-800:]
+
+
+def test_a_progress_label_is_cut_in_the_description_never_the_stage():
+    from datahub.cli.output import progress_label
+
+    description = "lineage --source /data/raw/2026-12/part-00007.jsonl.gz"
+    assert progress_label(description, "rows", 200) == f"{description}: rows"
+    cut = progress_label(description, "rows", 40)
+    assert len(cut) == 40 and cut.endswith(".jsonl.gz: rows") and cut.startswith("lineage --source") and "…" in cut
+    assert progress_label(description, "lineage events scanned", 30) == "lineage events scanned"
