@@ -155,3 +155,33 @@ def test_quarantine_of_a_mistyped_run_id_names_the_runs_that_quarantined(tmp_pat
     typo = datahub("quarantine", "--lake", str(lake), "--run", run_id[:-1] + "x")
     assert typo.returncode == 0, typo.stderr
     assert f"by run {run_id[:-1] + 'x'!r}" in typo.stdout and f"did you mean {run_id!r}?" in typo.stdout, typo.stdout
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A small lake whose release r1 is exported to tier cfs (of two), and the storage YAML."""
+    from datahub.export import export_release
+    from datahub.lake import Lake
+    from datahub.release import create_release
+    from datahub.storage import load_storage_config
+    from tests.cli.conftest import make_small_lake
+
+    root = tmp_path_factory.mktemp("exported")
+    lake = make_small_lake(root)
+    storage = root / "storage.yaml"
+    storage.write_text("tiers:\n" + "".join(f"  {t}:\n    kind: cfs\n    path: {root / t}\n" for t in ("cfs", "cfs2")))
+    create_release(Lake(str(lake)), "r1")
+    export_release(Lake(str(lake)), "r1", tier="cfs", storage=load_storage_config(storage), shard_samples=2)
+    return lake, storage
+
+
+@pytest.mark.parametrize("tiers", ["", ",", " , "])
+def test_tiers_that_name_no_tier_are_refused_not_read_as_the_policy(exported, tiers):
+    """`tier apply --release R --tiers "$TIERS"` with the variable unset applied the storage policy to R (and ","
+    planned nothing), exit 0, instead of the placement the script meant to give."""
+    lake, storage = exported
+    for command in ("plan", "apply"):
+        out = datahub("tier", command, "--lake", str(lake), "--storage", str(storage), "--release", "r1",
+                      "--tiers", tiers)
+        assert_clean_error(out, f"--tiers {tiers!r} names no tier", "e.g. --tiers cfs,cfs2", "drop --tiers")
+    assert [p.name for p in sorted((lake.parent / "cfs").rglob("*.tar"))] == ["r1-000000.tar", "r1-000001.tar"]

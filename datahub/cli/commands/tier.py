@@ -33,7 +33,11 @@ def _inputs(lake: str, storage: list[Path], release: list[str], tiers: Optional[
         config = config.merged(load_storage_config(extra))
     if tiers is not None and not release:
         raise SpecError("--tiers needs --release NAME (which release to place on those tiers)")
-    targets = {name: [t.strip() for t in tiers.split(",") if t.strip()] for name in release} if tiers else None
+    names = [t.strip() for t in (tiers or "").split(",") if t.strip()]
+    if tiers is not None and not names:  # `--tiers "$TIERS"` with the variable unset: not "apply the policy"
+        raise SpecError(f"--tiers {tiers!r} names no tier; give the tiers the release should be on, e.g. --tiers "
+                        f"{','.join(list(config.tiers)[:2])}, or drop --tiers to apply the storage policy")
+    targets = {name: names for name in release} if tiers is not None else None
     return open_lake(lake), config, (release or None), targets
 
 
