@@ -112,26 +112,23 @@ class ExactDedup(GlobalOperator[ExactDedupParams]):
         if keyed.count() == 0:
             return frame
         hashes = keyed.map_batches(Select((CONTENT_HASH,)), name="exact_dedup.hashes")
-        known, lake_rows = None, None
         if p.incremental:
-            match, known = read_index(context, EXACT_INDEX, columns=["content_hash", "sample_id"],
-                                      params_hash=self.index_params_hash)
-            if match.num_rows:
-                lake_rows = pa.table({CONTENT_HASH: match.column("content_hash"), ROW_RANK: lake_ranks(match.column("sample_id"))})
-                hashes = hashes.union(context.from_arrow(lake_rows.select([CONTENT_HASH])))
-        # keys of more than one row (new rows, or a new row and the lake's copy)
-        shared = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")}, having=SharedKeys(CONTENT_HASH, "rows")).materialize()
+            shared, lake_rows, known = self._shared_with_lake(hashes, context)
+        else:  # keys of more than one new row
+            shared = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")},
+                                        having=SharedKeys(CONTENT_HASH, "rows")).materialize()
+            lake_rows, known = None, None
         candidates = join_small(keyed, shared, on=[CONTENT_HASH], how="inner", name="exact_dedup.shared_rows")
         candidates = candidates.map_batches(Select((CONTENT_HASH, ROW_RANK)), name="exact_dedup.candidates")
         if lake_rows is not None:
-            candidates = candidates.union(context.from_arrow(lake_rows))
+            candidates = candidates.union(lake_rows)
         keepers = candidates.groupby_agg([CONTENT_HASH], {KEEPER_RANK: (ROW_RANK, "min")}).materialize()
         joined = join_small(keyed, keepers, on=[CONTENT_HASH], name="exact_dedup.keepers")  # keeper null: a key's only row
         context.checkpoint("exact_dedup:after_keepers")
         index_rows = joined.map_batches(ExactIndexRows(self.index_params_hash, context.run_id), name="exact_dedup.index_rows")
-        if known is not None and known.num_rows:  # --full: never repeat a row the index has
-            seen = pa.table({"content_hash": known.column("content_hash"), "sample_id": known.column("sample_id")})
-            index_rows = index_rows.join(context.from_arrow(seen), on=["content_hash", "sample_id"], how="left_anti")
+        if known is not None:  # --full: never repeat a row the index has
+            index_rows = join_small(index_rows, known, on=["content_hash", "sample_id"], how="left_anti",
+                                    name="exact_dedup.not_indexed")
         context.add_side_output(EXACT_INDEX, index_rows)
         # Rows of one sample_id have one text, so one key and one keeper: decisions per sample.
         decisions = joined.map_batches(_InSharedGroup(), name="exact_dedup.in_shared").groupby_agg(
@@ -139,6 +136,36 @@ class ExactDedup(GlobalOperator[ExactDedupParams]):
         mark = MarkByKeeper(self.op_id, "exact_duplicate", "exact", CONTENT_HASH, (CONTENT_HASH, ROW_RANK, KEEPER_RANK))
         return join_small(frame, decisions, on=[SAMPLE_ID], name="exact_dedup.decisions").map_batches(
             MarkAlive(p.keep_by, mark), name="exact_dedup.mark").light()
+
+    def _shared_with_lake(self, hashes: Frame, context: OperatorContext) -> tuple[Frame, Frame | None, Frame | None]:
+        """Keys of more than one row, counting the lake's ``exact_index``; the lake's rows of those keys (content
+        hash and lake rank); the index rows of the new keys (``read_index``'s ``already_indexed``), or None.
+
+        Only index rows whose content hash a new row holds are read (on the engine): a key no new row holds
+        decides nothing."""
+        counts = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")}).materialize()
+        shared = counts.map_batches(SharedKeys(CONTENT_HASH, "rows"), name="exact_dedup.shared_keys")
+        new_keys = counts.map_batches(Select((CONTENT_HASH,), ((CONTENT_HASH, "content_hash"),)), name="exact_dedup.new_keys")
+        index = read_index(context, EXACT_INDEX, columns=["content_hash", "sample_id"], params_hash=self.index_params_hash,
+                           among=("content_hash", new_keys))
+        if index is None:
+            return shared.materialize(), None, None
+        match, known = index
+        lake_rows = match.map_batches(_LakeRows(), name="exact_dedup.lake_rows").materialize()
+        if lake_rows.count() == 0:
+            return shared.materialize(), None, known
+        in_lake = lake_rows.map_batches(Select((CONTENT_HASH,)), name="exact_dedup.lake_keys")
+        shared = shared.union(in_lake).groupby_agg([CONTENT_HASH], {"n": (CONTENT_HASH, "count")},
+                                                   having=Select((CONTENT_HASH,))).materialize()
+        return shared, lake_rows, known
+
+
+class _LakeRows:
+    """Index rows as candidates: content hash and the lake rank of the sample (``ranking.lake_ranks``)."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return pa.table({CONTENT_HASH: pc.cast(table.column("content_hash"), pa.string()),
+                         ROW_RANK: pc.cast(lake_ranks(table.column("sample_id")), pa.string())})
 
 
 class _InSharedGroup:

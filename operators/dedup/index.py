@@ -17,17 +17,30 @@ rows of this job's earlier runs (run ids ``{job}-...``: the job's samples are be
 this params hash. Repeated ``--full`` runs therefore never duplicate index rows; a sample
 the full run no longer keeps keeps its old index row (an incremental run may then name it
 as ``dup_of``; its lineage still explains where it went).
+
+Reading the index (it grows with the lake: a 100M-sample lake holds billions of band rows): the driver only
+lists the table's files (pruned by their ``params_hash``/``run_id`` statistics); the engine's tasks scan them in
+batches (``IndexScan``), keeping the rows whose key a new row holds too (``among``: new band keys, new content
+hashes). So only the few lake rows that can matter ever exist, on the engine, and never the whole index in one
+process (before, ``read_index`` read it whole into the driver on every incremental run).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
+
+from datahub.lake.files import conform
+from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
+from operators.dedup.steps import BROADCAST_ROWS
 
 if TYPE_CHECKING:
+    from datahub.engines.frame import Frame
     from datahub.operator import OperatorContext
 
 MINHASH_INDEX = "minhash_index"
@@ -38,25 +51,128 @@ MINHASH_INDEX_SCHEMA = pa.schema(
 EXACT_INDEX_SCHEMA = pa.schema(
     [("content_hash", pa.string()), ("sample_id", pa.string()), ("params_hash", pa.string()), ("run_id", pa.string())]
 )
+RUN_ID = "run_id"
+YIELD_ROWS = 32_768  # a task's matching rows are passed on in tables of about this many (~3 MB of band rows)
+MAX_SCAN_TASKS = 64  # the index's files are split among at most this many tasks (each opens the table version once)
 
 
-def read_index(context: OperatorContext, table: str, *, columns: list[str], params_hash: str) -> tuple[pa.Table, pa.Table]:
-    """``(match_against, already_indexed)`` rows of ``table`` with ``params_hash``.
+@dataclass(frozen=True)
+class IndexScan:
+    """An engine task's read of some of an index table's files (picklable; ``Engine.read_files``' read function).
+
+    Yields the rows with ``params_hash`` of other runs than ``run_id``, ``columns`` plus ``run_id``; with
+    ``key``/``values`` only rows whose ``key`` is one of ``values``. Files are decoded in ``scan_batches``' small
+    batches; matching rows are passed on in tables of about ``YIELD_ROWS`` rows. A task that finds no row yields one
+    empty table, so every engine knows the frame's schema."""
+
+    lake: Lake
+    table: str
+    version: int
+    schema: pa.Schema  # the output: ``columns`` then ``run_id``, typed as the index writes them
+    params_hash: str
+    run_id: str
+    key: str | None = None
+    values: pa.Array | None = None
+
+    def __call__(self, files: tuple[str, ...]) -> Iterator[pa.Table]:
+        dataset = self.lake.dataset(self.table, self.version,
+                                    file_pruning_predicate=_file_predicate(self.params_hash, self.run_id))
+        found, pending, held = False, [], 0
+        for batch in scan_batches(dataset, columns=self.schema.names, files=files,
+                                  values_in=("params_hash", [self.params_hash])):
+            mask = pc.fill_null(pc.not_equal(batch.column(RUN_ID), self.run_id), True)
+            if self.key is not None and self.values is not None:
+                column = batch.column(self.key)
+                values = self.values if self.values.type == column.type else self.values.cast(column.type)
+                mask = pc.and_(mask, pc.is_in(column, value_set=values))
+            rows = conform(pa.Table.from_batches([batch]).filter(mask), self.schema)
+            if rows.num_rows:
+                pending.append(rows)
+                held += rows.num_rows
+            if held >= YIELD_ROWS:
+                found = True
+                yield pa.concat_tables(pending).combine_chunks()
+                pending, held = [], 0
+        if pending or not found:
+            yield pa.concat_tables(pending).combine_chunks() if pending else self.schema.empty_table()
+
+
+@dataclass(frozen=True)
+class OtherJobs:
+    """Rows of other jobs than ``job`` (its run ids are ``{job}-...``), without ``run_id``."""
+
+    job: str | None
+    columns: tuple[str, ...]
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        if self.job is not None and table.num_rows:
+            table = table.filter(pc.invert(pc.fill_null(pc.starts_with(table.column(RUN_ID), f"{self.job}-"), False)))
+        return table.select(list(self.columns))
+
+
+def read_index(context: OperatorContext, table: str, *, columns: list[str], params_hash: str,
+               among: tuple[str, Frame], schema: pa.Schema | None = None) -> tuple[Frame, Frame] | None:
+    """``(match_against, already_indexed)``: frames of the rows of ``table`` with ``params_hash`` whose ``among[0]``
+    column holds one of the values of the one-column frame ``among[1]`` (distinct values, e.g. the new rows' band
+    keys), ``columns`` only. None when no such row exists (no table, no file, no match).
 
     ``match_against``: the rows new samples dedup against (see the module docstring).
-    ``already_indexed``: every row but this run's own, so side outputs never repeat a row.
-    """
-    wanted = list(dict.fromkeys([*columns, "run_id"]))
+    ``already_indexed``: every such row but this run's own, so side outputs never repeat a row.
+
+    The driver lists files; engine tasks scan them (``IndexScan``). Up to ``BROADCAST_ROWS`` values go to every
+    task, which keeps only matching rows as it reads; more are hash-joined on the engine. Either way only matching
+    rows are held (materialized on the engine: both results are read several times)."""
+    schema = schema or _schema(table)
+    key, values_frame = among
     if not context.lake.exists(table):
-        empty = pa.schema([f for f in _schema(table) if f.name in wanted]).empty_table()
-        return empty, empty
-    rows = context.lake.read(table, columns=wanted, filters=ds.field("params_hash") == params_hash)
-    rows = rows.filter(pc.not_equal(rows.column("run_id"), context.run_id))
-    match = rows
-    if context.full:
-        own_job = pc.starts_with(rows.column("run_id"), f"{context.job_name}-")
-        match = rows.filter(pc.invert(own_job))
-    return match, rows
+        return None
+    lake = context.lake
+    version = lake.table(table).version()
+    dataset = lake.dataset(table, version, file_pruning_predicate=_file_predicate(params_hash, context.run_id))
+    files = [fragment.path for fragment in dataset.get_fragments()]
+    if not files:
+        return None
+    wanted = pa.schema([schema.field(c) for c in dict.fromkeys([*columns, RUN_ID])])
+    values_frame = values_frame.materialize()  # counted, then read or joined
+    pushed = values_frame.count() <= BROADCAST_ROWS
+    values = None
+    if pushed:
+        values = pc.unique(values_frame.to_arrow().column(0).cast(wanted.field(key).type).combine_chunks())
+        if not len(values):
+            return None
+    scan = IndexScan(lake, table, version, wanted, params_hash, context.run_id, key if pushed else None, values)
+    tasks = min(len(files), MAX_SCAN_TASKS)
+    groups = [tuple(files[i::tasks]) for i in range(tasks)]
+    rows = context.read_files(groups, scan)
+    if not pushed:
+        rows = rows.join(values_frame, on=[key], how="inner")
+    rows = rows.materialize()
+    if rows.count() == 0:
+        return None
+    match = rows.map_batches(OtherJobs(context.job_name if context.full else None, tuple(columns)),
+                             name=f"{table}.match")
+    known = rows.map_batches(OtherJobs(None, tuple(columns)), name=f"{table}.known")
+    return match, known
+
+
+def lake_rows_of(lake: Lake, table: str, columns: list[str], sample_ids: pa.Array) -> pa.Table:
+    """The rows of ``table`` whose ``sample_id`` is one of ``sample_ids`` (a few: e.g. the lake samples a
+    verify step compares), ``columns`` only, scanned in bounded batches (``datahub.lake.scan``): row groups whose
+    ``sample_id`` statistics exclude every id are skipped, the others are read a batch at a time and filtered,
+    so memory holds one batch and the matches, not the table's column."""
+    if not len(sample_ids) or not lake.exists(table):
+        return pa.schema([(c, pa.string()) for c in columns]).empty_table()
+    scan = scan_batches(lake.dataset(table), columns=columns, values_in=("sample_id", sample_ids.to_pylist()))
+    batches = [b for b in scan if b.num_rows]
+    if not batches:
+        return pa.schema([(c, pa.string()) for c in columns]).empty_table()
+    return pa.Table.from_batches(batches).select(columns)
+
+
+def _file_predicate(params_hash: str, run_id: str) -> list[tuple[str, str, str]]:
+    """Files whose statistics may hold rows with ``params_hash`` of another run than ``run_id`` (the index is
+    not partitioned; each run writes its own files, so the statistics rule out other params and this run)."""
+    return [("params_hash", "=", params_hash), (RUN_ID, "!=", run_id)]
 
 
 def _schema(table: str) -> pa.Schema:

@@ -30,11 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from datahub.operator import GlobalOperator, OperatorContext, register
 from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, BandKeys, ExplodeBandKeys, connected_components
-from operators.dedup.index import MINHASH_INDEX, read_index
+from operators.dedup.index import MINHASH_INDEX, lake_rows_of, read_index
 from operators.dedup.minhash import MinHasher
 from operators.dedup.params import MinhashDedupParams
 from operators.dedup.ranking import is_lake_rank, lake_ranks, rank_sample_ids, row_ranks
@@ -150,15 +149,16 @@ class MinhashDedup(GlobalOperator[MinhashDedupParams]):
         return join_small(frame, decisions, on=[SAMPLE_ID], name="minhash_dedup.decisions").map_batches(
             MarkAlive(p.keep_by, mark), name="minhash_dedup.mark").light()
 
-    def _with_lake_edges(self, new_edges: Frame, context: OperatorContext) -> tuple[Frame, pa.Array | None, pa.Table | None]:
-        """Add the lake's edges that share a band key with a new document."""
-        match, known = read_index(context, MINHASH_INDEX, columns=[SAMPLE_ID, BAND_KEY], params_hash=self.index_params_hash)
-        if not match.num_rows:
-            return new_edges, None, known
+    def _with_lake_edges(self, new_edges: Frame, context: OperatorContext) -> tuple[Frame, pa.Array | None, Frame | None]:
+        """Add the lake's edges that share a band key with a new document (read on the engine, ``read_index``)."""
         new_keys = new_edges.groupby_agg([BAND_KEY], {"n": (SAMPLE_ID, "count")}).map_batches(
             Select((BAND_KEY,)), name="minhash_dedup.new_band_keys")
-        lake_edges = context.from_arrow(match.select([SAMPLE_ID, BAND_KEY])).join(new_keys, on=[BAND_KEY])
-        matched = lake_edges.to_arrow()  # only lake samples sharing a band with a new one: small
+        index = read_index(context, MINHASH_INDEX, columns=[SAMPLE_ID, BAND_KEY], params_hash=self.index_params_hash,
+                           among=(BAND_KEY, new_keys))
+        if index is None:
+            return new_edges, None, None
+        match, known = index
+        matched = match.to_arrow()  # only lake samples sharing a band with a new one: small
         if not matched.num_rows:
             return new_edges, None, known
         matched = matched.select([SAMPLE_ID, BAND_KEY]).cast(pa.schema([(SAMPLE_ID, pa.string()), (BAND_KEY, pa.int64())]))
@@ -177,10 +177,9 @@ class MinhashDedup(GlobalOperator[MinhashDedupParams]):
             Select((SAMPLE_ID, ANCHOR)), name="minhash_dedup.pairs")
         texts = docs.map_batches(Select((SAMPLE_ID, "text")), name="minhash_dedup.texts")
         if lake_ids is not None and len(lake_ids):
-            lake_texts = context.lake.read("samples", columns=[SAMPLE_ID, "text"],
-                                           filters=ds.field(SAMPLE_ID).isin(lake_ids.to_pylist()))
+            lake_texts = lake_rows_of(context.lake, "samples", [SAMPLE_ID, "text"], lake_ids)
             if lake_texts.num_rows:
-                texts = texts.union(context.from_arrow(lake_texts.select([SAMPLE_ID, "text"])))
+                texts = texts.union(context.from_arrow(lake_texts))
         # Each document of a candidate pair shingled once (verify.ShingleSets), then pairs compare sets.
         pairs = pairs.materialize()
         in_pairs = pairs.map_batches(Select((SAMPLE_ID,)), name="minhash_dedup.pair_members").union(
@@ -201,14 +200,14 @@ class MinhashDedup(GlobalOperator[MinhashDedupParams]):
         best = best.groupby_agg([SAMPLE_ID], {JACCARD: (JACCARD, "max")})
         return member_edges.union(anchor_edges.map_batches(Select((SAMPLE_ID, BAND_KEY)), name="minhash_dedup.anchor_order")), best
 
-    def _index_rows(self, new_edges: Frame, decisions: Frame, repeated: int, known: pa.Table | None,
+    def _index_rows(self, new_edges: Frame, decisions: Frame, repeated: int, known: Frame | None,
                     context: OperatorContext) -> Frame:
         """``minhash_index`` rows: every band key of every kept new sample, each exactly once."""
         lost = decisions.map_batches(_LostSamples(), name="minhash_dedup.lost")  # samples none of whose rows is kept
         rows = join_small(new_edges, lost, on=[SAMPLE_ID], how="left_anti", name="minhash_dedup.kept_edges")
-        if known is not None and known.num_rows:  # --full: never repeat a sample the index lists
-            seen = pa.table({SAMPLE_ID: pc.unique(known.column(SAMPLE_ID))})
-            rows = rows.join(context.from_arrow(seen), on=[SAMPLE_ID], how="left_anti")
+        if known is not None:  # --full: never repeat a sample the index lists
+            seen = known.groupby_agg([SAMPLE_ID], {"n": (SAMPLE_ID, "count")}, having=Select((SAMPLE_ID,)))
+            rows = join_small(rows, seen, on=[SAMPLE_ID], how="left_anti", name="minhash_dedup.not_indexed")
         if repeated:  # one sample_id in several rows emitted its edges several times
             rows = rows.groupby_agg([SAMPLE_ID, BAND_KEY], {"n": (SAMPLE_ID, "count")})
         return rows.map_batches(IndexRows(self.index_params_hash, context.run_id), name="minhash_dedup.index_rows")

@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 import xxhash
 from pydantic import Field
 
 from datahub.kinds.media import IMAGE
 from datahub.operator import GlobalOperator, OperatorContext, Params, register
 from operators.dedup.clustering import BAND_KEY, CLUSTER_ID, SAMPLE_ID, connected_components
+from operators.dedup.index import read_index
 from operators.dedup.ranking import is_lake_rank, lake_ranks, rank_sample_ids, row_ranks
 from operators.dedup.steps import (KEEPER_RANK, ROW_RANK, KeepAlive, MarkAlive, MarkByKeeper, Select, SharedKeys,
                                   join_small, string_columns)
@@ -231,48 +231,35 @@ class ImageDedup(GlobalOperator[ImageDedupParams]):
         return join_small(frame, decisions, on=[SAMPLE_ID], name="image_dedup.decisions").map_batches(
             MarkAlive(p.keep_by, mark), name="image_dedup.mark").light()
 
-    def _with_lake_edges(self, new_edges: Frame, context: OperatorContext) -> tuple[Frame, pa.Array | None, pa.Table | None]:
-        """Add the index rows of earlier runs' kept images that share a band key with a new image."""
-        match, known = read_image_index(context, self.index_params_hash)
-        if not match.num_rows:
-            return new_edges, None, known
+    def _with_lake_edges(self, new_edges: Frame, context: OperatorContext) -> tuple[Frame, pa.Array | None, Frame | None]:
+        """Add the index rows of earlier runs' kept images that share a band key with a new image (read on the
+        engine: ``operators.dedup.index.read_index``)."""
         new_keys = new_edges.groupby_agg([BAND_KEY], {"n": (SAMPLE_ID, "count")}).map_batches(
             Select((BAND_KEY,)), name="image_dedup.new_band_keys")
-        lake_edges = context.from_arrow(match.select([SAMPLE_ID, BAND_KEY, "image_hash"]).rename_columns(
-            [SAMPLE_ID, BAND_KEY, HASH])).join(new_keys, on=[BAND_KEY])
-        matched = lake_edges.to_arrow()
+        index = read_index(context, IMAGE_INDEX, columns=[SAMPLE_ID, BAND_KEY, "image_hash"],
+                           params_hash=self.index_params_hash, among=(BAND_KEY, new_keys), schema=IMAGE_INDEX_SCHEMA)
+        if index is None:
+            return new_edges, None, None
+        match, known = index
+        matched = match.to_arrow()  # only lake images sharing a band key with a new one: small
         if not matched.num_rows:
             return new_edges, None, known
-        matched = matched.select([SAMPLE_ID, BAND_KEY, HASH]).cast(
+        matched = matched.select([SAMPLE_ID, BAND_KEY, "image_hash"]).rename_columns([SAMPLE_ID, BAND_KEY, HASH]).cast(
             pa.schema([(SAMPLE_ID, pa.string()), (BAND_KEY, pa.int64()), (HASH, pa.int64())]))
         lake_ids = pc.unique(matched.column(SAMPLE_ID).combine_chunks())
         return new_edges.union(context.from_arrow(matched)), lake_ids, known
 
-    def _index_rows(self, new_edges: Frame, decisions: Frame, repeated: int, known: pa.Table | None,
+    def _index_rows(self, new_edges: Frame, decisions: Frame, repeated: int, known: Frame | None,
                     context: OperatorContext) -> Frame:
         """``image_index`` rows: every band key of every kept new image, each exactly once."""
         lost = decisions.map_batches(_LostSamples(), name="image_dedup.lost")
         rows = join_small(new_edges, lost, on=[SAMPLE_ID], how="left_anti", name="image_dedup.kept_edges")
-        if known is not None and known.num_rows:
-            seen = pa.table({SAMPLE_ID: pc.unique(known.column(SAMPLE_ID))})
-            rows = rows.join(context.from_arrow(seen), on=[SAMPLE_ID], how="left_anti")
+        if known is not None:  # --full: never repeat an image the index lists
+            seen = known.groupby_agg([SAMPLE_ID], {"n": (SAMPLE_ID, "count")}, having=Select((SAMPLE_ID,)))
+            rows = join_small(rows, seen, on=[SAMPLE_ID], how="left_anti", name="image_dedup.not_indexed")
         if repeated:
             rows = rows.groupby_agg([SAMPLE_ID, BAND_KEY], {HASH: (HASH, "min")})
         return rows.map_batches(IndexRows(self.index_params_hash, context.run_id), name="image_dedup.index_rows")
-
-
-def read_image_index(context: OperatorContext, params_hash: str) -> tuple[pa.Table, pa.Table]:
-    """``(match_against, already_indexed)`` rows of ``image_index`` (the rules of ``operators.dedup.index``)."""
-    columns = [SAMPLE_ID, BAND_KEY, "image_hash", "run_id"]
-    if not context.lake.exists(IMAGE_INDEX):
-        empty = pa.schema([IMAGE_INDEX_SCHEMA.field(c) for c in columns]).empty_table()
-        return empty, empty
-    rows = context.lake.read(IMAGE_INDEX, columns=columns, filters=ds.field("params_hash") == params_hash)
-    rows = rows.filter(pc.not_equal(rows.column("run_id"), context.run_id))
-    match = rows
-    if context.full:
-        match = rows.filter(pc.invert(pc.starts_with(rows.column("run_id"), f"{context.job_name}-")))
-    return match, rows
 
 
 class _LostSamples:
