@@ -56,6 +56,9 @@ def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None, mus
     in --lake must not read as an empty lake ("no runs", "nothing to move") to a script."""
     from datahub.lake import Lake
 
+    from datahub.cli.arguments import given
+
+    given(ref, "--lake", what="a lake root (a path or s3://bucket/prefix) or a lake YAML")  # not the current directory
     if not is_lake_file(ref):
         lake = Lake(ref, storage_options=storage_options)
     else:

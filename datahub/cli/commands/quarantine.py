@@ -139,6 +139,10 @@ def register(app: typer.Typer) -> None:
         """Count quarantined records by reason, with example records (file, offset, what was wrong)."""
         from rich.table import Table
 
+        from datahub.cli.arguments import given
+
+        given(reason, "--reason", what="a quarantine reason (e.g. invalid_json), or drop --reason")
+        given(run, "--run", what="a run id (`datahub runs --lake LAKE` lists them), or drop --run")
         with progress(f"quarantine {lake}", enabled=not as_json) as update:
             summary = quarantine_summary(lake, reason=reason, job_run=run, examples=examples, progress=update)
         if as_json:

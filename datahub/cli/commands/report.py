@@ -22,21 +22,24 @@ def register(app: typer.Typer) -> None:
     def report(
         lake_arg: Optional[str] = typer.Argument(None, metavar="LAKE", help=LAKE_ARGUMENT_HELP, show_default=False),
         lake: Optional[str] = typer.Option(None, "--lake", help=LAKE_HELP),
-        out: Path = typer.Option(..., "--out", help="Directory for index.html and its PNG plots."),
+        out: str = typer.Option(..., "--out", metavar="DIR", help="Directory for index.html and its PNG plots."),
         version: Optional[int] = typer.Option(None, "--version", help="Samples table version (default: latest)."),
         table: str = typer.Option("samples", "--table", help="Lake table to report on."),
         release: Optional[str] = typer.Option(None, "--release", help=RELEASE_HELP),
         as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
     ) -> None:
         """Write quality-signal distributions, drop reasons, language mix, duplicate clusters, sources."""
+        from datahub.cli.arguments import given
         from datahub.cli.lake_option import open_lake
         from datahub.cli.release_option import release_table
+
+        given(out, "--out", what="the directory to write index.html and its plots into")
         from datahub.report import build_report
 
         the_lake = open_lake(lake_ref(lake_arg, lake, command="report"))
         table, version = release_table(the_lake, release, table, version)
         with progress(f"report {table}", enabled=not as_json) as update:
-            written = build_report(the_lake, out_dir=out, table=table, version=version, progress=update)
+            written = build_report(the_lake, out_dir=Path(out), table=table, version=version, progress=update)
         if as_json:
             print_json(written.as_dict())
         else:

@@ -48,6 +48,11 @@ def register(app: typer.Typer) -> None:
 
         from datahub.cli.lake_option import is_lake_file, load_lake_spec
 
+        from datahub.cli.arguments import given
+
+        given(lake, "--lake", what="a lake root (a path or s3://bucket/prefix) or a lake YAML, or drop --lake to "
+              "use the spec's lake")
+        given(engine, "--engine", what="ray or spark, or drop --engine to use the spec's")
         overrides = list(set_)
         lake_file = lake is not None and is_lake_file(lake)
         clash = [o for o in overrides if o.split("=", 1)[0].strip() == "lake" or o.startswith("lake.")]

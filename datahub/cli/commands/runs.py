@@ -30,6 +30,9 @@ def register(app: typer.Typer) -> None:
         from datahub.cli.lake_option import open_lake
         from datahub.pipeline.history import list_runs
 
+        from datahub.cli.arguments import given
+
+        given(job, "--job", what="a job name (`datahub runs --lake LAKE` lists them), or drop --job")
         lake = lake_ref(lake_arg, lake, command="runs")
         the_lake = open_lake(lake)
         items = list_runs(the_lake, job=job)

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
     def render(
         jobs: list[Path] = typer.Argument(..., help="Job spec YAML files with a `schedule:` cron field."),
         target: str = typer.Option(..., "--target", help="k8s-cronjob | airflow | cron (a crontab line)."),
-        out: Path = typer.Option(Path("deploy"), "--out", help="Directory to write manifests / DAG files / crontab lines into."),
+        out: str = typer.Option("deploy", "--out", metavar="DIR", help="Directory to write manifests / DAG files / crontab lines into."),
         image: str = typer.Option("datahub:latest", "--image", help="Container image for k8s-cronjob (see docker/)."),
         lake: Optional[str] = typer.Option(None, "--lake", help="Pass --lake to `datahub run`: a lake root as the scheduled pod/worker sees it, or a lake YAML (root + storage_options; shipped in the CronJob's ConfigMap)."),
         jobs_dir: Optional[str] = typer.Option(None, "--jobs-dir", help="airflow, cron: where the job files live on the workers / cron host (default: their absolute path here)."),
@@ -35,9 +35,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Write one CronJob manifest (concurrencyPolicy Forbid), Airflow DAG or crontab line (flock -n) per job; each
         calls `datahub run`. Lake and input paths must be absolute (a scheduled run does not start in this directory)."""
+        from datahub.cli.arguments import given
         from datahub.schedule.render import Target, render_jobs
 
-        written = render_jobs([str(j) for j in jobs], target=cast(Target, target), out=out, image=image, lake=lake,
+        given(out, "--out", what="the directory to write the manifests, DAGs or crontab lines into")
+        given(lake, "--lake", what="the lake the scheduled run writes to, or drop --lake to use the spec's")
+
+        written = render_jobs([str(j) for j in jobs], target=cast(Target, target), out=Path(out), image=image, lake=lake,
                               jobs_dir=jobs_dir, namespace=namespace)
         if as_json:
             print_json([{"job": w.job, "target": w.target, "path": str(w.path)} for w in written])
