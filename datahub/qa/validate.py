@@ -53,12 +53,15 @@ def bounded_batches(reads: Iterable[pa.RecordBatch], *, max_rows: int) -> Iterat
     for read in reads:
         if not read.num_rows:
             continue
-        if pending and (rows + read.num_rows > max_rows or size + read.nbytes > BATCH_BYTES):
+        # the read's buffers, whole: at least its ``nbytes`` (equal for a fresh decode), and ~20x cheaper to sum
+        # (``nbytes`` walks each string column's offsets: 10-25 us a 64-row read, a quarter of the read itself)
+        read_bytes = read.get_total_buffer_size()
+        if pending and (rows + read.num_rows > max_rows or size + read_bytes > BATCH_BYTES):
             yield pa.Table.from_batches(pending)
             pending, rows, size = [], 0, 0
         pending.append(read)
         rows += read.num_rows
-        size += read.nbytes
+        size += read_bytes
         if size >= BATCH_BYTES or rows >= max_rows:
             yield pa.Table.from_batches(pending)
             pending, rows, size = [], 0, 0
