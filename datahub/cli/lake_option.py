@@ -68,4 +68,29 @@ def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None, mus
     if must_exist and lake.is_local and not Path(lake.root.removeprefix("file://")).is_dir():
         raise SpecError(f"--lake {ref}: no lake at {lake.root} (no such directory); check the path "
                         "(a lake is made by `datahub run JOB.yaml`)")
+    if must_exist and lake.is_local and not _holds_tables(Path(lake.root.removeprefix("file://"))):
+        raise SpecError(f"--lake {ref}: no lake at {lake.root} (no Delta table in it)" + _lakes_under(ref, lake.root))
     return lake
+
+
+def _holds_tables(root: Path) -> bool:
+    """Whether ``root`` holds a Delta table (a directory with a ``_delta_log``): a lake's tables are its children."""
+    try:
+        return any((child / "_delta_log").is_dir() for child in root.iterdir())
+    except OSError:  # unreadable: the command's own read says why
+        return True
+
+
+def _lakes_under(ref: str, root: str) -> str:
+    """The fix when ``root`` is a directory above lakes (`--lake lake` for the demo's ./lake/demo), or the path
+    of a lake-to-be."""
+    base = Path(root.removeprefix("file://"))
+    try:
+        lakes = sorted(child.name for child in base.iterdir() if child.is_dir() and _holds_tables(child))
+    except OSError:
+        lakes = []
+    if not lakes:
+        return "; check the path (a lake is made by `datahub run JOB.yaml`)"
+    listed = ", ".join(lakes[:5]) + (f" and {len(lakes) - 5} more" if len(lakes) > 5 else "")
+    return f"; the lakes under it: {listed}: e.g. --lake {ref.rstrip('/')}/{lakes[0]}"
+

@@ -185,3 +185,20 @@ def test_tiers_that_name_no_tier_are_refused_not_read_as_the_policy(exported, ti
                       "--tiers", tiers)
         assert_clean_error(out, f"--tiers {tiers!r} names no tier", "e.g. --tiers cfs,cfs2", "drop --tiers")
     assert [p.name for p in sorted((lake.parent / "cfs").rglob("*.tar"))] == ["r1-000000.tar", "r1-000001.tar"]
+
+
+@pytest.mark.parametrize("command", [["runs"], ["quarantine"], ["tier", "plan", "--storage", "STORAGE"], ["inspect"]])
+def test_a_directory_above_the_lake_is_an_error_naming_the_lakes_in_it(small_lake, tmp_path, command):
+    """`datahub runs --lake lake` after `make demo` (the lake is ./lake/demo) said "no runs recorded", exit 0, as
+    for a lake with no runs; any directory without a Delta table read as an empty lake."""
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {tmp_path / 'cfs'}\n")
+    command = [str(storage) if arg == "STORAGE" else arg for arg in command]
+    above = small_lake.parent  # holds the lake `lake` and its input a.jsonl
+    out = datahub(*command, "--lake", str(above))
+    assert_clean_error(out, f"no lake at {above} (no Delta table in it); the lakes under it: lake: "
+                            f"e.g. --lake {above}/lake")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_clean_error(datahub(*command, "--lake", str(empty)), f"no lake at {empty} (no Delta table in it); check "
+                                                                 "the path")
