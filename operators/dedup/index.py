@@ -157,16 +157,18 @@ def read_index(context: OperatorContext, table: str, *, columns: list[str], para
 
 def lake_rows_of(lake: Lake, table: str, columns: list[str], sample_ids: pa.Array) -> pa.Table:
     """The rows of ``table`` whose ``sample_id`` is one of ``sample_ids`` (a few: e.g. the lake samples a
-    verify step compares), ``columns`` only, scanned in bounded batches (``datahub.lake.scan``): row groups whose
-    ``sample_id`` statistics exclude every id are skipped, the others are read a batch at a time and filtered,
-    so memory holds one batch and the matches, not the table's column."""
+    verify step compares), ``columns`` only, in bounded batches (``datahub.lake.scan``). The ``sample_id`` column
+    finds the files that hold one (row groups whose statistics exclude every id are skipped); only those files'
+    other columns (the texts) are decoded: memory holds a batch and the matches, never a column of the table."""
+    empty = pa.schema([(c, pa.string()) for c in columns]).empty_table()
     if not len(sample_ids) or not lake.exists(table):
-        return pa.schema([(c, pa.string()) for c in columns]).empty_table()
-    scan = scan_batches(lake.dataset(table), columns=columns, values_in=("sample_id", sample_ids.to_pylist()))
-    batches = [b for b in scan if b.num_rows]
-    if not batches:
-        return pa.schema([(c, pa.string()) for c in columns]).empty_table()
-    return pa.Table.from_batches(batches).select(columns)
+        return empty
+    dataset = lake.dataset(table)
+    ids = ("sample_id", sample_ids.to_pylist())
+    holding = [fragment.path for fragment in dataset.get_fragments()
+               if any(b.num_rows for b in scan_batches(dataset, columns=["sample_id"], files=[fragment.path], values_in=ids))]
+    batches = [b for b in scan_batches(dataset, columns=columns, files=holding, values_in=ids) if b.num_rows] if holding else []
+    return pa.Table.from_batches(batches).select(columns) if batches else empty
 
 
 def _file_predicate(params_hash: str, run_id: str) -> list[tuple[str, str, str]]:
