@@ -65,6 +65,20 @@ def test_runs_of_an_unknown_job_name_the_jobs_there(lake_with_runs):
     assert "(jobs there: a-job-with-a-rather-long-name-for-wrapping)" in out.stdout, out.stdout
 
 
+def test_an_empty_json_answer_to_a_mistyped_filter_says_why_on_stderr(lake_with_runs):
+    """`runs --job TYPO --json` printed `[]` and `quarantine --reason TYPO --json` no reasons, nothing else: a script's
+    log could not tell a typo from a clean job. The JSON is unchanged; the text mode's hint goes to stderr."""
+    lake, _, _ = lake_with_runs
+    runs = datahub("runs", "--lake", str(lake), "--job", "a-job-with-a-typo", "--json")
+    assert runs.returncode == 0 and json.loads(runs.stdout) == []
+    assert "note: no runs recorded" in runs.stderr and "(jobs there: a-job-with-a-rather-long-name" in runs.stderr
+    typo = datahub("quarantine", "--lake", str(lake), "--reason", "invalid_jsn", "--json")
+    assert typo.returncode == 0 and json.loads(typo.stdout)["reasons"] == []
+    assert "note: nothing quarantined" in typo.stderr and "(reasons there: invalid_json" in typo.stderr, typo.stderr
+    clean = datahub("runs", "--lake", str(lake), "--json")
+    assert clean.stderr == "" and len(json.loads(clean.stdout)) == 1
+
+
 def test_the_lake_is_accepted_as_option_and_deprecated_positional(lake_with_runs):
     lake, run_id, _ = lake_with_runs
     new = datahub("runs", "--lake", str(lake), "--json")

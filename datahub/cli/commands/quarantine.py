@@ -147,16 +147,21 @@ def register(app: typer.Typer) -> None:
             summary = quarantine_summary(lake, reason=reason, job_run=run, examples=examples, progress=update)
         if as_json:
             print_json(summary)
-            return
-        out = console()
         if not summary["reasons"]:
             present = [] if reason is None else [item["reason"] for item in
                                                  quarantine_summary(lake, job_run=run, examples=0)["reasons"]]
-            out.print(f"nothing quarantined in {plain(summary['lake'])}" + (f" with reason {plain(reason)}" if reason else "")
-                      + (f" by run {plain(repr(run))}" if run else "")
-                      + (f" (reasons there: {plain(', '.join(sorted(present)))})" if present else "")
-                      + (plain(_other_runs(lake, run)) if run else ""), soft_wrap=True)
+            nothing = (f"nothing quarantined in {plain(summary['lake'])}" + (f" with reason {plain(reason)}" if reason else "")
+                       + (f" by run {plain(repr(run))}" if run else "")
+                       + (f" (reasons there: {plain(', '.join(sorted(present)))})" if present else "")
+                       + (plain(_other_runs(lake, run)) if run else ""))
+            if not as_json:
+                console().print(nothing, soft_wrap=True)
+            elif reason or run:  # the JSON has no reasons; the why on stderr, so a mistyped filter shows in a log
+                console(stderr=True).print(f"note: {nothing}", soft_wrap=True)
             return
+        if as_json:
+            return
+        out = console()
         grid = Table(title=f"quarantine in {plain(summary['lake'])}: {summary['total']} records")
         grid.add_column("reason", overflow="fold")
         grid.add_column("records", justify="right")

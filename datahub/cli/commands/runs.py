@@ -36,15 +36,20 @@ def register(app: typer.Typer) -> None:
         lake = lake_ref(lake_arg, lake, command="runs")
         the_lake = open_lake(lake)
         items = list_runs(the_lake, job=job)
+        if not items:
+            jobs = sorted({str(i["job"]) for i in list_runs(the_lake)}) if job else []  # a typo names what is there
+            nothing = (f"no runs recorded in {escape(lake)}" + (f" for job {escape(repr(job))}" if job else "")
+                       + (f" (jobs there: {escape(', '.join(jobs))})" if jobs else ""))
+            if as_json:  # `[]` on stdout; the why on stderr, so a script's log shows a mistyped --job
+                print_json(items)
+                console(stderr=True).print(f"note: {nothing}", soft_wrap=True)
+            else:
+                console().print(nothing, soft_wrap=True)
+            return
         if as_json:
             print_json(items)
             return
         out = console()
-        if not items:
-            jobs = sorted({str(i["job"]) for i in list_runs(the_lake)}) if job else []  # a typo names what is there
-            out.print(f"no runs recorded in {escape(lake)}" + (f" for job {escape(repr(job))}" if job else "")
-                      + (f" (jobs there: {escape(', '.join(jobs))})" if jobs else ""), soft_wrap=True)
-            return
         grid = Table(title=f"runs in {lake}")
         for column in ("run", "job", "status", "started", "duration", "inputs", "read", "written", "dropped", "quarantined"):
             # fold, never "…": a run id must copy whole even on a narrow terminal
