@@ -26,14 +26,16 @@ READ_BUFFER_BYTES = 4 * 2**20
 
 
 def scan_batches(dataset: Any, *, columns: Sequence[str] | None = None, batch_rows: int = BATCH_ROWS,
-                 files: Iterable[str] | None = None, values_in: tuple[str, Sequence[Any]] | None = None
-                 ) -> Iterator[pa.RecordBatch]:
+                 files: Iterable[str] | None = None, values_in: tuple[str, Sequence[Any]] | None = None,
+                 use_threads: bool = True) -> Iterator[pa.RecordBatch]:
     """The rows of ``dataset`` (a ``pyarrow.dataset.FileSystemDataset`` of Parquet files, e.g. ``Lake.dataset``),
     ``columns`` only (default all), ``batch_rows`` at a time, in the dataset's schema (columns a file lacks are
     null; partition columns come from each file's partition values). ``files``: only these data files' rows.
     ``values_in=(column, values)``: only rows whose ``column`` (a stored column) is one of ``values``; row groups
     whose min/max statistics of it exclude every value are not read (a lookup by sample_id in a table ordered by
-    it reads one row group per file), and each batch read is filtered at once (batches may be empty)."""
+    it reads one row group per file), and each batch read is filtered at once (batches may be empty).
+    ``use_threads=False``: each read decodes its columns in this thread; for reads of a few rows Arrow's thread pool
+    costs more than it saves (QA's 64-row reads: 0.11-0.18 s instead of 0.39-0.52 s over 300k short texts)."""
     import pyarrow.compute as pc
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
@@ -77,7 +79,8 @@ def scan_batches(dataset: Any, *, columns: Sequence[str] | None = None, batch_ro
                     continue
                 present = [file_key]  # read to filter by, dropped below
             read = present if file_key is None or file_key in present else [*present, file_key]
-            for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=read):
+            for batch in parquet.iter_batches(batch_size=batch_rows, row_groups=row_groups, columns=read,
+                                              use_threads=use_threads):
                 if file_key is not None:
                     column = batch.column(file_key)
                     if column.type not in value_sets:

@@ -65,3 +65,13 @@ def test_a_lookup_by_a_partition_column_a_null_value_and_values_of_another_type(
     assert list(scan_batches(dataset, values_in=("sample_id", [None]))) == []
     with pytest.raises(TypeError, match=r"values_in on column 'n' \(int64\).*pass values of the column's type"):
         list(scan_batches(dataset, values_in=("n", ["five"])))
+
+
+def test_reads_without_arrow_threads_give_the_same_batches(tmp_path):
+    """use_threads=False (QA's 64-row reads: the thread pool cost more than the decode) changes no row or batch."""
+    pq.write_table(_table(0, 3000, pa.string()), tmp_path / "a.parquet", row_group_size=1000)
+    dataset = ds.dataset(str(tmp_path / "a.parquet"))
+    threaded = list(scan_batches(dataset, batch_rows=64))
+    alone = list(scan_batches(dataset, batch_rows=64, use_threads=False))
+    assert [b.num_rows for b in alone] == [b.num_rows for b in threaded] and len(alone) > 40
+    assert pa.Table.from_batches(alone).equals(pa.Table.from_batches(threaded))
