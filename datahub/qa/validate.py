@@ -40,8 +40,11 @@ BATCH_BYTES = 32 * 2**20
 # Rows one Parquet read decodes: a batch ends before the read that would take it past BATCH_BYTES, so only a read
 # wider than BATCH_BYTES alone exceeds it (64 rows of 1,024 steps and their text: ~30 MB). Not sized from the
 # footers: their bytes a row (averaged over a row group) understate a run of wide rows among short texts 6x and
-# dictionary-encoded pages ~1000x (reviewer-qa's mixed.py, bytes.py). The price: ~40 us a read, samples.v1's pass
-# over short texts ~35% slower than 4,096-row reads.
+# dictionary-encoded pages ~1000x (reviewer-qa's mixed.py, bytes.py); pyarrow reads a row group at one batch size,
+# so reads cannot grow and shrink within one either. Reads decode in this thread (``use_threads=False``): Arrow's
+# thread pool cost more than a 64-row decode. samples.v1 over 300k short texts, alternated at load ~7: 0.52 s
+# median (0.73 s threaded, 0.46 s with 4,096-row reads). The floor of any read size is one Parquet page, which
+# writers close once a 1,024-value write batch passes 1 MB (tests/qa/test_read_memory.py).
 READ_ROWS = 64
 
 
@@ -72,7 +75,8 @@ def bounded_batches(reads: Iterable[pa.RecordBatch], *, max_rows: int) -> Iterat
 def read_batches(dataset: Any, columns: Iterable[str], *, batch_rows: int, files: list[str] | None = None
                  ) -> Iterator[pa.Table]:
     """``columns`` of ``dataset`` (``files`` only, when given) in batches of at most ``batch_rows`` rows and about
-    ``BATCH_BYTES`` decoded: ``scan_batches`` reads of ``READ_ROWS`` rows joined by ``bounded_batches``. What the
+    ``BATCH_BYTES`` decoded: ``scan_batches`` reads of ``READ_ROWS`` rows (no Arrow threads) joined by
+    ``bounded_batches``. What the
     local pass, each Ray task and each Spark task validate. A batch never spans two files: the local pass then
     sums exactly as the Ray tasks (one per file) do, floating-point order included."""
     import pyarrow.dataset as ds
@@ -82,7 +86,7 @@ def read_batches(dataset: Any, columns: Iterable[str], *, batch_rows: int, files
         if only is not None and fragment.path not in only:
             continue
         one = ds.FileSystemDataset([fragment], dataset.schema, dataset.format, dataset.filesystem)
-        reads = scan_batches(one, columns=list(columns), batch_rows=min(READ_ROWS, batch_rows))
+        reads = scan_batches(one, columns=list(columns), batch_rows=min(READ_ROWS, batch_rows), use_threads=False)
         yield from bounded_batches(reads, max_rows=batch_rows)
 
 
