@@ -23,10 +23,22 @@ from datahub import __version__
 from datahub.allocator import use_system_allocator
 from datahub.errors import DatahubError
 
+# a new user's first session, as README.md and `make demo` go: each command's own --help has more
+FIRST_STEPS = """Examples (the bundled demo, from the repository's root):
+  datahub run jobs/demo.yaml
+  datahub runs --lake lake/demo
+  datahub inspect --lake lake/demo samples
+  datahub quarantine --lake lake/demo
+  datahub lineage --source data/demo/docs-a.jsonl.gz --lake lake/demo
+  datahub release create demo-v1 --lake lake/demo
+  datahub export demo-v1 --lake lake/demo --tier cfs \\
+      --storage jobs/storage.demo.yaml"""
+
 app = typer.Typer(
     name="datahub",
     help="Data-lake pipelines for LLM training corpora: ingest, dedup, quality, versioned releases, "
     "lineage, WebDataset export on tiered storage.",
+    epilog=FIRST_STEPS,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

@@ -5,8 +5,8 @@ cannot name an option that does not exist or miss a required one."""
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
-import click
 import pytest
 from typer.main import get_command
 
@@ -17,16 +17,16 @@ COMMANDS = [("run",), ("runs",), ("schedule", "render"), ("tier", "plan"), ("tie
             ("quarantine",), ("lineage",), ("report",), ("inspect",), ("export",)]
 
 
-def _command(path: tuple[str, ...]) -> click.Command:
+def _command(path: tuple[str, ...]) -> Any:
     command = get_command(app)
     for name in path:
         command = command.commands[name]  # type: ignore[attr-defined]
     return command
 
 
-def _examples(command: click.Command) -> list[str]:
+def _examples(command: Any) -> list[str]:
     epilog = command.epilog or ""
-    assert epilog.startswith("Examples:"), f"no Examples: block in {command.name}'s help"
+    assert epilog.startswith("Examples"), f"no Examples: block in {command.name}'s help"
     examples: list[str] = []
     continued = False
     for line in epilog.splitlines()[1:]:
@@ -52,6 +52,19 @@ def test_every_command_shows_examples_its_own_parser_accepts(path):
         args = words[1 + len(path):]
         assert args, f"{example}: an example with no arguments shows nothing"
         with command.make_context(" ".join(path), args, resilient_parsing=False):  # raises on an unknown option
+            pass
+
+
+def test_the_top_level_help_shows_a_first_session_of_commands_that_parse():
+    """`datahub --help` listed the commands alphabetically with no way in; now the README's first session."""
+    examples = _examples(get_command(app))
+    assert [e.split()[1] for e in examples][:2] == ["run", "runs"] and len(examples) >= 5, examples
+    for example in examples:
+        words = shlex.split(example)[1:]
+        command = get_command(app)
+        while hasattr(command, "commands"):  # a group: the subcommand path, then its arguments
+            command, words = command.commands[words[0]], words[1:]
+        with command.make_context(command.name or "", words):
             pass
 
 
