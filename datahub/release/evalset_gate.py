@@ -9,6 +9,7 @@ normalization and n-gram hashing that decide a match).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -29,24 +30,42 @@ def registered_digests(lake: Lake) -> dict[str, str]:
 
 
 def same_basis(checks: Iterable[dict[str, Any]], registered: dict[str, str]) -> bool:
-    """Whether ``checks`` (recorded check dicts) were made against exactly the eval-set contents ``registered`` now,
-    with today's n-gram size and matcher: a check made now would match the same samples of the same rows."""
+    """Whether each of ``checks`` (recorded check dicts; a merge's: one per input) was made against exactly the
+    eval-set contents ``registered`` now, with today's n-gram size and matcher: a check made now would match the same
+    samples of the same rows. Per check, never their union: one input checked against {A} and another against
+    {A, B} is not a check of both against {A, B}."""
+    checks = list(checks)
+    return bool(checks) and bool(registered) and all(basis_change(check, registered) is None for check in checks)
+
+
+def basis_change(check: dict[str, Any], registered: dict[str, str]) -> str | None:
+    """Why a check made now against ``registered`` could find other samples than the recorded ``check`` did (for
+    people: the eval sets, the matcher or the n-gram size changed), or None when it could not."""
     from operators.decontam import ngrams
 
-    checks = list(checks)
-    digests = {name: digest for check in checks for name, digest in (check.get("evalset_digests") or {}).items()}
-    return (bool(checks) and bool(registered) and digests == registered
-            and all(check.get("ngram") == ngrams.DEFAULT_NGRAM and check.get("matcher") == ngrams.MATCHER_VERSION
-                    for check in checks))
+    matcher = check.get("matcher")
+    if matcher is None:
+        return ("its check records no matcher version (made by a datahub from before the version was recorded, so "
+                "whether today's matcher finds the same samples is unknown)")
+    if matcher != ngrams.MATCHER_VERSION:
+        return f"its check was made by matcher version {matcher}, this datahub's is {ngrams.MATCHER_VERSION}"
+    if check.get("ngram") != ngrams.DEFAULT_NGRAM:
+        return f"its check used {check.get('ngram')}-grams, this datahub uses {ngrams.DEFAULT_NGRAM}-grams"
+    digests = check.get("evalset_digests") or {}
+    if digests != registered:
+        return (f"it was checked against eval sets [{', '.join(sorted(digests))}], registered now: "
+                f"[{', '.join(sorted(registered)) or 'none'}]")
+    return None
 
 
-def recorded_clean_checks(lake: Lake, parents: list[Release]) -> dict[str, dict[str, Any]]:
+def recorded_clean_checks(lake: Lake, parents: list[Release], registered: dict[str, str] | None = None
+                          ) -> dict[str, dict[str, Any]]:
     """Input release name -> the eval-set check an earlier release recorded (its ``details["contamination"]``) of the
     same rows: that input's frozen table at the same version, row count and digest of sample ids (content hashes);
     with no contaminated sample; against exactly the eval-set versions registered now, by content digest; with the
     same n-gram size and matcher version (``recorded_by``: that release). Only clean checks: a contaminated input is
-    scanned again for its ids."""
-    registered = registered_digests(lake)
+    scanned again for its ids. ``registered``: the eval sets registered now, when the caller read them already."""
+    registered = registered_digests(lake) if registered is None else registered
     if not registered:
         return {}
     wanted = {(p.table, p.version, p.row_count, p.digest): p.name for p in parents}
@@ -66,15 +85,36 @@ def recorded_clean_checks(lake: Lake, parents: list[Release]) -> dict[str, dict[
 
 def allowed_of(release: Release, registered: dict[str, str]) -> str | None:
     """The reason ``release`` was let out with although its samples overlap eval sets (``--allow-contamination``),
-    when its recorded check (a merge: every input's) was made against the eval-set contents ``registered`` now with
-    today's n-gram size and matcher; else None. Then a check of any subset of its rows now finds a subset of what
-    that check found, which the reason already covers (``release redact`` carries it)."""
+    when its recorded check (a merge: every input's) was made against the eval-set contents ``registered`` with
+    today's n-gram size and matcher; else None. Then a check of any subset of its rows against ``registered`` finds a
+    subset of what that check found, which the reason already covers (``release redact`` carries it)."""
     recorded = release.details.get("contamination") or {}
     allowed = recorded.get("allowed")
     if not allowed:
         return None
-    checks = list((recorded.get("releases") or {}).values()) or [recorded]
-    return str(allowed) if same_basis(checks, registered) else None
+    return str(allowed) if same_basis(_checks_of(recorded), registered) else None
+
+
+def not_carried(release: Release, registered: dict[str, str]) -> str | None:
+    """For a refusal: ``release`` was let out with ``--allow-contamination REASON`` but the reason does not carry over
+    to a check against ``registered`` (``allowed_of`` is None), why, and the fix; None when it had no such reason."""
+    recorded = release.details.get("contamination") or {}
+    allowed = recorded.get("allowed")
+    if not allowed:
+        return None
+    checks = _checks_of(recorded)
+    why = next((change for check in checks if (change := basis_change(check, registered)) is not None),
+               None if registered else "no eval set is registered now")
+    if why is None:
+        return None
+    return (f"release {release.name!r} was released with --allow-contamination {json.dumps(str(allowed))} against "
+            f"[{', '.join(recorded.get('evalsets') or [])}]; that reason does not carry over: {why}; if it still "
+            f"holds for these samples, give it again: --allow-contamination {json.dumps(str(allowed))}")
+
+
+def _checks_of(recorded: dict[str, Any]) -> list[dict[str, Any]]:
+    """The checks a release's ``details["contamination"]`` records: one per input of a merge, else itself."""
+    return list((recorded.get("releases") or {}).values()) or [recorded]
 
 
 NOTES = pa.schema([("sample_id", pa.string()), ("note", pa.string())])  # freeze's released_notes

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,8 +25,8 @@ from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.progress import Progress, counted
-from datahub.release.evalset_gate import (NOTES, allowed_of, contamination_notes, no_notes, recorded_clean_checks,
-                                          registered_digests, rows_done)
+from datahub.release.evalset_gate import (NOTES, allowed_of, contamination_notes, no_notes,
+                                          not_carried, recorded_clean_checks, registered_digests, rows_done)
 from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
                                     refuse_other_try, refuse_taken, release_txn)
 from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, RangeSplit, SortedIds, add_taken,
@@ -173,7 +173,9 @@ def redact(
     ``source``'s rows against the same eval-set contents, n-gram size and matcher is taken instead of reading them
     again (``recorded_by``, ``reused_check_of``). When ``source`` was itself released with allowed contamination
     against exactly the eval sets registered now, the reason carries over to the samples that stay
-    (``carried_from``), as no new overlap is possible then.
+    (``carried_from``), as no new overlap is possible then. Both are decided when the check runs, and a carried reason
+    is kept only when the check read the very eval-set contents and matcher the parent's reason was given for; an
+    eval set registered while the check reads refuses the redact before its rows are written (run it again).
     """
     check_name(new)
     if allow_contamination is not None and not allow_contamination.strip():
@@ -203,12 +205,11 @@ def redact(
         dataset = lake.dataset(parent.table, parent.version)
         if source_uri is not None and "source_uri" not in dataset.schema.names:
             raise ReleaseError(f"release {source!r} has no source_uri column; redact it by --sample ID instead")
-        registered = registered_digests(lake)
-        reused = recorded_clean_checks(lake, [parent]).get(parent.name)
-        carried = allowed_of(parent, registered)
-        allowed = allow_contamination if allow_contamination is not None else carried
+        # what the gate decides (reuse, carry) is decided again from the eval sets registered when it runs
+        # (``_contamination_gate``); here only to refuse another try's allowance before any pass over the rows
+        allowed = allow_contamination if allow_contamination is not None else allowed_of(parent,
+                                                                                         registered_digests(lake))
         refuse_other_allowance(lake, new, allowed)  # before any pass over the rows, as create and merge do
-        scan = bool(registered) and reused is None  # the rows that stay are read for the eval-set check
 
         # pass 1 (ids and source_uri only): what goes, its ids sorted and spilled (freeze scans the ids that stay
         # from the new table) and its row numbers; the named ids (given, and removed by source) for the releases
@@ -223,8 +224,9 @@ def redact(
                 removed_rows += len(taken.ids)
                 removed.add(taken.ids)
                 add_taken(gone, taken)
-                if scan:  # the eval-set check reads the rows that stay once, the write once more
-                    add_taken(gone_checked, taken)
+                # the eval-set check reads the rows that stay once, the write once more; kept whether or not an eval
+                # set is registered now, as one registered during this pass is checked too (8 bytes a row, spilled)
+                add_taken(gone_checked, taken)
                 if count and source_uri is not None:
                     named.add(taken.ids)
             if not removed_rows:
@@ -251,10 +253,11 @@ def redact(
 
             kept_rows = parent.row_count - removed_rows
             checked = _contamination_gate(
-                lake, new, parent, registered=registered, reused=reused, allowed=allowed,
-                carried=carried if allow_contamination is None else None, notes=notes, kept_rows=kept_rows,
-                kept=rows_kept(dataset, gone_checked, columns=["sample_id", "text"]) if scan else None,
-                progress=progress)
+                lake, new, parent, allow_contamination=allow_contamination, notes=notes, kept_rows=kept_rows,
+                kept=lambda: rows_kept(dataset, gone_checked, columns=["sample_id", "text"]), progress=progress)
+            if allow_contamination is None:  # the parent's reason, when it carried over
+                allowed = checked.get("allowed") if checked is not None else None
+            _refuse_evalsets_since(lake, new, checked)
 
             # pass 2: every column of the rows that stay, streamed into the commit; written here and committed as add
             # actions: delta-rs's writer buffers up to a target-size file of rows
@@ -283,16 +286,23 @@ def redact(
                           fix="the same --from, --reason and samples", progress=progress)
 
 
-def _contamination_gate(lake: Lake, new: str, parent: Release, *, registered: dict[str, str],
-                        reused: dict[str, Any] | None, allowed: str | None, carried: str | None, notes: SortedRuns,
-                        kept_rows: int, kept: Iterator[pa.Table] | None,
+def _contamination_gate(lake: Lake, new: str, parent: Release, *, allow_contamination: str | None,
+                        notes: SortedRuns, kept_rows: int, kept: Callable[[], Iterator[pa.Table]],
                         progress: Progress | None) -> dict[str, Any] | None:
-    """``release create``'s eval-set check of the rows of ``parent`` that the redact keeps (``kept``): refused on any
-    overlap unless ``allowed`` gives the reason (``carried``: the parent's own, see ``evalset_gate.allowed_of``); the
-    contaminated samples' notes stream into ``notes``. What to record in ``details["contamination"]`` (None when no
-    eval set is registered, as create records nothing then)."""
+    """``release create``'s eval-set check of the rows of ``parent`` that the redact keeps (``kept()``): refused on any
+    overlap unless ``allow_contamination``, or the parent's own reason (``evalset_gate.allowed_of``: carried), gives
+    the reason; the contaminated samples' notes stream into ``notes``. What to record in ``details["contamination"]``
+    (None when no eval set is registered, or none has an item, as create records nothing then).
+
+    Whether the parent's clean check is reused or its reason carried is decided here, from the eval sets registered
+    now, not when the redact started: a set registered while the rows to remove were found is checked. A carried
+    reason is kept only when the check read exactly the eval-set contents (and matcher) the parent was checked
+    against: a set registered between that decision and the check's index is not let out under the parent's reason,
+    which was given for other sets."""
+    registered = registered_digests(lake)
     if not registered:
         return None
+    reused = recorded_clean_checks(lake, [parent], registered).get(parent.name)
     if reused is not None:
         # A redact only removes rows: every row it keeps is a row of ``parent``, unchanged. A clean check of all of
         # parent's rows (same table version, row count and digest of sample ids) against the same eval-set contents,
@@ -305,22 +315,44 @@ def _contamination_gate(lake: Lake, new: str, parent: Release, *, registered: di
                 "reused_check_of": parent.name}
     from datahub.evalset.check import contamination
 
-    assert kept is not None
+    carried = allowed_of(parent, registered) if allow_contamination is None else None
+    allowed = allow_contamination if allow_contamination is not None else carried
     checked = rows_done(progress, "eval-set check", kept_rows) if progress else None
-    found = contamination(lake, table=parent.table, version=parent.version, rows=kept, progress=checked,
+    found = contamination(lake, table=parent.table, version=parent.version, rows=kept(), progress=checked,
                           hits=contamination_notes(notes, allowed) if allowed is not None else no_notes)
+    if not found.evalsets:  # the sets registered hold no item: nothing was checked, as create records nothing
+        return None
+    if carried is not None and allowed_of(parent, found.evalset_digests) is None:
+        carried = allowed = None  # the check read other eval sets than the parent's reason was given for
     if found.count and allowed is None:
+        parent_reason = not_carried(parent, found.evalset_digests)
         raise ReleaseError(
             f"release {new!r} refused: in the rows of release {parent.name!r} that the redact keeps, "
             f"{found.describe()}\n"
-            "a redact is a new release and must not leak an eval set: take them down too (every id, to the file IDS: "
-            f"`datahub evalset check --release {parent.name} --ids-out IDS --lake {lake.ref}`, then add "
+            + (f"{parent_reason}\n" if parent_reason else "")
+            + "a redact is a new release and must not leak an eval set: take them down too (every id, to the file "
+            f"IDS: `datahub evalset check --release {parent.name} --ids-out IDS --lake {lake.ref}`, then add "
             "--ids-file IDS to this redact), or "
             'redact anyway with --allow-contamination "REASON" (recorded in the release and its lineage)')
     record = {**found.as_dict(), "allowed": allowed if found.count else None, "checked_rows_of": parent.name}
     if found.count and carried is not None:
         record["carried_from"] = parent.name  # the parent's allowance, against the same eval sets
     return record
+
+
+def _refuse_evalsets_since(lake: Lake, new: str, checked: dict[str, Any] | None) -> None:
+    """Refuse release ``new`` before its rows are written when the eval sets registered now are not those its rows
+    were checked against (``checked``; None: none): one was registered while they were checked. (One registered
+    while they are written is not checked: the window create has between its check and its freeze.)"""
+    checked_against = (checked or {}).get("evalset_digests") or {}
+    registered = registered_digests(lake)
+    if registered == checked_against:
+        return
+    changed = sorted(name for name in registered if checked_against.get(name) != registered[name])
+    raise ReleaseError(
+        f"release {new!r} refused: eval set(s) {', '.join(changed) or 'removed'} registered while its rows were "
+        f"checked against [{', '.join(sorted(checked_against)) or 'no eval set'}] only. Nothing was written: run "
+        "the same command again (it checks the rows that stay against every eval set registered then)")
 
 
 def _ids_sha256(ids: SortedIds) -> str:
