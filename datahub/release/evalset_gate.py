@@ -146,34 +146,50 @@ def rows_done(progress: Progress, stage: str, total: int | None) -> Callable[[in
     return batch_done
 
 
+NOTHING_TO_CHECK = "no eval set registered"  # a redact's ``details["evalset_gate"]`` when it had nothing to check against
+
+
 def evalset_verdict(release: Release) -> dict[str, Any]:
     """What the eval-set gate decided for ``release``, from its record: ``verdict`` ``clean``, ``allowed`` (samples
-    overlap eval sets, let out with the reason ``allowed``) or ``not_checked`` (no eval set was registered when it was
-    made, or an older datahub made it: ``datahub evalset check --release NAME`` checks it now); the eval sets, the
-    contaminated count, and where a recorded check was taken instead of reading rows (``reused``: input -> the
-    release that recorded it) or an allowance carried over (``carried_from``)."""
+    overlap eval sets, let out with the reason ``allowed``) or ``not_checked`` (``why_not_checked``: no eval set was
+    registered when it was made, or a datahub from before the gate covered its kind made it: ``datahub evalset check
+    --release NAME`` checks it now); the eval sets, the contaminated count, the inputs whose rows were read
+    (``read``) and those whose recorded check was taken instead (``reused``: input -> the release that recorded it),
+    and where an allowance carried over from (``carried_from``). The same keys for every verdict (null where they do
+    not apply), so a script reads any of them from any release."""
     recorded = release.details.get("contamination")
     if not recorded:
-        return {"verdict": "not_checked", "evalsets": [], "contaminated": None, "allowed": None}
+        gated = release.kind != "redact" or release.details.get("evalset_gate") == NOTHING_TO_CHECK
+        why = ("no eval set registered when it was made" if gated else
+               "made before redacts were gated: the rows it kept were never checked, whatever was registered then")
+        return {"verdict": "not_checked", "evalsets": [], "contaminated": None, "by_evalset": None,
+                "rows_checked": None, "allowed": None, "reused": None, "read": None, "carried_from": None,
+                "why_not_checked": why}
     contaminated = int(recorded.get("contaminated") or 0)
     checks = recorded.get("releases") or {release.name: recorded}
     reused = {name: check["recorded_by"] for name, check in checks.items() if check.get("recorded_by")}
-    out: dict[str, Any] = {"verdict": "allowed" if contaminated else "clean", "evalsets": recorded.get("evalsets", []),
-                           "contaminated": contaminated, "by_evalset": recorded.get("by_evalset", {}),
-                           "rows_checked": recorded.get("rows_checked"), "allowed": recorded.get("allowed"),
-                           "reused": reused}
-    if recorded.get("carried_from"):
-        out["carried_from"] = recorded["carried_from"]
-    return out
+    return {"verdict": "allowed" if contaminated else "clean", "evalsets": recorded.get("evalsets", []),
+            "contaminated": contaminated, "by_evalset": recorded.get("by_evalset", {}),
+            "rows_checked": recorded.get("rows_checked"), "allowed": recorded.get("allowed"), "reused": reused,
+            "read": sorted(name for name in checks if name not in reused),
+            "carried_from": recorded.get("carried_from"), "why_not_checked": None}
 
 
 def describe_verdict(verdict: dict[str, Any], name: str) -> str:
     """``evalset_verdict`` of release ``name`` in one line for people."""
     if verdict["verdict"] == "not_checked":
-        return f"not checked (no eval set registered when it was made); check now: datahub evalset check --release {name}"
+        return f"not checked ({verdict['why_not_checked']}); check now: datahub evalset check --release {name}"
     sets = ", ".join(verdict["evalsets"])
     reused = verdict.get("reused") or {}
-    how = f" (the check recorded by {', '.join(sorted(set(reused.values())))}: rows not read again)" if reused else ""
+    read = verdict.get("read") or []
+    if reused and read:  # a merge: some inputs read, others covered by a recorded check
+        taken = "; ".join(f"{source}: the check recorded by {by}, not read again"
+                          for source, by in sorted(reused.items()))
+        how = f" (rows of {', '.join(read)} read; {taken})"
+    elif reused:
+        how = f" (the check recorded by {', '.join(sorted(set(reused.values())))}: rows not read again)"
+    else:
+        how = ""
     if verdict["verdict"] == "clean":
         return f"clean: {verdict['rows_checked']} rows share no n-gram with {sets}{how}"
     counts = ", ".join(f"{name}: {n}" for name, n in sorted((verdict.get("by_evalset") or {}).items()))

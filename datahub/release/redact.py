@@ -25,7 +25,7 @@ from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.progress import Progress, counted
-from datahub.release.evalset_gate import (NOTES, allowed_of, contamination_notes, no_notes,
+from datahub.release.evalset_gate import (NOTES, NOTHING_TO_CHECK, allowed_of, contamination_notes, no_notes,
                                           not_carried, recorded_clean_checks, registered_digests, rows_done)
 from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
                                     refuse_other_try, refuse_taken, release_txn)
@@ -271,7 +271,9 @@ def redact(
                         row_group_rows=BATCH_ROWS * 8, metadata={"datahub.release": new})
             details: dict[str, Any] = {"reason": reason, "removed": removed_rows, "removed_ids_table": REDACTED_TABLE,
                                        "requested_ids": count, "source_uri": source_uri, "contained_in": contained_in}
-            if checked is not None:
+            if checked is None:  # nothing to check against (``evalset_gate.evalset_verdict`` says so, not "too old")
+                details["evalset_gate"] = NOTHING_TO_CHECK
+            else:
                 # the check read (or covers) exactly the rows of this table version: a later merge or redact of this
                 # release may take it (``evalset_gate.recorded_clean_checks``)
                 details["contamination"] = {**checked, "table": table, "version": version}

@@ -39,7 +39,8 @@ def test_release_commands_print_the_eval_set_verdict_and_refusals_name_the_fix(t
     assert allowed.returncode == 0, allowed.stderr
     assert json.loads(allowed.stdout)["evalset_check"] == {
         "verdict": "allowed", "evalsets": ["bench@1"], "contaminated": 2, "by_evalset": {"bench@1": 2},
-        "rows_checked": 6, "allowed": "dev split", "reused": {}}
+        "rows_checked": 6, "allowed": "dev split", "reused": {}, "read": ["r1"], "carried_from": None,
+        "why_not_checked": None}
     shown = _datahub(lake, "release", "show", "r1")
     assert "eval sets 2 sample(s) overlap eval sets [bench@1: 2], allowed: 'dev split'" in " ".join(
         shown.stdout.split()), shown.stdout
