@@ -55,6 +55,7 @@ def test_run_and_sample_ids_print_whole_on_an_80_column_terminal(small_lake):
     lake = Lake(str(small_lake))
     (run_id,) = lake.read("runs", columns=["run_id"]).column("run_id").to_pylist()
     runs = on_a_terminal("runs", "--lake", str(small_lake))
+    assert "duration" not in runs, runs
     assert any(run_id in line and "succeeded" in line for line in runs.splitlines()), runs
     assert all(len(line) <= 80 for line in runs.splitlines() if "succeeded" in line), runs
 
@@ -67,7 +68,7 @@ def test_run_and_sample_ids_print_whole_on_an_80_column_terminal(small_lake):
 
 def test_a_wide_terminal_keeps_the_tables(small_lake):
     runs = on_a_terminal("runs", "--lake", str(small_lake), columns=200)
-    assert "┃ run " in runs and "quarantined" in runs, runs
+    assert "duration" in runs and "started" in runs, runs  # the table's headers (the lines have neither)
 
 
 def test_a_progress_bar_on_an_80_column_terminal_shows_its_stage_and_count():
