@@ -11,11 +11,15 @@ import pyarrow as pa
 
 from operators.decontam import ngrams
 
-# MATCHER_VERSION -> sha256 of what the matcher makes of TEXTS (normalized texts, 13-gram and 3-gram hashes, owners)
-PINNED = {1: "fdedb255106873c1415dc83f0f021abcdd8c498497e1067ff2354992fa53dce3"}
+# MATCHER_VERSION -> sha256 of what the matcher makes of TEXTS (normalized texts, 13-gram and 3-gram hashes, owners,
+# and an index of ITEMS' lookup of them: counts and first items)
+PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf"}
 TEXTS = ["The Quick, Brown fox -- jumps over the lazy dog; again & again!",
          "ＦＵＬＬＷＩＤＴＨ Ｔｅｘｔ and «quotes» — em-dash, Ça va? Straße costs 5€ ± 2 ©2024 ①", "short one", "", None,
          "tabs\tand\nnewlines  and   spaces " * 3]
+ITEMS = ["newlines and spaces tabs and newlines and spaces tabs and newlines and spaces extra words here",
+         "the quick brown fox jumps over the lazy dog again and again", "short one",
+         "TABS AND NEWLINES AND SPACES TABS AND NEWLINES AND SPACES TABS AND NEWLINES"]
 
 
 def _matcher_digest() -> str:
@@ -27,6 +31,13 @@ def _matcher_digest() -> str:
         hashes, owners = ngrams.NgramHasher(n)(texts)
         digest.update(np.ascontiguousarray(hashes, dtype=np.uint64).tobytes())
         digest.update(np.ascontiguousarray(owners, dtype=np.int64).tobytes())
+        # the index's lookup: which texts match, how many n-grams, and which item is a text's first match (the ref
+        # a release's lineage names); items overlap the texts, each other, and one is a short text
+        index = ngrams.NgramIndex.build(pa.array(ITEMS, pa.string()), [f"set@1:{i}" for i in range(len(ITEMS))],
+                                        ngram=n)
+        matches = index.match(texts)
+        digest.update(np.ascontiguousarray(matches.counts, dtype=np.int64).tobytes())
+        digest.update(np.ascontiguousarray(matches.first_item, dtype=np.int64).tobytes())
     return digest.hexdigest()
 
 
