@@ -19,6 +19,7 @@ def _help(*path: str) -> str:
 
 @pytest.mark.parametrize("path, verdict", [
     (("qa",), "Exit 1 when a suite fails"),
+    (("run",), "Exit 0 when the run succeeded or had nothing to do"),
     (("lineage",), "Exit 1 when nothing is found"),
     (("evalset", "check"), "Exit 1 when any does"),
 ])

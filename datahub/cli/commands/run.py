@@ -15,6 +15,13 @@ if TYPE_CHECKING:
     from datahub.pipeline.run import RunResult
 
 
+# the docstring's first line, and what a script branches on (one paragraph each: the help keeps line breaks)
+HELP = ("Run a job: ingest -> operator graph -> Delta lake, as one idempotent commit per table.\n\n"
+        "Exit 0 when the run succeeded or had nothing to do (no new input files); 2 when the spec, an option or an "
+        "input is wrong, or the job is already running (one `error:` line); another non-zero status when the run "
+        "failed (`datahub runs --lake LAKE` shows its error and the command that resumes it). A failed QA suite of "
+        "the job's `qa:` section does not change it: the summary and --json say so, and `datahub qa` exits 1.")
+
 EXAMPLES = """Examples:
   # validate the spec and list its input files; run nothing
   datahub run jobs/demo.yaml --check
@@ -27,7 +34,7 @@ EXAMPLES = """Examples:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("run", epilog=EXAMPLES)
+    @app.command("run", epilog=EXAMPLES, help=HELP)
     def run(
         job: Path = typer.Argument(..., help="Job spec YAML, e.g. jobs/demo.yaml.", exists=False),
         lake: Optional[str] = typer.Option(None, "--lake", help="Override the spec's lake: a root (a path or "
