@@ -85,6 +85,9 @@ def _lakes_under(ref: str, root: str) -> str:
     """The fix when ``root`` is a directory above lakes (`--lake lake` for the demo's ./lake/demo), or the path
     of a lake-to-be."""
     base = Path(root.removeprefix("file://"))
+    if (base / "_delta_log").is_dir():  # `--lake lake/demo/samples`: one table of the lake
+        parent = ref.rstrip("/").rsplit("/", 1)[0] if "/" in ref.rstrip("/") else "."
+        return f"; it is the Delta table {base.name!r} of a lake: e.g. --lake {parent}"
     try:
         lakes = sorted(child.name for child in base.iterdir() if child.is_dir() and _holds_tables(child))
     except OSError:

@@ -198,6 +198,8 @@ def test_a_directory_above_the_lake_is_an_error_naming_the_lakes_in_it(small_lak
     out = datahub(*command, "--lake", str(above))
     assert_clean_error(out, f"no lake at {above} (no Delta table in it); the lakes under it: lake: "
                             f"e.g. --lake {above}/lake")
+    table = datahub(*command, "--lake", str(small_lake / "samples"))
+    assert_clean_error(table, f"it is the Delta table 'samples' of a lake: e.g. --lake {small_lake}")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_clean_error(datahub(*command, "--lake", str(empty)), f"no lake at {empty} (no Delta table in it); check "
