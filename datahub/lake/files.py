@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 
 from datahub.lake.add_actions import DataFile, txn_slug
-from datahub.lake.lake import fsspec_options
+from datahub.lake.lake import COMPRESSION, PAGE_CHECK_ROWS, fsspec_options
 
 if TYPE_CHECKING:
     from datahub.lake.lake import Lake
@@ -189,7 +189,8 @@ class ParquetFile:
         if self._writer is None:
             self.fs.makedirs(self.root, exist_ok=True)
             self._handle = self.fs.open(self.path, "wb")
-            self._writer = pq.ParquetWriter(self._handle, self.target.schema)
+            self._writer = pq.ParquetWriter(self._handle, self.target.schema, compression=COMPRESSION,
+                                            write_batch_size=PAGE_CHECK_ROWS)
         self._writer.write_table(table, row_group_size=self.target.row_group_rows)
 
     def close(self) -> dict[str, Any] | None:

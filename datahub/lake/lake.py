@@ -11,7 +11,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
 
 import pyarrow as pa
 
@@ -35,6 +35,13 @@ TABLES_NAMED = 20  # tables listed in the error about a missing one (a lake hold
 # delta-rs's defaults, 1M-row groups and ~100 MB files, committing 1M short samples took 900 MB).
 STREAM_ROW_GROUP_ROWS = 32_768
 STREAM_FILE_BYTES = 32 * 2**20
+# Parquet settings of every file the lake writes, delta-rs (``writer_properties``) and pyarrow (``datahub.lake.files``)
+# alike. delta-rs compresses with Snappy only when given no WriterProperties: properties naming only the row group
+# size wrote UNCOMPRESSED files (every streamed commit, lineage, merge, redact), 2-3x the bytes of text the engines'
+# pyarrow files hold. A page's size is checked every PAGE_CHECK_ROWS values (both writers' default is 1,024): a
+# reader decodes at least a whole page, so 1,024 agent trajectories of ~250 KB made one 250 MB page.
+COMPRESSION: Final = "SNAPPY"
+PAGE_CHECK_ROWS = 64
 
 # Releases freeze a Delta version and read it back by time travel, so no table may lose log
 # entries implicitly. deltalake (checked on 1.6.6: transaction.PostCommitHookProperties) runs a
@@ -230,7 +237,7 @@ class Lake:
                      mode: Literal["append", "overwrite"],
                      metadata: Mapping[str, Any] | None, partition_by: list[str] | None, predicate: str | None,
                      max_retries: int, row_group_rows: int | None) -> int | None:
-        from deltalake import CommitProperties, PostCommitHookProperties, Transaction, WriterProperties, write_deltalake
+        from deltalake import CommitProperties, PostCommitHookProperties, Transaction, write_deltalake
         from deltalake.exceptions import CommitFailedError
 
         if self.applied(name, txn):
@@ -259,7 +266,7 @@ class Lake:
             "partition_by": None if exists else partition_by,
             "storage_options": self.storage_options or None,
             "commit_properties": props,
-            "writer_properties": WriterProperties(max_row_group_size=row_group_rows) if row_group_rows else None,
+            "writer_properties": writer_properties(row_group_rows),
             "target_file_size": STREAM_FILE_BYTES if streamed else None,
             "configuration": None if exists else KEEP_LOG,
             "post_commithook_properties": PostCommitHookProperties(cleanup_expired_logs=False),
@@ -306,6 +313,14 @@ class Lake:
 
     def schema_version(self, name: str) -> str | None:
         return self.table(name).metadata().configuration.get(SCHEMA_VERSION_PROPERTY)
+
+
+def writer_properties(row_group_rows: int | None = None) -> Any:
+    """delta-rs's ``WriterProperties`` for a lake file: Snappy (as delta-rs without properties), a page's size
+    checked every ``PAGE_CHECK_ROWS`` values, row groups of ``row_group_rows`` (delta-rs's default when None)."""
+    from deltalake import WriterProperties
+
+    return WriterProperties(compression=COMPRESSION, write_batch_size=PAGE_CHECK_ROWS, max_row_group_size=row_group_rows)
 
 
 def _meta_value(value: Any) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from datahub.lake.lake import Lake
+from datahub.lake.lake import Lake, writer_properties
 from datahub.lineage.query import LINEAGE_TABLE
 
 
@@ -21,9 +21,7 @@ ROW_GROUP_ROWS = 32_768
 
 def optimize_lineage(lake: Lake, *, target_size: int | None = None, row_group_rows: int = ROW_GROUP_ROWS) -> dict[str, Any]:
     """Z-order the lineage table by sample_id, in small row groups; returns delta-rs's metrics."""
-    from deltalake import WriterProperties
-
     table = lake.table(LINEAGE_TABLE)
     metrics = table.optimize.z_order(["sample_id"], target_size=target_size,
-                                     writer_properties=WriterProperties(max_row_group_size=row_group_rows))
+                                     writer_properties=writer_properties(row_group_rows))
     return {"version": lake.table(LINEAGE_TABLE).version(), **metrics}
