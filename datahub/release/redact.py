@@ -234,6 +234,13 @@ def redact(
                 raise ReleaseError(f"release {source!r} holds none of the {what}; nothing to redact "
                                    f"(find where a sample is with: datahub lineage SAMPLE_ID --lake {lake.ref})")
             removed.seal()
+            # the eval-set gate, before contained_in reads every release of the lake: a refusal costs one pass less
+            kept_rows = parent.row_count - removed_rows
+            checked = _contamination_gate(
+                lake, new, parent, allow_contamination=allow_contamination, notes=notes, kept_rows=kept_rows,
+                kept=lambda: rows_kept(dataset, gone_checked, columns=["sample_id", "text"]), progress=progress)
+            if allow_contamination is None:  # the parent's reason, when it carried over
+                allowed = checked.get("allowed") if checked is not None else None
             if count and source_uri is not None:  # the given ids and the rows from the source
                 for block in given.blocks():
                     named.add(block)
@@ -251,13 +258,7 @@ def redact(
                     yield lineage_rows(block, run_id=release_txn(new), op=REDACT_OP, action="dropped",
                                        reason=f"redacted: {reason}", ref=ref, ts=ts, sort=False)
 
-            kept_rows = parent.row_count - removed_rows
-            checked = _contamination_gate(
-                lake, new, parent, allow_contamination=allow_contamination, notes=notes, kept_rows=kept_rows,
-                kept=lambda: rows_kept(dataset, gone_checked, columns=["sample_id", "text"]), progress=progress)
-            if allow_contamination is None:  # the parent's reason, when it carried over
-                allowed = checked.get("allowed") if checked is not None else None
-            _refuse_evalsets_since(lake, new, checked)
+            _refuse_evalsets_since(lake, new, checked)  # one registered since the check (or during contained_in's reads)
 
             # pass 2: every column of the rows that stay, streamed into the commit; written here and committed as add
             # actions: delta-rs's writer buffers up to a target-size file of rows
@@ -344,15 +345,15 @@ def _contamination_gate(lake: Lake, new: str, parent: Release, *, allow_contamin
 
 def _refuse_evalsets_since(lake: Lake, new: str, checked: dict[str, Any] | None) -> None:
     """Refuse release ``new`` before its rows are written when the eval sets registered now are not those its rows
-    were checked against (``checked``; None: none): one was registered while they were checked. (One registered
-    while they are written is not checked: the window create has between its check and its freeze.)"""
+    were checked against (``checked``; None: none): one was registered while they were checked, or since. (One
+    registered while they are written is not checked: the window create has between its check and its freeze.)"""
     checked_against = (checked or {}).get("evalset_digests") or {}
     registered = registered_digests(lake)
     if registered == checked_against:
         return
     changed = sorted(name for name in registered if checked_against.get(name) != registered[name])
     raise ReleaseError(
-        f"release {new!r} refused: eval set(s) {', '.join(changed) or 'removed'} registered while its rows were "
+        f"release {new!r} refused: eval set(s) {', '.join(changed) or 'removed'} registered since its rows were "
         f"checked against [{', '.join(sorted(checked_against)) or 'no eval set'}] only. Nothing was written: run "
         "the same command again (it checks the rows that stay against every eval set registered then)")
 

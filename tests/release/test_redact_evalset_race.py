@@ -6,6 +6,8 @@ run: no threads, no timing."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import datahub.evalset.check as check_module
@@ -111,7 +113,7 @@ def test_a_set_registered_while_the_kept_rows_are_checked_refuses_before_anythin
         redact(lake, "child", source="parent", sample_ids=[GONE], reason="PII #1",
                progress=_registering_at(lake, tmp_path, "eval-set check"))
     assert str(refused.value).startswith(
-        "release 'child' refused: eval set(s) heldout@1 registered while its rows were checked against [bench@1] "
+        "release 'child' refused: eval set(s) heldout@1 registered since its rows were checked against [bench@1] "
         "only. Nothing was written: run the same command again"), refused.value
     assert [r.name for r in list_releases(lake)] == ["parent"] and not lake.exists("release_child")
     with pytest.raises(ReleaseError, match=r"heldout@1: 1 sample\(s\)"):
@@ -153,3 +155,44 @@ def test_a_release_allowed_before_the_matcher_was_recorded_is_refused_naming_its
     child = redact(lake, "child", source="parent", sample_ids=[GONE], reason="PII #1", allow_contamination="dev split")
     assert (child.details["contamination"]["allowed"], child.details["contamination"]["contaminated"]) == (
         "dev split", 2)
+
+
+def test_a_refused_redact_does_not_read_every_release_first(tmp_path, monkeypatch):
+    """The gate needs only the rows the redact keeps: it refuses before ``releases_containing`` reads the ids of every
+    release in the lake (minutes on a big lake), not after."""
+    redact_module = sys.modules["datahub.release.redact"]
+
+    lake = _lake(tmp_path, allow=None)
+    _register_heldout(lake, tmp_path)
+    scanned: list[str] = []
+    releases_containing = redact_module.releases_containing
+
+    def recorded(*args, **kwargs):
+        scanned.append("releases")
+        return releases_containing(*args, **kwargs)
+
+    monkeypatch.setattr(redact_module, "releases_containing", recorded)
+    with pytest.raises(ReleaseError, match=r"overlap eval sets \[heldout@1: 1 sample\(s\)\]"):
+        redact(lake, "child", source="parent", sample_ids=[GONE], reason="PII #1")
+    assert scanned == []
+    child = redact(lake, "child", source="parent", sample_ids=[GONE, HELDOUT], reason="PII #1")
+    assert scanned == ["releases"] and child.details["contained_in"] == {"parent": 2}
+
+
+def test_a_set_registered_while_every_release_is_read_refuses_before_the_rows_are_written(tmp_path, monkeypatch):
+    """The parent's clean check covered the child when the gate ran; a set registered while ``releases_containing``
+    read the lake was checked by nobody: refused before anything is written."""
+    redact_module = sys.modules["datahub.release.redact"]
+
+    lake = _lake(tmp_path, allow=None)
+    releases_containing = redact_module.releases_containing
+
+    def registering(*args, **kwargs):
+        found = releases_containing(*args, **kwargs)
+        _register_heldout(lake, tmp_path)
+        return found
+
+    monkeypatch.setattr(redact_module, "releases_containing", registering)
+    with pytest.raises(ReleaseError, match=r"heldout@1 registered since its rows were checked against \[bench@1\]"):
+        redact(lake, "child", source="parent", sample_ids=[GONE], reason="PII #1")
+    assert [r.name for r in list_releases(lake)] == ["parent"] and not lake.exists("release_child")
