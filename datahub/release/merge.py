@@ -36,7 +36,8 @@ from datahub.lake.scan import scan_batches
 from datahub.lake.tables import LINEAGE
 from datahub.progress import Progress, counted
 from datahub.release.digest import id_keys
-from datahub.release.evalset_gate import NOTES, contamination_notes, no_notes, recorded_clean_checks
+from datahub.release.evalset_gate import (NOTES, contamination_notes, no_notes, recorded_clean_checks,
+                                          registered_digests)
 from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
                                     refuse_other_try, refuse_taken, release_txn)
 from datahub.release.materialize import commit_rows
@@ -371,6 +372,14 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
         )
     checks = {p.name: recorded[p.name] if p.name in recorded else {**found[p.name].as_dict(), "digest": p.digest}
               for p in parents}
+    registered = registered_digests(lake)  # one registered while the inputs were checked was checked by none of them
+    stale = sorted(name for name, check in checks.items() if (check.get("evalset_digests") or {}) != registered)
+    if registered and stale:
+        raise ReleaseError(
+            f"release {new!r} refused: the eval sets registered now ({', '.join(sorted(registered))}) are not those "
+            f"the rows of {', '.join(stale)} were checked against (one was registered while the inputs were checked). "
+            "Nothing was written: run the same command again (it checks every input against the eval sets "
+            "registered then)")
     evalsets = sorted({s for check in checks.values() for s in check["evalsets"]})
     if not evalsets:
         return None

@@ -14,7 +14,7 @@ import datahub.evalset.check as check_module
 from datahub.errors import ReleaseError
 from datahub.evalset import add_evalset
 from datahub.lake import Lake
-from datahub.release import create_release, get_release, list_releases, redact
+from datahub.release import create_release, get_release, list_releases, merge_releases, redact
 from datahub.release.evalset_gate import allowed_of, same_basis
 from datahub.sample_id import sample_id_of
 from operators.decontam import ngrams
@@ -196,3 +196,23 @@ def test_a_set_registered_while_every_release_is_read_refuses_before_the_rows_ar
     with pytest.raises(ReleaseError, match=r"heldout@1 registered since its rows were checked against \[bench@1\]"):
         redact(lake, "child", source="parent", sample_ids=[GONE], reason="PII #1")
     assert [r.name for r in list_releases(lake)] == ["parent"] and not lake.exists("release_child")
+
+
+def test_a_set_registered_while_a_merges_inputs_are_checked_refuses_the_merge_before_anything_is_written(tmp_path):
+    """``release merge``: input ``c`` takes its recorded clean check (against bench), input ``old`` is read against
+    the index built before ``heldout`` was registered: neither was checked against it, so the merge is refused."""
+    lake = Lake(tmp_path / "lake")
+    add_samples(lake, OTHER, "s3://bucket/b.jsonl", table="other", run_id="job-bbbbbbbbbbbb")
+    create_release(lake, "old", table="other")  # no eval set yet: unchecked, read by the merge
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    add_samples(lake, CLEAN, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    create_release(lake, "c")
+    with pytest.raises(ReleaseError) as refused:
+        merge_releases(lake, "m", sources=["c", "old"], progress=_registering_at(lake, tmp_path, "eval-set check"))
+    assert str(refused.value).startswith(
+        "release 'm' refused: the eval sets registered now (bench@1, heldout@1) are not those the rows of c, old were "
+        "checked against"), refused.value
+    assert [r.name for r in list_releases(lake)] == ["old", "c"] and not lake.exists("release_m")
+    with pytest.raises(ReleaseError, match=r"--from release 'old': 1 sample\(s\) of other v\d+ overlap eval sets "
+                                           r"\[heldout@1: 1 sample\(s\)\]"):
+        merge_releases(lake, "m", sources=["c", "old"])
