@@ -15,7 +15,7 @@ from datahub.release.freeze import (check_key, committed_params, freeze, history
                                     refuse_other_allowance, refuse_taken)
 from datahub.release.qa_gate import qa_command, qa_verdict
 from datahub.release.records import MATERIALIZED_PREFIX, Release, check_name, get_release, release_exists
-from datahub.release.evalset_gate import NOTES, contamination_notes, no_notes, rows_done
+from datahub.release.evalset_gate import NOTES, contamination_notes, no_notes, registered_digests, rows_done
 from datahub.release.exclude import exclude_redacted
 
 def create_release(
@@ -105,6 +105,12 @@ def create_release(
                 f"--lake {lake.ref}`), or "
                 'release anyway with --allow-contamination "REASON" (recorded in the release and its lineage)'
             )
+        registered = registered_digests(lake)  # one registered while the rows were read was not checked
+        if registered != found.evalset_digests:
+            raise ReleaseError(
+                f"release {name!r} refused: the eval sets registered now ({', '.join(sorted(registered))}) are not "
+                f"those {table} v{version} was checked against ({', '.join(sorted(found.evalset_digests)) or 'none'}): "
+                "one was registered while its rows were checked. Nothing was written: run the same command again")
         allowed = allow_contamination if found.count else None
         details: dict[str, Any] = {"qa_suites": verdict.suites}
         if found.evalsets:

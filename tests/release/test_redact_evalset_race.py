@@ -216,3 +216,17 @@ def test_a_set_registered_while_a_merges_inputs_are_checked_refuses_the_merge_be
     with pytest.raises(ReleaseError, match=r"--from release 'old': 1 sample\(s\) of other v\d+ overlap eval sets "
                                            r"\[heldout@1: 1 sample\(s\)\]"):
         merge_releases(lake, "m", sources=["c", "old"])
+
+
+def test_a_set_registered_while_a_create_reads_its_rows_refuses_it_before_anything_is_written(tmp_path):
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
+    add_samples(lake, CLEAN + OTHER, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    with pytest.raises(ReleaseError) as refused:
+        create_release(lake, "r", progress=_registering_at(lake, tmp_path, "eval-set check"))
+    assert str(refused.value).startswith(
+        "release 'r' refused: the eval sets registered now (bench@1, heldout@1) are not those samples v1 was checked "
+        "against (bench@1): one was registered while its rows were checked"), refused.value
+    assert list_releases(lake) == []
+    with pytest.raises(ReleaseError, match=r"overlap eval sets \[heldout@1: 1 sample\(s\)\]"):
+        create_release(lake, "r")
