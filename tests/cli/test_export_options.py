@@ -42,6 +42,20 @@ def test_an_option_the_others_make_meaningless_is_refused_before_anything_is_wri
     assert not tier.exists(), sorted(tier.rglob("*"))
 
 
+def test_a_tier_endpoint_nothing_answers_on_is_one_line_naming_it(released, tmp_path, monkeypatch):
+    """An export to a ceph tier whose RGW is down (or a mistyped port) ended in a 180-line botocore/aiohttp
+    traceback, exit 1."""
+    lake, _, _ = released
+    storage = tmp_path / "ceph.yaml"
+    storage.write_text("tiers:\n  ceph:\n    kind: ceph\n    endpoint_url: http://127.0.0.1:9\n    bucket: datahub\n"
+                       "    credentials: {key_env: UXA_KEY, secret_env: UXA_SECRET}\n")
+    monkeypatch.setenv("UXA_KEY", "key")  # the subprocess inherits them
+    monkeypatch.setenv("UXA_SECRET", "secret")
+    out = datahub("export", "r1", "--lake", str(lake), "--tier", "ceph", "--storage", str(storage))
+    assert_clean_error(out, f"{storage}: tiers.ceph.endpoint_url http://127.0.0.1:9: nothing answers (",
+                       "that the RGW (radosgw) runs")
+
+
 def test_version_with_table_still_exports_that_version(released):
     lake, storage, tier = released
     out = datahub("export", "v1-copy", "--lake", str(lake), "--tier", "cfs", "--storage", str(storage),
