@@ -79,9 +79,18 @@ class ArrowEngine(Engine):
         return None
 
     def read_files(self, files: Sequence[Any], read: ReadFn) -> ArrowFrame:
-        tables = [t for f in files for t in read(f) if t.num_rows]
+        """The tables ``read`` yields, concatenated; tables of no rows are dropped, but when every table is empty the
+        frame keeps the first one's schema (as Ray and Spark do), so a join or select on its columns still works."""
+        tables: list[pa.Table] = []
+        first_empty: pa.Table | None = None
+        for f in files:
+            for t in read(f):
+                if t.num_rows:
+                    tables.append(t)
+                elif first_empty is None:
+                    first_empty = t
         if not tables:
-            return ArrowFrame(pa.table({}), batch_size=self.batch_size)
+            return ArrowFrame(first_empty if first_empty is not None else pa.table({}), batch_size=self.batch_size)
         return ArrowFrame(pa.concat_tables(tables, promote_options="permissive"), batch_size=self.batch_size)
 
     def from_arrow(self, table: pa.Table) -> ArrowFrame:

@@ -111,3 +111,53 @@ def test_incremental_dedup_does_not_hold_the_lakes_index(tmp_path):
     # (1.5 MB without the grown indexes). Bound ~25 MB: 2.4x the new peak, 8x under the old one.
     assert measured["peak"] < measured["index_bytes"]["minhash_index"] / 4, measured
 
+
+
+# ---- read_index / lake_rows_of on small lakes (direct calls, Arrow engine) ----------------------------------
+
+OWN_RUN = "common-crawl-2024-10-ingest-0123456789ab"  # > 32 characters: its files' run_id statistics are truncated
+PARAMS = "0123456789abcdef"
+
+
+def _context(lake: Lake, engine: ArrowEngine, run_id: str = OWN_RUN):
+    import types
+
+    return types.SimpleNamespace(lake=lake, run_id=run_id, full=False, job_name=run_id.rsplit("-", 1)[0],
+                                 read_files=engine.read_files, from_arrow=engine.from_arrow)
+
+
+def _commit_with_stats(lake: Lake, table: str, data: pa.Table, txn: str) -> None:
+    """One file committed with the statistics the engines' writers record (``FileStats``: long strings truncated)."""
+    import pyarrow.parquet as pq
+
+    from datahub.lake.add_actions import DataFile, commit_files
+    from datahub.lake.files import FileStats
+
+    folder = Path(lake.table_uri(table))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{txn}.parquet"
+    pq.write_table(data, path)
+    stats = FileStats(data.schema)
+    stats.update(data)
+    commit_files(lake, table, [DataFile(uri=str(path), size=path.stat().st_size, rows=data.num_rows,
+                                        stats=stats.to_json())], schema=data.schema, txn=txn)
+
+
+def test_a_resumed_run_whose_own_index_rows_are_all_the_scan_finds_reads_no_match_either_way(tmp_path, monkeypatch):
+    """A run killed after committing its index rows is resumed with the same run id. Its run id is longer than the
+    statistics keep, so its own file is not pruned, and the scan tasks find no row of another run. With the new keys
+    hash-joined (more than ``BROADCAST_ROWS``), the Arrow engine's frame of no rows had no columns: the join raised
+    ``KeyError: Field "band_key" does not exist``. Either way: no match."""
+    import operators.dedup.index as index
+    from operators.dedup.index import MINHASH_INDEX_SCHEMA, read_index
+
+    lake = Lake(tmp_path / "lake")
+    own = pa.table({"sample_id": ["s1", "s2"], "band_key": pa.array([1, 2], pa.int64()), "params_hash": [PARAMS] * 2,
+                    "run_id": [OWN_RUN] * 2}, schema=MINHASH_INDEX_SCHEMA)
+    _commit_with_stats(lake, "minhash_index", own, OWN_RUN)
+    engine = ArrowEngine()
+    for limit in (index.BROADCAST_ROWS, 0):  # pushed to the tasks, hash-joined
+        monkeypatch.setattr(index, "BROADCAST_ROWS", limit)
+        keys = engine.from_arrow(pa.table({"band_key": pa.array([1, 2, 3], pa.int64())}))
+        assert read_index(_context(lake, engine), "minhash_index", columns=["sample_id", "band_key"],
+                          params_hash=PARAMS, among=("band_key", keys)) is None, limit
