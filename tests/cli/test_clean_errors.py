@@ -204,3 +204,17 @@ def test_a_directory_above_the_lake_is_an_error_naming_the_lakes_in_it(small_lak
     empty.mkdir()
     assert_clean_error(datahub(*command, "--lake", str(empty)), f"no lake at {empty} (no Delta table in it); check "
                                                                  "the path")
+
+
+def test_tier_apply_to_a_ceph_tier_nothing_answers_on_is_one_line_naming_it(exported, tmp_path, monkeypatch):
+    """A copy to a tier whose RGW is down ended in a 188-line botocore/aiohttp traceback, exit 1."""
+    lake, _ = exported
+    storage = tmp_path / "storage.yaml"
+    storage.write_text(f"tiers:\n  cfs:\n    kind: cfs\n    path: {lake.parent / 'cfs'}\n"
+                       "  ceph:\n    kind: ceph\n    endpoint_url: http://127.0.0.1:9\n    bucket: datahub\n"
+                       "    credentials: {key_env: UXA_KEY, secret_env: UXA_SECRET}\n")
+    monkeypatch.setenv("UXA_KEY", "key")
+    monkeypatch.setenv("UXA_SECRET", "secret")
+    out = datahub("tier", "apply", "--lake", str(lake), "--storage", str(storage), "--release", "r1",
+                  "--tiers", "cfs,ceph")
+    assert_clean_error(out, f"{storage}: tiers.ceph.endpoint_url http://127.0.0.1:9: nothing answers (")

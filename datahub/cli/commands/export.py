@@ -69,6 +69,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a release as byte-reproducible WebDataset shards (or, with --tokenizer, Megatron token files);
         re-running resumes and skips verified files."""
+        from datahub.cli.arguments import tier_answers
         from datahub.cli.lake_option import open_lake
         from datahub.export import export_release, export_table_version
         from datahub.storage import load_storage_config
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
                                 workers=workers, object_store_mb=object_store_mb)
         config = load_storage_config(storage)
         the_lake = open_lake(lake)
-        _check_tier_answers(config, tier)
+        tier_answers(config, tier)
         options: dict[str, Any] = {"tier": tier, "storage": config, "shard_size": shard_size, "shard_samples": shard_samples,
                    "shuffle_seed": shuffle_seed, "workers": workers, "verify": verify}
         if tokenizer is None and (eod_token is not None or file_tokens is not None or add_special_tokens):
@@ -153,39 +154,6 @@ def _refuse_ignored_options(release: str, *, table: str | None, version: int | N
         raise SpecError(f"--object-store-mb {object_store_mb} sizes the embedded Ray that --engine ray starts "
                         "without --address; a cluster's object store is set on the cluster (ray start "
                         "--object-store-memory): drop --object-store-mb")
-
-
-TIER_CONNECT_TIMEOUT_S = 10.0  # a refused port answers at once; a host that drops packets waits this long
-
-
-def _check_tier_answers(config: Any, tier: str) -> None:
-    """Refuse a ceph or hdfs tier whose endpoint nothing answers on, in seconds and in one line: the export
-    otherwise ended in a 180-line botocore/aiohttp traceback ("Could not connect to the endpoint URL"), exit 1,
-    after its retries. Only the port is checked (a TCP connect); a cfs tier is a path."""
-    import socket
-    from urllib.parse import urlsplit
-
-    from datahub.errors import StorageError
-
-    spec = config.tiers.get(tier)
-    url = getattr(spec, "endpoint_url", None) or getattr(spec, "url", None)
-    if spec is None or not isinstance(url, str):  # an unknown tier: the export names the configured ones
-        return
-    parts = urlsplit(url)
-    port = parts.port or {"https": 443, "http": 80}.get(parts.scheme, 9870)  # webhdfs: the NameNode's HTTP port
-    try:
-        with socket.create_connection((parts.hostname, port), timeout=TIER_CONNECT_TIMEOUT_S):
-            return
-    except socket.gaierror as exc:
-        why = f"host {parts.hostname!r} not found ({exc.strerror})"
-    except TimeoutError:
-        why = f"no answer within {TIER_CONNECT_TIMEOUT_S:g} s"
-    except OSError as exc:
-        why = (exc.strerror or str(exc)).lower()
-    service = "the RGW (radosgw)" if spec.kind == "ceph" else "the NameNode (WebHDFS)"
-    field = "endpoint_url" if spec.kind == "ceph" else "url"
-    raise StorageError(f"{config.source}: tiers.{tier}.{field} {url}: nothing answers ({why}); check the URL and "
-                       f"that {service} runs and this machine can reach it")
 
 
 def _export_tokens(the_lake: Any, release: str, *, tokenizer: Path, table: str | None, version: int | None,

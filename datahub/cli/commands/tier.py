@@ -160,6 +160,10 @@ def apply(lake: str = _LAKE, storage: list[Path] = _STORAGE, release: list[str] 
     max_bytes_per_s = max_mb_s * 1e6 if max_mb_s else None
     result = plan_tiers(the_lake, storage=config, releases=releases, targets=targets, verify=verify,
                         max_bytes_per_s=max_bytes_per_s, drop_token_only=targets is not None)
+    from datahub.cli.arguments import tier_answers
+
+    for name in sorted({t for m in result.moves for t in (m.source, m.tier) if t}):  # the tiers it copies between
+        tier_answers(config, name)
     with progress("tier apply", enabled=not as_json) as update:
         done = apply_tiers(the_lake, result, storage=config, progress=update, workers=workers,
                            max_bytes_per_s=max_bytes_per_s)
