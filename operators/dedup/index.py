@@ -27,16 +27,20 @@ process (before, ``read_index`` read it whole into the driver on every increment
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.errors import LakeError
 from datahub.lake.files import conform
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
+from datahub.retry import retry_policy, retry_stream, storage_errors
 from operators.dedup.steps import BROADCAST_ROWS
 
 if TYPE_CHECKING:
@@ -52,6 +56,7 @@ EXACT_INDEX_SCHEMA = pa.schema(
     [("content_hash", pa.string()), ("sample_id", pa.string()), ("params_hash", pa.string()), ("run_id", pa.string())]
 )
 RUN_ID = "run_id"
+T = TypeVar("T")
 YIELD_ROWS = 32_768  # a task's matching rows are passed on in tables of about this many (~3 MB of band rows)
 MAX_SCAN_TASKS = 64  # the index's files are split among at most this many tasks (each opens the table version once)
 
@@ -63,7 +68,8 @@ class IndexScan:
     Yields the rows with ``params_hash`` of other runs than ``run_id``, ``columns`` plus ``run_id``; with
     ``key``/``values`` only rows whose ``key`` is one of ``values``. Files are decoded in ``scan_batches``' small
     batches; matching rows are passed on in tables of about ``YIELD_ROWS`` rows. A task that finds no row yields one
-    empty table, so every engine knows the frame's schema."""
+    empty table, so every engine knows the frame's schema. A transient storage error is retried as ``Lake.read``
+    retries it (``lake.retry``): the scan starts again and skips the batches already read (``retry_stream``)."""
 
     lake: Lake
     table: str
@@ -74,12 +80,17 @@ class IndexScan:
     key: str | None = None
     values: pa.Array | None = None
 
+    def _batches(self, files: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
+        with _reading(self.lake, self.table, self.version):
+            dataset = self.lake.dataset(self.table, self.version,
+                                        file_pruning_predicate=_file_predicate(self.params_hash, self.run_id))
+            yield from scan_batches(dataset, columns=self.schema.names, files=files,
+                                    values_in=("params_hash", [self.params_hash]))
+
     def __call__(self, files: tuple[str, ...]) -> Iterator[pa.Table]:
-        dataset = self.lake.dataset(self.table, self.version,
-                                    file_pruning_predicate=_file_predicate(self.params_hash, self.run_id))
         found, pending, held = False, [], 0
-        for batch in scan_batches(dataset, columns=self.schema.names, files=files,
-                                  values_in=("params_hash", [self.params_hash])):
+        where = f"scan {self.lake.table_uri(self.table)} version {self.version}"
+        for batch in retry_stream(partial(self._batches, files), self.lake.retry, where=where):
             mask = pc.fill_null(pc.not_equal(batch.column(RUN_ID), self.run_id), True)
             if self.key is not None and self.values is not None:
                 column = batch.column(self.key)
@@ -127,9 +138,13 @@ def read_index(context: OperatorContext, table: str, *, columns: list[str], para
     if not context.lake.exists(table):
         return None
     lake = context.lake
-    version = lake.table(table).version()
-    dataset = lake.dataset(table, version, file_pruning_predicate=_file_predicate(params_hash, context.run_id))
-    files = [fragment.path for fragment in dataset.get_fragments()]
+
+    def listing() -> tuple[int, list[str]]:
+        version = lake.table(table).version()
+        dataset = lake.dataset(table, version, file_pruning_predicate=_file_predicate(params_hash, context.run_id))
+        return version, [fragment.path for fragment in dataset.get_fragments()]
+
+    version, files = _retried(lake, table, None, listing)
     if not files:
         return None
     wanted = pa.schema([schema.field(c) for c in dict.fromkeys([*columns, RUN_ID])])
@@ -163,12 +178,40 @@ def lake_rows_of(lake: Lake, table: str, columns: list[str], sample_ids: pa.Arra
     empty = pa.schema([(c, pa.string()) for c in columns]).empty_table()
     if not len(sample_ids) or not lake.exists(table):
         return empty
-    dataset = lake.dataset(table)
+    version = lake.table(table).version()
     ids = ("sample_id", sample_ids.to_pylist())
-    holding = [fragment.path for fragment in dataset.get_fragments()
-               if any(b.num_rows for b in scan_batches(dataset, columns=["sample_id"], files=[fragment.path], values_in=ids))]
-    batches = [b for b in scan_batches(dataset, columns=columns, files=holding, values_in=ids) if b.num_rows] if holding else []
-    return pa.Table.from_batches(batches).select(columns) if batches else empty
+
+    def attempt() -> pa.Table:  # the matches only (a few rows): read again whole on a transient error
+        dataset = lake.dataset(table, version)
+        holding = [fragment.path for fragment in dataset.get_fragments()
+                   if any(b.num_rows for b in scan_batches(dataset, columns=["sample_id"], files=[fragment.path], values_in=ids))]
+        batches = [b for b in scan_batches(dataset, columns=columns, files=holding, values_in=ids) if b.num_rows] if holding else []
+        return pa.Table.from_batches(batches).select(columns) if batches else empty
+
+    return _retried(lake, table, version, attempt)
+
+
+@contextmanager
+def _reading(lake: Lake, table: str, version: int | None) -> Iterator[None]:
+    """Transient storage errors as ``StorageError`` (retried by the caller), a vanished data file as the
+    ``LakeError`` ``Lake.read`` gives."""
+    at = f" version {version}" if version is not None else ""
+    with storage_errors(f"read {lake.table_uri(table)}{at}"):
+        try:
+            yield
+        except FileNotFoundError as exc:
+            raise LakeError(f"{lake.table_uri(table)}{at}: a data file was not found ({exc}); it was deleted "
+                            "(`datahub release vacuum`, or by hand) or the storage lost it") from None
+
+
+def _retried(lake: Lake, table: str, version: int | None, fn: Callable[[], T]) -> T:
+    """``fn()``, retried on transient storage errors as ``Lake.read`` is (``lake.retry``)."""
+
+    def attempt() -> T:
+        with _reading(lake, table, version):
+            return fn()
+
+    return retry_policy(attempt, lake.retry)
 
 
 def _file_predicate(params_hash: str, run_id: str) -> list[tuple[str, str, str]]:

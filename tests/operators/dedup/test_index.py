@@ -161,3 +161,74 @@ def test_a_resumed_run_whose_own_index_rows_are_all_the_scan_finds_reads_no_matc
         keys = engine.from_arrow(pa.table({"band_key": pa.array([1, 2, 3], pa.int64())}))
         assert read_index(_context(lake, engine), "minhash_index", columns=["sample_id", "band_key"],
                           params_hash=PARAMS, among=("band_key", keys)) is None, limit
+
+
+def _flaky_dataset(monkeypatch, fail_at: set[int]) -> dict[str, int]:
+    """``Lake.dataset`` raises a connection reset (a radosgw restart) on the calls numbered in ``fail_at``."""
+    real = Lake.dataset
+    calls = {"n": 0}
+
+    def dataset(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] in fail_at:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Lake, "dataset", dataset)
+    return calls
+
+
+def test_a_transient_storage_error_while_the_index_or_the_lake_texts_are_read_is_retried(tmp_path, monkeypatch):
+    """Before, ``Lake.read`` retried a transient storage error (``lake.retry``, ~40 s of patience); the index scan
+    and ``lake_rows_of`` call ``lake.dataset`` and ``scan_batches`` directly, and one connection reset failed the
+    run. Each place the table is opened fails once here: the driver's listing, the scan task, ``lake_rows_of``."""
+    import operators.dedup.index as index
+    from datahub.retry import RetryPolicy
+    from operators.dedup.index import MINHASH_INDEX_SCHEMA, lake_rows_of, read_index
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("minhash_index", pa.table({"sample_id": ["s1"], "band_key": pa.array([1], pa.int64()),
+                                           "params_hash": [PARAMS], "run_id": ["other-0123456789ab"]},
+                                          schema=MINHASH_INDEX_SCHEMA), txn="x")
+    lake.commit("samples", pa.table({"sample_id": ["s1", "s2"], "text": ["one", "two"]}), txn="y")
+    lake.retry = RetryPolicy(attempts=3, backoff=0.01)
+    engine = ArrowEngine()
+    for limit in (index.BROADCAST_ROWS, 0):
+        monkeypatch.setattr(index, "BROADCAST_ROWS", limit)
+        for fail_at in ({1}, {2}):  # 1: read_index's listing in the driver, 2: the scan task
+            calls = _flaky_dataset(monkeypatch, fail_at)
+            keys = engine.from_arrow(pa.table({"band_key": pa.array([1, 5], pa.int64())}))
+            found = read_index(_context(lake, engine), "minhash_index", columns=["sample_id", "band_key"],
+                               params_hash=PARAMS, among=("band_key", keys))
+            assert found is not None and found[0].to_arrow().column("sample_id").to_pylist() == ["s1"]
+            assert calls["n"] >= 3, calls  # the failed call was made and retried
+    calls = _flaky_dataset(monkeypatch, {1})
+    texts = lake_rows_of(lake, "samples", ["sample_id", "text"], pa.array(["s2"]))
+    assert texts.to_pylist() == [{"sample_id": "s2", "text": "two"}]
+    assert calls["n"] == 2, calls
+
+
+def test_an_index_file_deleted_under_the_scan_names_the_vacuum(tmp_path):
+    """A data file of the index's version is gone (``datahub release vacuum``, or by hand): the error says so, as
+    ``Lake.read`` did, not a bare FileNotFoundError from a task."""
+    import pytest
+
+    from datahub.errors import LakeError
+    from operators.dedup.index import MINHASH_INDEX_SCHEMA, lake_rows_of, read_index
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("minhash_index", pa.table({"sample_id": ["s1"], "band_key": pa.array([1], pa.int64()),
+                                           "params_hash": [PARAMS], "run_id": ["other-0123456789ab"]},
+                                          schema=MINHASH_INDEX_SCHEMA), txn="x")
+    lake.commit("samples", pa.table({"sample_id": ["s1"], "text": ["one"]}), txn="y")
+    for table in ("minhash_index", "samples"):
+        for path in Path(lake.table_uri(table)).glob("*.parquet"):
+            path.unlink()
+    engine = ArrowEngine()
+    keys = engine.from_arrow(pa.table({"band_key": pa.array([1], pa.int64())}))
+    with pytest.raises(LakeError, match="vacuum"):
+        read_index(_context(lake, engine), "minhash_index", columns=["sample_id", "band_key"], params_hash=PARAMS,
+                   among=("band_key", keys))
+    with pytest.raises(LakeError, match="vacuum"):
+        lake_rows_of(lake, "samples", ["sample_id", "text"], pa.array(["s1"]))
+
