@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -61,6 +62,65 @@ YIELD_ROWS = 32_768  # a task's matching rows are passed on in tables of about t
 MAX_SCAN_TASKS = 64  # the index's files are split among at most this many tasks (each opens the table version once)
 
 
+_END = b"\x01"  # ends every string key before it is padded: ``a + _END == b + _END`` only when ``a == b``
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """The pushed keys, sorted once in the driver, so each batch is a binary search of its rows (``np.searchsorted``,
+    O(rows x log keys)). ``pc.is_in(column, value_set=keys)`` per batch built a hash table of all the keys for every
+    2,048-row batch: at 1M keys 110-180 ms a batch, 33 s CPU over a 1M-row index. Integers are searched as they
+    are; strings as fixed-width bytes (each key plus ``_END``, NUL-padded to the longest); other types by
+    ``pc.is_in``. A null never matches (as ``pc.is_in``'s default)."""
+
+    sorted_keys: np.ndarray | None  # integers, or ``S{width}`` byte strings; None: ``keys`` are used as they are
+    width: int  # string keys: the longest key in bytes plus ``_END``
+    keys: pa.Array | None = None
+
+    @classmethod
+    def of(cls, keys: pa.Array) -> KeySet:
+        keys = keys.drop_null()
+        if pa.types.is_integer(keys.type):
+            return cls(np.sort(keys.to_numpy()), 0)
+        if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+            raw = pc.cast(keys, pa.large_binary())
+            width = (pc.max(pc.binary_length(raw)).as_py() or 0) + len(_END)
+            return cls(np.sort(np.array(_ended(raw).to_numpy(zero_copy_only=False), dtype=f"S{width}")), width)
+        return cls(None, 0, keys)
+
+    def __len__(self) -> int:
+        return len(self.sorted_keys) if self.sorted_keys is not None else len(self.keys or [])
+
+    def contains(self, column: pa.Array) -> pa.Array:
+        """A boolean array: whether each value of ``column`` is one of the keys (false for a null)."""
+        if self.sorted_keys is None:
+            assert self.keys is not None
+            keys = self.keys if self.keys.type == column.type else self.keys.cast(column.type)
+            return pc.is_in(column, value_set=keys)
+        if not len(column) or not len(self.sorted_keys):
+            return pa.array(np.zeros(len(column), dtype=bool))
+        if self.width:
+            raw = pc.fill_null(pc.cast(column, pa.large_binary()), b"")
+            fits = pc.less_equal(pc.binary_length(raw), self.width - len(_END)).to_numpy(zero_copy_only=False)
+            # a longer value is no key: truncated to ``width`` it could look like one
+            values = np.array(_ended(raw).to_numpy(zero_copy_only=False), dtype=f"S{self.width}")
+        else:
+            values = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
+            fits = None
+        at = np.minimum(np.searchsorted(self.sorted_keys, values), len(self.sorted_keys) - 1)
+        found = self.sorted_keys[at] == values
+        if fits is not None:
+            found &= fits
+        if column.null_count:
+            found &= column.is_valid().to_numpy(zero_copy_only=False)
+        return pa.array(found)
+
+
+def _ended(raw: pa.Array) -> pa.Array:
+    end = pa.scalar(_END, pa.large_binary())
+    return pc.binary_join_element_wise(raw, end, pa.scalar(b"", pa.large_binary()))
+
+
 @dataclass(frozen=True)
 class IndexScan:
     """An engine task's read of some of an index table's files (picklable; ``Engine.read_files``' read function).
@@ -78,7 +138,7 @@ class IndexScan:
     params_hash: str
     run_id: str
     key: str | None = None
-    values: pa.Array | None = None
+    values: KeySet | None = None  # sorted in the driver, once for every task
 
     def _batches(self, files: tuple[str, ...]) -> Iterator[pa.RecordBatch]:
         with _reading(self.lake, self.table, self.version):
@@ -93,9 +153,7 @@ class IndexScan:
         for batch in retry_stream(partial(self._batches, files), self.lake.retry, where=where):
             mask = pc.fill_null(pc.not_equal(batch.column(RUN_ID), self.run_id), True)
             if self.key is not None and self.values is not None:
-                column = batch.column(self.key)
-                values = self.values if self.values.type == column.type else self.values.cast(column.type)
-                mask = pc.and_(mask, pc.is_in(column, value_set=values))
+                mask = pc.and_(mask, self.values.contains(batch.column(self.key)))
             rows = conform(pa.Table.from_batches([batch]).filter(mask), self.schema)
             if rows.num_rows:
                 pending.append(rows)
@@ -152,7 +210,7 @@ def read_index(context: OperatorContext, table: str, *, columns: list[str], para
     pushed = values_frame.count() <= BROADCAST_ROWS
     values = None
     if pushed:
-        values = pc.unique(values_frame.to_arrow().column(0).cast(wanted.field(key).type).combine_chunks())
+        values = KeySet.of(pc.unique(values_frame.to_arrow().column(0).cast(wanted.field(key).type).combine_chunks()))
         if not len(values):
             return None
     scan = IndexScan(lake, table, version, wanted, params_hash, context.run_id, key if pushed else None, values)

@@ -232,3 +232,34 @@ def test_an_index_file_deleted_under_the_scan_names_the_vacuum(tmp_path):
     with pytest.raises(LakeError, match="vacuum"):
         lake_rows_of(lake, "samples", ["sample_id", "text"], pa.array(["s1"]))
 
+
+def test_the_pushed_key_set_keeps_exactly_the_rows_is_in_keeps():
+    """``KeySet`` (the pushed keys sorted once in the driver, each batch binary-searched) keeps exactly the rows
+    ``pc.is_in`` keeps, for int64 band keys and string content hashes, with nulls (never a match), values longer or
+    shorter than every key, prefixes of keys, NUL bytes and non-ASCII text; and a key set of one value or none."""
+    from operators.dedup.index import KeySet
+
+    rng = np.random.default_rng(3)
+    ints = rng.integers(-2**62, 2**62, 5_000)
+    keys = pa.array(np.concatenate([ints[:2_000], [-2**63, 2**63 - 1, 0]]), pa.int64())
+    column = pa.array([*ints[1_000:4_000].tolist(), None, -2**63, 2**63 - 1, 0, 1, -1], pa.int64())
+    hexes = [f"{int(v) & (2**64 - 1):016x}{int(v) & (2**32 - 1):016x}" for v in ints]
+    odd = ["", "a", "ab", "abc", "a\x00", "a\x00\x00", "\x00", "é", "ée", "e", "a\x01", "ab\x01", "日本"]
+    string_keys = pa.array([*hexes[:2_000], *odd[::2]], pa.string())
+    strings = pa.array([*hexes[1_000:4_000], *odd, None, hexes[0][:-1], hexes[0] + "0", hexes[0] + "\x01"], pa.string())
+    cases = [(keys, column), (string_keys, strings), (pa.array([5], pa.int64()), column),
+             (pa.array([], pa.int64()), column), (pa.array(["a"], pa.string()), strings),
+             (pa.array([], pa.string()), strings), (string_keys.cast(pa.large_string()), strings.cast(pa.large_string())),
+             (pa.array([1.5, 2.0]), pa.array([1.5, None, 3.0]))]
+    for values, col in cases:
+        expected = pc_is_in(col, values)
+        got = KeySet.of(values).contains(col).to_pylist()
+        assert got == expected, (values.type, [(v, e) for v, g, e in zip(col.to_pylist(), got, expected) if g != e][:5])
+        assert sum(expected) > 0 or len(values) == 0 or values.to_pylist() == [5]
+
+
+def pc_is_in(column: pa.Array, values: pa.Array) -> list[bool]:
+    import pyarrow.compute as pc
+
+    return pc.is_in(column, value_set=values, skip_nulls=True).to_pylist()
+
