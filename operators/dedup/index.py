@@ -240,10 +240,15 @@ def lake_rows_of(lake: Lake, table: str, columns: list[str], sample_ids: pa.Arra
     ids = ("sample_id", sample_ids.to_pylist())
 
     def attempt() -> pa.Table:  # the matches only (a few rows): read again whole on a transient error
+        import pyarrow.dataset as ds
+
         dataset = lake.dataset(table, version)
-        holding = [fragment.path for fragment in dataset.get_fragments()
-                   if any(b.num_rows for b in scan_batches(dataset, columns=["sample_id"], files=[fragment.path], values_in=ids))]
-        batches = [b for b in scan_batches(dataset, columns=columns, files=holding, values_in=ids) if b.num_rows] if holding else []
+        # one walk of the table's files; each file is scanned as a dataset of its own (``scan_batches(files=...)``
+        # walks every fragment of the table per call: files x files over the table)
+        files = [ds.FileSystemDataset([fragment], dataset.schema, dataset.format, filesystem=dataset.filesystem)
+                 for fragment in dataset.get_fragments()]
+        holding = [one for one in files if any(b.num_rows for b in scan_batches(one, columns=["sample_id"], values_in=ids))]
+        batches = [b for one in holding for b in scan_batches(one, columns=columns, values_in=ids) if b.num_rows]
         return pa.Table.from_batches(batches).select(columns) if batches else empty
 
     return _retried(lake, table, version, attempt)

@@ -263,3 +263,49 @@ def pc_is_in(column: pa.Array, values: pa.Array) -> list[bool]:
 
     return pc.is_in(column, value_set=values, skip_nulls=True).to_pylist()
 
+
+def test_the_lake_texts_of_a_few_samples_walk_the_tables_files_once(tmp_path, monkeypatch):
+    """``lake_rows_of`` (minhash verify's lake texts) scanned each ``samples`` file with ``scan_batches(files=[it])``,
+    which walks every file of the table to find it: files x files fragment visits (8 s at 2,000 files). Counted
+    here: the fragments the table's dataset hands out, for a table of 40 one-row files."""
+    import pyarrow.parquet as pq
+
+    from datahub.lake.add_actions import DataFile, commit_files
+    from datahub.lake.files import FileStats
+    from operators.dedup.index import lake_rows_of
+
+    files = 40
+    lake = Lake(tmp_path / "lake")
+    folder = Path(lake.table_uri("samples"))
+    folder.mkdir(parents=True)
+    schema = pa.schema([("sample_id", pa.string()), ("text", pa.string())])
+    written = []
+    for i in range(files):
+        data = pa.table({"sample_id": [f"{i:032x}"], "text": [f"text {i}"]}, schema=schema)
+        path = folder / f"f{i}.parquet"
+        pq.write_table(data, path)
+        stats = FileStats(schema)
+        stats.update(data)
+        written.append(DataFile(uri=str(path), size=path.stat().st_size, rows=1, stats=stats.to_json()))
+    commit_files(lake, "samples", written, schema=schema, txn="t")
+
+    visits = {"n": 0}
+    real = Lake.dataset
+
+    class Counting:
+        def __init__(self, dataset):
+            self.dataset = dataset
+
+        def __getattr__(self, name):
+            return getattr(self.dataset, name)
+
+        def get_fragments(self, *args, **kwargs):
+            for fragment in self.dataset.get_fragments(*args, **kwargs):
+                visits["n"] += 1
+                yield fragment
+
+    monkeypatch.setattr(Lake, "dataset", lambda self, *a, **k: Counting(real(self, *a, **k)))
+    wanted = pa.array([f"{7:032x}", f"{31:032x}", "absent"])
+    rows = lake_rows_of(lake, "samples", ["sample_id", "text"], wanted)
+    assert sorted(rows.column("text").to_pylist()) == ["text 31", "text 7"]
+    assert visits["n"] <= 2 * files, visits  # before: 1,680 (41 walks of 40 files)
