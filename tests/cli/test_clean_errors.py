@@ -204,6 +204,8 @@ def test_a_directory_above_the_lake_is_an_error_naming_the_lakes_in_it(small_lak
     empty.mkdir()
     assert_clean_error(datahub(*command, "--lake", str(empty)), f"no lake at {empty} (no Delta table in it); check "
                                                                  "the path")
+    (empty / "_leases").mkdir()  # a run killed before its first commit leaves only its lease: a lake (lead, 20:03)
+    assert "no lake at" not in datahub(*command, "--lake", str(empty)).stderr
 
 
 def test_tier_apply_to_a_ceph_tier_nothing_answers_on_is_one_line_naming_it(exported, tmp_path, monkeypatch):
