@@ -18,8 +18,8 @@ A failed ``not_null``, ``between`` or ``in_set`` check also names the ``sample_i
 unexpected rows, in scan order (the version's files as its Delta snapshot lists them, rows in file order;
 ``example_ids``; the entry's ``unexpected_sample_ids``), when the table has that
 column: GX's ``partial_unexpected_list`` of ``chosen_equals_rejected`` is ``[True, ...]``, which says nothing of
-which pair to fix. On Spark (``datahub.qa.engine``) a sort-with-limit over the rows' scan positions names the
-same ids. Rows whose ``sample_id`` is null have no id to
+which pair to fix. On Spark (``datahub.qa.engine``) one aggregate over the rows' scan positions (``min_by``
+with a limit) names the same ids. Rows whose ``sample_id`` is null have no id to
 name: they are counted (``unexpected_without_id``; the entry's ``unexpected_rows_without_sample_id``); a check on
 ``sample_id`` itself names none.
 

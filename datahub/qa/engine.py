@@ -10,10 +10,13 @@
   its Spark execution engine (every expectation type: GX computes its metrics as Spark jobs, nothing is collected).
   An expectation GX raises on with Spark (no Spark implementation) falls back to the local streaming pass
   (aggregate or bounded sample); its entry's ``spark_fallback`` says why. A row check with unexpected rows
-  (``ID_TYPES``) names the ``sample_id`` of its first ``EXAMPLES`` ones as the local pass does, in its scan order:
-  each task numbers its rows (``POSITION``: the file's index in the version's file list, the row in the file), and
-  a Spark sort-with-limit (each task keeps its own first ``EXAMPLES``) brings at most ``EXAMPLES`` rows a task to
-  the driver, which keeps the first ``EXAMPLES``; one more Spark job counts the unexpected rows without an id.
+  (``ID_TYPES``; a ``mostly`` check that passes too, as in the local pass) names the ``sample_id`` of its first
+  ``EXAMPLES`` ones as the local pass does, in its scan order: each task numbers its rows (``FILE``: the file's index
+  in the version's file list; ``ROW``: the row in the file), and one Spark aggregate for all such checks keeps, per
+  check, the ``EXAMPLES`` smallest (``FILE``, ``ROW``) with an id (``min_by`` with a limit: each task keeps at most
+  ``EXAMPLES`` a check) and counts the unexpected rows without an id. The DataFrame is cached once, with the
+  position columns: GX's metric jobs and that aggregate read the cache, not the files, and it is unpersisted when
+  the suites are done (GX's own cache of a run was never released).
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ from datahub.qa.validate import (
 )
 
 Outcome = list[tuple[bool, list[dict[str, Any]]]]
-# A Spark row's place in the local pass's scan order: file index << ROW_BITS | row in the file (no file holds 2**40)
-POSITION = "__datahub_qa_position"
-ROW_BITS = 40
+# A Spark row's place in the local pass's scan order, sorted on as (FILE, ROW): the file's index in the version's
+# file list, the row in the file (two columns: one packed int64 overflowed at file index 2**23)
+FILE = "__datahub_qa_file"
+ROW = "__datahub_qa_row"
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ class _FileAggregates:
 
 @dataclass(frozen=True)
 class _FileValidationColumns:
-    """A Spark task's read: one data file's validation columns, batch by batch, and each row's ``POSITION``
+    """A Spark task's read: one data file's validation columns, batch by batch, and each row's ``FILE`` and ``ROW``
     (picklable)."""
 
     lake: Lake
@@ -82,13 +86,14 @@ class _FileValidationColumns:
 
     def __call__(self, task: tuple[int, str]) -> Iterator[pa.Table]:
         index, path = task
-        position = index << ROW_BITS
+        row = 0
         for batch in read_batches(self.lake.dataset(self.table, self.version), self.read,
                                   batch_rows=self.batch_rows, files=[path]):
             columns = validation_batch(batch, set(self.wanted))
-            rows = np.arange(position, position + columns.num_rows, dtype=np.int64)
-            position += columns.num_rows
-            yield columns.append_column(POSITION, pa.array(rows))
+            rows = np.arange(row, row + columns.num_rows, dtype=np.int64)
+            row += columns.num_rows
+            columns = columns.append_column(FILE, pa.array(np.full(columns.num_rows, index, dtype=np.int64)))
+            yield columns.append_column(ROW, pa.array(rows))
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,7 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     wanted = frozenset(c for c in sources if c in named) or frozenset(sorted(sources)[:1])
     read = tuple(sorted({s for c in wanted for s in sources[c]})) or (schema.names[0],)
     columns = validation_batch(schema.empty_table().select(list(read)), set(wanted)).schema
-    columns = columns.append(pa.field(POSITION, pa.int64()))
+    columns = columns.append(pa.field(FILE, pa.int64())).append(pa.field(ROW, pa.int64()))
     files = list(enumerate(fragment.path for fragment in dataset.get_fragments()))  # the local pass's file order
     read_dataframe = importlib.import_module("datahub.engines.spark.tasks").read_dataframe
     jobs_ended_on_exit = importlib.import_module("datahub.engines.spark.jobs").jobs_ended_on_exit
@@ -167,9 +172,16 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
     with jobs_ended_on_exit(engine.session):  # type: ignore[attr-defined]
         task = _FileValidationColumns(lake, table, version, read, wanted, batch_rows)
         frame = read_dataframe(engine, files, task, columns)
-        outcomes = [run_expectations(frame.drop(POSITION), suite, spark=True) for suite in runnable]
-        if ID_COLUMN in wanted:
-            _name_unexpected_rows(frame, [entry for _, entries in outcomes for entry in entries])
+        # one cache for GX and the ids: Spark serves GX's projection without the position columns from it (GX's
+        # own persist would cache another copy, and GX never unpersists it)
+        frame.persist()
+        try:
+            outcomes = [run_expectations(frame.drop(FILE, ROW), suite, spark=True, persist=False)
+                        for suite in runnable]
+            if ID_COLUMN in wanted:
+                _name_unexpected_rows(frame, [entry for _, entries in outcomes for entry in entries])
+        finally:
+            frame.unpersist(blocking=True)
     out = []
     for suite, outcome, bad in zip(runnable, outcomes, failed):
         _, entries = _fallback(lake, suite, outcome, table=table, version=version)
@@ -217,33 +229,55 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def first_unexpected(frame: Any, predicate: str, ids: str) -> Any:
-    """``ids`` (as ``id``) of the first ``EXAMPLES`` rows of ``frame`` where the SQL ``predicate`` holds and the id
-    is not null, by ``POSITION``: a sort with a limit, which Spark plans as ``TakeOrderedAndProject``."""
-    return (frame.where(f"({predicate}) AND {ids} IS NOT NULL").selectExpr(f"{ids} AS id", POSITION)
-            .orderBy(POSITION).limit(EXAMPLES))
+def _first_unexpected(predicate: str, ids: str, index: int) -> list[str]:
+    """Spark SQL aggregates of one check: its first ``EXAMPLES`` ids where ``predicate`` holds, by (``FILE``,
+    ``ROW``) (``min_by`` with a limit keeps at most ``EXAMPLES`` a task), and its count of such rows without an id."""
+    return [f"min_by({ids}, struct({FILE}, {ROW}), {EXAMPLES}) FILTER (WHERE ({predicate}) AND {ids} IS NOT NULL)"
+            f" AS ids{index}",
+            f"count_if(({predicate}) AND {ids} IS NULL) AS without{index}"]
 
 
 def _name_unexpected_rows(frame: Any, entries: list[dict[str, Any]]) -> None:
-    """Add ``unexpected_sample_ids`` (the first ``EXAMPLES`` by ``POSITION``: the local pass's scan order) and
-    ``unexpected_rows_without_sample_id`` to the entries of row checks with unexpected rows, as the local pass
-    does. Spark jobs: one sort-with-limit per such entry (``TakeOrderedAndProject``: each task keeps its first
-    ``EXAMPLES`` rows, the driver gets at most that many a task) and one count of the rows without an id for all."""
+    """Add ``unexpected_sample_ids`` (the first ``EXAMPLES`` by (``FILE``, ``ROW``): the local pass's scan order)
+    and ``unexpected_rows_without_sample_id`` to the entries of row checks with unexpected rows, as the local pass
+    does: one Spark aggregate for all of them. An entry Spark cannot name (its predicate does not analyse, or its
+    job failed) gets ``unexpected_sample_ids_error`` instead; GX's verdicts stay as they are."""
     spark_name = importlib.import_module("datahub.engines.spark.arrow").spark_name
     ids = _quoted(spark_name(ID_COLUMN))
-    named = [(entry, predicate) for entry in entries
-             if (predicate := _unexpected_rows(entry, _quoted(spark_name(entry["kwargs"].get("column") or ""))))]
+    named: list[tuple[dict[str, Any], list[str]]] = []
+    for entry in entries:
+        predicate = _unexpected_rows(entry, _quoted(spark_name(entry["kwargs"].get("column") or "")))
+        if not predicate:
+            continue
+        aggregates = _first_unexpected(predicate, ids, len(named))
+        try:
+            frame.selectExpr(*aggregates)  # analysed here, no job: a predicate Spark cannot type fails alone
+        except Exception as exc:  # noqa: BLE001  (pyspark's errors; datahub.qa does not import pyspark)
+            _not_named(entry, exc)
+            continue
+        named.append((entry, aggregates))
     if not named:
         return
-    for entry, predicate in named:
-        first = first_unexpected(frame, predicate, ids).collect()
-        if first:
-            entry["unexpected_sample_ids"] = [str(row["id"]) for row in first]
-    without = frame.selectExpr(*(f"sum(CASE WHEN ({predicate}) AND {ids} IS NULL THEN 1 ELSE 0 END) AS c{i}"
-                                 for i, (_, predicate) in enumerate(named))).collect()[0]
-    for i, (entry, _) in enumerate(named):
-        if without[f"c{i}"]:
-            entry["unexpected_rows_without_sample_id"] = int(without[f"c{i}"])
+    try:
+        rows = [frame.selectExpr(*(a for _, aggregates in named for a in aggregates)).collect()[0]]
+    except Exception:  # noqa: BLE001  a failed job: each entry on its own, so one failing check names no others
+        rows = []
+    for index, (entry, aggregates) in enumerate(named):
+        try:
+            row = rows[0] if rows else frame.selectExpr(*aggregates).collect()[0]
+        except Exception as exc:  # noqa: BLE001
+            _not_named(entry, exc)
+            continue
+        if row[f"ids{index}"]:
+            entry["unexpected_sample_ids"] = [str(i) for i in row[f"ids{index}"]]
+        if row[f"without{index}"]:
+            entry["unexpected_rows_without_sample_id"] = int(row[f"without{index}"])
+
+
+def _not_named(entry: dict[str, Any], exc: Exception) -> None:
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    entry["unexpected_sample_ids_error"] = (f"Spark could not name the unexpected rows' sample_id ({reason}); "
+                                            f"the local pass names them: datahub qa without --engine spark")
 
 
 def _fallback(lake: Lake, suite: Suite, outcome: tuple[bool, list[dict[str, Any]]], *, table: str,

@@ -381,9 +381,12 @@ def validation_frame(table: pa.Table) -> Any:
     return pa.table(columns).to_pandas()
 
 
-def run_expectations(frame: Any, suite: Suite, *, spark: bool = False) -> tuple[bool, list[dict[str, Any]]]:
+def run_expectations(frame: Any, suite: Suite, *, spark: bool = False,
+                     persist: bool = True) -> tuple[bool, list[dict[str, Any]]]:
     """Validate ``frame`` (pandas, or with ``spark`` a ``pyspark.sql.DataFrame`` that Great Expectations' Spark
-    execution engine reads) against ``suite``; returns (success, one JSON-able dict per expectation)."""
+    execution engine reads) against ``suite``; returns (success, one JSON-able dict per expectation). ``persist``:
+    whether GX caches the Spark frame itself (it never unpersists it: pass False with a frame the caller caches and
+    unpersists)."""
     import warnings
 
     with warnings.catch_warnings():  # GX imports pyspark, which warns about pandas 3 on import; we run GX on pandas
@@ -405,7 +408,7 @@ def run_expectations(frame: Any, suite: Suite, *, spark: bool = False) -> tuple[
         context = gx.get_context(mode="ephemeral")
         context.variables.progress_bars = ProgressBarsConfig(globally=False)
         batch = (
-            (context.data_sources.add_spark("lake") if spark else context.data_sources.add_pandas("lake"))
+            (context.data_sources.add_spark("lake", persist=persist) if spark else context.data_sources.add_pandas("lake"))
             .add_dataframe_asset(name="table")
             .add_batch_definition_whole_dataframe("whole")
             .get_batch(batch_parameters={"dataframe": frame})

@@ -171,16 +171,105 @@ def test_a_failed_row_check_names_the_same_first_sample_ids_on_every_engine(tmp_
     assert named["spark"] == named["local"]
 
 
-def test_spark_takes_the_first_unexpected_ids_with_a_limit_on_the_engine(spark_engine):  # noqa: F811
-    """The ids query is a sort with a limit that Spark runs as TakeOrderedAndProject (each task keeps its first 20
-    rows), not a collect of every unexpected row."""
+def _positioned(spark_engine, rows: int = 10_000):  # noqa: F811
+    """A Spark frame shaped as QA's: ids, a score, a lang, and each row's (FILE, ROW): four files of 2,500 rows,
+    listed in reverse order of the ids; every 1,000th row has no id."""
     from pyspark.sql import functions as F
 
-    from datahub.qa.engine import POSITION, first_unexpected
+    from datahub.qa.engine import FILE, ROW
 
-    frame = spark_engine.session.range(10_000, numPartitions=4).select(
-        F.concat(F.lit("id"), F.col("id").cast("string")).alias("sample_id"),
-        (F.col("id") % 7).alias("score"), (9_999 - F.col("id")).alias(POSITION))
-    query = first_unexpected(frame, "score = 0", "sample_id")
-    assert "TakeOrderedAndProject" in query._jdf.queryExecution().executedPlan().toString()
-    assert [row["id"] for row in query.collect()] == [f"id{9_999 - p}" for p in range(10_000) if (9_999 - p) % 7 == 0][:20]
+    return spark_engine.session.range(rows, numPartitions=4).select(
+        F.when(F.col("id") % 1_000 != 1, F.concat(F.lit("id"), F.col("id").cast("string"))).alias("sample_id"),
+        (F.col("id") % 7).alias("score"), F.lit("en").alias("lang"),
+        (3 - F.floor(F.col("id") / 2_500)).cast("long").alias(FILE), (F.col("id") % 2_500).alias(ROW))
+
+
+def _entry(kind: str, column: str, **kwargs) -> dict:
+    return {"expectation": kind, "kwargs": {"column": column, **kwargs}, "success": False,
+            "observed": {"unexpected_count": 1}}
+
+
+def test_spark_takes_the_first_unexpected_ids_with_a_limit_on_the_engine(spark_engine):  # noqa: F811
+    """The ids come from one aggregate that keeps each check's first 20 (file, row) in every task (min_by with a
+    limit: partial_min_by on the tasks), not a collect of every unexpected row; the row without an id is counted."""
+    from datahub.qa.engine import _first_unexpected
+
+    frame = _positioned(spark_engine)
+    query = frame.selectExpr(*_first_unexpected("score = 1", "sample_id", 0))
+    assert "partial_min_by" in query._jdf.queryExecution().executedPlan().toString()
+    order = sorted((3 - i // 2_500, i % 2_500, i) for i in range(10_000) if i % 7 == 1)
+    row = query.collect()[0]
+    assert row["ids0"] == [f"id{i}" for _, _, i in order if i % 1_000 != 1][:20]
+    assert row["without0"] == sum(1 for i in range(10_000) if i % 7 == 1 and i % 1_000 == 1)
+
+
+def _jobs(spark_engine, run) -> int:  # noqa: F811
+    context = spark_engine.session.sparkContext
+    group = f"qa-test-{id(run)}"
+    context.setJobGroup(group, group)
+    try:
+        run()
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    return len(context.statusTracker().getJobIdsForGroup(group))
+
+
+def test_naming_the_ids_of_several_checks_runs_the_jobs_of_one(spark_engine):  # noqa: F811
+    """One Spark aggregate names every check's ids: three checks cost the jobs of one (it was a sort-with-limit job
+    per check, each reading the table again, and a count job)."""
+    from datahub.qa.engine import _name_unexpected_rows
+
+    frame = _positioned(spark_engine).persist()
+    try:
+        frame.count()
+        one = [_entry("expect_column_values_to_be_between", "score", max_value=5)]
+        three = [_entry("expect_column_values_to_be_between", "score", max_value=5),
+                 _entry("expect_column_values_to_be_in_set", "score", value_set=[1, 2, 3]),
+                 _entry("expect_column_values_to_not_be_null", "lang")]
+        assert _jobs(spark_engine, lambda: _name_unexpected_rows(frame, one)) == \
+            _jobs(spark_engine, lambda: _name_unexpected_rows(frame, three))
+        assert len(three[0]["unexpected_sample_ids"]) == 20 and three[0]["unexpected_sample_ids"] == \
+            one[0]["unexpected_sample_ids"]
+        assert "unexpected_sample_ids" not in three[2]  # no null lang: nothing to name
+    finally:
+        frame.unpersist(blocking=True)
+
+
+def test_a_check_spark_cannot_name_keeps_its_verdict_and_the_others_ids(spark_engine):  # noqa: F811
+    """A predicate Spark cannot type (a value_set of mixed types) or whose job fails (ANSI: 'en' cast to a number)
+    records why on its entry; the other checks are still named and nothing raises."""
+    from datahub.qa.engine import _name_unexpected_rows
+
+    frame = _positioned(spark_engine, 2_000)
+    good = _entry("expect_column_values_to_be_between", "score", max_value=5)
+    untyped = _entry("expect_column_values_to_be_in_set", "score", value_set=[5, 0.5, True])
+    failing = _entry("expect_column_values_to_be_between", "lang", min_value=5)
+    _name_unexpected_rows(frame, [untyped, good, failing])
+    assert len(good["unexpected_sample_ids"]) == 20 and "unexpected_sample_ids_error" not in good
+    for entry in (untyped, failing):
+        assert "unexpected_sample_ids" not in entry and entry["success"] is False
+        assert entry["unexpected_sample_ids_error"].startswith("Spark could not name"), entry
+
+
+def test_spark_qa_leaves_no_cached_dataframe(lake, spark_engine):  # noqa: F811
+    """A Spark QA run unpersists what it cached (GX persisted its DataFrame and never released it: one cached copy
+    more per suite run in a long-lived session)."""
+    from datahub.qa import run_suites
+
+    context = spark_engine.session.sparkContext
+    before = context._jsc.getPersistentRDDs().size()
+    for _ in range(2):
+        run_suites(lake, suites=["samples.v1", lake.suite], commit=False, engine=spark_engine)
+    assert context._jsc.getPersistentRDDs().size() == before
+
+
+def test_a_spark_task_numbers_rows_of_any_file_index(lake):
+    """Positions are (file index, row) columns: file index 2**23 gave OverflowError when packed as index << 40."""
+    from datahub.qa.engine import FILE, ROW, _FileValidationColumns
+
+    version = int(lake.table("samples").version())
+    path = next(iter(lake.dataset("samples", version).get_fragments())).path
+    task = _FileValidationColumns(lake, "samples", version, ("sample_id",), frozenset({"sample_id"}), 64)
+    tables = list(task((1 << 23, path)))
+    assert {v for t in tables for v in t.column(FILE).to_pylist()} == {1 << 23}
+    assert [v for t in tables for v in t.column(ROW).to_pylist()] == list(range(80))
