@@ -176,8 +176,10 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
         # own persist would cache another copy, and GX never unpersists it)
         frame.persist()
         try:
-            outcomes = [run_expectations(frame.drop(FILE, ROW), suite, spark=True, persist=False)
-                        for suite in runnable]
+            outcomes = [run_expectations(frame.drop(FILE, ROW), _without_null_in_sets(suite), spark=True,
+                                         persist=False) for suite in runnable]
+            for suite, (_, entries) in zip(runnable, outcomes):
+                _restore_value_sets(suite, entries)
             if ID_COLUMN in wanted:
                 _name_unexpected_rows(frame, [entry for _, entries in outcomes for entry in entries])
         finally:
@@ -188,6 +190,35 @@ def run_suites_on_spark(engine: Engine, lake: Lake, suites: list[Suite], *, tabl
         entries = [*entries, *bad.values()]
         out.append((all(e["success"] is not False for e in entries), entries))
     return out
+
+
+def _null_in_set(expectation: dict[str, Any]) -> bool:
+    return (expectation.get("type") == "expect_column_values_to_be_in_set"
+            and None in ((expectation.get("kwargs") or {}).get("value_set") or []))
+
+
+def _without_null_in_sets(suite: Suite) -> Suite:
+    """``suite`` with None left out of every in_set value_set. The check tests non-null values, which a null in the
+    set never matches (the local pass and GX on pandas: 'de' is unexpected in ["en", None]); GX on Spark tests
+    ``col IN ('en', NULL)``, which is null, not false, for 'de', so it counted no unexpected row and passed."""
+    return Suite(suite.name, suite.version, [
+        {**e, "kwargs": {**e["kwargs"], "value_set": [v for v in e["kwargs"]["value_set"] if v is not None]}}
+        if _null_in_set(e) else e for e in suite.expectations], suite.path, suite.meta)
+
+
+def _restore_value_sets(suite: Suite, entries: list[dict[str, Any]]) -> None:
+    """The suite's own value_set (its None included) back on the entries ``_without_null_in_sets`` changed."""
+    for expectation in filter(_null_in_set, suite.expectations):
+        kwargs = expectation["kwargs"]
+        stripped = [v for v in kwargs["value_set"] if v is not None]
+        for entry in entries:
+            if (entry["expectation"] == expectation["type"] and entry["kwargs"].get("column") == kwargs.get("column")
+                    and entry["kwargs"].get("value_set") == stripped and not entry.get("_restored")):
+                entry["kwargs"]["value_set"] = list(kwargs["value_set"])
+                entry["_restored"] = True
+                break
+    for entry in entries:
+        entry.pop("_restored", None)
 
 
 def _unexpected_rows(entry: dict[str, Any], column: str) -> str | None:
@@ -202,7 +233,9 @@ def _unexpected_rows(entry: dict[str, Any], column: str) -> str | None:
     if entry["expectation"] == "expect_column_values_to_not_be_null":
         return f"{column} IS NULL"
     if entry["expectation"] == "expect_column_values_to_be_in_set":
-        allowed = [_literal(v) for v in kwargs.get("value_set") or []]
+        # the local pass tests non-null values only, which a null in the set never matches; in SQL it would make
+        # ``NOT col IN (..., NULL)`` null (no row) for every value outside the set
+        allowed = [_literal(v) for v in kwargs.get("value_set") or [] if v is not None]
         return f"{column} IS NOT NULL AND NOT {column} IN ({', '.join(allowed)})" if allowed else f"{column} IS NOT NULL"
     outside = []
     if kwargs.get("min_value") is not None:

@@ -263,6 +263,30 @@ def test_spark_qa_leaves_no_cached_dataframe(lake, spark_engine):  # noqa: F811
     assert context._jsc.getPersistentRDDs().size() == before
 
 
+def test_a_null_in_the_value_set_hides_no_ids_on_spark(tmp_path, spark_engine):  # noqa: F811
+    """value_set ["en", None]: the local pass (as GX on pandas) tests non-null values, which None matches none of,
+    fails and names the other languages' ids. Spark gives the same verdict, observed counts and ids (GX on Spark
+    tested ``lang IN ('en', NULL)``, null for 'de': 0 unexpected, passed; and ``NOT lang IN (..., NULL)`` named
+    none), with the suite's value_set in the entry."""
+    import pyarrow as pa
+
+    from datahub.qa import run_suites
+
+    lake = Lake(tmp_path / "lake")
+    lang = ["en", "de", None, "fr", "en", "xx", "en", None, "de", "en"]
+    lake.commit("samples", pa.table({"sample_id": [f"s{i}" for i in range(10)], "text": ["t"] * 10, "lang": lang}),
+                txn="t0")
+    suite = {"name": "t", "meta": {"version": "1"}, "expectations": [
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "lang", "value_set": ["en", None]}}]}
+    (tmp_path / "t.json").write_text(json.dumps(suite))
+    local, spark = (run_suites(lake, suites=[str(tmp_path / "t.json")], commit=False, engine=engine)[0].results[0]
+                    for engine in ("local", spark_engine))
+    assert local["success"] is False and local["unexpected_sample_ids"] == ["s1", "s3", "s5", "s8"]
+    assert (spark["success"], spark["observed"]["unexpected_count"]) == (False, 4)
+    assert spark["unexpected_sample_ids"] == local["unexpected_sample_ids"]
+    assert spark["kwargs"]["value_set"] == ["en", None]
+
+
 def test_a_spark_task_numbers_rows_of_any_file_index(lake):
     """Positions are (file index, row) columns: file index 2**23 gave OverflowError when packed as index << 40."""
     from datahub.qa.engine import FILE, ROW, _FileValidationColumns
