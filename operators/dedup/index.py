@@ -18,6 +18,14 @@ this params hash. Repeated ``--full`` runs therefore never duplicate index rows;
 the full run no longer keeps keeps its old index row (an incremental run may then name it
 as ``dup_of``; its lineage still explains where it went).
 
+What "listed" means: a run reads only the index rows that share a key with its new rows (below), so a sample is
+listed when the index holds its ``sample_id`` with one of the keys it has now. ``exact_index``: the key is the
+content hash, the same rule as when the whole index was read. ``minhash_index`` (and ``image_index``): a sample
+whose text, as the dedup step sees it, changed since it was indexed (an upstream cleaning step changed;
+``sample_id`` comes from the ingest text) and shares no band key with its old rows is indexed again with its current
+bands, beside the old rows; one that shares a band is taken as listed and its new bands are not added. Either way no
+row is repeated and no decision is worse.
+
 Reading the index (it grows with the lake: a 100M-sample lake holds billions of band rows): the driver only
 lists the table's files (pruned by their ``params_hash``/``run_id`` statistics); the engine's tasks scan them in
 batches (``IndexScan``), keeping the rows whose key a new row holds too (``among``: new band keys, new content
