@@ -52,6 +52,11 @@ class ReleaseError(TerminalError):
     """A release operation was refused (name taken, QA failed, unknown release)."""
 
 
+class EvalSetsChangedError(ReleaseError, TransientError):
+    """An eval set was registered while a release's rows were checked, so they were not checked against it; nothing
+    was written, and the same call again checks against every set registered then (``retry_policy`` retries it)."""
+
+
 class StorageError(TransientError):
     """A storage tier did not answer as expected; may succeed on retry."""
 

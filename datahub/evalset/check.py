@@ -76,13 +76,21 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
                              lake_ref=lake.ref)
     if problem is not None:
         raise SpecError(problem)
+    # The sets checked against: those listed before the index is loaded, and those its refs name. Listed too, not
+    # only taken from the refs: a set whose items normalize to no n-gram ("?!") adds no ref, yet it was checked
+    # (nothing can match it); the gates compared {} with it and refused every try. Listed before the load: a set
+    # re-registered in between appears in both versions, and a gate comparing these digests with the registered
+    # ones refuses (never lets a set through unchecked).
+    wanted = [s for s in list_evalsets(lake) if evalsets is None or s.name in evalsets]
     index = load_index(lake, evalsets, ngram=ngram)
     checked = sorted({ref.split(":", 1)[0] for ref in index.refs})
-    digests = {key: s.digest for s in list_evalsets(lake) if (key := f"{s.name}@{s.version}") in checked}
+    digests = {f"{s.name}@{s.version}": s.digest for s in wanted}
+    if not set(checked) <= set(digests):  # registered while the index was loaded
+        digests.update({key: s.digest for s in list_evalsets(lake) if (key := f"{s.name}@{s.version}") in checked})
     matcher = ngrams.MATCHER_VERSION  # read at call time: what matched, as the gates compare it
     if not len(index):
         return Contamination(table, version, 0, checked, ngram=ngram, contaminated=None if hits is None else 0,
-                             matcher=matcher)
+                             evalset_digests=digests, matcher=matcher)
     batches = _batches(rows, batch_rows) if rows is not None else scan_batches(
         lake.dataset(table, version), columns=["sample_id", "text"], batch_rows=batch_rows)
     if hits is not None:

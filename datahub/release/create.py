@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from datahub.errors import ReleaseError
+from datahub.errors import EvalSetsChangedError, ReleaseError
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.tables import not_of_samples
@@ -107,7 +107,7 @@ def create_release(
             )
         registered = registered_digests(lake)  # one registered while the rows were read was not checked
         if registered != found.evalset_digests:
-            raise ReleaseError(
+            raise EvalSetsChangedError(
                 f"release {name!r} refused: the eval sets registered now ({', '.join(sorted(registered))}) are not "
                 f"those {table} v{version} was checked against ({', '.join(sorted(found.evalset_digests)) or 'none'}): "
                 "one was registered while its rows were checked. Nothing was written: run the same command again")

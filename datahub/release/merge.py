@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from datahub.errors import ReleaseError
+from datahub.errors import EvalSetsChangedError, ReleaseError
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
@@ -375,9 +375,11 @@ def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: s
     registered = registered_digests(lake)  # one registered while the inputs were checked was checked by none of them
     stale = sorted(name for name, check in checks.items() if (check.get("evalset_digests") or {}) != registered)
     if registered and stale:
-        raise ReleaseError(
-            f"release {new!r} refused: the eval sets registered now ({', '.join(sorted(registered))}) are not those "
-            f"the rows of {', '.join(stale)} were checked against (one was registered while the inputs were checked). "
+        changed = sorted(name for name in registered if any((checks[s].get("evalset_digests") or {}).get(name)
+                                                            != registered[name] for s in stale))
+        raise EvalSetsChangedError(
+            f"release {new!r} refused: eval set(s) {', '.join(changed) or 'removed'} registered while the inputs were "
+            f"checked: the rows of {', '.join(stale)} were not checked against them. "
             "Nothing was written: run the same command again (it checks every input against the eval sets "
             "registered then)")
     evalsets = sorted({s for check in checks.values() for s in check["evalsets"]})

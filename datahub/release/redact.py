@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datahub.errors import ReleaseError
+from datahub.errors import EvalSetsChangedError, ReleaseError
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
@@ -352,7 +352,7 @@ def _refuse_evalsets_since(lake: Lake, new: str, checked: dict[str, Any] | None)
     if registered == checked_against:
         return
     changed = sorted(name for name in registered if checked_against.get(name) != registered[name])
-    raise ReleaseError(
+    raise EvalSetsChangedError(
         f"release {new!r} refused: eval set(s) {', '.join(changed) or 'removed'} registered since its rows were "
         f"checked against [{', '.join(sorted(checked_against)) or 'no eval set'}] only. Nothing was written: run "
         "the same command again (it checks the rows that stay against every eval set registered then)")

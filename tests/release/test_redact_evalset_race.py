@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import datahub.evalset.check as check_module
-from datahub.errors import ReleaseError
+from datahub.errors import EvalSetsChangedError, ReleaseError, TransientError
 from datahub.evalset import add_evalset
 from datahub.lake import Lake
 from datahub.release import create_release, get_release, list_releases, merge_releases, redact
@@ -193,7 +193,7 @@ def test_a_set_registered_while_every_release_is_read_refuses_before_the_rows_ar
         return found
 
     monkeypatch.setattr(redact_module, "releases_containing", registering)
-    with pytest.raises(ReleaseError, match=r"heldout@1 registered since its rows were checked against \[bench@1\]"):
+    with pytest.raises(EvalSetsChangedError, match=r"heldout@1 registered since its rows were checked against \[bench@1\]"):
         redact(lake, "child", source="parent", sample_ids=[GONE], reason="PII #1")
     assert [r.name for r in list_releases(lake)] == ["parent"] and not lake.exists("release_child")
 
@@ -207,11 +207,11 @@ def test_a_set_registered_while_a_merges_inputs_are_checked_refuses_the_merge_be
     add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
     add_samples(lake, CLEAN, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
     create_release(lake, "c")
-    with pytest.raises(ReleaseError) as refused:
+    with pytest.raises(EvalSetsChangedError) as refused:  # a TransientError: retry_policy runs it again
         merge_releases(lake, "m", sources=["c", "old"], progress=_registering_at(lake, tmp_path, "eval-set check"))
     assert str(refused.value).startswith(
-        "release 'm' refused: the eval sets registered now (bench@1, heldout@1) are not those the rows of c, old were "
-        "checked against"), refused.value
+        "release 'm' refused: eval set(s) heldout@1 registered while the inputs were checked: the rows of c, old were "
+        "not checked against them"), refused.value
     assert [r.name for r in list_releases(lake)] == ["old", "c"] and not lake.exists("release_m")
     with pytest.raises(ReleaseError, match=r"--from release 'old': 1 sample\(s\) of other v\d+ overlap eval sets "
                                            r"\[heldout@1: 1 sample\(s\)\]"):
@@ -222,8 +222,9 @@ def test_a_set_registered_while_a_create_reads_its_rows_refuses_it_before_anythi
     lake = Lake(tmp_path / "lake")
     add_evalset(lake, "bench", write_evalset(tmp_path / "bench.jsonl"))
     add_samples(lake, CLEAN + OTHER, "s3://bucket/a.jsonl", run_id="job-aaaaaaaaaaaa")
-    with pytest.raises(ReleaseError) as refused:
+    with pytest.raises(EvalSetsChangedError) as refused:
         create_release(lake, "r", progress=_registering_at(lake, tmp_path, "eval-set check"))
+    assert isinstance(refused.value, TransientError) and isinstance(refused.value, ReleaseError)
     assert str(refused.value).startswith(
         "release 'r' refused: the eval sets registered now (bench@1, heldout@1) are not those samples v1 was checked "
         "against (bench@1): one was registered while its rows were checked"), refused.value
