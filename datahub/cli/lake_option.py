@@ -76,12 +76,14 @@ def open_lake(ref: str, *, storage_options: Mapping[str, str] | None = None, mus
 def _holds_tables(root: Path) -> bool:
     """Whether ``root`` is a lake: it holds a Delta table (a child with a ``_delta_log``) or datahub's own state (a
     child named ``_...``, e.g. ``_leases``: a run killed before its first commit leaves only its lease, and
-    ``datahub runs`` must show that run and how to resume it; ``Lake.tables`` skips such names the same way)."""
+    ``datahub runs`` must show that run and how to resume it; ``Lake.tables`` skips such names the same way), or
+    nothing at all (a lake-to-be: an empty directory reads as an empty lake, as before)."""
     if (root / "_delta_log").is_dir():  # a table itself (its _delta_log, _change_data are not a lake's state)
         return False
     try:
-        return any(child.name.startswith("_") or (child / "_delta_log").is_dir() for child in root.iterdir()
-                   if child.is_dir())
+        children = list(root.iterdir())
+        return not children or any(child.name.startswith("_") or (child / "_delta_log").is_dir()
+                                   for child in children if child.is_dir())  # empty: a lake-to-be, as before
     except OSError:  # unreadable: the command's own read says why
         return True
 

@@ -200,11 +200,15 @@ def test_a_directory_above_the_lake_is_an_error_naming_the_lakes_in_it(small_lak
                             f"e.g. --lake {above}/lake")
     table = datahub(*command, "--lake", str(small_lake / "samples"))
     assert_clean_error(table, f"it is the Delta table 'samples' of a lake: e.g. --lake {small_lake}")
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    assert_clean_error(datahub(*command, "--lake", str(empty)), f"no lake at {empty} (no Delta table in it); check "
+    other = tmp_path / "other"  # a directory of something else: not a lake
+    other.mkdir()
+    (other / "notes.txt").write_text("not a lake\n")
+    assert_clean_error(datahub(*command, "--lake", str(other)), f"no lake at {other} (no Delta table in it); check "
                                                                  "the path")
-    (empty / "_leases").mkdir()  # a run killed before its first commit leaves only its lease: a lake (lead, 20:03)
+    (other / "_leases").mkdir()  # a run killed before its first commit leaves only its lease: a lake (lead, 20:03)
+    assert "no lake at" not in datahub(*command, "--lake", str(other)).stderr
+    empty = tmp_path / "empty"  # a lake-to-be (made by hand or a deploy) reads as an empty lake, as before
+    empty.mkdir()
     assert "no lake at" not in datahub(*command, "--lake", str(empty)).stderr
 
 
