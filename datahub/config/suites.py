@@ -51,8 +51,13 @@ def load_suite(name: str, *, suites_dir: str | Path | None = None) -> Suite:
                             f"{Path(suites_dir or SUITES_DIR)} ({', '.join(available_suites(suites_dir)) or 'none'})"
                             ) from None
         known = available_suites(suites_dir)
-        raise SpecError(f"QA suite {name!r}: no file {path}{did_you_mean(name, known)}; known suites: "
-                        f"{', '.join(known) or 'none'}; name one of them, or a suite .json file by its path "
+        if "/" in name or "\\" in name:  # a path, not a bundled name: the .json is what makes it one
+            raise SpecError(f"QA suite {name!r}: no bundled suite of that name (no file {path}); to read a suite "
+                            f"file, add .json: --suite {name}.json (bundled suites: {', '.join(known) or 'none'})"
+                            ) from None
+        close = did_you_mean(name, known)  # "; did you mean 'x'?" or ""
+        raise SpecError(f"QA suite {name!r}: no file {path}; known suites: {', '.join(known) or 'none'}"
+                        f"{close + ' Name' if close else '; name'} one of them, or a suite .json file by its path "
                         f"(GX 1.x suite JSON: {{\"name\", \"expectations\": [{{\"type\", \"kwargs\"}}]}})") from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"{path}: line {exc.lineno}: not valid JSON: {exc.msg}") from None

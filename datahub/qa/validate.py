@@ -34,7 +34,7 @@ BATCH_ROWS = 4096
 # Decoded bytes of the read columns one batch may hold, about: fewer rows a batch when rows are wide. 4,096 rows of
 # 5 KB texts (20 MB) keep 4,096 rows; trajectory segments of 1,024 steps (~250 KB of steps and as much text a row)
 # would make a 4,096-row batch ~2 GB, and a 1,000-row file's one batch peaked at 1.4 GB of RSS (bench_traj).
-# Counted on the decoded reads (``nbytes``: ``bounded_batches``).
+# Counted on the decoded reads (their Arrow buffers' ``get_total_buffer_size()``: ``bounded_batches``).
 # ``chosen_equals_rejected`` copies the equal-length rows of both replies once a batch: up to ~2x those columns.
 BATCH_BYTES = 32 * 2**20
 # Rows one Parquet read decodes: a batch ends before the read that would take it past BATCH_BYTES, so only a read
@@ -42,8 +42,9 @@ BATCH_BYTES = 32 * 2**20
 # footers: their bytes a row (averaged over a row group) understate a run of wide rows among short texts 6x and
 # dictionary-encoded pages ~1000x (reviewer-qa's mixed.py, bytes.py); pyarrow reads a row group at one batch size,
 # so reads cannot grow and shrink within one either. Reads decode in this thread (``use_threads=False``): Arrow's
-# thread pool cost more than a 64-row decode. samples.v1 over 300k short texts, alternated at load ~7: 0.52 s
-# median (0.73 s threaded, 0.46 s with 4,096-row reads). The floor of any read size is one Parquet page, which
+# thread pool cost more than a 64-row decode. samples.v1 over 300k short texts, alternated in 3 runs at load 7-8:
+# CPU median 0.42-0.44 s (0.56-0.63 s threaded, 0.36-0.38 s with 4,096-row reads); wall time followed the loaded
+# scheduler (faster in 1 run of 3), so no wall win is claimed. The floor of any read size is one Parquet page, which
 # writers close once a 1,024-value write batch passes 1 MB (tests/qa/test_read_memory.py).
 READ_ROWS = 64
 
@@ -76,8 +77,7 @@ def read_batches(dataset: Any, columns: Iterable[str], *, batch_rows: int, files
                  ) -> Iterator[pa.Table]:
     """``columns`` of ``dataset`` (``files`` only, when given) in batches of at most ``batch_rows`` rows and about
     ``BATCH_BYTES`` decoded: ``scan_batches`` reads of ``READ_ROWS`` rows (no Arrow threads) joined by
-    ``bounded_batches``. What the
-    local pass, each Ray task and each Spark task validate. A batch never spans two files: the local pass then
+    ``bounded_batches``. What the local pass, each Ray task and each Spark task validate. A batch never spans two files: the local pass then
     sums exactly as the Ray tasks (one per file) do, floating-point order included."""
     import pyarrow.dataset as ds
 

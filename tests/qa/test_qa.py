@@ -63,15 +63,20 @@ def test_suite_passes_on_good_version_and_fails_on_bad_one(lake):
 
 
 def test_unknown_suite_names_known_ones(lake):
+    from datahub.config.suites import available_suites
     from datahub.errors import SpecError
     from datahub.qa import run_suite
 
     with pytest.raises(SpecError, match="samples.v1") as raised:
         run_suite(lake, suite="samples.v9")
     assert "did you mean 'samples.v1'" in str(raised.value) and "by its path" in str(raised.value)  # and the fix
+    assert "?;" not in str(raised.value) and "'samples.v1'? Name one" in str(raised.value)
     with pytest.raises(SpecError, match="check the path") as raised:
         run_suite(lake, suite="suites/mine.v1.json")
-    assert "schemas/gx (posttraining.v1, samples.v1)" in str(raised.value)
+    assert f"schemas/gx ({', '.join(available_suites())})" in str(raised.value)
+    with pytest.raises(SpecError, match="add .json") as raised:  # a path without .json is not a bundled name
+        run_suite(lake, suite="suites/mine.v1")
+    assert "--suite suites/mine.v1.json" in str(raised.value)
 
 
 def test_cli_qa_exit_codes_and_json(lake):

@@ -13,8 +13,9 @@ from datahub.cli.release_option import RELEASE_HELP
 
 EXAMPLES = """Examples:
   datahub qa --lake lake/demo
-  # as JSON: a failed row check lists up to 20 unexpected_sample_ids
-  datahub qa --lake lake/demo --suite posttraining.v1 --json
+  # as JSON, on a post-training demo lake (make demo; datahub run jobs/chat-demo.yaml): a failed row check
+  # lists up to 20 unexpected_sample_ids
+  datahub qa --lake lake/chat-demo --json
   # your own suite file, on Spark, not recorded in qa_results
   datahub qa --lake lake/demo --suite suites/mine.v1.json --engine spark --no-record
   datahub qa --lake lake/demo --release corpus-v1"""
