@@ -77,8 +77,8 @@ def read_batches(dataset: Any, columns: Iterable[str], *, batch_rows: int, files
                  ) -> Iterator[pa.Table]:
     """``columns`` of ``dataset`` (``files`` only, when given) in batches of at most ``batch_rows`` rows and about
     ``BATCH_BYTES`` decoded: ``scan_batches`` reads of ``READ_ROWS`` rows (no Arrow threads) joined by
-    ``bounded_batches``. What the local pass, each Ray task and each Spark task validate. A batch never spans two files: the local pass then
-    sums exactly as the Ray tasks (one per file) do, floating-point order included."""
+    ``bounded_batches``. What the local pass, each Ray task and each Spark task validate. A batch never spans two
+    files: the local pass then sums exactly as the Ray tasks (one per file) do, floating-point order included."""
     import pyarrow.dataset as ds
 
     only = set(files) if files is not None else None
