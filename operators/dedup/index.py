@@ -159,7 +159,8 @@ class IndexScan:
         found, pending, held = False, [], 0
         where = f"scan {self.lake.table_uri(self.table)} version {self.version}"
         for batch in retry_stream(partial(self._batches, files), self.lake.retry, where=where):
-            mask = pc.fill_null(pc.not_equal(batch.column(RUN_ID), self.run_id), True)
+            # a null run_id is no run's (IndexRows never writes one): never matched, as file pruning treats it
+            mask = pc.fill_null(pc.not_equal(batch.column(RUN_ID), self.run_id), False)
             if self.key is not None and self.values is not None:
                 mask = pc.and_(mask, self.values.contains(batch.column(self.key)))
             rows = conform(pa.Table.from_batches([batch]).filter(mask), self.schema)

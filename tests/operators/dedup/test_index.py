@@ -309,3 +309,22 @@ def test_the_lake_texts_of_a_few_samples_walk_the_tables_files_once(tmp_path, mo
     rows = lake_rows_of(lake, "samples", ["sample_id", "text"], wanted)
     assert sorted(rows.column("text").to_pylist()) == ["text 31", "text 7"]
     assert visits["n"] <= 2 * files, visits  # before: 1,680 (41 walks of 40 files)
+
+
+def test_index_rows_without_a_run_id_are_never_matched(tmp_path):
+    """One rule for a null ``run_id`` (``IndexRows`` never writes one): such rows are no run's and are not matched,
+    as before the scan moved to the engine (the row filter dropped nulls) and as file pruning treats a file of them.
+    The scan kept them when a file also held another run's rows (reviewer-dedup39 #6)."""
+    from operators.dedup.index import MINHASH_INDEX_SCHEMA, read_index
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("minhash_index", pa.table({"sample_id": ["s1", "s2"], "band_key": pa.array([1, 2], pa.int64()),
+                                           "params_hash": [PARAMS] * 2, "run_id": ["other-0123456789ab", None]},
+                                          schema=MINHASH_INDEX_SCHEMA), txn="x")
+    engine = ArrowEngine()
+    keys = engine.from_arrow(pa.table({"band_key": pa.array([1, 2], pa.int64())}))
+    found = read_index(_context(lake, engine), "minhash_index", columns=["sample_id", "band_key"], params_hash=PARAMS,
+                       among=("band_key", keys))
+    assert found is not None
+    assert found[0].to_arrow().column("sample_id").to_pylist() == ["s1"]
+    assert found[1].to_arrow().column("sample_id").to_pylist() == ["s1"]
