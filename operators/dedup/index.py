@@ -73,13 +73,20 @@ MAX_SCAN_TASKS = 64  # the index's files are split among at most this many tasks
 _END = b"\x01"  # ends every string key before it is padded: ``a + _END == b + _END`` only when ``a == b``
 
 
+MAX_KEY_BYTES = 256  # string keys searched as fixed-width bytes up to this width (content hashes: 32 + 1)
+MAX_KEY_TABLE_BYTES = 256 * 2**20  # and up to this many padded bytes in all
+
+
 @dataclass(frozen=True)
 class KeySet:
     """The pushed keys, sorted once in the driver, so each batch is a binary search of its rows (``np.searchsorted``,
     O(rows x log keys)). ``pc.is_in(column, value_set=keys)`` per batch built a hash table of all the keys for every
     2,048-row batch: at 1M keys 110-180 ms a batch, 33 s CPU over a 1M-row index. Integers are searched as they
     are; strings as fixed-width bytes (each key plus ``_END``, NUL-padded to the longest); other types by
-    ``pc.is_in``. A null never matches (as ``pc.is_in``'s default)."""
+    ``pc.is_in``. A null never matches (as ``pc.is_in(..., skip_nulls=True)`` and the hash-join path: the old
+    ``pc.is_in`` default matched a null row when the keys held a null). String keys wider than ``MAX_KEY_BYTES``
+    (or more than ``MAX_KEY_TABLE_BYTES`` padded) are searched by ``pc.is_in``: padding every key to the longest
+    would take keys x longest bytes (100k keys and one of 100 KB: 10 GB)."""
 
     sorted_keys: np.ndarray | None  # integers, or ``S{width}`` byte strings; None: ``keys`` are used as they are
     width: int  # string keys: the longest key in bytes plus ``_END``
@@ -93,7 +100,8 @@ class KeySet:
         if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
             raw = pc.cast(keys, pa.large_binary())
             width = (pc.max(pc.binary_length(raw)).as_py() or 0) + len(_END)
-            return cls(np.sort(np.array(_ended(raw).to_numpy(zero_copy_only=False), dtype=f"S{width}")), width)
+            if width <= MAX_KEY_BYTES and width * len(raw) <= MAX_KEY_TABLE_BYTES:
+                return cls(np.sort(np.array(_ended(raw).to_numpy(zero_copy_only=False), dtype=f"S{width}")), width)
         return cls(None, 0, keys)
 
     def __len__(self) -> int:
@@ -245,7 +253,7 @@ def lake_rows_of(lake: Lake, table: str, columns: list[str], sample_ids: pa.Arra
     empty = pa.schema([(c, pa.string()) for c in columns]).empty_table()
     if not len(sample_ids) or not lake.exists(table):
         return empty
-    version = lake.table(table).version()
+    version = _retried(lake, table, None, lambda: lake.table(table).version())  # the log read retried too
     ids = ("sample_id", sample_ids.to_pylist())
 
     def attempt() -> pa.Table:  # the matches only (a few rows): read again whole on a transient error

@@ -328,3 +328,40 @@ def test_index_rows_without_a_run_id_are_never_matched(tmp_path):
     assert found is not None
     assert found[0].to_arrow().column("sample_id").to_pylist() == ["s1"]
     assert found[1].to_arrow().column("sample_id").to_pylist() == ["s1"]
+
+
+def test_the_lake_texts_lookup_retries_a_failed_read_of_the_tables_log(tmp_path, monkeypatch):
+    """``lake_rows_of`` read the table's version (its Delta log) outside the retry: one connection reset there
+    escaped as a bare ConnectionResetError, where ``Lake.read`` retries it (reviewer-dedup39b #1)."""
+    from datahub.retry import RetryPolicy
+    from operators.dedup.index import lake_rows_of
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("samples", pa.table({"sample_id": ["s1", "s2"], "text": ["one", "two"]}), txn="y")
+    lake.retry = RetryPolicy(attempts=3, backoff=0.01)
+    real = Lake.table
+    calls = {"n": 0}
+
+    def table(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Lake, "table", table)
+    assert lake_rows_of(lake, "samples", ["sample_id", "text"], pa.array(["s2"])).to_pylist() == [
+        {"sample_id": "s2", "text": "two"}]
+    assert calls["n"] >= 2
+
+
+def test_wide_string_keys_are_not_padded_to_the_longest(tmp_path):
+    """Fixed-width search pads every key to the longest: 100k keys and one of 100 KB would take 10 GB. Keys that
+    wide are searched by ``pc.is_in`` instead, with the same answers."""
+    from operators.dedup.index import MAX_KEY_BYTES, KeySet
+
+    keys = pa.array([f"{i:032x}" for i in range(1_000)] + ["w" * (MAX_KEY_BYTES + 1)], pa.string())
+    column = pa.array(["w" * (MAX_KEY_BYTES + 1), f"{7:032x}", "nope", None], pa.string())
+    wide = KeySet.of(keys)
+    assert wide.sorted_keys is None  # not padded
+    assert wide.contains(column).to_pylist() == pc_is_in(column, keys) == [True, True, False, False]
+    assert KeySet.of(keys[:1_000]).sorted_keys is not None  # content hashes stay on the binary search
