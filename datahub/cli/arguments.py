@@ -23,6 +23,15 @@ def given(value: str | None, option: str, *, what: str) -> str | None:
 TIER_CONNECT_TIMEOUT_S = 10.0  # a refused port answers at once; a host that drops packets waits this long
 
 
+def _through_proxy(scheme: str, host: str) -> bool:
+    """Whether a request to ``host`` goes through a proxy (``HTTP(S)_PROXY``/``ALL_PROXY``, not bypassed by
+    ``NO_PROXY``), as botocore and requests send it."""
+    from urllib.request import getproxies, proxy_bypass
+
+    proxies = getproxies()
+    return bool(proxies.get(scheme) or proxies.get("all")) and not proxy_bypass(host)
+
+
 def tier_answers(config: Any, tier: str) -> None:
     """Refuse a ceph or hdfs tier whose endpoint nothing answers on, in seconds and in one line: an export or a tier
     copy otherwise ended in a 180-line botocore/aiohttp traceback ("Could not connect to the endpoint URL"), exit 1,
@@ -37,6 +46,8 @@ def tier_answers(config: Any, tier: str) -> None:
     if spec is None or not isinstance(url, str):  # an unknown tier: the export names the configured ones
         return
     parts = urlsplit(url)
+    if _through_proxy(parts.scheme, parts.hostname or ""):  # boto and requests go through it: a direct connect
+        return  # would refuse a tier they reach
     port = parts.port or {"https": 443, "http": 80}.get(parts.scheme, 9870)  # webhdfs: the NameNode's HTTP port
     try:
         with socket.create_connection((parts.hostname, port), timeout=TIER_CONNECT_TIMEOUT_S):

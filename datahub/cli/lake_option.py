@@ -81,11 +81,21 @@ def _holds_tables(root: Path) -> bool:
     if (root / "_delta_log").is_dir():  # a table itself (its _delta_log, _change_data are not a lake's state)
         return False
     try:
-        children = list(root.iterdir())
-        return not children or any(child.name.startswith("_") or (child / "_delta_log").is_dir()
-                                   for child in children if child.is_dir())  # empty: a lake-to-be, as before
+        children = [child for child in root.iterdir() if not _not_a_lakes(child.name)]
+        return not children or _holds_state(children)  # empty: a lake-to-be, as before
     except OSError:  # unreadable: the command's own read says why
         return True
+
+
+def _not_a_lakes(name: str) -> bool:
+    """Names a fresh lake directory may hold that are not the lake's: hidden files (``.gitkeep``, ``.snapshot``)
+    and a mount's ``lost+found``."""
+    return name.startswith(".") or name == "lost+found"
+
+
+def _holds_state(children: list[Path]) -> bool:
+    """Whether any of a directory's ``children`` is a Delta table or datahub's own state (``_...``)."""
+    return any(child.name.startswith("_") or (child / "_delta_log").is_dir() for child in children if child.is_dir())
 
 
 def _lakes_under(ref: str, root: str) -> str:
@@ -96,7 +106,9 @@ def _lakes_under(ref: str, root: str) -> str:
         parent = ref.rstrip("/").rsplit("/", 1)[0] if "/" in ref.rstrip("/") else "."
         return f"; it is the Delta table {base.name!r} of a lake: e.g. --lake {parent}"
     try:
-        lakes = sorted(child.name for child in base.iterdir() if child.is_dir() and _holds_tables(child))
+        lakes = sorted(child.name for child in base.iterdir()  # holding tables or state: not any empty directory
+                       if child.is_dir() and not _not_a_lakes(child.name) and not (child / "_delta_log").is_dir()
+                       and _holds_state(list(child.iterdir())))
     except OSError:
         lakes = []
     if not lakes:

@@ -11,6 +11,7 @@ import errno
 import importlib
 import pkgutil
 import sys
+from typing import Any
 
 import typer
 
@@ -18,6 +19,8 @@ try:  # typer >= 0.22 carries its own copy of click; its usage errors are of tha
     from typer._click import exceptions as _click_errors
 except ImportError:  # pragma: no cover - a typer on the click package
     from click import exceptions as _click_errors  # type: ignore[no-redef]
+# click < 8.2 has no NoArgsIsHelpError: an `except` naming a missing attribute turned every error into a traceback
+_NO_ARGS_IS_HELP: Any = getattr(_click_errors, "NoArgsIsHelpError", ())
 
 from datahub import __version__
 from datahub.allocator import use_system_allocator
@@ -68,8 +71,8 @@ def _flags_show_no_value() -> None:
     if shown is None:  # another typer: nothing printed a type to hide
         return
 
-    def display_type_rich(self: TyperOption, ctx: object) -> str | None:
-        return None if self.is_flag else shown(self, ctx)
+    def display_type_rich(self: TyperOption, *args: Any, **kwargs: Any) -> str | None:
+        return None if self.is_flag else shown(self, *args, **kwargs)
 
     setattr(TyperOption, "display_type_rich", display_type_rich)
 
@@ -103,7 +106,7 @@ def _run() -> int:
             use_system_allocator()
         status = app(standalone_mode=False)  # usage errors come here, printed as every other error is
         return status if isinstance(status, int) else 0
-    except _click_errors.NoArgsIsHelpError as exc:  # `datahub tier`: its help is printed already
+    except _NO_ARGS_IS_HELP as exc:  # `datahub tier`: its help is printed already
         return exc.exit_code
     except _click_errors.ClickException as exc:
         from datahub.cli.output import console, plain

@@ -210,6 +210,15 @@ def test_a_directory_above_the_lake_is_an_error_naming_the_lakes_in_it(small_lak
     empty = tmp_path / "empty"  # a lake-to-be (made by hand or a deploy) reads as an empty lake, as before
     empty.mkdir()
     assert "no lake at" not in datahub(*command, "--lake", str(empty)).stderr
+    (empty / "lost+found").mkdir()  # a fresh mount, a kept directory: still a lake-to-be (reviewer-ux39 #2)
+    (empty / ".gitkeep").write_text("")
+    assert "no lake at" not in datahub(*command, "--lake", str(empty)).stderr
+    above_fresh = tmp_path / "fresh"  # a directory of empty directories names none of them as a lake
+    (above_fresh / "lost+found").mkdir(parents=True)
+    (above_fresh / "notes").mkdir()
+    (above_fresh / "notes" / "a.txt").write_text("x\n")
+    assert_clean_error(datahub(*command, "--lake", str(above_fresh)), f"no lake at {above_fresh} (no Delta table in "
+                                                                      "it); check the path")
 
 
 def test_tier_apply_to_a_ceph_tier_nothing_answers_on_is_one_line_naming_it(exported, tmp_path, monkeypatch):
@@ -224,3 +233,51 @@ def test_tier_apply_to_a_ceph_tier_nothing_answers_on_is_one_line_naming_it(expo
     out = datahub("tier", "apply", "--lake", str(lake), "--storage", str(storage), "--release", "r1",
                   "--tiers", "cfs,ceph")
     assert_clean_error(out, f"{storage}: tiers.ceph.endpoint_url http://127.0.0.1:9: nothing answers (")
+
+
+def test_the_tier_check_leaves_a_tier_reached_through_a_proxy_to_the_client():
+    """boto and WebHDFS (requests) honour HTTP(S)_PROXY; a direct TCP connect to a host only the proxy reaches
+    refused a working tier ("host not found", exit 2; reviewer-ux39 #1). NO_PROXY hosts are still checked."""
+    from types import SimpleNamespace
+
+    from datahub.cli.arguments import tier_answers
+    from datahub.errors import StorageError
+
+    config = SimpleNamespace(source="storage.yaml", tiers={"ceph": SimpleNamespace(
+        kind="ceph", endpoint_url="http://rgw.invalid:7480")})
+    proxied = {"HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": ""}
+    direct = {"HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": "rgw.invalid"}
+    saved = {k: os.environ.get(k) for k in ("HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy", "ALL_PROXY",
+                                             "all_proxy")}
+    try:
+        for key in saved:
+            os.environ.pop(key, None)
+        os.environ.update(proxied)
+        tier_answers(config, "ceph")  # the proxy's business: no refusal here
+        os.environ.update(direct)
+        with pytest.raises(StorageError, match="rgw.invalid"):
+            tier_answers(config, "ceph")
+        os.environ.pop("HTTP_PROXY")
+        os.environ.pop("NO_PROXY")
+        with pytest.raises(StorageError, match="nothing answers"):
+            tier_answers(config, "ceph")
+    finally:
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
+
+
+def test_errors_stay_one_line_on_a_click_without_no_args_is_help_error(tmp_path):
+    """click < 8.2 (typer >= 0.12 allows it) has no NoArgsIsHelpError: naming it in an `except` turned every error
+    into an AttributeError traceback (reviewer-ux39 #3)."""
+    script = (
+        "import sys\n"
+        "try:\n    from typer._click import exceptions as e\nexcept ImportError:\n    from click import exceptions as e\n"
+        "del e.NoArgsIsHelpError\n"
+        "from datahub.cli.main import _run\n"
+        f"sys.argv = ['datahub', 'runs', '--lake', {str(tmp_path / 'missing' / 'lake')!r}]\n"
+        "sys.exit(_run())\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "error:" in out.stderr
