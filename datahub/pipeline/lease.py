@@ -285,8 +285,9 @@ class JobLease:
     """The lease of one job on one lake; use as a context manager around a run.
 
     ``with JobLease(lake, "demo"):`` acquires (or raises ``RunLockedError``), renews every
-    ``ttl_s / 4`` seconds from a daemon thread, and releases on exit. A SIGKILLed holder leaves
-    its lease behind: the next run takes it over (holder gone on this host, or expired).
+    ``ttl_s / 4`` seconds from a daemon thread, and releases on exit; an exception leaves it behind expired
+    with its plan unless ``keep_on_failure`` was cleared. A SIGKILLed holder leaves its lease behind: the next
+    run takes it over (holder gone on this host, or expired).
     """
 
     def __init__(self, lake: Lake, job: str, *, ttl_s: float = DEFAULT_TTL_S, source: str | None = None,
@@ -305,6 +306,10 @@ class JobLease:
         self._thread: threading.Thread | None = None
         self.lost: str | None = None
         self.took_over: LeaseInfo | None = None
+        # Whether an exception leaves the lease behind (expired, plan kept) rather than deleting it. True unless the
+        # holder says otherwise: ``run_job`` clears it while its run has committed nothing (nothing to complete, so
+        # a clean failure frees the job) and sets it again before its first commit.
+        self.keep_on_failure = True
 
     @property
     def info(self) -> LeaseInfo:
@@ -403,7 +408,8 @@ class JobLease:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        # Any failure leaves the lease behind, expired, with the run's plan: Ctrl-C and SystemExit
-        # record no failed runs row at all, and an error's failed row may not reach the lake
-        # either (storage down): the lease is then the only record of what this run had started.
-        self.release(interrupted=exc_type is not None)
+        # A failure once the run may have committed leaves the lease behind, expired, with the run's plan:
+        # Ctrl-C and SystemExit record no failed runs row at all, and an error's failed row may not reach the lake
+        # either (storage down): the lease is then the only record of what this run had started. A failure before
+        # that (``keep_on_failure`` cleared) has nothing to complete: the lease is deleted as after a success.
+        self.release(interrupted=exc_type is not None and self.keep_on_failure)

@@ -50,6 +50,7 @@ class PendingRun:
     full: bool
     origin: str  # how we know of it, for messages
     job_hash: str | None = None  # the spec it ran (None: recorded before datahub kept it)
+    recorded: bool = False  # its plan is in a runs row (a failed run), not only in the lease it left
 
 
 def pending_run(runs: pa.Table, job: str, took_over: LeaseInfo | None) -> PendingRun | None:
@@ -69,7 +70,8 @@ def pending_run(runs: pa.Table, job: str, took_over: LeaseInfo | None) -> Pendin
         return None
     row = max(failed, key=lambda r: r["finished"])
     inputs = tuple((i["uri"], int(i["size"]), i["etag"] or i["mtime"]) for i in row["inputs"] or [])
-    return PendingRun(row["run_id"], inputs, bool(row.get("full")), "failed run (its runs row)", row.get("job_hash"))
+    return PendingRun(row["run_id"], inputs, bool(row.get("full")), "failed run (its runs row)", row.get("job_hash"),
+                      recorded=True)
 
 
 def planned_files(pending: PendingRun, listed: list[InputFile], lake: Lake, *, source: str,

@@ -203,6 +203,9 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
                 source: str, pending: PendingRun | None = None, qa_gate: QAGate | None = None) -> RunResult:
     started = datetime.now(timezone.utc)
     t0 = time.perf_counter()
+    # Until its first commit a new run has nothing to complete, so a failure frees the lease. A run completing a
+    # killed one whose plan only the lease held (no runs row) keeps it there on failure: that run may have committed.
+    lease.keep_on_failure = pending is not None and not pending.recorded
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
     history = previous_runs(lake, spec.name)
     listing = list_job_inputs(spec, lake, source=source, history=history, full=full)
@@ -242,6 +245,7 @@ def _run_leased(spec: JobSpec, graph: Graph, *, lease: JobLease, full: bool, eng
         sinks = execute_graph(graph, files, context, staging)
         checkpoint("after_graph")
         lease.ensure_held()
+        lease.keep_on_failure = True  # from here a failure may leave commits behind: the lease keeps the plan
         context.report("commit", 0)
         replace = _job_rows_predicate(spec.name) if full else None
         samples_sinks = [s for s in sinks.values() if isinstance(s, tuple)]

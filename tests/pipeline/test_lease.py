@@ -12,6 +12,7 @@ import pytest
 from datahub.errors import RunLockedError
 from datahub.lake import Lake
 from datahub.pipeline.lease import JobLease, list_leases, read_lease
+from datahub.pipeline.run import run_job
 from tests.ceph import ceph_s3  # noqa: F401
 
 
@@ -143,3 +144,57 @@ def test_taking_over_a_failed_runs_lease_names_it_not_an_expiry_of_1970(tmp_path
     expiry = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(raw["expires"]))
     assert "took over stale lease" in caplog.text and f"expires {expiry}" in caplog.text
     gone.release()
+
+
+def test_a_run_that_fails_before_its_first_commit_releases_its_lease(tmp_path, monkeypatch, caplog):
+    """A run that raises (or is interrupted with Ctrl-C) before committing anything has nothing to complete: it
+    deletes its lease, so the next run takes over nothing, `runs` lists no 'interrupted (killed?)' run, and an error
+    before the plan (an input matching no file) leaves no lease at all. A failure once commits have begun keeps the
+    lease behind with its plan (test_crash_safety.py::test_failed_run_leaves_its_plan_in_the_lease), as a kill does."""
+    import logging
+
+    import datahub.pipeline.run as run_module
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.errors import SpecError
+    from datahub.pipeline.faults import KILL_AT_ENV
+    from datahub.pipeline.history import list_runs
+    from tests.pipeline.corpus import job_raw, make_corpus
+
+    lake_root = tmp_path / "lake"
+    lease_path = lake_root / "_leases" / "crashjob.json"
+    spec = validate_job_spec(job_raw(tmp_path / "corpus", lake_root))
+    with pytest.raises(SpecError, match="matches no file"):  # before the plan: no run id yet
+        run_job(spec, engine=ArrowEngine())
+    assert not lease_path.exists()
+    assert list_runs(Lake(lake_root)) == []
+
+    make_corpus(tmp_path / "corpus", files=2, per_file=5)
+    real_execute = run_module.execute_graph
+
+    def fails_after_the_graph(*args, **kwargs):
+        real_execute(*args, **kwargs)  # everything staged, nothing committed
+        raise RuntimeError("an operator failed")
+
+    monkeypatch.setattr(run_module, "execute_graph", fails_after_the_graph)
+    with pytest.raises(RuntimeError, match="an operator failed"):
+        run_job(spec, engine=ArrowEngine())
+    assert not lease_path.exists()
+    listed = list_runs(Lake(lake_root))
+    assert [r["status"] for r in listed] == ["failed"], listed  # its runs row says how to re-run; no lease entry
+    failed_id = listed[0]["run_id"]
+    monkeypatch.setattr(run_module, "execute_graph", real_execute)
+
+    monkeypatch.setenv(KILL_AT_ENV, "after_graph@SIGINT")  # Ctrl-C before the first commit
+    with pytest.raises(KeyboardInterrupt):
+        run_job(spec, engine=ArrowEngine())
+    monkeypatch.delenv(KILL_AT_ENV)
+    assert not lease_path.exists()
+    assert [r["status"] for r in list_runs(Lake(lake_root))] == ["failed"]
+
+    with caplog.at_level(logging.WARNING, logger="datahub.pipeline"):
+        result = run_job(spec, engine=ArrowEngine())
+    assert "took over" not in caplog.text
+    assert result.status == "succeeded" and result.run_id == failed_id
+    assert not lease_path.exists()
+    assert [r["status"] for r in list_runs(Lake(lake_root))] == ["failed (resumed)", "succeeded"]
