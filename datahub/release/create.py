@@ -127,6 +127,7 @@ def create_release(
                       released_notes=notes.merged() if allowed is not None else None,
                       allow_contamination=allow_contamination,
                       contamination_check=check_key(found.evalset_digests, found.ngram, found.matcher),
+                      evalset_digests=found.evalset_digests,
                       extra_lineage=dropped, run_ids=run_ids, jobs=jobs, params=params, fix=fix, progress=progress)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.errors import EvalSetsChangedError
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.progress import Progress
@@ -27,6 +28,23 @@ def registered_digests(lake: Lake) -> dict[str, str]:
     from datahub.evalset.registry import list_evalsets
 
     return {f"{s.name}@{s.version}": s.digest for s in list_evalsets(lake)}
+
+
+def refuse_evalsets_since(lake: Lake, name: str, checked_against: dict[str, str], *, written: bool = False) -> None:
+    """Refuse release ``name`` (``EvalSetsChangedError``: retryable) when the eval sets registered now are not
+    ``checked_against`` (``name@version`` -> digest: those its rows were checked against): one was registered since
+    they were checked, so nobody checked them against it. ``written``: its rows (and lineage) are committed, its
+    record is not; the same command finishes it (``freeze`` repairs a release whose record is missing)."""
+    registered = registered_digests(lake)
+    if registered == checked_against:
+        return
+    changed = sorted(key for key in registered if checked_against.get(key) != registered[key])
+    state = ("Its rows are written but its release record is not (nothing ships without it)" if written
+             else "Nothing was written")
+    raise EvalSetsChangedError(
+        f"release {name!r} refused: eval set(s) {', '.join(changed) or 'removed'} registered since its rows were "
+        f"checked against [{', '.join(sorted(checked_against)) or 'no eval set'}] only. {state}: run the same "
+        "command again (it checks the rows against every eval set registered then)")
 
 
 def same_basis(checks: Iterable[dict[str, Any]], registered: dict[str, str]) -> bool:

@@ -29,6 +29,7 @@ from datahub.lake.tables import LINEAGE
 from datahub.lake.scan import scan_batches
 from datahub.progress import Progress, counted
 from datahub.release.digest import DIGEST_SCHEME, digest_sum
+from datahub.release.evalset_gate import refuse_evalsets_since
 from datahub.release.materialize import commit_rows
 from datahub.release.records import RELEASES, RELEASES_TABLE, Release, get_release, release_exists
 
@@ -328,6 +329,7 @@ def freeze(
     released_notes: Iterable[pa.Table] | None = None,
     allow_contamination: str | None = None,
     contamination_check: str | None = None,
+    evalset_digests: dict[str, str] | None = None,
     params: dict[str, Any] | None = None,
     fix: str = "",
     progress: Progress | None = None,
@@ -351,6 +353,13 @@ def freeze(
     together with the frozen table, version and digest; a re-run after a crash between the lineage and the
     ``releases`` commit that would record other ones is refused, naming ``fix`` (``refuse_other_try``).
     ``progress`` gets the rows of the id pass (``samples``) and the lineage rows written (``lineage``).
+    ``evalset_digests``: the eval sets (``name@version`` -> digest) the release's rows were checked against (the
+    gates of create, merge and redact; {} when none was registered). The registry is read again right before the
+    lineage commit and right before the record's, and the release is refused (``EvalSetsChangedError``, retryable)
+    when a set was registered since: the record is the release, and one committed after a registration nobody
+    checked its rows against would ship them unchecked. What stays open is the time between that last read and the
+    record's commit (one small Delta commit): the two tables have no common transaction, and a set registered in it
+    counts as registered after the release.
     """
     # The release is read by time travel: the frozen table must keep its log even when another
     # writer (Spark add-actions, an older datahub) created it without the property.
@@ -384,6 +393,8 @@ def freeze(
                 _late_notes(lake, name, released, runs.merged(), notes, allow_contamination, contamination_check,
                             ts)
         elif released.ids or extra is not None:
+            if evalset_digests is not None:  # a set registered while the rows were written: before the lineage
+                refuse_evalsets_since(lake, name, evalset_digests, written=True)
             chunks = _lineage_chunks(name, released, runs.merged(), ts, extra, notes)
             commit_rows(lake, "lineage", counted(chunks, progress, "lineage", total=None, rows=len),
                         schema=LINEAGE, txn=txn, row_group_rows=LINEAGE_CHUNK_ROWS,
@@ -408,6 +419,8 @@ def freeze(
         "qa_status": qa_status,
         "details": json.dumps(details or {}, sort_keys=True, default=str),
     }
+    if evalset_digests is not None:  # ... or while the lineage was: the last read before the record is committed
+        refuse_evalsets_since(lake, name, evalset_digests, written=True)
     committed = lake.commit(RELEASES_TABLE, pa.Table.from_pylist([row], RELEASES), txn=txn,
                             metadata={"datahub.release": name})
     if committed is None:  # a concurrent creator of the same name won

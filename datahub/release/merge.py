@@ -314,6 +314,7 @@ def _merged(lake: Lake, new: str, parents: list[Release], params: dict[str, Any]
             creator=creator, details=details, extra_lineage=drops.lineage(), reason_column=SOURCE_COLUMN,
             reason_prefix="merged_from:", released_notes=notes,
             allow_contamination=allow_contamination, contamination_check=_check_key(contamination),
+            evalset_digests=_checked_digests(contamination),
             run_ids=sorted({r for p in parents for r in p.run_ids}), jobs=sorted({j for p in parents for j in p.jobs}),
             params=params, fix=_FIX, progress=progress,
         )
@@ -331,6 +332,12 @@ def _check_key(contamination: dict[str, Any] | None) -> str | None:
     digests = {name: digest for check in checks for name, digest in (check.get("evalset_digests") or {}).items()}
     return check_key(digests, int(checks[0].get("ngram") or 0) if checks else 0,
                      checks[0].get("matcher") if checks else None)
+
+
+def _checked_digests(contamination: dict[str, Any] | None) -> dict[str, str]:
+    """``name@version`` -> digest of the eval sets the gate checked every input against ({}: none registered)."""
+    checks = list(((contamination or {}).get("releases") or {}).values())
+    return {name: digest for check in checks for name, digest in (check.get("evalset_digests") or {}).items()}
 
 
 def _contamination_gate(lake: Lake, new: str, parents: list[Release], allowed: str | None, notes: SortedRuns, *,

@@ -20,13 +20,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from datahub.errors import EvalSetsChangedError, ReleaseError
+from datahub.errors import ReleaseError
 from datahub.lake.external_sort import SortedRuns
 from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.progress import Progress, counted
 from datahub.release.evalset_gate import (NOTES, NOTHING_TO_CHECK, allowed_of, contamination_notes, no_notes,
-                                          not_carried, recorded_clean_checks, registered_digests, rows_done)
+                                          not_carried, recorded_clean_checks, refuse_evalsets_since,
+                                          registered_digests, rows_done)
 from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
                                     refuse_other_try, refuse_taken, release_txn)
 from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, RangeSplit, SortedIds, add_taken,
@@ -286,7 +287,8 @@ def redact(
                           contamination_check=None if checked is None else check_key(
                               checked["evalset_digests"], checked["ngram"], checked["matcher"]),
                           run_ids=list(parent.run_ids), jobs=list(parent.jobs), params=params,
-                          fix="the same --from, --reason and samples", progress=progress)
+                          fix="the same --from, --reason and samples", evalset_digests=_checked_against(checked),
+                          progress=progress)
 
 
 def _contamination_gate(lake: Lake, new: str, parent: Release, *, allow_contamination: str | None,
@@ -346,16 +348,13 @@ def _contamination_gate(lake: Lake, new: str, parent: Release, *, allow_contamin
 def _refuse_evalsets_since(lake: Lake, new: str, checked: dict[str, Any] | None) -> None:
     """Refuse release ``new`` before its rows are written when the eval sets registered now are not those its rows
     were checked against (``checked``; None: none): one was registered while they were checked, or since. (One
-    registered while they are written is not checked: the window create has between its check and its freeze.)"""
-    checked_against = (checked or {}).get("evalset_digests") or {}
-    registered = registered_digests(lake)
-    if registered == checked_against:
-        return
-    changed = sorted(name for name in registered if checked_against.get(name) != registered[name])
-    raise EvalSetsChangedError(
-        f"release {new!r} refused: eval set(s) {', '.join(changed) or 'removed'} registered since its rows were "
-        f"checked against [{', '.join(sorted(checked_against)) or 'no eval set'}] only. Nothing was written: run "
-        "the same command again (it checks the rows that stay against every eval set registered then)")
+    registered while they are written is refused by ``freeze``, before the lineage and before the record.)"""
+    refuse_evalsets_since(lake, new, _checked_against(checked))
+
+
+def _checked_against(checked: dict[str, Any] | None) -> dict[str, str]:
+    """``name@version`` -> digest of the eval sets the gate's check (``checked``; None: none registered) read."""
+    return dict((checked or {}).get("evalset_digests") or {})
 
 
 def _ids_sha256(ids: SortedIds) -> str:
