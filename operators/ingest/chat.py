@@ -20,7 +20,7 @@ from typing import Any
 
 from datahub.kinds.posttraining import ROLES, canonical_json, render_messages
 from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
-from operators.ingest.compression import InvalidStreamError, decompress
+from operators.ingest.jsonl import json_objects
 
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
                   "system": "system", "function_call": "assistant", "observation": "tool", "tool": "tool",
@@ -46,59 +46,17 @@ class JsonRecordsReader(Reader):
         raise NotImplementedError
 
     def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:
-        line_no = 0
-        with self.open(file) as raw_stream:
-            stream = decompress(raw_stream, file.uri)
-            while True:
-                try:
-                    line = stream.readline(self.max_record_bytes + 2)
-                except InvalidStreamError as exc:
-                    buffer.quarantine(0, "invalid_stream", str(exc), None)
-                    yield None
-                    return
-                except (EOFError, OSError) as exc:
-                    buffer.quarantine(line_no + 1, "truncated_file", f"{type(exc).__name__}: {exc} after line {line_no}", None)
-                    yield None
-                    return
-                if not line:
-                    return
-                line_no += 1
-                if len(line) > self.max_record_bytes + 1 and not line.endswith(b"\n"):
-                    size = len(line)
-                    while True:
-                        more = stream.readline(1 << 20)
-                        size += len(more)
-                        if not more or more.endswith(b"\n"):
-                            break
-                    buffer.quarantine(line_no, "oversize", f"line of >= {size} bytes > max_record_bytes={self.max_record_bytes}", line)
-                    yield None
-                    continue
-                line = line.rstrip(b"\r\n")
-                if not line.strip():
-                    continue
-                text = self.decode(line, line_no, buffer)
-                if text is None:
-                    yield None
-                    continue
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as exc:
-                    buffer.quarantine(line_no, "invalid_json", str(exc), line)
-                    yield None
-                    continue
-                if not isinstance(record, dict):
-                    buffer.quarantine(line_no, "not_an_object", f"JSON {type(record).__name__}, expected an object", line)
-                    yield None
-                    continue
+        for item in json_objects(self, file, buffer):
+            if item is not None:
+                line_no, record, line = item
                 try:
                     samples = self.parse(record)
                 except RecordError as exc:
                     buffer.quarantine(line_no, exc.reason, str(exc), line)
-                    yield None
-                    continue
-                for body, fields, meta in samples:
-                    buffer.sample(body, line_no, meta, fields=fields)
-                yield None
+                else:
+                    for body, fields, meta in samples:
+                        buffer.sample(body, line_no, meta, fields=fields)
+            yield None
 
 
 def content_text(value: Any, where: str) -> str | None:

@@ -16,11 +16,10 @@ The caption is the input's ``text_field`` (``caption`` for LAION-style files). T
 
 from __future__ import annotations
 
-import io
 import json
 import posixpath
 from collections.abc import Iterator
-from typing import Any, cast
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -28,6 +27,7 @@ from datahub.errors import TransientError
 from datahub.kinds.media import (IMAGE, IMAGE_BYTE_SIZE, IMAGE_FORMAT, IMAGE_HEIGHT, IMAGE_SHA256, IMAGE_URI,
                                  IMAGE_WIDTH)
 from operators.ingest.base import RAW_PREVIEW_BYTES, InputFile, Reader, _Buffer, register_reader, text_field_problem
+from operators.ingest.jsonl import json_objects
 from operators.ingest.stream import StorageStream
 from operators.media.checks import MediaProblem, inspect_image
 
@@ -36,17 +36,24 @@ PATH_FIELDS = ("image_path", "image_uri", "image_url", "path", "url")
 
 
 def add_image_record(buffer: _Buffer, *, offset: int, caption: Any, image: bytes | None, image_uri: str | None,
-                     meta: dict[str, Any] | None, max_record_bytes: int, caption_field: str = "text") -> None:
-    """Check one image-text record and add it to ``buffer`` as a sample or a quarantine row."""
+                     meta: dict[str, Any] | None, max_record_bytes: int, caption_field: str = "text",
+                     record: bytes | None = None, fields: list[str] | None = None) -> None:
+    """Check one image-text record and add it to ``buffer`` as a sample or a quarantine row.
+
+    ``record`` (the raw record, e.g. its JSON line) is what a record-level problem (no caption, no image) keeps in
+    quarantine, and ``fields`` the record's field names its detail lists; a media problem keeps the image bytes.
+    """
     if not isinstance(caption, str):
         reason = "missing_caption" if caption is None else "caption_not_a_string"
-        detail = text_field_problem(caption_field, caption, caption is None, sorted(meta or {}))
-        buffer.quarantine(offset, reason, detail, json.dumps(meta, default=str).encode() if meta else None)
+        detail = text_field_problem(caption_field, caption, caption is None, sorted(meta or {}) if fields is None else fields)
+        if record is None and meta:
+            record = json.dumps(meta, default=str).encode()
+        buffer.quarantine(offset, reason, detail, record)
         return
     if image is None:
         buffer.quarantine(offset, "missing_image", f"record {offset}: no image bytes and no image path "
                           f"(looked for columns {', '.join(BYTES_COLUMNS)} and fields {', '.join(PATH_FIELDS)})",
-                          caption.encode("utf-8"))
+                          caption.encode("utf-8") if record is None else record)
         return
     if len(image) > max_record_bytes:
         buffer.quarantine(offset, "oversize", f"image of {len(image)} bytes > max_record_bytes={max_record_bytes}",
@@ -99,34 +106,42 @@ class _ImageRecords:
         self.max_record_bytes = max_record_bytes
         self.batch_rows = max(1, min(batch_rows, IMAGE_BATCH_ROWS))
 
-    def add(self, file: InputFile, buffer: _Buffer, offset: int, record: dict[str, Any]) -> None:
+    def add(self, file: InputFile, buffer: _Buffer, offset: int, record: dict[str, Any], *,
+            raw: bytes | None = None) -> None:
+        """Check one record (its fields; ``raw``: the record as read, kept if it is quarantined)."""
+        fields = list(record)
         caption = record.pop(file.text_field, None)
         image: bytes | None = None
         uri: str | None = None
+        reference: str | None = None
         for name in BYTES_COLUMNS:
             value = record.get(name)
-            if isinstance(value, dict):  # datasets.Image: {"bytes": ..., "path": ...}
+            if isinstance(value, dict):  # datasets.Image: {"bytes": ..., "path": ...}; bytes null when not embedded
                 record.pop(name)
                 image, path = value.get("bytes"), value.get("path")
-                uri = resolve(path, file.uri) if isinstance(path, str) and path else None
+                if isinstance(path, str) and path:
+                    uri = resolve(path, file.uri)
+                    reference = path if image is None else None
                 break
             if isinstance(value, (bytes, bytearray)):
                 image = bytes(record.pop(name))
                 break
-        if image is None:
+        if image is None and reference is None:
             for name in PATH_FIELDS:
-                reference = record.get(name)
-                if isinstance(reference, str) and reference:
+                value = record.get(name)
+                if isinstance(value, str) and value:
                     record.pop(name)
-                    uri = resolve(reference, file.uri)
-                    image, missing = fetch(uri, file)
-                    if image is None:
-                        buffer.quarantine(offset, "image_not_found", f"record {offset}: {uri}: {missing}",
-                                          json.dumps({name: reference}).encode())
-                        return
+                    reference, uri = value, resolve(value, file.uri)
                     break
+        if image is None and reference is not None and uri is not None:
+            image, missing = fetch(uri, file)
+            if image is None:
+                buffer.quarantine(offset, "image_not_found", f"record {offset}: {uri}: {missing}",
+                                  raw if raw is not None else json.dumps({"path": reference}).encode())
+                return
         add_image_record(buffer, offset=offset, caption=caption, image=image, image_uri=uri, meta=record,
-                         max_record_bytes=self.max_record_bytes, caption_field=file.text_field)
+                         max_record_bytes=self.max_record_bytes, caption_field=file.text_field, record=raw,
+                         fields=fields)
 
 
 @register_reader
@@ -150,30 +165,15 @@ class ImageParquetReader(_ImageRecords, Reader):
 
 @register_reader
 class ImageJsonlReader(_ImageRecords, Reader):
-    """JSON Lines of (caption, image path or URI); ``source_offset`` = 1-based line number."""
+    """JSON Lines (plain, .gz, .zst) of (caption, image path or URI); ``source_offset`` = 1-based line number."""
 
     format = "jsonl"
     kinds = ("image_text",)
-    suffixes = (".jsonl", ".ndjson")
+    suffixes = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".json.gz", ".ndjson", ".jsonl.zstd")
 
     def records(self, file: InputFile, buffer: _Buffer) -> Iterator[None]:
-        with self.open(file) as raw, io.BufferedReader(cast(io.RawIOBase, raw), 1 << 20) as stream:
-            for line_no, line in enumerate(stream, start=1):
-                if not line.strip():
-                    continue
-                if len(line) > self.max_record_bytes:
-                    buffer.quarantine(line_no, "oversize", f"line of {len(line)} bytes > max_record_bytes="
-                                      f"{self.max_record_bytes}", line[:RAW_PREVIEW_BYTES])
-                    yield None
-                    continue
-                try:
-                    record = json.loads(line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    buffer.quarantine(line_no, "invalid_json", str(exc), line)
-                    yield None
-                    continue
-                if not isinstance(record, dict):
-                    buffer.quarantine(line_no, "not_an_object", f"JSON {type(record).__name__}, expected an object", line)
-                else:
-                    self.add(file, buffer, line_no, record)
-                yield None
+        for item in json_objects(self, file, buffer):
+            if item is not None:
+                line_no, record, line = item
+                self.add(file, buffer, line_no, record, raw=line)
+            yield None

@@ -4,6 +4,8 @@ A sample is the run of consecutive tar members sharing a key (the member path up
 file name, as ``webdataset`` groups them): ``KEY.jpg`` / ``.jpeg`` / ``.png`` / ``.webp`` (the image),
 ``KEY.txt`` (the caption) and ``KEY.json`` (metadata; its ``caption`` field when there is no ``.txt``).
 ``source_offset`` = the sample's ordinal in the shard (0-based); ``meta`` = the JSON object plus ``key``.
+A member larger than ``max_record_bytes`` (image, caption or JSON) is not read: its sample is quarantined as
+``oversize`` naming the member.
 Bad samples (no image, no caption, bad JSON, bad media) are quarantined with the reason; a shard that breaks
 off mid-way keeps the samples read before the break and quarantines the rest as one ``unreadable_file``.
 """
@@ -14,9 +16,10 @@ import json
 import re
 import tarfile
 from collections.abc import Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
-from operators.ingest.base import InputFile, Reader, _Buffer, register_reader
+from operators.ingest.base import RAW_PREVIEW_BYTES, InputFile, Reader, _Buffer, register_reader
 from operators.ingest.media import IMAGE_BATCH_ROWS, add_image_record
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
@@ -27,6 +30,14 @@ def split_key(path: str) -> tuple[str, str] | None:
     """``(key, extension)`` of a member path, extension lowercased; None for a name without one."""
     match = _KEY.match(path)
     return (match.group(1), match.group(2).lower()) if match else None
+
+
+@dataclass(frozen=True)
+class Oversize:
+    """A member larger than ``max_record_bytes``: its first bytes and its size, not its body."""
+
+    preview: bytes
+    size: int
 
 
 @register_reader
@@ -42,7 +53,7 @@ class WebDatasetReader(Reader):
         with self.open(file) as stream, tarfile.open(fileobj=stream, mode="r|*") as tar:
             ordinal = 0
             key: str | None = None
-            members: dict[str, bytes] = {}
+            members: dict[str, bytes | Oversize] = {}
             for info in tar:
                 if not info.isfile():
                     continue
@@ -56,12 +67,27 @@ class WebDatasetReader(Reader):
                     yield None
                 key = parts[0]
                 handle = tar.extractfile(info)
-                members[parts[1]] = handle.read() if handle is not None else b""
+                if handle is None:
+                    members[parts[1]] = b""
+                elif info.size > self.max_record_bytes:  # never held whole: a preview, and the size for the detail
+                    members[parts[1]] = Oversize(handle.read(RAW_PREVIEW_BYTES), info.size)
+                else:
+                    members[parts[1]] = handle.read()
             if key is not None:
                 self._sample(file, buffer, ordinal, key, members)
                 yield None
 
-    def _sample(self, file: InputFile, buffer: _Buffer, ordinal: int, key: str, members: dict[str, bytes]) -> None:
+    def _sample(self, file: InputFile, buffer: _Buffer, ordinal: int, key: str,
+                members: dict[str, bytes | Oversize]) -> None:
+        big = [(ext, m) for ext, m in members.items() if isinstance(m, Oversize)]
+        if big:
+            ext, member = big[0]
+            buffer.quarantine(ordinal, "oversize", f"{key}.{ext}: {member.size} bytes > max_record_bytes="
+                              f"{self.max_record_bytes}", member.preview)
+            return
+        self._checked_sample(buffer, ordinal, key, cast(dict[str, bytes], members))
+
+    def _checked_sample(self, buffer: _Buffer, ordinal: int, key: str, members: dict[str, bytes]) -> None:
         meta: dict[str, Any] = {}
         if "json" in members:
             try:

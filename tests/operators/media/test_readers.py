@@ -106,3 +106,119 @@ def test_image_batches_are_bounded(tmp_path, demo_members):
     batches = list(reader_for("webdataset", "image_text")(max_record_bytes=20_000_000).read(file))
     sizes = [b.samples.num_rows for b in batches]
     assert sum(sizes) == 150 and max(sizes) <= 64
+
+
+def _refs(path: Path, lines: list[bytes]) -> Path:
+    path.write_bytes(b"".join(lines))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".jsonl.gz", ".jsonl.zst"])
+def test_compressed_image_jsonl_is_decompressed(tmp_path, demo_members, suffix):
+    """A gzip/zstd refs file was read as raw bytes: every record became one `invalid_json` of binary noise."""
+    import gzip
+
+    import zstandard
+
+    (tmp_path / "a.jpg").write_bytes(image_of(demo_members["img00000"]))
+    body = b"".join(json.dumps({"image_path": "a.jpg", "caption": f"cap {i}"}).encode() + b"\n" for i in range(3))
+    data = gzip.compress(body) if suffix.endswith("gz") else zstandard.ZstdCompressor().compress(body)
+    path = tmp_path / f"refs{suffix}"
+    path.write_bytes(data)
+    samples, bad = read(path, "jsonl", text_field="caption")
+    assert bad.num_rows == 0 and samples.column("text").to_pylist() == ["cap 0", "cap 1", "cap 2"]
+    assert samples.column("source_offset").to_pylist() == [1, 2, 3]
+
+
+def test_image_jsonl_bad_lines_name_the_reason_and_keep_the_record(tmp_path, demo_members):
+    (tmp_path / "a.jpg").write_bytes(image_of(demo_members["img00000"]))
+    path = _refs(tmp_path / "refs.jsonl", [
+        b'{"image_path": "a.jpg", "caption": "latin-1 \xe9t\xe9"}\n',   # not UTF-8: invalid_utf8, not invalid_json
+        b'{"image_path": "a.jpg"}\n',                                   # no caption: the record is kept, fields named
+        b'{"image_path": "a.jpg", "caption": 5}\n',
+        b'{"caption": "no image", "note": 1}\n',
+        b'{"image_path": "a.jpg", "caption": "good"}\n',
+    ])
+    samples, bad = read(path, "jsonl", text_field="caption")
+    assert samples.column("text").to_pylist() == ["good"]
+    rows = bad.to_pylist()
+    assert [r["reason"] for r in rows] == ["invalid_utf8", "missing_caption", "caption_not_a_string", "missing_image"]
+    assert [r["source_offset"] for r in rows] == [1, 2, 3, 4]
+    lines = path.read_bytes().splitlines(keepends=True)
+    for row, line in zip(rows, lines):
+        assert row["raw"].rstrip(b"\n") == line.rstrip(b"\n"), row  # the quarantined record is the line, whole
+    assert "'image_path'" in rows[1]["detail"]  # "its fields: 'image_path'", not "none"
+
+
+def _peak_of_reading(tmp_path: Path, path: Path, fmt: str, max_record_bytes: int) -> tuple[int, list[str]]:
+    """Peak Python allocation (tracemalloc) of reading ``path`` in a fresh interpreter, and the quarantine reasons."""
+    import subprocess
+    import sys
+
+    script = f"""
+import json, tracemalloc
+from operators.ingest.base import InputFile, reader_for
+path = {str(path)!r}
+f = InputFile(uri=path, size=0, etag="", mtime="", format={fmt!r}, text_field="caption", kind="image_text")
+tracemalloc.start()
+reasons = []
+for b in reader_for({fmt!r}, "image_text")(max_record_bytes={max_record_bytes}).read(f):
+    reasons += b.quarantine.column("reason").to_pylist()
+print(json.dumps([tracemalloc.get_traced_memory()[1], reasons]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         cwd=str(Path(__file__).resolve().parents[3]))
+    peak, reasons = json.loads(out.stdout.strip().splitlines()[-1])
+    return peak, reasons
+
+
+def test_an_oversize_image_jsonl_line_is_not_read_whole(tmp_path, demo_members):
+    """A 60 MB line under max_record_bytes=1 MB was read into memory whole (peak ~120 MB) before being refused."""
+    (tmp_path / "a.jpg").write_bytes(image_of(demo_members["img00000"]))
+    path = tmp_path / "big.jsonl"
+    with path.open("wb") as out:
+        out.write(b'{"caption": "' + b"x" * 60_000_000 + b'"}\n')
+        out.write(json.dumps({"image_path": "a.jpg", "caption": "small"}).encode() + b"\n")
+    peak, reasons = _peak_of_reading(tmp_path, path, "jsonl", 1_000_000)
+    assert reasons == ["oversize"]
+    assert peak < 20_000_000, peak
+
+
+def test_an_oversize_webdataset_member_is_not_read_whole(tmp_path, demo_members):
+    """A 60 MB member under max_record_bytes=1 MB was read whole before the size check (peak ~60 MB)."""
+    picture = image_of(demo_members["img00000"])
+    path = _shard(tmp_path / "s.tar", {"k1": {"jpg": b"\xff" * 60_000_000, "txt": b"big"},
+                                       "k2": {"jpg": picture, "txt": b"fine"}})
+    peak, reasons = _peak_of_reading(tmp_path, path, "webdataset", 1_000_000)
+    assert reasons == ["oversize"]
+    assert peak < 20_000_000, peak
+    samples, bad = read(path, "webdataset")  # the next sample is read after the skipped member
+    assert samples.column("text").to_pylist() == ["fine"]
+
+
+def test_webdataset_oversize_member_names_the_member(tmp_path, demo_members):
+    picture = image_of(demo_members["img00000"])
+    caption = b"x" * (len(picture) + 5000)  # a caption member over the limit: checked like the image
+    path = _shard(tmp_path / "s.tar", {"k1": {"jpg": picture, "txt": caption}, "k2": {"jpg": picture, "txt": b"ok"}})
+    file = InputFile(uri=str(path), size=path.stat().st_size, etag="", mtime="", format="webdataset", kind="image_text")
+    batches = list(reader_for("webdataset", "image_text")(max_record_bytes=len(picture) + 100).read(file))
+    bad = pa.concat_tables([b.quarantine for b in batches]).to_pylist()
+    samples = pa.concat_tables([b.samples for b in batches])
+    assert samples.column("text").to_pylist() == ["ok"]
+    assert [(r["reason"], r["source_offset"]) for r in bad] == [("oversize", 0)]
+    assert bad[0]["detail"].startswith(f"k1.txt: {len(caption)} bytes > max_record_bytes=")
+    assert bad[0]["raw"] == caption[:4096]  # a preview: the member was not read whole
+
+
+def test_parquet_datasets_image_struct_with_only_a_path_is_fetched(tmp_path, demo_members):
+    """datasets.Image stored as {bytes: None, path: ...} (not embedded) gave missing_image 'no image path'."""
+    picture = image_of(demo_members["img00000"])
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "a.jpg").write_bytes(picture)
+    pq.write_table(pa.table({"caption": ["by path", "gone"],
+                             "image": [{"bytes": None, "path": "pics/a.jpg"}, {"bytes": None, "path": "pics/no.jpg"}]}),
+                   tmp_path / "hf.parquet")
+    samples, bad = read(tmp_path / "hf.parquet", "parquet", text_field="caption")
+    assert samples.column("text").to_pylist() == ["by path"] and samples.column("image").to_pylist() == [picture]
+    assert samples.column("image_uri").to_pylist() == [str(tmp_path / "pics" / "a.jpg")]
+    assert bad.column("reason").to_pylist() == ["image_not_found"]
