@@ -3,6 +3,8 @@
 Memory stays bounded whatever the table's size: the eval n-gram index (8-12 bytes per n-gram), one batch of
 ``sample_id`` and ``text`` at a time, and the ids of the contaminated samples found, or, when the caller streams them
 (``hits=``), only a few examples: the ids then go through sorted runs spilled to local disk (``lake.external_sort``).
+A chat, preference or trajectory row is matched by its ``text`` and by views of its conversation columns
+(``operators.decontam.views``), so an eval item's question and answer inside a chat are caught as in a text sample.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from datahub.lake.tables import not_of_samples
 from operators.decontam.evalsets import load_index
 from operators.decontam import ngrams
 from operators.decontam.ngrams import DEFAULT_NGRAM, NgramIndex
+from operators.decontam.views import match_rows, matched_columns
 
 BATCH_ROWS = 1024  # ~5 MB of text per batch at 5 KB/doc; the n-gram arrays are ~10x the text
 HITS = pa.schema([("sample_id", pa.string()), ("ref", pa.string())])  # a contaminated sample and its first eval item
@@ -69,11 +72,11 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
 
     ``hits``: the contaminated samples are handed to it instead of being held, as ``HITS`` tables (sample_id, ref of
     its first eval item), in sample_id order, one row per sample; ``refs`` then keeps the first ``examples`` of them
-    (by sample_id). ``rows``: check these batches (``sample_id`` and ``text``; e.g. the rows of ``table`` at
+    (by sample_id). ``rows``: check these batches (``sample_id``, ``text`` and the conversation columns; e.g. the rows of ``table`` at
     ``version`` that a ``release redact`` keeps) instead of the whole version, which then only names what they are."""
     version = int(lake.table(table).version()) if version is None else version
-    problem = not_of_samples(table, lake.dataset(table, version).schema.names, reads="the eval-set check reads samples",
-                             lake_ref=lake.ref)
+    names = lake.dataset(table, version).schema.names
+    problem = not_of_samples(table, names, reads="the eval-set check reads samples", lake_ref=lake.ref)
     if problem is not None:
         raise SpecError(problem)
     # The sets checked against: those listed before the index is loaded, and those its refs name. Listed too, not
@@ -92,7 +95,7 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
         return Contamination(table, version, 0, checked, ngram=ngram, contaminated=None if hits is None else 0,
                              evalset_digests=digests, matcher=matcher)
     batches = _batches(rows, batch_rows) if rows is not None else scan_batches(
-        lake.dataset(table, version), columns=["sample_id", "text"], batch_rows=batch_rows)
+        lake.dataset(table, version), columns=matched_columns(names), batch_rows=batch_rows)
     if hits is not None:
         with SortedRuns(HITS, "sample_id") as found:  # a sample's first match, as the held dict keeps it
             scanned = _scan(batches, index, min_overlap, progress, found.add)
@@ -114,23 +117,23 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
 
 
 def _batches(rows: Iterable[pa.Table | pa.RecordBatch], batch_rows: int) -> Iterator[pa.RecordBatch]:
-    """``rows`` (``sample_id`` and ``text``) as record batches of at most ``batch_rows`` rows (the n-gram arrays of a
-    batch are ~10x its text)."""
+    """``rows`` (``sample_id``, ``text`` and the conversation columns present: ``views.matched_columns``) as record
+    batches of at most ``batch_rows`` rows (the n-gram arrays of a batch are ~10x its text)."""
     for block in rows:
         table = pa.Table.from_batches([block]) if isinstance(block, pa.RecordBatch) else block
-        yield from table.select(["sample_id", "text"]).to_batches(max_chunksize=batch_rows)
+        yield from table.select(matched_columns(table.column_names)).to_batches(max_chunksize=batch_rows)
 
 
 def _scan(batches: Iterable[pa.RecordBatch], index: NgramIndex, min_overlap: int,
           progress: Callable[[int], None] | None, found: Callable[[pa.Table], None]) -> int:
-    """The rows of ``batches`` read (``sample_id`` and ``text``, a batch at a time); each batch's contaminated
-    samples to ``found`` (``HITS``, null ids left out)."""
+    """The rows of ``batches`` read (``sample_id``, ``text`` and conversation columns, a batch at a time; matched by
+    ``views.match_rows``); each batch's contaminated samples to ``found`` (``HITS``, null ids left out)."""
     rows = 0
     # the batches come from scan_batches, not Dataset.scanner(): the matching is slower than decoding, and the
     # scanner's read-ahead queued decoded batches (220 MB of Arrow on 120 MB of text vs 28 MB; lake/scan.py)
     for batch in batches:
         rows += batch.num_rows
-        matches = index.match(batch.column("text"))
+        matches = match_rows(index, batch)
         hit = np.flatnonzero(matches.counts >= min_overlap)
         if len(hit):
             ids = batch.column("sample_id").take(pa.array(hit)).cast(pa.string())

@@ -25,16 +25,16 @@ from datahub.lake.lake import Lake
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.sample_id import sample_ids
 from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE
+from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES
 
 PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
 ANSWER_FIELDS = ("answer", "output", "target", "label", "solution", "canonical_solution", "completion", "response")
 ID_FIELDS = ("id", "item_id", "task_id", "question_id")  # HumanEval's task_id, MT-Bench's question_id
 # chat benchmarks: OpenAI messages, ShareGPT conversations, MT-Bench turns (a list of user turns)
 CONVERSATION_FIELDS = ("messages", "conversations", "turns")
-ANSWER_ROLES = frozenset({"assistant", "gpt", "model", "bot", "chatgpt"})
-# left out of an item: boilerplate shared across items and corpora (a default system prompt would mark every sample
-# carrying it as contaminated), or a tool's output rather than the benchmark's question
-SKIPPED_ROLES = frozenset({"system", "developer", "tool", "function", "observation", "function_call"})
+# left out of an item (SKIPPED_ROLES): boilerplate shared across items and corpora (a default system prompt would mark
+# every sample carrying it as contaminated), or a tool's output rather than the benchmark's question. The decontam
+# views (operators/decontam/views.py) build a chat sample's texts with the same roles.
 EVALSET_OP = "evalset.add@1"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 

@@ -237,9 +237,11 @@ def redact(
             removed.seal()
             # the eval-set gate, before contained_in reads every release of the lake: a refusal costs one pass less
             kept_rows = parent.row_count - removed_rows
+            from operators.decontam.views import matched_columns  # with the check, not with the package
+
             checked = _contamination_gate(
                 lake, new, parent, allow_contamination=allow_contamination, notes=notes, kept_rows=kept_rows,
-                kept=lambda: rows_kept(dataset, gone_checked, columns=["sample_id", "text"]), progress=progress)
+                kept=lambda: rows_kept(dataset, gone_checked, columns=matched_columns(dataset.schema.names)), progress=progress)
             if allow_contamination is None:  # the parent's reason, when it carried over
                 allowed = checked.get("allowed") if checked is not None else None
             if count and source_uri is not None:  # the given ids and the rows from the source

@@ -32,11 +32,12 @@ import pyarrow.compute as pc
 from operators.dedup.shingles import ShingleHasher, reference_shingle_hash, string_buffers
 
 DEFAULT_NGRAM = 13
-# The version of what decides a match: ``normalize_for_ngrams``, ``NgramHasher``'s words and hashes, and the index's
-# lookup. Bump it with any change that can make a text match other eval items (or none): a recorded clean eval-set
+# The version of what decides a match: ``normalize_for_ngrams``, ``NgramHasher``'s words and hashes, the index's
+# lookup, and which texts of a row are matched (``views``). Bump it with any change that can make a text match other eval items (or none): a recorded clean eval-set
 # check names it, and a release gate reuses a recorded check only when it is the same (``datahub.release.evalset_gate``).
 # Bump ``DecontaminateOp.version`` (op.py) with it: the operator's lineage and params hash name that one.
-MATCHER_VERSION = 1
+# 2: chat, preference and trajectory rows are matched by their conversation views too (``views.match_rows``)
+MATCHER_VERSION = 2
 _PUNCTUATION = r"[\p{P}\p{S}]"  # RE2: Unicode punctuation and symbols (as operators.dedup.normalize)
 BLOOM_BITS_PER_NGRAM = 32
 

@@ -22,6 +22,7 @@ from datahub.kinds.names import KINDS
 from datahub.operator import DROP_OP, GlobalOperator, Operator, OperatorContext, Params, register
 from operators.decontam.evalsets import load_index
 from operators.decontam.ngrams import DEFAULT_NGRAM, NgramIndex
+from operators.decontam.views import match_rows
 from operators.dedup.steps import alive_mask
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ class MarkContaminated:
         live = alive_mask(table)
         live = live.combine_chunks() if isinstance(live, pa.ChunkedArray) else live
         alive = np.asarray(live.to_numpy(zero_copy_only=False), dtype=bool)
-        matches = self.index.match(table.column("text"))
+        matches = match_rows(self.index, table)
         contaminated = alive & (matches.counts >= self.min_overlap)
         if not contaminated.any():
             return table
@@ -70,10 +71,12 @@ class Decontaminate(GlobalOperator[DecontaminateParams]):
     """Drop samples sharing n-grams with registered eval sets (reason ``contaminated``, ref ``evalset@version:item``)."""
 
     name = "decontaminate"
-    version = "1"
+    version = "2"  # 2: chats, preference pairs and trajectories matched by their conversation views too
     Params = DecontaminateParams
     params: DecontaminateParams
-    kinds: ClassVar[frozenset[str]] = frozenset(KINDS)  # every kind fills ``text`` (a caption, a rendered chat)
+    # every kind fills ``text`` (a caption, a rendered chat); post-training kinds are matched by views of their
+    # conversation columns too (``views``), so a question and answer inside a chat are caught
+    kinds: ClassVar[frozenset[str]] = frozenset(KINDS)
 
     def apply(self, frame: Frame, context: OperatorContext) -> Frame:
         p = self.params

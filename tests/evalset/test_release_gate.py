@@ -17,6 +17,7 @@ from datahub.sample_id import sample_id_of
 from tests.evalset.helpers import QUESTIONS, item_text, write_evalset
 from tests.release.helpers import add_samples
 from tests.release.test_crash_rerun import kill_before_record  # noqa: F401  (fixture)
+from operators.decontam import ngrams
 
 CLEAN = [f"an ordinary training document number {i} about gardening, tools, soil and the weather in spring" for i in range(6)]
 
@@ -64,7 +65,7 @@ def test_clean_table_releases_and_records_the_check(tmp_path):
     assert release.details["contamination"] == {"table": "samples", "version": release.version, "rows_checked": 6,
                                                 "evalsets": ["bench@1"], "by_evalset": {}, "contaminated": 0,
                                                 "ngram": 13, "evalset_digests": {"bench@1": list_evalsets(lake)[0].digest},
-                                                "matcher": 1, "allowed": None}
+                                                "matcher": ngrams.MATCHER_VERSION, "allowed": None}
 
 
 def test_cli_refuses_then_allows(tmp_path):

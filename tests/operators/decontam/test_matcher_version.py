@@ -10,10 +10,11 @@ import numpy as np
 import pyarrow as pa
 
 from operators.decontam import ngrams
+from operators.decontam.views import match_rows
 
 # MATCHER_VERSION -> sha256 of what the matcher makes of TEXTS (normalized texts, 13-gram and 3-gram hashes, owners,
 # and an index of ITEMS' lookup of them: counts and first items)
-PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf"}
+PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf", 2: "c5f8072267a45dc3b97d669d57c498c7f8556098198c3a7d58eb07e3271d3fa1"}
 TEXTS = ["The Quick, Brown fox -- jumps over the lazy dog; again & again!",
          "ＦＵＬＬＷＩＤＴＨ Ｔｅｘｔ and «quotes» — em-dash, Ça va? Straße costs 5€ ± 2 ©2024 ①", "short one", "", None,
          "tabs\tand\nnewlines  and   spaces " * 3]
@@ -38,7 +39,28 @@ def _matcher_digest() -> str:
         matches = index.match(texts)
         digest.update(np.ascontiguousarray(matches.counts, dtype=np.int64).tobytes())
         digest.update(np.ascontiguousarray(matches.first_item, dtype=np.int64).tobytes())
+        # which texts of a conversation row are matched (version 2: the rendering and its conversation views)
+        rows = match_rows(index, _conversations())
+        digest.update(np.ascontiguousarray(rows.counts, dtype=np.int64).tobytes())
+        digest.update(np.ascontiguousarray(rows.first_item, dtype=np.int64).tobytes())
     return digest.hexdigest()
+
+
+def _conversations() -> pa.Table:
+    """Chat and trajectory rows whose turns split ITEMS between a question and an answer (``text``: a rendering)."""
+    from datahub.kinds.posttraining import MESSAGES, STEPS
+
+    def chat(*turns):
+        return [{"role": role, "content": content, "name": None, "tool_calls": None, "tool_call_id": None}
+                for role, content in turns]
+
+    messages = [chat(("system", "be brief"), ("user", "The quick brown fox"), ("assistant", "jumps over the lazy dog"),
+                     ("user", "again and again")),
+                chat(("user", "short"), ("assistant", "one")), None]
+    steps = [None, None, [{"observation": "tabs and newlines", "action": "and spaces", "tool_call": None,
+                           "tool_result": None, "reward": None, "done": None}]]
+    return pa.table({"text": pa.array(["<|user|> x", "<|user|> y", "<|step 0|> z"], pa.string()),
+                     "messages": pa.array(messages, MESSAGES), "steps": pa.array(steps, STEPS)})
 
 
 def test_the_matchers_output_is_the_one_pinned_to_its_version():

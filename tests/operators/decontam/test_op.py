@@ -45,8 +45,8 @@ def test_job_drops_contaminated_samples(job_spec, tmp_path, engine, request):
     lineage = lake.read("lineage")
     dropped = lineage.filter(pc.equal(lineage.column("action"), "dropped")).to_pylist()
     refs = {row["sample_id"]: (row["reason"], row["ref"], row["op"]) for row in dropped}
-    assert refs == {sample_id_of(LEAKED["verbatim"]): ("contaminated", "bench@1:q1", "decontaminate@1"),
-                    sample_id_of(LEAKED["edited"]): ("contaminated", "bench@1:q2", "decontaminate@1")}
+    assert refs == {sample_id_of(LEAKED["verbatim"]): ("contaminated", "bench@1:q1", "decontaminate@2"),
+                    sample_id_of(LEAKED["edited"]): ("contaminated", "bench@1:q2", "decontaminate@2")}
 
 
 def test_min_overlap_and_named_sets(job_spec, tmp_path):

@@ -1,0 +1,151 @@
+"""What of a sample is matched against the eval n-grams: its ``text`` and, for the post-training kinds, the texts an
+eval item would be if it were that conversation.
+
+A chat's, preference pair's or trajectory's ``text`` is its canonical rendering (``datahub.kinds.posttraining``):
+role and step markers stand between a question and its answer, so an eval item (``question\\nanswer``, or for a
+chat benchmark its user turns then its assistant turns: ``datahub.evalset.registry``) whose question is shorter than
+an n-gram shares no n-gram with a chat holding exactly it. So each such row is also matched as views built from its
+typed columns the way the registry builds an item's text: every turn alone, every question turn with the answer
+turn after it (``question\\nanswer``), and the whole conversation as its question turns then its answer turns (a
+preference: its prompt with the chosen reply, and with the rejected one; a trajectory: each step's observation as
+the question, its action as the answer). A row's count is the largest of its texts' (views overlap: a sum would
+count one n-gram several times), its first item that text's. Turns of ``SKIPPED_ROLES`` (system prompts, tool
+output) are left out as the registry leaves them out. The views of a batch are built with Arrow kernels and numpy,
+about three times the batch's conversation text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from operators.decontam.ngrams import Matches, NgramIndex
+
+# the roles an eval item's answer comes from, and those left out of it (``datahub.evalset.registry`` reads these)
+ANSWER_ROLES = frozenset({"assistant", "gpt", "model", "bot", "chatgpt"})
+SKIPPED_ROLES = frozenset({"system", "developer", "tool", "function", "observation", "function_call"})
+MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected")  # list<MESSAGE> columns of chat and preference
+STEPS_COLUMN = "steps"
+VIEW_COLUMNS = (*MESSAGE_COLUMNS, STEPS_COLUMN)
+
+
+def matched_columns(names: Sequence[str]) -> list[str]:
+    """The columns of a table with column ``names`` that a check reads: ``sample_id``, ``text`` and the typed
+    conversation columns present."""
+    return ["sample_id", "text", *(c for c in VIEW_COLUMNS if c in names)]
+
+
+def match_rows(index: NgramIndex, table: pa.Table | pa.RecordBatch) -> Matches:
+    """Per row of ``table``: the matched n-gram count and first matched item of its ``text`` or of its conversation
+    views, whichever matches more (the text on a tie)."""
+    texts = _column(table, "text")
+    owners, views = _views(table)
+    if not len(views):
+        return index.match(texts)
+    rows = table.num_rows
+    everything = pa.concat_arrays([texts.cast(pa.large_string()), views.cast(pa.large_string())])
+    matches = index.match(everything)
+    counts, first = matches.counts[:rows].copy(), matches.first_item[:rows].copy()
+    view_counts, view_first = matches.counts[rows:], matches.first_item[rows:]
+    hit = np.flatnonzero(view_counts)
+    if len(hit):
+        # per row, its best view (the most matches; the first view on a tie): sorted by row, then count descending
+        order = hit[np.lexsort((hit, -view_counts[hit], owners[hit]))]
+        row_of, best = np.unique(owners[order], return_index=True)
+        chosen = order[best]
+        better = view_counts[chosen] > counts[row_of]
+        counts[row_of[better]] = view_counts[chosen[better]]
+        first[row_of[better]] = view_first[chosen[better]]
+    return Matches(counts, first)
+
+
+def _column(table: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
+    column = table.column(name)
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks else pa.array([], column.type)
+    return column
+
+
+def _views(table: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
+    """(row of each view, the views' texts) of ``table``'s conversation columns."""
+    names = set(table.schema.names)
+    turns: list[tuple[np.ndarray, np.ndarray, pa.Array]] = []  # (conversation, is answer, text) of each turn
+    rows = table.num_rows
+    if "messages" in names:
+        turns.append(_message_turns(_column(table, "messages"), np.arange(rows)))
+    if "chosen" in names or "rejected" in names:  # conversations rows + i (with chosen), 2 rows + i (rejected)
+        prompt = _message_turns(_column(table, "prompt"), np.arange(rows)) if "prompt" in names else None
+        for offset, reply in ((rows, "chosen"), (2 * rows, "rejected")):
+            if reply in names:
+                if prompt is not None:
+                    turns.append((prompt[0] + offset, prompt[1], prompt[2]))
+                turns.append(_message_turns(_column(table, reply), np.arange(rows) + offset))
+    if STEPS_COLUMN in names:
+        turns.append(_step_turns(_column(table, STEPS_COLUMN), np.arange(rows) + 3 * rows))
+    turns = [t for t in turns if len(t[2])]
+    if not turns:
+        return np.empty(0, np.int64), pa.array([], pa.large_string())
+    conversation = np.concatenate([t[0] for t in turns])
+    answer = np.concatenate([t[1] for t in turns])
+    text = pa.concat_arrays([t[2].cast(pa.large_string()) for t in turns])
+    # stable by conversation: a conversation's turns keep their order (a preference's prompt before its reply)
+    order = np.argsort(conversation, kind="stable")
+    conversation, answer, text = conversation[order], answer[order], text.take(pa.array(order))
+    owners: list[np.ndarray] = [conversation % rows]  # every turn alone
+    views: list[pa.Array] = [text]
+    pair = np.flatnonzero((~answer[:-1]) & answer[1:] & (conversation[:-1] == conversation[1:]))
+    if len(pair):  # a question turn and the answer turn right after it
+        owners.append(conversation[pair] % rows)
+        views.append(pc.binary_join_element_wise(text.take(pa.array(pair)), text.take(pa.array(pair + 1)),
+                                                 pa.scalar("\n", pa.large_string())))
+    # the whole conversation: its question turns, then its answer turns, one per line (as the registry joins them)
+    grouped = np.lexsort((np.arange(len(conversation)), answer, conversation))
+    starts = np.flatnonzero(np.concatenate([[True], conversation[grouped][1:] != conversation[grouped][:-1]]))
+    offsets = np.concatenate([starts, [len(grouped)]]).astype(np.int64)
+    joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets), text.take(pa.array(grouped))),
+                            pa.scalar("\n", pa.large_string()))
+    owners.append(conversation[grouped][starts] % rows)
+    views.append(joined.cast(pa.large_string()))
+    return np.concatenate(owners).astype(np.int64), pa.concat_arrays(views)
+
+
+def _kept(conversation: np.ndarray, answer: np.ndarray, text: pa.Array, keep: np.ndarray
+          ) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """The turns where ``keep`` and the text has a non-space character (the registry drops blank turns)."""
+    blank = pc.fill_null(pc.equal(pc.utf8_trim_whitespace(pc.fill_null(text, "")), ""), True)
+    keep = keep & ~np.asarray(blank.to_numpy(zero_copy_only=False), dtype=bool)
+    return conversation[keep], answer[keep], text.filter(pa.array(keep))
+
+
+def _message_turns(messages: pa.Array, conversations: np.ndarray) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """(conversation, is answer, content) of every turn of a ``list<MESSAGE>`` column (row i: ``conversations[i]``);
+    ``SKIPPED_ROLES`` left out."""
+    flat = pc.list_flatten(messages)
+    parents = np.asarray(pc.list_parent_indices(messages).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if not len(flat):
+        return np.empty(0, np.int64), np.empty(0, bool), pa.array([], pa.string())
+    roles = pc.utf8_lower(pc.fill_null(flat.field("role"), ""))
+    answer = np.asarray(pc.is_in(roles, value_set=pa.array(sorted(ANSWER_ROLES))).to_numpy(zero_copy_only=False),
+                        dtype=bool)
+    skipped = np.asarray(pc.is_in(roles, value_set=pa.array(sorted(SKIPPED_ROLES))).to_numpy(zero_copy_only=False),
+                         dtype=bool)
+    return _kept(conversations[parents], answer, flat.field("content"), ~skipped)
+
+
+def _step_turns(steps: pa.Array, conversations: np.ndarray) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """(conversation, is answer, text) of every step's observation (a question) and action (its answer), in step
+    order."""
+    flat = pc.list_flatten(steps)
+    parents = np.asarray(pc.list_parent_indices(steps).to_numpy(zero_copy_only=False), dtype=np.int64)
+    if not len(flat):
+        return np.empty(0, np.int64), np.empty(0, bool), pa.array([], pa.string())
+    n = len(flat)
+    text = pa.concat_arrays([flat.field("observation").cast(pa.string()), flat.field("action").cast(pa.string())])
+    order = np.empty(2 * n, np.int64)
+    order[0::2], order[1::2] = np.arange(n), np.arange(n) + n  # observation then action, step by step
+    text = text.take(pa.array(order))
+    answer = np.tile(np.array([False, True]), n)
+    return _kept(np.repeat(conversations[parents], 2), answer, text, np.ones(2 * n, dtype=bool))

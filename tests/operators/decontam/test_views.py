@@ -1,0 +1,36 @@
+"""``views.match_rows``: a chat's, preference pair's or trajectory's conversation matched as the registry builds an
+eval item's text, and the ``decontaminate`` operator dropping such a chat."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from datahub.operator import DROP_REASON, DROP_REF
+from operators.decontam.ngrams import NgramIndex
+from operators.decontam.op import MarkContaminated
+from operators.decontam.views import match_rows, matched_columns
+from tests.release.test_evalset_kinds import ANSWER, QUESTION, leaked_rows
+
+INDEX = NgramIndex.build(pa.array([f"{QUESTION}\n{ANSWER}", "a different item that nobody wrote down anywhere"]),
+                         ["trivia@1:t1", "trivia@1:t2"])
+
+
+def test_each_kind_holding_the_item_matches_it_and_the_rendering_alone_does_not():
+    rows = leaked_rows()
+    assert INDEX.match(rows.column("text")).counts.tolist() == [0, 0, 0, 0]  # what the gate saw before
+    matches = match_rows(INDEX, rows)
+    assert (matches.counts > 0).tolist() == [True, False, True, True]
+    assert matches.first_item.tolist() == [0, -1, 0, 0]
+
+
+def test_a_text_only_table_is_matched_by_its_text_alone():
+    table = pa.table({"sample_id": ["a", "b"], "text": [f"{QUESTION} {ANSWER}", "nothing here"]})
+    assert matched_columns(table.column_names) == ["sample_id", "text"]
+    assert match_rows(INDEX, table).counts.tolist() == INDEX.match(table.column("text")).counts.tolist()
+
+
+def test_the_operator_drops_a_chat_holding_the_item():
+    rows = leaked_rows()
+    marked = MarkContaminated(INDEX, 1, "decontaminate@2")(rows)
+    assert marked.column(DROP_REASON).to_pylist() == ["contaminated", None, "contaminated", "contaminated"]
+    assert marked.column(DROP_REF).to_pylist() == ["trivia@1:t1", None, "trivia@1:t1", "trivia@1:t1"]
