@@ -105,3 +105,32 @@ def test_kinds_register_typed_columns():
     assert [f.name for f in message] == ["role", "content", "name", "tool_calls", "tool_call_id"]
     with pytest.raises(Exception):
         kind_spec("nope")
+
+
+def test_the_schema_accepts_every_row_the_readers_write(tmp_path):
+    """schemas/posttraining-sample.v1.json required episode_id to be a string, but an episode without one is read
+    (documented: null, source_uri and source_offset name it) and exported as "episode_id": null."""
+    from pathlib import Path
+
+    import jsonschema
+
+    from datahub.export.samples import json_records
+
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas/posttraining-sample.v1.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    cases = {
+        "trajectory": [{"steps": [{"observation": "o", "action": "a"}]},
+                       {"episode_id": 7, "steps": [{"observation": "o", "tool_call": {"name": "f"}, "tool_result": "r"}]}],
+        "chat": [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None,
+                                                                    "tool_calls": [{"id": "c", "function": {"name": "f"}}]}]}],
+        "preference": [{"chosen": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+                        "rejected": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "b"}]}],
+    }
+    for kind, records in cases.items():
+        (tmp_path / kind).mkdir()
+        samples, bad = _run(tmp_path / kind, kind, records)
+        assert not bad and samples.num_rows == len(records)
+        columns = ["kind", "sample_id", *(f.name for f in kind_spec(kind).fields)]
+        for member in json_records(samples.select(columns), columns).to_pylist():
+            errors = [e.message for e in validator.iter_errors(json.loads(member))]
+            assert not errors, (kind, errors)
