@@ -8,8 +8,13 @@ Checks (each a drop reason, in this order; the signal is kept in ``quality`` eit
   message, the same user/assistant role twice in a row, a tool message not answering an assistant tool call
   (``quality.chat_role_errors``);
 - ``empty_assistant_turn``: an assistant message with no content and no tool calls (``quality.chat_empty_assistant``);
+- ``empty_user_turn``: a user message with no content (only whitespace): the reply answers nothing
+  (``quality.chat_empty_user``);
 - ``invalid_tool_call_json``: a tool call whose ``arguments`` string does not parse as JSON
   (``quality.chat_bad_tool_calls``);
+- ``unanswered_tool_call``: an assistant message's tool calls outnumber the tool messages right after it (a call
+  whose result never came); a conversation may end on its calls (a function-calling target)
+  (``quality.chat_unanswered_tool_calls``);
 - ``truncated_assistant_turn``: the conversation ends with an assistant message cut off mid-sentence: an
   unclosed ```` ``` ```` fence, or at least ``truncation_min_chars`` characters ending in a letter, a comma or a
   hyphen (our heuristic; a reply ending in a command or number is not flagged) (``quality.chat_truncated``).
@@ -40,7 +45,9 @@ class ChatQualityParams(Params):
     max_turns: int | None = Field(None, ge=1, description="most non-system messages (None: no limit)")
     drop_role_errors: bool = True
     drop_empty_assistant: bool = True
+    drop_empty_user: bool = True
     drop_invalid_tool_calls: bool = True
+    drop_unanswered_tool_calls: bool = True
     drop_truncated: bool = True
     truncation_min_chars: int = Field(40, ge=1)
 
@@ -72,6 +79,35 @@ def bad_tool_calls(flat: Flat) -> np.ndarray:
     for i, text in zip(where, calls.take(pa.array(where, pa.int64())).to_pylist()):
         bad[i] = not _calls_parse(text)
     return flat.per_row(bad)
+
+
+def unanswered_tool_calls(flat: Flat, roles: np.ndarray) -> np.ndarray:
+    """Per row, the assistant messages whose tool calls are more than the tool messages right after them.
+
+    The row's last message is exempt: a conversation that ends on its calls teaches the call, not its result.
+    Only the messages with tool calls are looked at in Python (their JSON is parsed to count the calls).
+    """
+    calls = flat.field("tool_calls")
+    where = np.flatnonzero(as_bool(pc.is_valid(calls)) & (roles == ASSISTANT))
+    unanswered = np.zeros(len(calls), dtype=bool)
+    is_tool = roles == TOOL
+    for i, text in zip(where, calls.take(pa.array(where, pa.int64())).to_pylist()):
+        end = int(flat.offsets[flat.parent[i] + 1])
+        if i == end - 1:
+            continue
+        replies = 0
+        while i + 1 + replies < end and is_tool[i + 1 + replies]:
+            replies += 1
+        unanswered[i] = replies < _call_count(text)
+    return flat.per_row(unanswered)
+
+
+def _call_count(text: str) -> int:
+    try:
+        calls = json.loads(text)
+    except json.JSONDecodeError:
+        return 1
+    return len(calls) if isinstance(calls, list) else 1
 
 
 def _calls_parse(text: str) -> bool:
@@ -109,10 +145,10 @@ def truncated(flat: Flat, roles: np.ndarray, min_chars: int) -> np.ndarray:
 
 @register
 class ChatQuality(BatchOperator[ChatQualityParams]):
-    """Per-turn checks of ``chat`` samples: turns, role order, empty/truncated assistant turns, tool-call JSON."""
+    """Per-turn checks of ``chat`` samples: turns, role order, empty turns, tool-call JSON and results, truncation."""
 
     name = "chat_quality"
-    version = "1"
+    version = "2"  # 2: empty_user_turn, unanswered_tool_call
     Params = ChatQualityParams
     params: ChatQualityParams
     annotates = True
@@ -126,19 +162,25 @@ class ChatQuality(BatchOperator[ChatQualityParams]):
         errors = role_errors(flat, roles)
         empty = flat.per_row((roles == ASSISTANT) & as_bool(pc.equal(pc.utf8_trim_whitespace(strings(flat.field("content"))), ""))
                              & ~as_bool(pc.is_valid(flat.field("tool_calls"))))
+        empty_user = flat.per_row((roles == USER) & as_bool(pc.equal(pc.utf8_trim_whitespace(strings(flat.field("content"))), "")))
         bad_calls = bad_tool_calls(flat)
+        unanswered = unanswered_tool_calls(flat, roles)
         cut = truncated(flat, roles, p.truncation_min_chars)
         checks = [
             ("too_few_turns", turns < p.min_turns),
             ("too_many_turns", turns > p.max_turns if p.max_turns is not None else np.zeros(flat.rows, bool)),
             ("role_order", (errors > 0) & p.drop_role_errors),
             ("empty_assistant_turn", (empty > 0) & p.drop_empty_assistant),
+            ("empty_user_turn", (empty_user > 0) & p.drop_empty_user),
             ("invalid_tool_call_json", (bad_calls > 0) & p.drop_invalid_tool_calls),
+            ("unanswered_tool_call", (unanswered > 0) & p.drop_unanswered_tool_calls),
             ("truncated_assistant_turn", cut & p.drop_truncated),
         ]
         table = add_quality_signals(table, {"chat_turns": pa.array(turns), "chat_role_errors": pa.array(errors),
-                                            "chat_empty_assistant": pa.array(empty),
-                                            "chat_bad_tool_calls": pa.array(bad_calls), "chat_truncated": pa.array(cut)})
+                                            "chat_empty_assistant": pa.array(empty), "chat_empty_user": pa.array(empty_user),
+                                            "chat_bad_tool_calls": pa.array(bad_calls),
+                                            "chat_unanswered_tool_calls": pa.array(unanswered),
+                                            "chat_truncated": pa.array(cut)})
         return drop_first(table, checks)
 
 

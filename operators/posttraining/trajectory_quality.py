@@ -1,6 +1,8 @@
-"""``trajectory_quality``: tool calls that do not parse and episodes outside a step range.
+"""``trajectory_quality``: tool calls that do not parse or get no result, and episodes outside a step range.
 
 - ``invalid_tool_call_json``: a step's ``tool_call`` is not JSON (``quality.traj_bad_tool_calls``);
+- ``unanswered_tool_call``: a step with a ``tool_call`` and no ``tool_result`` (``quality.traj_unanswered_tool_calls``;
+  set ``drop_unanswered_tool_calls: false`` for data that puts a tool's output in the next step's observation);
 - ``too_few_steps`` / ``too_many_steps``: the episode's length (``episode_steps``, all segments) outside
   ``[min_steps, max_steps]`` (every segment of the episode is dropped alike).
 """
@@ -24,6 +26,7 @@ class TrajectoryQualityParams(Params):
     min_steps: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1)
     drop_invalid_tool_calls: bool = True
+    drop_unanswered_tool_calls: bool = True
 
 
 def _parses(text: str) -> bool:
@@ -39,7 +42,7 @@ class TrajectoryQuality(BatchOperator[TrajectoryQualityParams]):
     """Unparseable tool calls and episode length bounds in ``trajectory`` samples."""
 
     name = "trajectory_quality"
-    version = "1"
+    version = "2"  # 2: unanswered_tool_call
     Params = TrajectoryQualityParams
     params: TrajectoryQualityParams
     annotates = True
@@ -54,10 +57,13 @@ class TrajectoryQuality(BatchOperator[TrajectoryQualityParams]):
         for i, text in zip(where, calls.take(pa.array(where, pa.int64())).to_pylist()):
             bad[i] = not _parses(text)
         bad_calls = flat.per_row(bad)
+        unanswered = flat.per_row(as_bool(pc.is_valid(calls)) & ~as_bool(pc.is_valid(flat.field("tool_result"))))
         length = np.asarray(pc.fill_null(table.column("episode_steps"), 0).to_numpy(zero_copy_only=False), dtype=np.int64)
-        table = add_quality_signals(table, {"traj_bad_tool_calls": pa.array(bad_calls)})
+        table = add_quality_signals(table, {"traj_bad_tool_calls": pa.array(bad_calls),
+                                            "traj_unanswered_tool_calls": pa.array(unanswered)})
         return drop_first(table, [
             ("too_few_steps", length < p.min_steps),
             ("too_many_steps", length > p.max_steps if p.max_steps is not None else np.zeros(len(length), bool)),
             ("invalid_tool_call_json", (bad_calls > 0) & p.drop_invalid_tool_calls),
+            ("unanswered_tool_call", (unanswered > 0) & p.drop_unanswered_tool_calls),
         ])
