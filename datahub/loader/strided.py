@@ -92,6 +92,7 @@ class StridedDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         (StatefulDataLoader loading the worker's state), keep it over what the owner published before."""
         if _get_worker_info() is None:
             self._position.publish({name: getattr(self, name) for name in self._position_fields})
+            worker_transport.release_finished_rings()  # the last epoch's rings, before new workers make theirs
         else:
             self._position.catch_up()
 

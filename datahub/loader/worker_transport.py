@@ -20,7 +20,10 @@ is unlinked at the worker's exit, like the others) and starts a new one, at most
 sends through the pipe.
 
 Items of one worker are unpickled in the order it sent them (one FIFO result queue), so one release mark per ring
-suffices. A ring file is unlinked when its worker exits (the trainer's mapping outlives it while views remain);
+suffices. A ring file is unlinked when its worker exits (the trainer's mapping outlives it while views remain); the
+trainer unmaps it once no batch views it (when its last batch is collected, or at ``set_epoch``/``load_state_dict``,
+which also give back the pages a kept batch does not use), since a removed file's pages stay in /dev/shm while
+mapped: fresh workers each epoch otherwise found the last epoch's rings still there, twice the memory;
 files of workers that died without exiting (SIGKILL) are removed by the next ring made on the machine. A worker
 holds a shared ``flock`` on its ring file while it lives, and the sweep removes only files it can lock exclusively:
 the kernel drops a dead process's lock whatever its PID namespace, whereas a PID in the name means nothing to a
@@ -315,10 +318,37 @@ class _RingView:
                 mark = self.pending.popleft().end
             if mark is not None:
                 self.released[0] = mark
+            idle = not self.pending
+        # its last batch gone after its worker exited (the ring file removed): unmap it now, not when a later epoch's
+        # worker sends its first batch (a weakref callback: it never waits for the table's lock)
+        if idle and not os.path.exists(self.path):
+            release_finished_rings(wait=False)
 
     def idle(self) -> bool:
         with self.lock:
             return not self.pending
+
+    def free_unused(self) -> None:
+        """Give the pages no batch views back to /dev/shm (``MADV_REMOVE``), for a ring whose worker exited (nothing
+        writes it again) while the trainer keeps a batch of it. The batches alive lie in the stream's
+        [release mark, last batch's end), the rest of the ring is free; page 0 (the header) is kept."""
+        with self.lock:
+            if not self.pending:
+                return
+            capacity = len(self.view) - _HEADER
+            end, mark = self.pending[-1].end, int(self.released[0])
+            free = capacity - (end - mark)
+            start = end % capacity
+            ranges = [(start, min(capacity, start + free)), (0, max(0, start + free - capacity))]
+            page = mmap.PAGESIZE
+            for low, high in ranges:
+                low = max(page, -(-(_HEADER + low) // page) * page)
+                high = (_HEADER + high) // page * page
+                if high > low:
+                    try:
+                        self.map.madvise(mmap.MADV_REMOVE, low, high - low)
+                    except (OSError, ValueError, AttributeError):  # no hole punching on this filesystem or platform
+                        return
 
 
 _views: dict[str, _RingView] = {}  # the trainer's mappings, by ring path
@@ -332,10 +362,35 @@ def _view(path: str) -> _RingView:
     with _views_lock:
         view = _views.get(path)
         if view is None:
-            for old in [v for v in _views.values() if v.idle() and not os.path.exists(v.path)]:
-                del _views[old.path]  # its worker is gone and no batch views it: unmapped when collected
+            _forget_finished()
             view = _views[path] = _RingView(path)
     return view
+
+
+def _forget_finished(*, free_unused: bool = False) -> None:
+    """Under ``_views_lock``: drop the mappings of rings whose worker exited (file removed) and that no batch views
+    (unmapped when collected; a removed file's pages stay in /dev/shm while it is mapped); with ``free_unused``, give
+    back the unused pages of those a kept batch still views."""
+    for old in [v for v in _views.values() if not os.path.exists(v.path)]:
+        if old.idle():
+            del _views[old.path]
+        elif free_unused:
+            old.free_unused()
+
+
+def release_finished_rings(*, wait: bool = True) -> None:
+    """In the trainer: unmap the rings of DataLoader workers that exited, and give back what a batch the trainer
+    keeps does not use of its ring. Fresh workers (``persistent_workers=False``) make new rings every epoch and
+    remove the old files at exit, but the pages of a removed file stay in /dev/shm while the trainer maps it:
+    without this, the last epoch's rings were held until the next epoch's first batch, after its workers had made
+    theirs (twice the memory, and a small /dev/shm full: the pipe). Called by ``set_epoch``/``load_state_dict``
+    and when a finished ring's last batch is garbage; ``wait=False`` gives up if another thread holds the table."""
+    if not _views_lock.acquire(blocking=wait):
+        return
+    try:
+        _forget_finished(free_unused=wait)
+    finally:
+        _views_lock.release()
 
 
 def _region(path: str, offset: int, size: int, end: int) -> memoryview:

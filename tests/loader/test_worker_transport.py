@@ -235,11 +235,13 @@ def test_batches_the_trainer_drops_free_the_ring_for_the_next(text_release: str,
     dataset = ReleaseDataset(text_release, rank=0, world_size=1, seed=3, shuffle_buffer=40, batch_size=16,
                              batch_format="arrow")
     seen: list[str] = []
+    used: set[str] = set()  # the rings mapped while reading (a finished worker's is unmapped once idle)
     for batch in DataLoader(dataset, batch_size=None, num_workers=2):
         seen.extend(batch.column("sample_id").to_pylist())
+        used |= set(worker_transport._views)
     assert sorted(seen) == sorted(by_id(arrow_batches(text_release, 0)))
-    pids = [path.split(worker_transport._PREFIX)[1].split("-")[0] for path in worker_transport._views]
-    assert len(pids) == len(set(pids)) == 2, f"one ring per worker: {list(worker_transport._views)}"
+    pids = [path.split(worker_transport._PREFIX)[1].split("-")[0] for path in used]
+    assert len(pids) == len(set(pids)) == 2, f"one ring per worker: {sorted(used)}"
 
 
 def test_a_trainer_keeping_every_batch_outgrows_the_default_rings(tmp_path: Path,
@@ -478,3 +480,62 @@ def test_the_sweep_removes_old_named_rings_no_process_maps_and_keeps_live_ones()
         for path in (live, stale, other):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def gone_rings() -> dict[str, int]:
+    """Ring files already removed (their worker exited) that this process still maps: path -> KiB they hold in
+    /dev/shm (a mapping keeps a removed file's pages; Python's mmap keeps a descriptor of the file, stat'ed here)."""
+    held: dict[str, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if worker_transport._PREFIX in target and target.endswith(" (deleted)"):
+                held[target[: -len(" (deleted)")]] = os.stat(f"/proc/self/fd/{fd}").st_blocks // 2
+        except OSError:  # closed meanwhile
+            continue
+    with open("/proc/self/maps") as maps:
+        mapped = {line.split()[5] for line in maps if worker_transport._PREFIX in line and "(deleted)" in line}
+    return {path: kib for path, kib in held.items() if path in mapped}
+
+
+@pytest.mark.parametrize("kind", ["text", "tokens"])
+def test_a_finished_epochs_rings_are_unmapped_before_the_next_epochs_workers_make_theirs(
+        tmp_path: Path, text_release: str, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # fresh workers every epoch (persistent_workers=False): each epoch's workers make new rings and remove their files
+    # at exit, but the trainer kept mapping them (a removed file's pages stay in /dev/shm while mapped) until the next
+    # epoch's first batch, after the new workers had made theirs: twice the rings' memory at every epoch start, and
+    # the last epoch's for the rest of the process
+    monkeypatch.setattr(worker_transport, "_views", {})
+    dataset: Any
+    if kind == "text":
+        dataset = ReleaseDataset(text_release, rank=0, world_size=1, seed=3, shuffle_buffer=40, batch_size=16,
+                                 batch_format="arrow")
+    else:
+        prefixes, _ = write_tokens(tmp_path / "tok", files=2, documents=40, max_len=50)
+        dataset = PackedDataset(prefixes, seq_len=64, batch_size=4, rank=0, world_size=1, seed=2)
+    loader = DataLoader(dataset, batch_size=None, num_workers=2)
+    used: set[str] = set()
+    for batch in loader:
+        used |= set(worker_transport._views)
+    assert len(used) == 2
+    del batch  # noqa: F821 - the loop ran
+    assert not used & set(gone_rings()), "the epoch's batches are gone and its workers exited"
+
+    # a trainer that keeps the epoch's last batch over set_epoch (the README's loop: `batch` outlives the loop): the
+    # ring stays mapped for it, but only that batch's pages stay in /dev/shm, and the batch is intact
+    used.clear()
+    dataset.set_epoch(1)
+    for batch in loader:
+        used |= set(worker_transport._views)
+    assert len(used) == 2
+    kept = batch.column("text").to_pylist() if kind == "text" else batch["tokens"].copy()
+    dataset.set_epoch(2)
+    gone = gone_rings()
+    assert len(used & set(gone)) <= 1
+    assert all(gone[path] <= 64 for path in used & set(gone)), f"KiB the finished rings hold in /dev/shm: {gone}"
+    if kind == "text":
+        assert batch.column("text").to_pylist() == kept
+    else:
+        assert np.array_equal(batch["tokens"], kept)
+    del batch
+    assert not used & set(gone_rings())
