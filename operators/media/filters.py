@@ -12,7 +12,7 @@ import warnings
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from PIL import Image
+from PIL import Image, ImageOps
 from PIL.JpegImagePlugin import JpegImageFile
 from pydantic import Field, model_validator
 
@@ -20,6 +20,8 @@ from datahub.kinds.media import (IMAGE, IMAGE_BYTE_SIZE, IMAGE_FORMAT, IMAGE_HEI
 from datahub.operator import BatchOperator, Params, add_quality_signals, register
 from operators.media.checks import DEFAULT_FORMATS, DEFAULT_MAX_PIXELS, MediaProblem, inspect_image
 from operators.media.hashing import HashKind, perceptual_hashes, to_signed
+
+EXIF_ORIENTATION = 0x0112  # EXIF tag 274: how a viewer rotates/flips the stored pixels (1: as stored)
 
 IMAGE_KINDS = frozenset({"image_text"})
 
@@ -149,11 +151,12 @@ class ResizeParams(Params):
 @register
 class ImageResize(BatchOperator[ResizeParams]):
     """Shrink images whose longer side exceeds ``max_side`` (and/or re-encode to ``format``); the others keep
-    their bytes. Width, height, byte size and SHA-256 follow the new bytes; ``sample_id`` stays (it names
+    their bytes. A re-encoded image has its EXIF orientation applied (the new bytes carry no EXIF), so a phone
+    photo stays upright. Width, height, byte size and SHA-256 follow the new bytes; ``sample_id`` stays (it names
     the sample as ingested, and lineage records the change)."""
 
     name = "image_resize"
-    version = "1"
+    version = "2"  # 2: EXIF orientation applied before re-encoding
     Params = ResizeParams
     kinds = IMAGE_KINDS
 
@@ -193,9 +196,12 @@ class ImageResize(BatchOperator[ResizeParams]):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image: Image.Image = Image.open(io.BytesIO(data))
+            if max(image.size) > p.max_side and isinstance(image, JpegImageFile):
+                image.draft(image.mode, (p.max_side, p.max_side))
+            if image.getexif().get(EXIF_ORIENTATION, 1) != 1:
+                # the new bytes carry no EXIF: apply the rotation/flip viewers apply, or the photo comes out sideways
+                image = ImageOps.exif_transpose(image)
             if max(image.size) > p.max_side:
-                if isinstance(image, JpegImageFile):
-                    image.draft(image.mode, (p.max_side, p.max_side))
                 scale = p.max_side / max(image.size)
                 size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
                 image = image.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)

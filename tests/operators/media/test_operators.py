@@ -92,3 +92,30 @@ def test_image_hash_annotates_64_bit_hashes(pictures):
     out = apply_batch_operator(build_operator("image_hash", {}), rows(good[:2] + [bad["unknown_image_format"]]), node="h")
     hashes = out.column("quality").combine_chunks().field("image_phash")
     assert hashes.type == pa.int64() and hashes.null_count == 1 and pc.all(pc.is_valid(hashes.slice(0, 2))).as_py()
+
+
+def _exif_rotated_jpeg() -> bytes:
+    """A phone-style JPEG: 600 x 300 stored pixels (left half red, right half blue) with EXIF Orientation 6
+    ('rotate 90 degrees clockwise to display'), so it shows as 300 x 600, red on top."""
+    stored = Image.new("RGB", (600, 300), (0, 0, 255))
+    stored.paste((255, 0, 0), (0, 0, 300, 300))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    out = io.BytesIO()
+    stored.save(out, "JPEG", quality=95, exif=exif.tobytes())
+    return out.getvalue()
+
+
+def test_resize_keeps_an_exif_rotated_photo_upright():
+    """Re-encoding dropped the EXIF Orientation tag without applying it: a portrait phone photo came out sideways
+    (200 x 100, red on the left) while every viewer showed the original upright (300 x 600, red on top)."""
+    from PIL import ImageOps
+
+    data = _exif_rotated_jpeg()
+    assert ImageOps.exif_transpose(Image.open(io.BytesIO(data))).size == (300, 600)
+    out = apply_batch_operator(build_operator("image_resize", {"max_side": 200}), rows([data]), node="resize")
+    row = out.to_pylist()[0]
+    shown = ImageOps.exif_transpose(Image.open(io.BytesIO(row["image"]))).convert("RGB")
+    assert shown.size == (100, 200) == (row["image_width"], row["image_height"])
+    top, bottom = shown.getpixel((50, 30)), shown.getpixel((50, 170))
+    assert top[0] > 200 and top[2] < 60 and bottom[2] > 200 and bottom[0] < 60, (top, bottom)
