@@ -22,7 +22,7 @@ from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.manifest import load_manifest
 from datahub.shards.manifest import Manifest
 from datahub.loader.plan import (EpochOrder, RankStream, Segment, Uneven, consumed_items, rank_stream, resolve_topology,
-                                 stream_positions, worker_pieces)
+                                 require_state, stream_positions, worker_pieces)
 from datahub.loader.prefetch import Prefetcher
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
@@ -113,6 +113,11 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
             raise ValueError(f"batch_size must be >= 1 or None; got {batch_size}")
         if batch_format not in ("list", "arrow"):
             raise ValueError(f"batch_format must be 'list' or 'arrow'; got {batch_format!r}")
+        if shuffle_buffer is not None and shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be >= 0; got {shuffle_buffer} (0 or 1: shards in shuffled order, "
+                             "samples in shard order)")
+        if prefetch_shards < 0:
+            raise ValueError(f"prefetch_shards must be >= 0; got {prefetch_shards}")
         if batch_format == "arrow" and (batch_size is None or decode != "text" or transform is not None):
             raise ValueError("batch_format='arrow' makes pyarrow RecordBatches of text: it needs batch_size=N and "
                              f"decode='text' (got batch_size={batch_size}, decode={decode!r})")
@@ -123,7 +128,7 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         self.manifest = load_manifest(release_or_manifest, lake=lake, storage_options=manifest_options,
                                       read_policy=read_policy)
         self.rank, self.world_size = resolve_topology(rank, world_size)
-        self.seed, self.epoch = int(seed), int(epoch)
+        self.seed, self.epoch = _integer("seed", seed), _integer("epoch", epoch)
         self.shuffle, self.shuffle_buffer = shuffle, int(shuffle_buffer or 0)
         self.batch_size, self.uneven = batch_size, uneven
         self.prefetch_shards = prefetch_shards
@@ -266,6 +271,7 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at ``state``; with another world size the rest of the epoch is re-cut over the new ranks."""
+        require_state(self, state)
         if state.get("format") not in (STATE_FORMAT, *_OLD_STATE_FORMATS):
             raise ValueError(f"not a ReleaseDataset state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
         if state["format"] == _OLD_STATE_FORMAT and state.get("uneven") == "drop" and state.get("segments"):
@@ -484,6 +490,14 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         finally:
             readers.clear()
             prefetcher.close()
+
+
+def _integer(field: str, value: Any) -> int:
+    """``value`` as an int (a numpy integer or a numeric string too), else a ValueError naming ``field``."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field} must be an integer; got {value!r}") from None
 
 
 class _Transformed:

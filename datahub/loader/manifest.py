@@ -46,8 +46,10 @@ def load_manifest(
                 f"release name {ref!r} given without lake=; pass lake='/path/to/lake' or a manifest path"
             )
         root, lake_options = _lake_root(lake)
-        ref = f"{root.rstrip('/')}/_exports/{ref}/manifest.json"
+        release, ref = ref, f"{root.rstrip('/')}/_exports/{ref}/manifest.json"
         storage_options = {**lake_options, **(storage_options or {})}
+        if "://" not in root and not os.path.isfile(ref):  # a local lake: say what it holds, not only what it lacks
+            raise ManifestError(_not_exported(root, release, ref))
     elif not ref.endswith(".json"):
         ref = ref.rstrip("/") + "/manifest.json"
     policy = read_policy or DEFAULT_READ_POLICY
@@ -58,6 +60,22 @@ def load_manifest(
     except ValueError as error:
         raise ManifestError(f"cannot read manifest {ref}: not JSON ({error})") from error
     return _parse(data, where=ref)
+
+
+def _not_exported(root: str, release: str, ref: str) -> str:
+    """Why a local lake has no manifest of ``release``: no such directory, or the releases it did export."""
+    if not os.path.isdir(root):
+        return f"no lake at {root} (the directory does not exist); pass lake= the lake root `datahub export` wrote to"
+    exports = os.path.join(root, "_exports")
+    try:
+        names = sorted(name for name in os.listdir(exports)
+                       if os.path.isfile(os.path.join(exports, name, "manifest.json")))
+    except OSError:
+        names = []
+    listed = ", ".join(names[:20]) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+    return (f"no manifest at {ref}; was the release exported? "
+            + (f"releases exported to this lake: {listed}" if names else "this lake has no exported release")
+            + f" (`datahub export {release} --lake {root} --tier TIER --storage storage.yaml` exports it)")
 
 
 def _lake_root(lake: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
@@ -106,6 +124,11 @@ def _freed_by_the_collector_only(fs: Any) -> bool:
 
 
 def _parse(data: dict[str, Any], *, where: str) -> Manifest:
+    if isinstance(data, dict) and "files" in data and "shards" not in data:  # what `export --tokenizer` writes
+        raise ManifestError(f"{where}: the manifest of a token export (Megatron .bin/.idx files, read by "
+                            "PackedDataset), not of WebDataset shards; read it with PackedDataset(path, seq_len=N), "
+                            "or give the release's manifest.json (RELEASE/manifest.json on the tier, or "
+                            "LAKE/_exports/RELEASE/manifest.json)")
     try:
         return Manifest.from_dict(data, where=where, strict=False)
     except IntegrityError as error:

@@ -29,7 +29,7 @@ import numpy as np
 
 from datahub.loader.dataset import ReleaseDataset
 from datahub.loader.packing import PackedDataset, TokenBatch
-from datahub.loader.plan import EpochOrder
+from datahub.loader.plan import EpochOrder, require_state
 from datahub.loader.strided import StridedDataset
 from datahub.shards.index import index_tar
 
@@ -377,6 +377,7 @@ class MixtureDataset(StridedDataset):
         """Continue at the state. With the state's weights (and ``weights`` not given) the merge continues exactly;
         with the dataset's own weights, when they differ from the state's, or with ``weights=``, a new merge starts
         at every source's cursor: no item is repeated or skipped."""
+        require_state(self, state)
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"not a MixtureDataset state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
         saved = state["sources"]

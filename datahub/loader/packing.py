@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from datahub.errors import SpecError
-from datahub.loader.plan import EpochOrder
+from datahub.loader.plan import EpochOrder, require_state
 from datahub.loader.storage_options import StorageArg
 from datahub.loader.strided import StridedDataset, _get_worker_info
 from datahub.shards.indexed import IndexedDataset
@@ -487,6 +487,7 @@ class PackedDataset(StridedDataset):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue at the state's token offset; world size, ``num_workers``, ``seq_len`` and ``batch_size`` may differ."""
+        require_state(self, state)
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"not a PackedDataset state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
         clashes = [f"{key}: checkpoint {state.get(key)!r}, dataset {value!r}"

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +71,15 @@ def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int
         raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size} (from {origin}); "
                          "pass rank= and world_size=, or set both variables")
     return rank, world_size
+
+
+def require_state(dataset: object, state: object) -> None:
+    """A ``load_state_dict`` argument that is not a state (None from an empty checkpoint, a checkpoint's path, the
+    whole checkpoint's tensor) is refused with what to pass, before a field of it is read."""
+    if not isinstance(state, Mapping):
+        name = type(dataset).__name__
+        raise TypeError(f"{name}.load_state_dict takes the dict state_dict() returned (e.g. "
+                        f"torch.load(path)[\"data\"]); got {type(state).__name__} {str(state)[:80]!r}")
 
 
 def _env_int(name: str, default: int) -> int:

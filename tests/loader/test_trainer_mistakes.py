@@ -1,0 +1,63 @@
+"""A new trainer's mistakes with the loader get one error that names the file or field and the fix (not a
+traceback from deep inside, not a message that sends them to re-export)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from datahub.loader import MixtureDataset, PackedDataset, ReleaseDataset
+from datahub.loader.errors import ManifestError
+from tests.loader.shards import write_release
+from tests.loader.tokens import write_tokens
+
+
+def test_a_token_manifest_given_to_release_dataset_says_to_use_packed_dataset(tmp_path: Path) -> None:
+    # what `datahub export --tokenizer` publishes: before, "malformed manifest, missing or bad field (KeyError:
+    # 'shards'); re-run datahub export", which sent the trainer to re-export a good release
+    tokens = tmp_path / "tokens-manifest.json"
+    tokens.write_text(json.dumps({"manifest_version": 1, "format": "megatron-mmidx-1", "release": "r",
+                                  "tokenizer": {"sha256": "0" * 64}, "files": [{"name": "r-000000"}]}))
+    with pytest.raises(ManifestError, match=r"tokens-manifest.json: the manifest of a token export \(Megatron "
+                                            r".bin/.idx files, read by PackedDataset\), not of WebDataset shards"):
+        ReleaseDataset(str(tokens))
+
+
+def test_a_release_name_not_exported_to_the_lake_lists_the_exported_ones(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    for name in ("web-v1", "code-v2"):
+        write_release(lake / "_exports" / name, release=name, samples_per_shard=(2,))
+    with pytest.raises(ManifestError, match=r"_exports/web-v2/manifest.json; was the release exported\? releases "
+                                            r"exported to this lake: code-v2, web-v1") as error:
+        ReleaseDataset("web-v2", lake=str(lake))
+    assert "code-v2, web-v1" in str(error.value)
+    with pytest.raises(ManifestError, match=r"no lake at .*/not-a-lake \(the directory does not exist\)"):
+        ReleaseDataset("web-v1", lake=str(tmp_path / "not-a-lake"))
+    assert len(ReleaseDataset("web-v1", lake=str(lake)).manifest.shards) == 1
+
+
+@pytest.mark.parametrize("state", [None, "checkpoint.pt", 3])
+def test_load_state_dict_of_something_not_a_state_names_what_to_pass(tmp_path: Path, state: object) -> None:
+    write_release(tmp_path / "export", samples_per_shard=(3,))
+    prefixes, _ = write_tokens(tmp_path / "tok", files=1, documents=4)
+    datasets: list[Any] = [ReleaseDataset(str(tmp_path / "export" / "manifest.json")), PackedDataset(prefixes, seq_len=8)]
+    datasets.append(MixtureDataset({"a": datasets[1]}, {"a": 1.0}, batch_size=2))
+    for dataset in datasets:
+        with pytest.raises(TypeError, match=rf"{type(dataset).__name__}.load_state_dict takes the dict "
+                                            r"state_dict\(\) returned \(e.g. torch.load\(path\)\[\"data\"\]\); got "):
+            dataset.load_state_dict(state)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("shuffle_buffer", -1, r"shuffle_buffer must be >= 0; got -1"),
+    ("prefetch_shards", -1, r"prefetch_shards must be >= 0; got -1"),
+    ("seed", "a", r"seed must be an integer; got 'a'"),
+])
+def test_release_dataset_refuses_a_bad_setting_naming_it(tmp_path: Path, field: str, value: object,
+                                                         message: str) -> None:
+    write_release(tmp_path / "export", samples_per_shard=(3,))
+    with pytest.raises(ValueError, match=message):
+        ReleaseDataset(str(tmp_path / "export" / "manifest.json"), **{field: value})  # type: ignore[arg-type]
