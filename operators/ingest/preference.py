@@ -1,15 +1,18 @@
 """Preference readers: HF-style pair JSONL into ``preference`` samples.
 
 Layouts: ``{"prompt": str | messages, "chosen": str | messages, "rejected": str | messages}`` with optional
-``score_chosen`` / ``chosen_score`` and ``score_rejected`` / ``rejected_score``; or, without ``prompt`` (the
-Anthropic HH / UltraFeedback-binarized layout), ``chosen`` and ``rejected`` as whole conversations, whose
-common leading messages become the prompt. A string prompt is one user message, a string reply one assistant
-message. A bad record is quarantined naming the field.
+``score_chosen`` / ``chosen_score`` and ``score_rejected`` / ``rejected_score``; chosen and rejected may be
+whole conversations that begin with the prompt's messages (UltraFeedback-binarized), which are then taken off
+them. Without ``prompt``, ``chosen`` and ``rejected`` are whole conversations (message lists, or Anthropic
+HH-RLHF transcripts ``"\n\nHuman: ...\n\nAssistant: ..."``) whose common leading messages become the prompt;
+two with none in common are quarantined (``missing_field``). A string prompt is one user message, a string
+reply one assistant message. A bad record is quarantined naming the field.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from datahub.kinds.posttraining import render_preference
@@ -30,6 +33,19 @@ def _turns(value: Any, field: str, role: str) -> list[dict[str, Any]]:
     raise RecordError("invalid_field", f"{field}: a {type(value).__name__}, expected a string or a non-empty list of messages")
 
 
+_HH_TURN = re.compile(r"\n\n(Human|Assistant): ")  # Anthropic HH-RLHF transcripts
+_HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+
+
+def _hh_transcript(value: Any) -> list[dict[str, Any]] | None:
+    """The messages of an HH-RLHF transcript string, or None if ``value`` is not one."""
+    if not isinstance(value, str) or not value.startswith("\n\nHuman: "):
+        return None
+    parts = _HH_TURN.split(value)  # ["", "Human", text, "Assistant", text, ...]
+    return [{"role": _HH_ROLES[role], "content": text, "name": None, "tool_calls": None, "tool_call_id": None}
+            for role, text in zip(parts[1::2], parts[2::2])]
+
+
 def _score(record: dict[str, Any], names: tuple[str, ...]) -> float | None:
     for name in names:
         if name in record and record[name] is not None:
@@ -45,14 +61,26 @@ class PreferenceJsonlReader(JsonRecordsReader):
     kinds = ("preference",)
 
     def parse(self, record: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-        chosen = _turns(record.get("chosen"), "chosen", "assistant")
-        rejected = _turns(record.get("rejected"), "rejected", "assistant")
-        if record.get("prompt") is not None:
+        has_prompt = record.get("prompt") is not None
+        hh_chosen = None if has_prompt else _hh_transcript(record.get("chosen"))
+        hh_rejected = None if has_prompt else _hh_transcript(record.get("rejected"))
+        if hh_chosen and hh_rejected:
+            chosen, rejected = hh_chosen, hh_rejected
+        else:
+            chosen = _turns(record.get("chosen"), "chosen", "assistant")
+            rejected = _turns(record.get("rejected"), "rejected", "assistant")
+        if has_prompt:
             prompt = _turns(record["prompt"], "prompt", "user")
+            n = len(prompt)
+            if len(chosen) > n and len(rejected) > n and chosen[:n] == prompt and rejected[:n] == prompt:
+                chosen, rejected = chosen[n:], rejected[n:]  # whole conversations repeating the prompt
         else:  # whole conversations: the shared leading messages are the prompt
             shared = 0
             while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
                 shared += 1
+            if shared == 0:
+                raise RecordError("missing_field", "no field 'prompt', and chosen and rejected share no leading "
+                                                   "message to take it from (a pair must answer the same prompt)")
             prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]
         fields = {"prompt": prompt, "chosen": chosen, "rejected": rejected,
                   **{column: _score(record, names) for column, names in _SCORES.items()}}

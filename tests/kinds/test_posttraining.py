@@ -134,3 +134,46 @@ def test_the_schema_accepts_every_row_the_readers_write(tmp_path):
         for member in json_records(samples.select(columns), columns).to_pylist():
             errors = [e.message for e in validator.iter_errors(json.loads(member))]
             assert not errors, (kind, errors)
+
+
+def test_preference_conversations_that_repeat_the_prompt_are_not_doubled(tmp_path):
+    """UltraFeedback-binarized rows carry `prompt` AND whole conversations in chosen/rejected (user turn included):
+    the prompt was kept twice (prompt + a user turn inside each reply), so a DPO trainer saw it twice."""
+    conversation = lambda answer: [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": answer}]  # noqa: E731
+    records = [{"prompt": "Q?", "chosen": conversation("yes"), "rejected": conversation("no"),
+                "score_chosen": 8.0, "score_rejected": 3.0},
+               {"chosen": conversation("yes"), "rejected": conversation("no")}]  # the same pair without prompt
+    samples, bad = _run(tmp_path, "preference", records)
+    assert not bad
+    first, second = samples.to_pylist()
+    assert [m["content"] for m in first["prompt"]] == ["Q?"]
+    assert [(m["role"], m["content"]) for m in first["chosen"]] == [("assistant", "yes")]
+    assert [(m["role"], m["content"]) for m in first["rejected"]] == [("assistant", "no")]
+    assert first["text"] == second["text"] and first["sample_id"] == second["sample_id"]
+
+
+def test_preference_without_a_prompt_to_share_is_quarantined(tmp_path):
+    """Without `prompt`, the prompt is chosen's and rejected's shared leading turns; replies to two different
+    questions (or bare replies) gave an empty prompt and were kept as a pair."""
+    records = [{"chosen": [{"role": "user", "content": "Q1?"}, {"role": "assistant", "content": "a"}],
+                "rejected": [{"role": "user", "content": "Q2?"}, {"role": "assistant", "content": "b"}]},
+               {"chosen": "a", "rejected": "b"},
+               {"prompt": "Q3?", "chosen": "c", "rejected": "d"}]
+    samples, bad = _run(tmp_path, "preference", records)
+    assert samples.column("source_offset").to_pylist() == [3]
+    assert {line: reason for line, (reason, _) in bad.items()} == {1: "missing_field", 2: "missing_field"}
+    assert "prompt" in bad[1][1] and "share" in bad[1][1]
+
+
+def test_anthropic_hh_transcripts_are_split_into_turns(tmp_path):
+    """Anthropic HH-RLHF rows are transcript strings ('\\n\\nHuman: ...\\n\\nAssistant: ...'); they became one
+    assistant message each with an empty prompt."""
+    shared = "\n\nHuman: How do I list files?\n\nAssistant: Use ls.\n\nHuman: And hidden ones?"
+    records = [{"chosen": shared + "\n\nAssistant: ls -a", "rejected": shared + "\n\nAssistant: I can't help."}]
+    samples, bad = _run(tmp_path, "preference", records)
+    assert not bad
+    row = samples.to_pylist()[0]
+    assert [(m["role"], m["content"]) for m in row["prompt"]] == [
+        ("user", "How do I list files?"), ("assistant", "Use ls."), ("user", "And hidden ones?")]
+    assert [(m["role"], m["content"]) for m in row["chosen"]] == [("assistant", "ls -a")]
+    assert [(m["role"], m["content"]) for m in row["rejected"]] == [("assistant", "I can't help.")]
