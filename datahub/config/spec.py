@@ -11,13 +11,15 @@ import json
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from datahub.config.cron import validate_cron
 from datahub.config.suites import load_suite
+from datahub.close_names import did_you_mean
 from datahub.config.yaml_file import read_yaml
 from datahub.errors import SpecError
 from datahub.kinds.names import KINDS, Kind
@@ -192,15 +194,27 @@ def expand_env(value: Any, environ: Mapping[str, str] | None = None, *, source: 
     return value
 
 
+_SET_EXAMPLE = "e.g. --set graph.dedup.params.threshold=0.9"
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -> dict[str, Any]:
-    """Apply ``key.path=value`` overrides (value parsed as YAML) to the raw spec dict."""
+    """Apply ``key.path=value`` overrides (value parsed as YAML) to the raw spec dict. A path must name a field of
+    the job spec's models (or a node the graph has, or a key of a free-form mapping such as ``params``), so a typo is
+    an error naming the --set item, the nearest keys and the fix, not an "unknown field" the file does not have."""
     for item in overrides:
         if "=" not in item:
-            raise SpecError(f"--set {item!r}: expected key.path=value, e.g. --set graph.dedup.params.threshold=0.9")
+            key = item.strip() or "KEY.PATH"
+            raise SpecError(f"{source}: --set {item!r}: no '=': expected KEY.PATH=VALUE, e.g. --set {key}=VALUE "
+                            f"(--set {key}= sets an empty string)")
         path, _, text = item.partition("=")
-        keys = [k for k in path.strip().split(".") if k]
-        if not keys:
-            raise SpecError(f"--set {item!r}: empty key")
+        path = path.strip()
+        if not path.strip("."):
+            raise SpecError(f"{source}: --set {item!r}: the key before '=' is empty: expected KEY.PATH=VALUE, {_SET_EXAMPLE}")
+        keys = path.split(".")
+        if not all(keys):
+            raise SpecError(f"{source}: --set {item!r}: the key path has an empty part (two dots, or a dot at an end): "
+                            f"expected KEY.PATH=VALUE, {_SET_EXAMPLE}")
+        _check_set_path(raw, keys, item=item, source=source)
         node: Any = raw
         for depth, key in enumerate(keys):
             if isinstance(node, list) and key.isdigit() and int(key) >= len(node):
@@ -214,7 +228,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
                 continue
             if not isinstance(node, dict):
                 raise SpecError(f"{source}: --set {path}: {key!r} is not inside a mapping")
-            node = node.setdefault(key, {})
+            if not isinstance(node.get(key), (dict, list)):  # absent or null (``qa:`` with nothing under it)
+                node[key] = {}
+            node = node[key]
         try:
             value = yaml.safe_load(text) if text.strip() else ""
         except yaml.YAMLError as exc:
@@ -229,13 +245,92 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
     return raw
 
 
-def format_validation_error(source: str, error: ValidationError, *, prefix: str = "") -> str:
+def _check_set_path(raw: dict[str, Any], keys: list[str], *, item: str, source: str) -> None:
+    """Refuse a --set path that the job spec's models have no place for, naming the nearest keys."""
+    model: Any = JobSpec
+    node: Any = raw
+    for depth, key in enumerate(keys):
+        where = ".".join(keys[:depth]) or "the job spec"
+        model = _unwrap_optional(model)
+        origin = get_origin(model)
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            fields = list(model.model_fields)
+            if key not in fields:
+                raise SpecError(f"{source}: --set {item}: {where} has no field {key!r}{did_you_mean(key, fields) or ';'} "
+                                f"its fields: {', '.join(fields)}; fix the path (the fields are in the job spec "
+                                "reference of the README)")
+            model = model.model_fields[key].annotation
+        elif origin is dict:
+            value_type = get_args(model)[1]
+            if value_type is NodeSpec:  # graph: the nodes the spec has
+                names = list(node) if isinstance(node, dict) else []
+                if key not in names:
+                    raise SpecError(f"{source}: --set {item}: the job's graph has no node {key!r}"
+                                    f"{did_you_mean(key, names) or ';'} its nodes: {', '.join(names) or 'none'}; fix the "
+                                    "path, or add the node to the job spec (a node needs op: or sink:, and after:)")
+            else:
+                return  # free-form keys (params, storage_options, conf): the operator or the store checks them
+            model = value_type
+        elif origin is list:
+            length = len(node) if isinstance(node, list) else 0
+            if not key.isdigit():
+                rest = ".".join(keys[depth + 1:])
+                indexes = f"0..{length - 1}" if length else "none yet"
+                raise SpecError(f"{source}: --set {item}: {where} is a list: give an index ({indexes}), e.g. "
+                                f"--set {where}.0{'.' + rest if rest else ''}={item.partition('=')[2] or 'VALUE'}")
+            model = get_args(model)[0]
+            node = node[int(key)] if isinstance(node, list) and int(key) < len(node) else None
+            continue
+        elif model is Any:
+            return
+        else:
+            kind = getattr(model, "__name__", None) or "value"
+            raise SpecError(f"{source}: --set {item}: {where} is a value (a {kind}), not a mapping: --set {where}=VALUE")
+        node = node.get(key) if isinstance(node, dict) else None
+
+
+def _fields_at(model: Any, loc: list[str]) -> list[str] | None:
+    """The field names of the model at ``loc`` inside ``model`` (None where that is not a model)."""
+    for key in loc:
+        model = _unwrap_optional(model)
+        if isinstance(model, type) and issubclass(model, BaseModel) and key in model.model_fields:
+            model = model.model_fields[key].annotation
+        elif get_origin(model) in (dict, list):
+            model = get_args(model)[-1]
+        else:
+            return None
+    model = _unwrap_optional(model)
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap_optional(annotation: Any) -> Any:
+    """``X | None`` -> ``X``; a union of several models or a Literal stays as it is (a value)."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) in (Union, UnionType) and len(args) == 1:
+        return args[0]
+    if get_origin(annotation) in (Union, UnionType, Literal):
+        return str
+    return annotation
+
+
+def format_validation_error(source: str, error: ValidationError, *, prefix: str = "",
+                            overrides: list[str] | None = None, model: type[BaseModel] | None = None) -> str:
+    """One line per error: file, field, what is wrong; ``overrides`` (--set items): a line about a field one of
+    them set ends with it, since the file does not hold that value. ``model``: the model validated, so an unknown
+    field is answered with the nearest known ones."""
+    set_by = {item.partition("=")[0].strip(): item for item in overrides or [] if "=" in item}
     lines = []
     for item in error.errors():
         loc = ".".join(str(part) for part in (prefix.split(".") if prefix else []) + list(item["loc"]))
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check the spelling"
+            known = _fields_at(model, [str(part) for part in item["loc"][:-1]]) if model is not None else None
+            if known:
+                name = str(item["loc"][-1])
+                msg = (f"unknown field{did_you_mean(name, known) or ';'} the fields here: {', '.join(known)}; remove "
+                       "it or check the spelling")
+            else:
+                msg = "unknown field; remove it or check the spelling"
         elif item["type"] == "missing":
             msg = "required field is missing; add it"
         elif item["type"] == "value_error":
@@ -243,7 +338,9 @@ def format_validation_error(source: str, error: ValidationError, *, prefix: str 
         got = item.get("input")
         quiet = item["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) or repr(got) in msg
         got_text = "" if quiet else f" (got {got!r})"
-        lines.append(f"{source}: {loc + ': ' if loc else ''}{msg}{got_text}")  # a model-wide check has no field
+        origin = next((item for path, item in set_by.items() if loc == path or loc.startswith(path + ".")), None)
+        origin_text = f"; set by --set {origin}" if origin else ""
+        lines.append(f"{source}: {loc + ': ' if loc else ''}{msg}{got_text}{origin_text}")  # a model-wide check: no field
     return "\n".join(lines)
 
 
@@ -255,13 +352,14 @@ def load_job_spec(path: str | os.PathLike[str], overrides: list[str] | None = No
     if not isinstance(raw, dict):
         raise SpecError(f"{source}: a job spec is a YAML mapping with name, lake, inputs and graph")
     raw = apply_overrides(raw, overrides or [], source=source)
-    return validate_job_spec(expand_env(raw, source=source), source=source)
+    return validate_job_spec(expand_env(raw, source=source), source=source, overrides=overrides)
 
 
-def validate_job_spec(raw: dict[str, Any], *, source: str = "<spec>") -> JobSpec:
+def validate_job_spec(raw: dict[str, Any], *, source: str = "<spec>", overrides: list[str] | None = None) -> JobSpec:
     """The spec's models (fields, types, ranges); the graph is checked where it is built
-    (``datahub.pipeline.graph.build_graph``, called by ``run_job`` before any work)."""
+    (``datahub.pipeline.graph.build_graph``, called by ``run_job`` before any work). ``overrides``: the --set items
+    applied to ``raw``, named in the errors about the fields they set."""
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(format_validation_error(source, exc)) from None
+        raise SpecError(format_validation_error(source, exc, overrides=overrides, model=JobSpec)) from None

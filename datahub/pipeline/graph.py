@@ -59,17 +59,21 @@ def _check_kinds(spec: JobSpec, name: str, operator: Operator, source: str) -> N
             )
 
 
-def build_graph(spec: JobSpec, *, source: str = "<spec>") -> Graph:
+def build_graph(spec: JobSpec, *, source: str = "<spec>", overrides: list[str] | None = None) -> Graph:
+    """The operator graph of ``spec``, checked (operators, params, edges, kinds); ``overrides``: the --set items
+    applied to the spec, named in the errors about the params they set."""
     nodes: dict[str, Node] = {}
     for name, node_spec in spec.graph.items():
         operator = None
         if node_spec.op is not None:
             try:
-                operator = get_operator(node_spec.op)(node_spec.params)
+                operator_class = get_operator(node_spec.op)
+                operator = operator_class(node_spec.params)
             except OperatorError as exc:
                 raise SpecError(f"{source}: graph.{name}.op: {exc}") from None
             except ValidationError as exc:
-                raise SpecError(format_validation_error(source, exc, prefix=f"graph.{name}.params")) from None
+                raise SpecError(format_validation_error(source, exc, prefix=f"graph.{name}.params",
+                                                        overrides=overrides, model=operator_class.Params)) from None
         elif node_spec.params:
             raise SpecError(f"{source}: graph.{name}.params: a sink takes no params; remove them")
         for up in node_spec.after:

@@ -155,3 +155,67 @@ def test_set_with_a_value_that_is_not_yaml_is_an_error(tmp_path):
     with pytest.raises(SpecError, match=r"job.yaml: --set limits: the value '\{' is not valid YAML \(expected the node "
                                         r"content, but found '<stream end>'\)"):
         load_job_spec(write(tmp_path, BASE), ["limits={"])
+
+
+def test_set_of_a_path_the_spec_does_not_have_names_the_path_the_nearest_keys_and_the_fix(tmp_path):
+    """`--set graph.nope.x=1` said `graph.nope.x: unknown field`, as if the file had it: the error now says that the
+    --set path names no node / field, which ones are near, and what to do."""
+    path = write(tmp_path, BASE)
+
+    def message(item: str) -> str:
+        with pytest.raises(SpecError) as info:
+            load_job_spec(path, [item])
+        return str(info.value)
+
+    text = message("graph.nope.x=1")
+    assert text.startswith(f"{path}: --set graph.nope.x=1: the job's graph has no node 'nope'"), text
+    assert "its nodes: normalize, samples" in text and "fix the path, or add the node to the job spec" in text, text
+    text = message("graph.normalise.params.x=1")
+    assert "has no node 'normalise'; did you mean 'normalize'?" in text, text
+    text = message("engine.adress=ray://head:10001")
+    assert text.startswith(f"{path}: --set engine.adress=ray://head:10001: engine has no field 'adress'; did you mean "
+                           "'address'? its fields: kind, address, num_cpus, object_store_mb, master, conf"), text
+    text = message("grph.normalize.op=x")
+    assert "the job spec has no field 'grph'; did you mean 'graph'?" in text, text
+    text = message("graph.normalize.parms.x=1")
+    assert "graph.normalize has no field 'parms'; did you mean 'params'?" in text, text
+    text = message("inputs.first.uri=/x")
+    assert "inputs is a list: give an index (0..0), e.g. --set inputs.0.uri=/x" in text, text
+    text = message("name.x=1")
+    assert "name is a value (a str), not a mapping: --set name=VALUE" in text, text
+    # what exists in the model but not (yet) in the file can be set, as can free-form keys
+    spec = load_job_spec(path, ["engine.address=ray://head:10001", "graph.normalize.params.lowercase=true",
+                                "lake.storage_options.AWS_REGION=eu", "qa.table=samples"])
+    assert spec.engine.address == "ray://head:10001" and spec.lake.storage_options == {"AWS_REGION": "eu"}
+
+
+def test_malformed_set_items_say_what_form_is_expected(tmp_path):
+    path = write(tmp_path, BASE)
+
+    def message(item: str) -> str:
+        with pytest.raises(SpecError) as info:
+            load_job_spec(path, [item])
+        return str(info.value)
+
+    assert message("engine.kind") == (f"{path}: --set 'engine.kind': no '=': expected KEY.PATH=VALUE, e.g. "
+                                      "--set engine.kind=VALUE (--set engine.kind= sets an empty string)")
+    for item in ("=3", ".=3", " =3"):
+        assert message(item) == (f"{path}: --set {item!r}: the key before '=' is empty: expected KEY.PATH=VALUE, "
+                                 "e.g. --set graph.dedup.params.threshold=0.9"), item
+    assert message("graph..op=x") == (f"{path}: --set 'graph..op=x': the key path has an empty part (two dots, or "
+                                      "a dot at an end): expected KEY.PATH=VALUE, e.g. --set graph.dedup.params.threshold=0.9")
+    text = message("limits.batch_rows=abc")  # a type mismatch: the model's message, and where the value came from
+    assert text == (f"{path}: limits.batch_rows: Input should be a valid integer, unable to parse string as an integer "
+                    "(got 'abc'); set by --set limits.batch_rows=abc"), text
+
+
+def test_set_of_an_operator_param_it_does_not_have_names_its_params_and_the_set_item(tmp_path):
+    from datahub.pipeline.graph import build_graph
+
+    path = write(tmp_path, BASE)
+    item = "graph.normalize.params.unicode_from=NFKD"
+    with pytest.raises(SpecError) as info:
+        build_graph(load_job_spec(path, [item]), source=str(path), overrides=[item])
+    assert str(info.value) == (f"{path}: graph.normalize.params.unicode_from: unknown field; did you mean "
+                               "'unicode_form'? the fields here: unicode_form, collapse_spaces, max_blank_lines, strip; "
+                               f"remove it or check the spelling; set by --set {item}")

@@ -74,8 +74,9 @@ def register(app: typer.Typer) -> None:
         if lake_file:  # as every other command's --lake: the file's root and storage options, not a root named *.yaml
             assert lake is not None
             spec = spec.model_copy(update={"lake": load_lake_spec(lake)})
+        if check or set_:  # operators, params, edges: what run_job checks first, with the --set items named
+            build_graph(spec, source=str(job), overrides=list(set_))
         if check:
-            build_graph(spec, source=str(job))  # operators, params, edges: what run_job checks first
             # as the run would list them: an input matching nothing is an error until the job has run once
             listing = list_job_inputs(spec, Lake(spec.lake.root, storage_options=spec.lake.storage_options),
                                       source=str(job), full=full)
