@@ -27,7 +27,8 @@ from pathlib import Path
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from datahub.errors import IntegrityError, SpecError, StorageError
+from datahub.errors import DatahubError, IntegrityError, SpecError, StorageError
+from datahub.retry import is_transient_storage_error
 from datahub.storage.tier_spec import CephTier, CfsTier, HdfsTier
 from datahub.storage.webhdfs import bound_requests
 
@@ -60,6 +61,25 @@ _DIRECT_PIECE = 4 * 2**20
 # 4096 bytes); the file's tail past the last multiple is written buffered
 _DIRECT_ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; elsewhere every write is buffered
+
+
+def _answers(action: str) -> Any:
+    """Decorate a ``Tier`` method taking a URI first: a failure of the tier's endpoint (connection refused, timeout,
+    HTTP 5xx: ``is_transient_storage_error``), which s3fs and requests raise as botocore/aiohttp/requests errors after
+    their own retries, becomes a ``StorageError`` naming the tier, the endpoint and what to check (``Tier.no_answer``).
+    ``StorageError`` is transient: whoever retried the raw error by class still retries it."""
+    def decorate(method: Any) -> Any:
+        @functools.wraps(method)
+        def call(self: Tier, uri: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, uri, *args, **kwargs)
+            except Exception as exc:
+                failure = self.no_answer(action, uri, exc)
+                if failure is None:
+                    raise
+                raise failure from (exc.__cause__ if isinstance(exc, StorageError) else exc)
+        return call
+    return decorate
 
 
 class Tier:
@@ -163,6 +183,34 @@ class Tier:
 
     # --- operations ----------------------------------------------------------------------------------------
 
+    def no_answer(self, action: str, uri: str, error: BaseException) -> StorageError | None:
+        """The error to raise for ``error`` when this tier's endpoint failed ``action`` on ``uri`` (refused, timed out,
+        answered 5xx): it names the tier, the endpoint and the fix. None for anything else (a missing object, a
+        refused permission, a bug), and for cfs (a path: its OSErrors say which). A ``StorageError`` the method raised
+        itself is replaced only when its cause is such a failure and it does not say so already."""
+        spec = self.spec
+        if isinstance(spec, CfsTier) or isinstance(error, FileNotFoundError):
+            return None
+        if isinstance(error, StorageError):
+            if " did not answer" in str(error) or error.__cause__ is None:
+                return None
+            error = error.__cause__
+        elif isinstance(error, DatahubError):
+            return None
+        if not is_transient_storage_error(error):
+            return None
+        if isinstance(spec, CephTier):
+            endpoint, service, field = spec.endpoint_url, "the RGW (radosgw) or S3 service is up", "endpoint_url"
+        else:
+            endpoint, service, field = spec.url, "the NameNode (WebHDFS) and its DataNodes are up", "url"
+        text = str(error).strip()
+        why = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+        config = "the storage config" if self.source.startswith("<") else self.source
+        return StorageError(f"tier {self.name}: cannot {action} {uri}: {endpoint} did not answer ({why}); check that "
+                            f"{service} and this machine can reach it, or fix tiers.{self.name}.{field} in "
+                            f"{config}; retrying may succeed once it answers")
+
+    @_answers("stat")
     def size(self, uri: str) -> int | None:
         """Size in bytes, or None when the object does not exist."""
         try:
@@ -177,6 +225,7 @@ class Tier:
             raise StorageError(f"tier {self.name}: cannot stat {uri}: {exc}") from exc
         return int(info["size"]) if info.get("type", "file") != "directory" else None
 
+    @_answers("read")
     def read(self, uri: str) -> bytes:
         try:
             if isinstance(self.spec, CfsTier):
@@ -187,6 +236,7 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
 
+    @_answers("read")
     def read_range(self, uri: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of an object: one ranged read (a seek on cfs, an HTTP range on ceph and hdfs)."""
         try:
@@ -213,8 +263,13 @@ class Tier:
                         yield chunk
         except FileNotFoundError:
             raise
-        except OSError as exc:
-            raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
+        except Exception as exc:  # a generator: ``_answers`` cannot wrap it
+            failure = self.no_answer("read", uri, exc)
+            if failure is not None:
+                raise failure from exc
+            if isinstance(exc, OSError):
+                raise StorageError(f"tier {self.name}: cannot read {uri}: {exc}") from exc
+            raise
 
     def sha256(self, uri: str, *, cap: BandwidthCap | None = None) -> str:
         """Stream the object and hash it (reads at the destination: this is the verification); every chunk read is
@@ -233,6 +288,7 @@ class Tier:
         except FileNotFoundError:
             return False
 
+    @_answers("write")
     def publish(self, uri: str, data: bytes) -> None:
         """Write ``data`` at ``uri`` atomically: readers see the old object or the whole new one."""
         try:
@@ -330,10 +386,15 @@ class Tier:
                 except BaseException:
                     _remove_quietly(fs, partial)
                     raise
-        except OSError as exc:
+        except Exception as exc:
             if source_failed:
                 raise
-            raise self._write_error(uri, exc) from exc
+            failure = self.no_answer("write", uri, exc)
+            if failure is not None:
+                raise failure from exc
+            if isinstance(exc, OSError):
+                raise self._write_error(uri, exc) from exc
+            raise
         return written, digest.hexdigest()
 
     def _write_error(self, uri: str, exc: OSError) -> StorageError:
@@ -359,6 +420,7 @@ class Tier:
                                  f"sha256 {expected[:12]}...); check the tier's health and re-run")
         return expected
 
+    @_answers("delete")
     def delete(self, uri: str, *, recursive: bool = False) -> None:
         """Delete an object (or a directory with ``recursive``); missing is fine."""
         try:
@@ -387,6 +449,7 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot delete {uri}: {exc}") from exc
 
+    @_answers("clean up")
     def sweep_partials(self, directory_uri: str, *, older_than: float | None = None) -> int:
         """Remove what a killed ``publish``/``publish_stream`` left in a directory; returns how many were removed.
 
@@ -474,6 +537,7 @@ class Tier:
                 return newest
             markers = {"PartNumberMarker": int(page["NextPartNumberMarker"])}
 
+    @_answers("list")
     def live_writes(self, directory_uri: str, *, within: float) -> list[str]:
         """The files under ``directory_uri`` (at any depth) that show a writer at work: an export's journal (a path
         through a ``_partial`` folder) or a publish's temp file, written to in the last ``within`` seconds. A tier
@@ -508,6 +572,7 @@ class Tier:
         return sorted(path for path, stamp in found if stamp > cutoff and (
             "_partial" in path[len(root):].split("/") or _PARTIAL.match(path.rsplit("/", 1)[-1])))
 
+    @_answers("list")
     def children(self, directory_uri: str) -> list[str]:
         """The names directly in a directory (files and folders), sorted; empty when it is missing."""
         try:
@@ -524,6 +589,7 @@ class Tier:
         except OSError as exc:
             raise StorageError(f"tier {self.name}: cannot list {directory_uri}: {exc}") from exc
 
+    @_answers("check")
     def exists(self, uri: str) -> bool:
         if isinstance(self.spec, CfsTier):
             return os.path.exists(uri)

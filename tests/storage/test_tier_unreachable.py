@@ -1,0 +1,86 @@
+"""A ceph or hdfs tier whose endpoint does not answer, reached from Python (not through the CLI, which checks the
+port first): every tier operation, an export and a tier copy raise datahub's ``StorageError`` naming the tier, the
+endpoint and the fix, not botocore's ``EndpointConnectionError`` (nor aiohttp's or requests' errors); it stays a
+``TransientError``, so a caller that retries by class still retries it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from datahub.errors import StorageError, TransientError
+from datahub.export import export_table_version
+from datahub.retry import retry
+from datahub.storage import validate_storage_config
+from tests.export.helpers import make_lake
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:  # bound then closed: nothing listens there, a connect is refused at once
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def storage(tmp_path: Path):
+    credentials = tmp_path / "ceph.credentials"
+    credentials.write_text("access_key_id=AKIAEXAMPLE\nsecret_access_key=secret\n")
+    port = _closed_port()
+    return validate_storage_config({"tiers": {
+        "archive": {"kind": "ceph", "endpoint_url": f"http://127.0.0.1:{port}", "bucket": "releases",
+                    "credentials": {"file": str(credentials)}},
+        "cold": {"kind": "hdfs", "url": f"webhdfs://127.0.0.1:{port}/datahub", "connect_timeout_s": 2},
+        "local": {"kind": "cfs", "path": str(tmp_path / "cfs")},
+    }}, source="storage.yaml"), port
+
+
+def _says_which_tier_and_how_to_fix(error: StorageError, tier: str, field: str, port: int) -> None:
+    text = str(error)
+    assert text.startswith(f"tier {tier}: cannot "), text
+    assert f"127.0.0.1:{port}" in text and " did not answer (" in text and f"fix tiers.{tier}.{field} in storage.yaml" in text, text
+    assert isinstance(error, TransientError)
+
+
+def test_every_operation_on_an_unreachable_ceph_tier_raises_storage_error(storage) -> None:
+    config, port = storage
+    tier = config.tier("archive")
+    uri = tier.uri("r1", "shard-000000.tar")
+    for call in (lambda: tier.size(uri), lambda: list(tier.chunks(uri)),
+                 lambda: tier.publish_stream(uri, iter([b"bytes"]), size=None, sha256=None)):
+        with pytest.raises(StorageError) as caught:
+            call()
+        _says_which_tier_and_how_to_fix(caught.value, "archive", "endpoint_url", port)
+        assert "RGW (radosgw)" in str(caught.value)
+
+
+def test_an_unreachable_hdfs_tier_names_the_namenode_and_is_retried_by_class(storage) -> None:
+    config, port = storage
+    tier = config.tier("cold")
+    tries: list[int] = []
+
+    def read() -> bytes:
+        tries.append(1)
+        return tier.read(tier.uri("r1", "manifest.json"))
+
+    with pytest.raises(StorageError) as caught:
+        retry(read, attempts=3, sleep=lambda _: None)
+    assert len(tries) == 3  # transient: retried, as a caller retrying TransientError did before
+    _says_which_tier_and_how_to_fix(caught.value, "cold", "url", port)
+    assert "NameNode (WebHDFS)" in str(caught.value)
+
+
+def test_export_from_python_to_an_unreachable_tier_raises_storage_error(storage, tmp_path: Path) -> None:
+    config, port = storage
+    lake, version = make_lake(tmp_path / "lake", n=10)
+    with pytest.raises(StorageError) as caught:
+        export_table_version(lake, table="samples", version=version, release_name="r1", tier="archive", storage=config)
+    _says_which_tier_and_how_to_fix(caught.value, "archive", "endpoint_url", port)
+
+
+def test_a_missing_file_on_a_tier_is_not_taken_for_an_unreachable_endpoint(storage) -> None:
+    config, _ = storage
+    tier = config.tier("local")
+    with pytest.raises(FileNotFoundError):
+        tier.read(tier.uri("r1", "manifest.json"))
