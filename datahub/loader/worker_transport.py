@@ -277,8 +277,12 @@ class _RingView:
                                        f"({error}); was the worker killed, or the batch unpickled twice?") from error
         try:
             self.map = mmap.mmap(handle, os.fstat(handle).st_size)
-        finally:
+        except BaseException:
             os.close(handle)
+            raise
+        # kept to ask whether the worker still holds its flock on the ring (``finished``), closed with the view
+        self.handle = handle
+        weakref.finalize(self, os.close, handle)
         self.path = path
         self.view = memoryview(self.map)
         self.released = np.frombuffer(self.map, dtype=np.uint64, count=1)
@@ -319,14 +323,24 @@ class _RingView:
             if mark is not None:
                 self.released[0] = mark
             idle = not self.pending
-        # its last batch gone after its worker exited (the ring file removed): unmap it now, not when a later epoch's
-        # worker sends its first batch (a weakref callback: it never waits for the table's lock)
-        if idle and not os.path.exists(self.path):
+        # its last batch gone after its worker exited: unmap it now, not when a later epoch's worker sends its first
+        # batch (a weakref callback: it never waits for the table's lock)
+        if idle and not os.path.exists(self.path) and self.finished():
             release_finished_rings(wait=False)
 
     def idle(self) -> bool:
         with self.lock:
             return not self.pending
+
+    def finished(self) -> bool:
+        """Whether the ring's worker exited: it holds a shared flock on its ring while it lives (a file removed
+        from /dev/shm by someone else while the worker writes to it is not finished)."""
+        try:
+            fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        fcntl.flock(self.handle, fcntl.LOCK_UN)
+        return True
 
     def free_unused(self) -> None:
         """Give the pages no batch views back to /dev/shm (``MADV_REMOVE``), for a ring whose worker exited (nothing
@@ -368,10 +382,10 @@ def _view(path: str) -> _RingView:
 
 
 def _forget_finished(*, free_unused: bool = False) -> None:
-    """Under ``_views_lock``: drop the mappings of rings whose worker exited (file removed) and that no batch views
-    (unmapped when collected; a removed file's pages stay in /dev/shm while it is mapped); with ``free_unused``, give
-    back the unused pages of those a kept batch still views."""
-    for old in [v for v in _views.values() if not os.path.exists(v.path)]:
+    """Under ``_views_lock``: drop the mappings of rings whose worker exited (file removed, its flock free) and that
+    no batch views (unmapped when collected; a removed file's pages stay in /dev/shm while it is mapped); with
+    ``free_unused``, give back the unused pages of those a kept batch still views."""
+    for old in [v for v in _views.values() if not os.path.exists(v.path) and v.finished()]:
         if old.idle():
             del _views[old.path]
         elif free_unused:

@@ -539,3 +539,26 @@ def test_a_finished_epochs_rings_are_unmapped_before_the_next_epochs_workers_mak
         assert np.array_equal(batch["tokens"], kept)
     del batch
     assert not used & set(gone_rings())
+
+
+def test_a_ring_removed_from_dev_shm_while_its_worker_lives_is_neither_unmapped_nor_given_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # someone cleans /dev/shm (rm) while a worker still writes its ring: the file is gone but the worker is not
+    # finished (it holds its flock); the trainer must keep the mapping and never give back pages the worker writes
+    # a batch into after the trainer's last one (the worker's and trainer's sides in one process, as above)
+    monkeypatch.setattr(worker_transport, "_rings", {})
+    monkeypatch.setattr(worker_transport, "_made", {})
+    monkeypatch.setattr(worker_transport, "_views", {})
+    batches = [pa.record_batch({"text": [f"sample {i}-{j}" * 40 for j in range(60)]}) for i in range(3)]
+    sent = [worker_transport._reduce_record_batch(batch) for batch in batches[:2]]
+    ring = worker_transport._rings[os.getpid()]
+    got = [rebuild(*args) for rebuild, args in sent]
+    os.unlink(ring.path)
+    del got[0]
+    rebuild, args = worker_transport._reduce_record_batch(batches[2])  # in the pipe, not yet read by the trainer
+    worker_transport.release_finished_rings()  # what set_epoch calls
+    assert ring.path in worker_transport._views
+    assert rebuild(*args).to_pylist() == batches[2].to_pylist()
+    got.clear()
+    worker_transport.release_finished_rings()
+    assert ring.path in worker_transport._views, "idle, but its worker lives"
