@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from datahub.kinds.names import DEFAULT_KIND, KIND_COLUMN
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
+from datahub.lake.timestamps import iso_utc_from_millis
 
 KIND_BATCH_ROWS = 1 << 16  # rows of the kind column counted at a time
 
@@ -38,8 +39,9 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
         if table:
             info["schema"] = [{"name": f.name, "type": str(f.type)} for f in pa.schema(dt.schema().to_arrow())]
             info["history"] = [
+                # timestamp: Delta's epoch milliseconds, as before; time: the same as ISO 8601 UTC (the JSON's format)
                 {"version": h.get("version"), "operation": h.get("operation"), "timestamp": h.get("timestamp"),
-                 "txn": h.get("datahub.txn")}
+                 "time": iso_utc_from_millis(h.get("timestamp")), "txn": h.get("datahub.txn")}
                 for h in dt.history(10)
             ]
             if KIND_COLUMN in (field["name"] for field in info["schema"]):

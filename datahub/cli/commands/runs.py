@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from datahub.cli.lake_option import open_lake
+        from datahub.lake.timestamps import iso_utc
         from datahub.pipeline.history import list_runs
 
         from datahub.cli.arguments import given
@@ -46,8 +47,8 @@ def register(app: typer.Typer) -> None:
             else:
                 console().print(nothing, soft_wrap=True)
             return
-        if as_json:
-            print_json(items)
+        if as_json:  # date-times as ISO 8601 UTC with 'Z', as every --json prints them
+            print_json([{**i, "started": iso_utc(i["started"]), "finished": iso_utc(i["finished"])} for i in items])
             return
         out = console()
         grid = Table(title=f"runs in {lake}")

@@ -1,0 +1,42 @@
+"""`datahub runs --json` and `datahub inspect TABLE --json` print every date-time the same way: ISO 8601 in UTC with
+a 'Z' and microseconds (``2026-12-07T21:58:07.876950Z``, as the export manifest's and OpenLineage's 'Z' times), for
+rows of the runs table and for runs seen only through their lease alike (they printed Python's
+``2026-12-07 21:58:07.876950+00:00``, and inspect gave only Delta's epoch milliseconds)."""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime, timezone
+
+from datahub.config.spec import validate_job_spec
+from datahub.engines.arrow import ArrowEngine
+from datahub.lake import Lake
+from datahub.pipeline.lease import JobLease
+from datahub.pipeline.run import run_job
+from tests.pipeline.corpus import job_raw, make_corpus, run_cli
+
+ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+
+
+def test_runs_and_inspect_json_print_iso_8601_utc_times_in_one_format(tmp_path):
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=3)
+    lake_root = tmp_path / "lake"
+    before = datetime.now(timezone.utc)
+    assert run_job(validate_job_spec(job_raw(corpus, lake_root)), engine=ArrowEngine()).status == "succeeded"
+    killed = JobLease(Lake(lake_root), "otherjob", ttl_s=0.01).acquire()  # never released: an interrupted run
+    killed.update(run_id="otherjob-0123456789ab", inputs=[])
+
+    listed = run_cli(["runs", str(lake_root), "--json"])
+    assert listed.returncode == 0, listed.stderr
+    items = json.loads(listed.stdout)
+    assert sorted(i["status"] for i in items) == ["interrupted", "succeeded"]
+    times = [i[key] for i in items for key in ("started", "finished") if i[key] is not None]
+    assert len(times) == 3 and all(ISO_UTC.match(t) for t in times), times
+    assert all(datetime.fromisoformat(t) >= before.replace(microsecond=0) for t in times)  # UTC, not local time
+
+    described = run_cli(["inspect", str(lake_root), "runs", "--json"])
+    assert described.returncode == 0, described.stderr
+    history = json.loads(described.stdout)["tables"]["runs"]["history"]
+    assert history and all(ISO_UTC.match(h["time"]) for h in history), history
+    assert all(round(datetime.fromisoformat(h["time"]).timestamp() * 1000) == h["timestamp"] for h in history)
