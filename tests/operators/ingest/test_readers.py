@@ -349,3 +349,24 @@ def test_null_and_absent_text_say_which(tmp_path):
     pq.write_table(pa.table({"text": ["ok", None]}), parquet)
     _, bad = read_all(parquet)
     assert bad.column("detail").to_pylist() == ["row 1: field 'text' is null"]
+
+
+@pytest.mark.parametrize("kind,record", [
+    ("text", {"text": "first document"}),
+    ("chat", {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}),
+    ("image_text", {"caption": "first", "image_path": "missing.jpg"}),
+])
+def test_a_utf8_byte_order_mark_does_not_cost_the_first_record(tmp_path, kind, record):
+    """Files written with utf-8-sig (Windows tools, pandas encoding='utf-8-sig') start with EF BB BF: the first
+    line was quarantined as invalid_json ('Unexpected UTF-8 BOM')."""
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(record).encode() + b"\r\n" + json.dumps(record).encode() + b"\n")
+    file = InputFile(uri=str(path), size=path.stat().st_size, etag="", mtime="", format="jsonl", kind=kind,
+                     text_field="caption" if kind == "image_text" else "text")
+    batches = list(reader_for("jsonl", kind)(max_record_bytes=10_000).read(file))
+    reasons = [r for b in batches for r in b.quarantine.column("reason").to_pylist()]
+    samples = sum(b.samples.num_rows for b in batches)
+    if kind == "image_text":  # the picture is not there: both lines reach the image check alike
+        assert reasons == ["image_not_found", "image_not_found"]
+    else:
+        assert reasons == [] and samples == 2
