@@ -22,9 +22,11 @@ import pyarrow.compute as pc
 
 from datahub.errors import LakeError, SpecError
 from datahub.lake.lake import Lake
+from datahub.lake.scan import scan_batches
+from datahub.retry import retry_policy, storage_errors
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.sample_id import sample_ids
-from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE
+from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE, ROW_GROUP_ROWS
 from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES
 
 PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
@@ -36,6 +38,7 @@ CONVERSATION_FIELDS = ("messages", "conversations", "turns")
 # every sample carrying it as contaminated), or a tool's output rather than the benchmark's question. The decontam
 # views (operators/decontam/views.py) build a chat sample's texts with the same roles.
 EVALSET_OP = "evalset.add@1"
+LIST_BATCH_ROWS = 65_536  # rows of the table grouped at a time by ``list_evalsets``
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
@@ -201,7 +204,8 @@ def add_evalset(lake: Lake, name: str, path: str | Path) -> EvalSet:
     refs = pc.binary_join_element_wise(f"{name}@{version}:", items.column("item_id"), "")
     lake.commit("lineage", lineage_rows(hashes, run_id=txn, op=EVALSET_OP, action="ingested", reason="evalset",
                                         ref=refs, ts=now), txn=txn, metadata={"datahub.evalset": f"{name}@{version}"})
-    if lake.commit(EVALSETS_TABLE, rows, txn=txn, metadata={"datahub.evalset": f"{name}@{version}"}) is None:
+    if lake.commit(EVALSETS_TABLE, rows, txn=txn, metadata={"datahub.evalset": f"{name}@{version}"},
+                   row_group_rows=ROW_GROUP_ROWS) is None:
         raise LakeError(f"eval set {name} version {version} was added concurrently by another writer; "
                         f"list them with: datahub evalset list --lake {lake.ref}")
     return EvalSet(name, version, n, source_uri, digest, now, versions=version)
@@ -211,9 +215,22 @@ def list_evalsets(lake: Lake, *, all_versions: bool = False) -> list[EvalSet]:
     """Registered eval sets: the latest version of each (or every version), by name then version."""
     if not lake.exists(EVALSETS_TABLE):
         return []
-    rows = lake.read(EVALSETS_TABLE, columns=["evalset", "version", "source_uri", "digest", "added"])
-    grouped = rows.group_by(["evalset", "version"], use_threads=False).aggregate([
-        ("source_uri", "first"), ("digest", "first"), ("added", "min"), ("evalset", "count")])
+    # a batch at a time (every gate of create, merge and redact lists them, some twice): one row per set version is
+    # held, not the table's per-item source_uri and digest strings
+    def attempt() -> list[pa.Table]:  # a broken read starts again (Lake.read's retries)
+        with storage_errors(f"read {lake.table_uri(EVALSETS_TABLE)}"):
+            columns = ["evalset", "version", "source_uri", "digest", "added"]
+            return [pa.Table.from_batches([batch]).group_by(["evalset", "version"], use_threads=False).aggregate([
+                ("source_uri", "first"), ("digest", "first"), ("added", "min"), ("evalset", "count")])
+                for batch in scan_batches(lake.dataset(EVALSETS_TABLE), columns=columns, batch_rows=LIST_BATCH_ROWS)]
+
+    partial = retry_policy(attempt, lake.retry)
+    if not partial:
+        return []
+    grouped = pa.concat_tables(partial).group_by(["evalset", "version"], use_threads=False).aggregate([
+        ("source_uri_first", "first"), ("digest_first", "first"), ("added_min", "min"), ("evalset_count", "sum")])
+    grouped = grouped.rename_columns({"source_uri_first_first": "source_uri_first", "digest_first_first": "digest_first",
+                                      "added_min_min": "added_min", "evalset_count_sum": "evalset_count"})
     grouped = grouped.sort_by([("evalset", "ascending"), ("version", "ascending")])
     out: list[EvalSet] = []
     counts: dict[str, int] = {}

@@ -272,11 +272,21 @@ def _bloom_bits(count: int) -> int:
     return max(10, int(np.ceil(np.log2(max(count, 1) * BLOOM_BITS_PER_NGRAM))))
 
 
+BLOOM_CHUNK = 1 << 20  # n-grams set at a time (the shifted copies are 9 bytes each)
+
+
 def _bloom(hashes: np.ndarray) -> np.ndarray:
+    """The packed filter (bit ``i % 8`` of byte ``i // 8`` for slot ``i``, as ``np.packbits(bitorder="little")``),
+    set a chunk of n-grams at a time: a bool per slot first held 8 bits for each of an n-gram's 32 (64 MB for a 2M
+    n-gram index)."""
     bits = _bloom_bits(len(hashes))
-    slots = np.zeros(1 << bits, dtype=bool)
-    slots[hashes >> np.uint64(64 - bits)] = True  # top bits: the hashes are fmix64 outputs, uniform
-    return np.packbits(slots, bitorder="little")
+    packed = np.zeros((1 << bits) // 8, dtype=np.uint8)
+    shift = np.uint64(64 - bits)  # top bits: the hashes are fmix64 outputs, uniform
+    for start in range(0, len(hashes), BLOOM_CHUNK):
+        slots = hashes[start:start + BLOOM_CHUNK] >> shift
+        np.bitwise_or.at(packed, slots >> np.uint64(3),
+                         np.left_shift(np.uint8(1), (slots & np.uint64(7)).astype(np.uint8)))
+    return packed
 
 
 def _bloom_test(bloom: np.ndarray, hashes: np.ndarray) -> np.ndarray:
