@@ -78,17 +78,36 @@ def resolve(reference: str, base_uri: str) -> str:
     return posixpath.join(posixpath.dirname(base_uri), reference)
 
 
+WEB_SCHEMES = ("http://", "https://")
+WEB_TIMEOUT_S = 60  # one web image; aiohttp's default (300 s) let a hanging host stall the reader for minutes
+
+
+def _web_options() -> dict[str, Any]:
+    import aiohttp
+
+    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=WEB_TIMEOUT_S)}}
+
+
 def fetch(uri: str, file: InputFile) -> tuple[bytes | None, str | None]:
     """``(bytes, None)`` of the referenced image, or ``(None, why)`` if it is not there.
 
     A missing file is bad data (quarantined); a storage failure raises ``StorageError`` and the input is retried.
+    A web image (http/https, LAION-style ``url``) that cannot be fetched, a dead host included, is quarantined: a
+    web server is not the job's storage, and one dead link must not fail the input it is listed in.
     """
+    web = uri.lower().startswith(WEB_SCHEMES)
     try:
-        with StorageStream.open(uri, dict(file.storage_options)) as stream:
+        with StorageStream.open(uri, _web_options() if web else dict(file.storage_options)) as stream:
             return stream.read(), None
-    except TransientError:
-        raise
+    except TransientError as exc:
+        if not web:
+            raise
+        return None, f"{exc}" if exc.__cause__ is None else f"{type(exc.__cause__).__name__}: {exc.__cause__}"
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    except OSError as exc:
+        if not web:
+            raise
         return None, f"{type(exc).__name__}: {exc}"
 
 

@@ -222,3 +222,40 @@ def test_parquet_datasets_image_struct_with_only_a_path_is_fetched(tmp_path, dem
     assert samples.column("text").to_pylist() == ["by path"] and samples.column("image").to_pylist() == [picture]
     assert samples.column("image_uri").to_pylist() == [str(tmp_path / "pics" / "a.jpg")]
     assert bad.column("reason").to_pylist() == ["image_not_found"]
+
+
+def test_web_image_urls_that_fail_are_quarantined_not_a_failed_input(tmp_path, demo_members):
+    """LAION-style refs name web images by `url`; one dead link (connection refused, 404) raised StorageError for
+    the whole input file (retried, then the run failed) instead of quarantining that record."""
+    import functools
+    import http.server
+    import socket
+    import threading
+
+    picture = image_of(demo_members["img00000"])
+    (tmp_path / "web").mkdir()
+    (tmp_path / "web" / "a.jpg").write_bytes(picture)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path / "web"))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as s:  # a port nothing listens on: connection refused
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        path = _refs(tmp_path / "refs.jsonl", [json.dumps(r).encode() + b"\n" for r in [
+            {"url": f"{base}/a.jpg", "caption": "served"},
+            {"url": f"{base}/gone.jpg", "caption": "404"},
+            {"url": f"http://127.0.0.1:{closed}/x.jpg", "caption": "refused"},
+            {"url": f"{base}/a.jpg", "caption": "served again"},
+        ]])
+        samples, bad = read(path, "jsonl", text_field="caption")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert samples.column("text").to_pylist() == ["served", "served again"]
+    assert samples.column("image").to_pylist() == [picture, picture]
+    rows = bad.to_pylist()
+    assert [(r["source_offset"], r["reason"]) for r in rows] == [(2, "image_not_found"), (3, "image_not_found")]
+    assert "gone.jpg" in rows[0]["detail"] and f":{closed}/x.jpg" in rows[1]["detail"]
