@@ -22,7 +22,7 @@ from datahub.loader.errors import ConsumedCountRequiredError
 from datahub.loader.manifest import load_manifest
 from datahub.shards.manifest import Manifest
 from datahub.loader.plan import (EpochOrder, RankStream, Segment, Uneven, consumed_items, rank_stream, resolve_topology,
-                                 require_state, stream_positions, worker_pieces)
+                                 int_setting, require_state, stream_positions, worker_pieces)
 from datahub.loader.prefetch import Prefetcher
 from datahub.loader.read_policy import ReadPolicy
 from datahub.loader.shard_source import ShardSource, Verify
@@ -113,11 +113,6 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
             raise ValueError(f"batch_size must be >= 1 or None; got {batch_size}")
         if batch_format not in ("list", "arrow"):
             raise ValueError(f"batch_format must be 'list' or 'arrow'; got {batch_format!r}")
-        if shuffle_buffer is not None and shuffle_buffer < 0:
-            raise ValueError(f"shuffle_buffer must be >= 0; got {shuffle_buffer} (0 or 1: shards in shuffled order, "
-                             "samples in shard order)")
-        if prefetch_shards < 0:
-            raise ValueError(f"prefetch_shards must be >= 0; got {prefetch_shards}")
         if batch_format == "arrow" and (batch_size is None or decode != "text" or transform is not None):
             raise ValueError("batch_format='arrow' makes pyarrow RecordBatches of text: it needs batch_size=N and "
                              f"decode='text' (got batch_size={batch_size}, decode={decode!r})")
@@ -128,10 +123,10 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         self.manifest = load_manifest(release_or_manifest, lake=lake, storage_options=manifest_options,
                                       read_policy=read_policy)
         self.rank, self.world_size = resolve_topology(rank, world_size)
-        self.seed, self.epoch = _integer("seed", seed), _integer("epoch", epoch)
-        self.shuffle, self.shuffle_buffer = shuffle, int(shuffle_buffer or 0)
+        self.seed, self.epoch = int_setting("seed", seed), int_setting("epoch", epoch)
+        self.shuffle, self.shuffle_buffer = shuffle, int_setting("shuffle_buffer", shuffle_buffer or 0, minimum=0)
         self.batch_size, self.uneven = batch_size, uneven
-        self.prefetch_shards = prefetch_shards
+        self.prefetch_shards = int_setting("prefetch_shards", prefetch_shards, minimum=0)
         self.batch_format = batch_format
         self._decode = make_decoder(decode)  # per-sample reads; arrow batches gather columns (_iterate_arrow)
         if transform is not None:  # applied to every decoded sample, before batching (e.g. image augmentation)
@@ -490,14 +485,6 @@ class ReleaseDataset(OwnPosition, _Base):  # type: ignore[misc,valid-type]  # th
         finally:
             readers.clear()
             prefetcher.close()
-
-
-def _integer(field: str, value: Any) -> int:
-    """``value`` as an int (a numpy integer or a numeric string too), else a ValueError naming ``field``."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{field} must be an integer; got {value!r}") from None
 
 
 class _Transformed:

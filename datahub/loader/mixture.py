@@ -178,6 +178,9 @@ class MixtureDataset(StridedDataset):
         upsample: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__(rank=rank, world_size=world_size, batch_size=batch_size)
+        if not isinstance(sources, Mapping):
+            raise TypeError("MixtureDataset sources must be a dict of name -> dataset, e.g. {'web': web, 'code': "
+                            f"code}}, with weights by the same names; got {type(sources).__name__}")
         if not sources:
             raise ValueError("MixtureDataset needs at least one source")
         self.names = list(sources)

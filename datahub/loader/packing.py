@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from datahub.errors import SpecError
-from datahub.loader.plan import EpochOrder, require_state
+from datahub.loader.plan import EpochOrder, int_setting, require_state
 from datahub.loader.storage_options import StorageArg
 from datahub.loader.strided import StridedDataset, _get_worker_info
 from datahub.shards.indexed import IndexedDataset
@@ -174,9 +174,9 @@ class TokenBatch:
         return pinned
 
     def __repr__(self) -> str:
-        raw = self.raw
-        shapes = ", ".join(f"{key}{list(raw[key].shape)}" for key in raw)
-        return f"TokenBatch({shapes})"
+        """The arrays by the names ``batch[...]`` takes, with shape and dtype (not the compact form)."""
+        arrays = ", ".join(f"{key}{list(value.shape)} {value.dtype}" for key, value in self.items())
+        return f"TokenBatch({arrays})"
 
 
 class TokenFiles:
@@ -371,8 +371,9 @@ class PackedDataset(StridedDataset):
         self.files = source if isinstance(source, TokenFiles) else TokenFiles.open(
             source, tier_preference=tier_preference, storage=storage, region=region, append_eod=append_eod,
             verify=verify, verdicts_dir=verdicts_dir)
-        self.seq_len, self.seed, self.epoch = int(seq_len), int(seed), int(epoch)
-        self.shuffle, self.shuffle_buffer = bool(shuffle), int(shuffle_buffer or 0)
+        self.seq_len, self.seed, self.epoch = int(seq_len), int_setting("seed", seed), int_setting("epoch", epoch)
+        self.shuffle = bool(shuffle)
+        self.shuffle_buffer = int_setting("shuffle_buffer", shuffle_buffer or 0, minimum=0)
         self.document_boundaries, self.pad_token = document_boundaries, int(pad_token)
         self._start = 0  # tokens of this epoch's stream consumed before this iteration
         self._layout: TokenLayout | None = None

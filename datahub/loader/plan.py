@@ -39,7 +39,7 @@ import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.random  # noqa: F401  numpy imports it lazily: loaded here, forked DataLoader workers inherit it (~0.1 s each)
@@ -80,6 +80,17 @@ def require_state(dataset: object, state: object) -> None:
         name = type(dataset).__name__
         raise TypeError(f"{name}.load_state_dict takes the dict state_dict() returned (e.g. "
                         f"torch.load(path)[\"data\"]); got {type(state).__name__} {str(state)[:80]!r}")
+
+
+def int_setting(field: str, value: Any, *, minimum: int | None = None) -> int:
+    """A dataset's integer setting (a numpy integer or a numeric string too), else a ValueError naming ``field``."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field} must be an integer; got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{field} must be >= {minimum}; got {value!r}")
+    return number
 
 
 def _env_int(name: str, default: int) -> int:

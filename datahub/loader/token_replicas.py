@@ -72,6 +72,12 @@ class TokenReplicas:
         tiers = self.tiers or sorted(record.replicas)
         problems: dict[str, str] = {}
         local = [tier for tier in tiers if local_path(record.replicas.get(tier, "x://")) is not None]
+        left_out = [tier for tier in sorted(record.replicas)
+                    if tier not in tiers and local_path(record.replicas[tier]) is not None]
+        if not local and left_out:  # a typo or a stale list in tier_preference, not a release to copy
+            raise SpecError(f"token file {record.prefix}{self._of_release()}: no local replica among tier_preference "
+                            f"{list(tiers)}, which leaves out every tier holding one ({self._named(left_out)}): add "
+                            "one to tier_preference, or leave it out")
         if not local:
             raise SpecError(f"token file {record.prefix}{self._of_release()}: no local replica (cfs or local disk) "
                             f"among tiers {self._named(tiers)} (replicas on {self._named(record.replicas)}); PackedDataset "
