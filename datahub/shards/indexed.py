@@ -24,13 +24,14 @@ export keys never hold a newline (``^[A-Za-z0-9_-]{1,90}$``).
 
 from __future__ import annotations
 
+import operator
 import os
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
@@ -344,7 +345,23 @@ class IndexedDataset:
     def __len__(self) -> int:
         return len(self.index.sequence_lengths)
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | list[np.ndarray]:
+        """Sequence ``i`` (views of the .bin), or a list of them for a slice of step 1, as Megatron-LM's class."""
+        if isinstance(i, slice):
+            start, stop, step = i.indices(len(self))
+            if step != 1:
+                raise ValueError(f"{self.prefix}: slices of sequences take step 1 (as Megatron-LM's); got {i}")
+            return [self[j] for j in range(start, stop)]
+        try:
+            i = operator.index(i)
+        except TypeError:
+            raise TypeError(f"{self.prefix}: a sequence index is an int or a slice; got {type(i).__name__}") from None
         if not -len(self) <= i < len(self):
             raise IndexError(f"{self.prefix}: sequence {i} of {len(self)}")
         i = i % len(self)

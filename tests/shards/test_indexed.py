@@ -112,3 +112,19 @@ def test_ids_round_trip() -> None:
     assert encode_ids([]) == b"" and decode_ids(b"").to_pylist() == []
     with pytest.raises(IntegrityError, match="newline"):
         encode_ids(["a\nb"])
+
+
+def test_sequences_by_slice_as_megatron_reads_them_and_a_bad_index_named(tmp_path: Path) -> None:
+    # Megatron-LM's IndexedDataset takes a slice (a list of sequences); ours raised TypeError "'<=' not supported
+    # between instances of 'int' and 'slice'"
+    docs = [np.arange(n, dtype=np.int64) + 10 * n for n in (3, 4, 2, 5)]
+    with IndexedWriter(tmp_path / "s", dtype=np.uint16) as writer:
+        writer.add_documents(np.concatenate(docs), [len(d) for d in docs], ["a", "b", "c", "d"])
+    dataset = IndexedDataset(str(tmp_path / "s"))
+    assert [s.tolist() for s in dataset[1:3]] == [d.tolist() for d in docs[1:3]]
+    assert [s.tolist() for s in dataset[-2:]] == [d.tolist() for d in docs[-2:]]
+    assert dataset[np.int64(1)].tolist() == docs[1].tolist()
+    with pytest.raises(ValueError, match=r"s: slices of sequences take step 1"):
+        dataset[::2]
+    with pytest.raises(TypeError, match=r"s: a sequence index is an int or a slice; got str"):
+        dataset["a"]  # type: ignore[call-overload]
