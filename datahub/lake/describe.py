@@ -8,6 +8,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from datahub.errors import LakeError
 from datahub.kinds.names import DEFAULT_KIND, KIND_COLUMN
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
@@ -27,15 +28,19 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"lake": lake.root, "tables": {}}
     for name in names:
         dt = lake.table(name)
-        actions = dt.get_add_actions(flatten=True)
-        rows = list(actions.column("num_records").to_pylist()) if actions.num_rows else []
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        rows, deleted, unknown = live_rows(dt, actions)
         info: dict[str, Any] = {
             "version": dt.version(),
-            "rows": int(sum(r or 0 for r in rows)),
+            "rows": rows,  # None: unknown, and rows_unknown says why
             "files": actions.num_rows,
             "schema_version": dt.metadata().configuration.get("datahub.schemaVersion"),
             "partition_columns": dt.metadata().partition_columns,
         }
+        if deleted is not None:
+            info["deleted_rows"] = deleted  # by deletion vectors, not counted in rows
+        if unknown is not None:
+            info["rows_unknown"] = unknown
         if table:
             info["schema"] = [{"name": f.name, "type": str(f.type)} for f in pa.schema(dt.schema().to_arrow())]
             info["history"] = [
@@ -45,17 +50,52 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
                 for h in dt.history(10)
             ]
             if KIND_COLUMN in (field["name"] for field in info["schema"]):
-                info["kinds"] = kind_counts(lake, name, info["version"])
+                try:
+                    info["kinds"] = kind_counts(lake, name, info["version"])
+                except LakeError as error:  # deletion vectors that cannot be read: unknown, as rows are
+                    if info["rows"] is not None:
+                        raise
+                    info["kinds"], info["kinds_unknown"] = None, info["rows_unknown"]
         out["tables"][name] = info
     return out
+
+
+def live_rows(delta_table: Any, actions: pa.Table) -> tuple[int | None, int | None, str | None]:
+    """The table's rows from the Delta log: (rows, rows deleted by deletion vectors or None without any, why rows
+    are None when unknown).
+
+    An add action's numRecords counts every row of its file, also those its deletion vector deletes (Spark and
+    Databricks DELETE/UPDATE/MERGE with ``delta.enableDeletionVectors``); those are read from the vectors
+    (``DeltaTable.deletion_vectors``: a keep-mask per file that has one, small next to the data) and taken off.
+    Unknown, rather than a wrong count, when a file's numRecords is missing (written without statistics) or a vector
+    cannot be read."""
+    counts = actions.column("num_records") if actions.num_rows else pa.array([], pa.int64())
+    if counts.null_count:
+        return None, None, (f"{counts.null_count} of its {len(counts)} data files have no row count in the Delta "
+                            "log (written without statistics); count the rows with a reader of the table")
+    total = int(pc.sum(counts).as_py() or 0)
+    if not _has_deletion_vectors(delta_table, actions):
+        return total, None, None
+    deleted = 0
+    try:
+        for batch in delta_table.deletion_vectors():
+            keep = pc.list_flatten(pa.record_batch(batch).column("selection_vector"))
+            deleted += int(pc.sum(pc.invert(keep)).as_py() or 0)  # False: deleted; rows past the mask are kept
+    except Exception as error:  # noqa: BLE001 - deltalake's error is the reason shown; the count is not made up
+        return None, None, _unreadable_vectors(error)
+    return total - deleted, deleted, None
 
 
 def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str, int]:
     """Rows of ``table`` (at ``version``) per sample kind, a null kind counted as text (``kinds.names``), most
     first. A data file whose Delta statistics show one kind (min == max, with its null count: text) or only nulls
     is counted from the log; only the other files' ``kind`` column is read, a batch at a time (a count per distinct
-    kind is all that is held), so a table of files written per kind reads no data file. A table with deletion vectors
-    is never counted from the log (its statistics count deleted rows): it is scanned, and the scan refuses it."""
+    kind is all that is held), so a table of files written per kind reads no data file.
+
+    Deletion vectors (Spark/Databricks DELETE with ``delta.enableDeletionVectors``): a file's numRecords and null
+    counts include the rows its vector deletes, so the vectors are read (``deleted_positions``) and applied: a file
+    of one kind counts its rows less the deleted ones, a file of several kinds is read with the deleted positions
+    left out. A vector that cannot be read is a ``LakeError`` naming the table: no count is made up."""
     counts: dict[str, int] = {}
 
     def add(kind: str, rows: int) -> None:
@@ -69,28 +109,35 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
         return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
 
     partitioned = f"partition.{KIND_COLUMN}" in actions.column_names
-    # a file's numRecords and null counts include the rows its deletion vector deletes: such a table is read whole,
-    # and the scan refuses it as it did before these counts came from the log (pyarrow cannot apply the vectors)
-    deletion_vectors = _has_deletion_vectors(delta_table, actions)
+    deleted: dict[str, pa.Array] = {}  # data file (as the log names it) -> positions its vector deletes
+    if _has_deletion_vectors(delta_table, actions):
+        try:
+            deleted = deleted_positions(delta_table, column("path"))
+        except Exception as error:  # noqa: BLE001 - deltalake's reason is shown; nothing is counted
+            raise LakeError(f"{lake.table_uri(table)}: {table}: {_unreadable_vectors(error)}") from error
     mixed: list[str] = []
     for path, rows, value, nulls, low, high in zip(
             column("path"), column("num_records"), column(f"partition.{KIND_COLUMN}"),
             column(f"null_count.{KIND_COLUMN}"), column(f"min.{KIND_COLUMN}"), column(f"max.{KIND_COLUMN}")):
-        if deletion_vectors:
-            mixed.append(path)
-        elif rows is not None and partitioned:  # one kind per file: its partition value
-            add(DEFAULT_KIND if value is None else str(value), rows)
-        elif rows is not None and nulls is not None and (nulls == rows or _one_value(low, high)):
+        gone = len(deleted[path]) if path in deleted else 0
+        if rows is not None and partitioned:  # one kind per file: its partition value
+            add(DEFAULT_KIND if value is None else str(value), rows - gone)
+        elif rows is not None and nulls is not None and nulls == rows:
+            add(DEFAULT_KIND, rows - gone)
+        elif rows is not None and nulls is not None and _one_value(low, high) and (nulls == 0 or not gone):
             add(DEFAULT_KIND, nulls)
-            if nulls < rows:
-                add(str(low), rows - nulls)
-        else:  # several kinds, or no statistics (another writer, or written before the kind column)
-            mixed.append(path)
-    if mixed:
+            add(str(low), rows - nulls - gone)
+        else:  # several kinds, no statistics (another writer, or written before the kind column), or deleted rows
+            mixed.append(path)  # of a file of a kind and nulls: which of them went is in the file
+    if mixed and deleted:  # delta-rs refuses to scan such a table: its files are read one by one, in row order
+        for path in mixed:
+            for kind, rows in _file_kinds(lake, table, path, deleted.get(path)).items():
+                add(kind, rows)
+    elif mixed:
         dataset = lake.dataset(table, version)
         present = {fragment.path for fragment in dataset.get_fragments()}
         files: list[str] | None = [path if path in present else unquote(path) for path in mixed]
-        if deletion_vectors or not present.issuperset(files or []):  # or the scan names a file otherwise than the log
+        if not present.issuperset(files or []):  # the scan names a file otherwise than the log
             counts.clear()
             files = None
         for batch in scan_batches(dataset, columns=[KIND_COLUMN], batch_rows=KIND_BATCH_ROWS, files=files):
@@ -98,6 +145,58 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
             for entry in pc.value_counts(kinds).to_pylist():
                 add(entry["values"], entry["counts"])
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def deleted_positions(delta_table: Any, paths: list[str]) -> dict[str, pa.Array]:
+    """The row positions each data file's deletion vector deletes, by the file's path as the add actions name it
+    (``DeltaTable.deletion_vectors`` gives fully qualified URIs and a keep-mask; files without a vector are left
+    out). Reads the vectors (inline in the log, or their own small files); raises what deltalake raises."""
+    by_name = {unquote(path): path for path in paths}
+    root = unquote(str(delta_table.table_uri)).rstrip("/") + "/"
+    out: dict[str, pa.Array] = {}
+    for batch in delta_table.deletion_vectors():
+        batch = pa.record_batch(batch)
+        for uri, keep in zip(batch.column("filepath").to_pylist(), batch.column("selection_vector")):
+            name = unquote(uri)
+            path = by_name.get(name.removeprefix(root)) or next(  # a root spelt otherwise (file:/// or not)
+                (by_name[n] for n in by_name if name.endswith("/" + n)), None)
+            if path is None:
+                raise LakeError(f"a deletion vector names {uri}, a file the table's add actions do not hold")
+            mask = pc.invert(keep.values)
+            out[path] = pc.indices_nonzero(mask)
+    return out
+
+
+def _file_kinds(lake: Lake, table: str, path: str, gone: pa.Array | None) -> dict[str, int]:
+    """Rows per kind of one data file, the positions in ``gone`` left out; its kind column only, a batch at a time."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    counts: dict[str, int] = {}
+    dead = np.sort(np.asarray(gone, dtype=np.int64)) if gone is not None else np.empty(0, np.int64)
+    with lake.data_file(table, unquote(path)) as handle:
+        parquet = pq.ParquetFile(handle)
+        if KIND_COLUMN not in parquet.schema_arrow.names:  # written before the kind column: every row is text
+            alive = parquet.metadata.num_rows - len(dead)
+            return {DEFAULT_KIND: alive} if alive else {}
+        start = 0
+        for batch in parquet.iter_batches(batch_size=KIND_BATCH_ROWS, columns=[KIND_COLUMN], use_threads=False):
+            kinds = pc.fill_null(batch.column(0).cast(pa.string()), DEFAULT_KIND)
+            low, high = np.searchsorted(dead, [start, start + batch.num_rows])
+            if high > low:  # positions in the file -> in this batch
+                keep = np.ones(batch.num_rows, dtype=bool)
+                keep[dead[low:high] - start] = False
+                kinds = kinds.filter(pa.array(keep))
+            start += batch.num_rows
+            for entry in pc.value_counts(kinds).to_pylist():
+                counts[entry["values"]] = counts.get(entry["values"], 0) + entry["counts"]
+    return counts
+
+
+def _unreadable_vectors(error: BaseException) -> str:
+    text = str(error).strip()
+    return ("the table has deletion vectors (rows deleted without rewriting their files) and they could not be read: "
+            + (text.splitlines()[0] if text else type(error).__name__))
 
 
 STATS_PREFIX_CHARS = 32  # writers may truncate string statistics to a prefix (Spark's dataSkippingStringPrefixLength)

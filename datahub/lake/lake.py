@@ -155,6 +155,16 @@ class Lake:
         return table.to_pyarrow_dataset(filesystem=self._scan_filesystem(name),
                                         file_pruning_predicate=file_pruning_predicate)
 
+    def data_file(self, name: str, path: str) -> Any:
+        """One data file of table ``name`` (``path`` relative to the table, unquoted) opened for reading, through
+        the filesystem ``dataset`` scans with: for a reader that must read files itself, e.g. to apply deletion
+        vectors, which delta-rs refuses to read. A context manager (a pyarrow ``NativeFile``)."""
+        filesystem = self._scan_filesystem(name)
+        if filesystem is None:
+            raise LakeError(f"{self.table_uri(name)}: its data files can be read directly only on a local or s3:// "
+                            "lake")
+        return filesystem.open_input_file(path)
+
     def _scan_filesystem(self, name: str) -> Any:
         import pyarrow.fs as pa_fs
 

@@ -82,44 +82,48 @@ def test_a_mixed_file_is_still_read(tmp_path):
         raise AssertionError("a mixed file was counted without being read")
 
 
-def _delete_with_a_deletion_vector(lake: Lake) -> None:
-    """Commit what Spark's DELETE writes with ``delta.enableDeletionVectors`` (Databricks' default for new tables):
-    protocol 3/7 with the deletionVectors feature, and the only data file removed and added back with a deletion
-    vector of 2 rows (its statistics unchanged but for ``tightBounds: false``)."""
-    log = Path(lake.table_uri("samples")) / "_delta_log"
-    (add,) = [json.loads(line)["add"] for line in (log / f"{0:020d}.json").read_text().splitlines() if '"add"' in line]
-    stats = {**json.loads(add["stats"]), "tightBounds": False}
-    deletion_vector = {"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^", "offset": 1,
-                       "sizeInBytes": 36, "cardinality": 2}
-    now = 1_765_000_000_000
-    actions = [
-        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
-                      "writerFeatures": ["deletionVectors"]}},
-        {"commitInfo": {"timestamp": now, "operation": "DELETE", "operationParameters": {"predicate": "[]"}}},
-        {"remove": {"path": add["path"], "deletionTimestamp": now, "dataChange": True, "extendedFileMetadata": True,
-                    "partitionValues": add["partitionValues"], "size": add["size"]}},
-        {"add": {**add, "modificationTime": now, "stats": json.dumps(stats), "deletionVector": deletion_vector}},
-    ]
-    (log / f"{1:020d}.json").write_text("".join(json.dumps(action) + "\n" for action in actions))
-
-
-def test_a_table_with_deletion_vectors_is_not_counted_from_statistics(tmp_path):
-    """A file's ``numRecords`` counts the rows its deletion vector deletes: 4 'chat' rows, 2 of them deleted, were
-    counted as 4 from the log. Such a table goes through the scan, which refuses it as before (pyarrow cannot apply
-    deletion vectors), rather than show counts the table does not hold."""
+def test_a_table_with_deletion_vectors_is_counted_without_its_deleted_rows(tmp_path):
+    """A file's ``numRecords`` and null counts include the rows its deletion vector deletes (Spark/Databricks DELETE
+    with ``delta.enableDeletionVectors``): 4 'chat' rows, 2 of them deleted, were counted as 4 from the log (and a
+    file of several kinds could not be read at all: delta-rs refuses the table). The vectors are read and applied:
+    a one-kind file from its statistics less its deleted rows (its data file is not read), a mixed file from its
+    kind column with the deleted positions left out; the version before the delete counts every row."""
     from datahub.lake.describe import kind_counts
+    from tests.lake.deletion_vectors import delete_rows
+
+    lake = Lake(tmp_path / "one")
+    rows = sample_rows([f"doc {i}" for i in range(4)], "a.jsonl")
+    lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(["chat"] * 4, pa.string())), txn="job-000000000001")
+    delete_rows(lake, "samples", [1, 2])
+    (path,) = pa.table(lake.table("samples").get_add_actions(flatten=True)).column("path").to_pylist()
+    (Path(lake.table_uri("samples")) / unquote(path)).write_bytes(b"not parquet any more")  # counted from the log
+    assert kind_counts(lake, "samples") == {"chat": 2}
+    assert kind_counts(lake, "samples", 0) == {"chat": 4}
+
+    lake = Lake(tmp_path / "mixed")
+    kinds = ["chat", None, "preference", "chat", None, "chat"]
+    rows = sample_rows([f"doc {i}" for i in range(len(kinds))], "a.jsonl")
+    lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(kinds, pa.string())), txn="job-000000000001")
+    delete_rows(lake, "samples", [0, 1, 5])
+    info = describe_lake(lake, "samples")["tables"]["samples"]
+    assert info["kinds"] == {"chat": 1, "preference": 1, "text": 1} and info["rows"] == 3, info
+
+
+def test_kinds_are_unknown_when_a_deletion_vector_cannot_be_read(tmp_path):
+    """Rows and kinds alike: unknown with the reason (a LakeError from kind_counts), never the log's over-count."""
+    from datahub.errors import LakeError
+    from datahub.lake.describe import kind_counts
+    from tests.lake.deletion_vectors import delete_rows
 
     lake = Lake(tmp_path / "lake")
     rows = sample_rows([f"doc {i}" for i in range(4)], "a.jsonl")
     lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(["chat"] * 4, pa.string())), txn="job-000000000001")
-    assert kind_counts(lake, "samples") == {"chat": 4}
-    _delete_with_a_deletion_vector(lake)
-    assert "deletionVectors" in (lake.table("samples").protocol().reader_features or [])
-    with pytest.raises(Exception, match="deletionVectors") as refused:
+    delete_rows(lake, "samples", [1, 2], inline=False)
+    with pytest.raises(LakeError, match="samples: the table has deletion vectors .* could not be read: "):
         kind_counts(lake, "samples")
-    with pytest.raises(type(refused.value)):  # the scan's own refusal: the same error as reading the rows
-        lake.dataset("samples")
-    assert kind_counts(lake, "samples", 0) == {"chat": 4}  # the version before the delete has none
+    info = describe_lake(lake, "samples")["tables"]["samples"]
+    assert info["kinds"] is None and info["rows"] is None, info
+    assert info["kinds_unknown"].startswith("the table has deletion vectors"), info
 
 
 def test_a_table_partitioned_by_kind_is_counted_from_its_partition_values_without_reading_a_file(tmp_path):

@@ -45,8 +45,12 @@ def register(app: typer.Typer) -> None:
         for column in ("table", "version", "rows", "files", "schema v"):
             grid.add_column(column, justify="right" if column != "table" else "left")
         for name, t in info["tables"].items():
-            grid.add_row(name, str(t["version"]), str(t["rows"]), str(t["files"]), str(t["schema_version"]))
+            grid.add_row(name, str(t["version"]), "unknown" if t["rows"] is None else str(t["rows"]), str(t["files"]),
+                         str(t["schema_version"]))
         out.print(grid)
+        for name, t in info["tables"].items():
+            if t.get("rows_unknown"):  # a table with deletion vectors that cannot be read, or without row counts
+                out.print(f"{plain(name)}: rows unknown: {plain(t['rows_unknown'])}", soft_wrap=True)
         if table:
             t = info["tables"][table]
             out.print("[bold]schema[/]")
