@@ -134,12 +134,13 @@ def _image_member(sample: dict[str, Any]) -> str | None:
 
 def _image(as_array: bool) -> Decoder:
     """Like "json", plus ``image``: the image member decoded to RGB (a PIL image, or uint8 H x W x 3 numpy),
-    as webdataset's "pil" and "rgb8" decoders give it; None for a sample without an image member."""
+    as webdataset's "pil" and "rgb8" decoders give it but upright (its EXIF Orientation applied, which those do not);
+    None for a sample without an image member."""
 
     def bind(index: ShardIndex, view: memoryview, shard: str) -> SampleReader:
         import io
 
-        from PIL import Image
+        from PIL import Image, ImageOps
 
         parsed = _json(index, view, shard)
 
@@ -151,7 +152,10 @@ def _image(as_array: bool) -> Decoder:
                 data = out.pop(extension)
                 try:
                     with Image.open(io.BytesIO(data)) as opened:
-                        image = opened.convert("RGB")
+                        # EXIF Orientation (a phone's portrait photo is stored sideways): shown upright, as every
+                        # viewer and the caption's writer saw it; a no-op for the usual tag 1 or none
+                        upright = ImageOps.exif_transpose(opened) if opened.getexif().get(0x0112, 1) != 1 else opened
+                        image = upright.convert("RGB")
                 except Exception as exc:
                     raise IntegrityError(f"shard {shard}: sample {index.keys[i]}: .{extension} does not decode "
                                          f"({type(exc).__name__}: {exc})") from exc

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from datahub.errors import IntegrityError
@@ -71,3 +72,54 @@ def test_arrow_batch_columns_from_buffers_keep_non_ascii_ids_padding_and_utf8_ch
     assert empty.num_rows == 0 and empty.schema == batch.schema
     with pytest.raises(Exception, match="(?i)utf-?8"):
         arrow_batch_from_columns(["x"], [memoryview(b"\xff")], np.array([1]), np.array([False]))
+
+
+def _image_release(root: Path, images: dict[str, bytes]) -> str:
+    """One shard of image-text samples (KEY.jpg, KEY.txt, KEY.json, as the export writes them) and its manifest."""
+    import hashlib
+    import io
+    import tarfile
+
+    from tests.loader.shards import _add
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key, data in images.items():
+            _add(tar, f"{key}.jpg", data)
+            _add(tar, f"{key}.txt", f"caption of {key}".encode())
+            _add(tar, f"{key}.json", json.dumps({"sample_id": key}).encode())
+    data = buffer.getvalue()
+    (root / "cfs").mkdir(parents=True)
+    (root / "cfs" / "img-000000.tar").write_bytes(data)
+    manifest = {"manifest_version": 1, "release": "img", "created": "2026-12-07T00:00:00Z", "table_version": 1,
+                "release_digest": "ab" * 32, "num_samples": len(images), "shuffle_seed": 0,
+                "shards": [{"name": "img-000000.tar", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                            "samples": len(images), "replicas": {"cfs": str(root / "cfs" / "img-000000.tar")}}]}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return str(root / "manifest.json")
+
+
+@pytest.mark.parametrize("decode", ["pil", "numpy"])
+def test_an_exif_rotated_photo_is_decoded_upright(tmp_path: Path, decode: str) -> None:
+    # a phone photo kept byte for byte: 600 x 300 stored (red left, blue right) with EXIF Orientation 6, shown by every
+    # viewer as 300 x 600, red on top; "pil"/"numpy" gave it sideways, so the picture and its caption disagreed
+    import io
+
+    from PIL import Image
+
+    stored = Image.new("RGB", (600, 300), (0, 0, 255))  # tests/operators/media/test_operators.py's phone photo
+    stored.paste((255, 0, 0), (0, 0, 300, 300))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise to display
+    rotated = io.BytesIO()
+    stored.save(rotated, "JPEG", quality=95, exif=exif.tobytes())
+    plain = io.BytesIO()
+    Image.new("RGB", (40, 20), (0, 255, 0)).save(plain, "JPEG")
+    path = _image_release(tmp_path, {"rotated": rotated.getvalue(), "plain": plain.getvalue()})
+    samples = {s["sample_id"]: s for s in ReleaseDataset(path, decode=decode, shuffle=False)}
+    images = {key: np.asarray(sample["image"]) for key, sample in samples.items()}
+    assert images["rotated"].shape == (600, 300, 3) and images["plain"].shape == (20, 40, 3)
+    top, bottom = images["rotated"][30, 150], images["rotated"][570, 150]
+    assert top[0] > 200 and top[2] < 60 and bottom[2] > 200 and bottom[0] < 60, (top, bottom)
+    if decode == "pil":
+        assert all(sample["image"].mode == "RGB" for sample in samples.values())
