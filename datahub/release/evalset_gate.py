@@ -47,25 +47,38 @@ def refuse_evalsets_since(lake: Lake, name: str, checked_against: dict[str, str]
         "command again (it checks the rows against every eval set registered then)")
 
 
-def same_basis(checks: Iterable[dict[str, Any]], registered: dict[str, str]) -> bool:
+def same_basis(checks: Iterable[dict[str, Any]], registered: dict[str, str], *, text_only: bool = False) -> bool:
     """Whether each of ``checks`` (recorded check dicts; a merge's: one per input) was made against exactly the
     eval-set contents ``registered`` now, with today's n-gram size and matcher: a check made now would match the same
     samples of the same rows. Per check, never their union: one input checked against {A} and another against
-    {A, B} is not a check of both against {A, B}."""
+    {A, B} is not a check of both against {A, B}. ``text_only``: the checked rows have no conversation columns
+    (``text_only_rows``), so a check by a matcher that matches such rows as today's does stands too."""
     checks = list(checks)
-    return bool(checks) and bool(registered) and all(basis_change(check, registered) is None for check in checks)
+    return bool(checks) and bool(registered) and all(
+        basis_change(check, registered, text_only=text_only) is None for check in checks)
 
 
-def basis_change(check: dict[str, Any], registered: dict[str, str]) -> str | None:
+def text_only_rows(lake: Lake, release: Release) -> bool:
+    """Whether the frozen table of ``release`` has none of the conversation columns the matcher builds views from
+    (``operators.decontam.views.VIEW_COLUMNS``): a check of it by a matcher in ``ngrams.SAME_ON_TEXT_TABLES`` matched
+    what today's would."""
+    from operators.decontam.views import VIEW_COLUMNS
+
+    names = set(lake.dataset(release.table, release.version).schema.names)
+    return not names & set(VIEW_COLUMNS)
+
+
+def basis_change(check: dict[str, Any], registered: dict[str, str], *, text_only: bool = False) -> str | None:
     """Why a check made now against ``registered`` could find other samples than the recorded ``check`` did (for
-    people: the eval sets, the matcher or the n-gram size changed), or None when it could not."""
+    people: the eval sets, the matcher or the n-gram size changed), or None when it could not. ``text_only``: see
+    ``same_basis``."""
     from operators.decontam import ngrams
 
     matcher = check.get("matcher")
     if matcher is None:
         return ("its check records no matcher version (made by a datahub from before the version was recorded, so "
                 "whether today's matcher finds the same samples is unknown)")
-    if matcher != ngrams.MATCHER_VERSION:
+    if matcher != ngrams.MATCHER_VERSION and not (text_only and matcher in ngrams.SAME_ON_TEXT_TABLES):
         return f"its check was made by matcher version {matcher}, this datahub's is {ngrams.MATCHER_VERSION}"
     if check.get("ngram") != ngrams.DEFAULT_NGRAM:
         return f"its check used {check.get('ngram')}-grams, this datahub uses {ngrams.DEFAULT_NGRAM}-grams"
@@ -87,6 +100,7 @@ def recorded_clean_checks(lake: Lake, parents: list[Release], registered: dict[s
     if not registered:
         return {}
     wanted = {(p.table, p.version, p.row_count, p.digest): p.name for p in parents}
+    text_only = {p.name: text_only_rows(lake, p) for p in parents}
     out: dict[str, dict[str, Any]] = {}
     for release in list_releases(lake):
         recorded = release.details.get("contamination") or {}
@@ -95,13 +109,14 @@ def recorded_clean_checks(lake: Lake, parents: list[Release], registered: dict[s
         for check, digest in [(recorded, own), *((c, c.get("digest")) for c in (recorded.get("releases") or {}).values())]:
             name = wanted.get((check.get("table"), check.get("version"), check.get("rows_checked"), digest))
             if (name is not None and name not in out and check.get("evalsets") == sorted(registered)
-                    and same_basis([check], registered) and check.get("contaminated") == 0):
+                    and same_basis([check], registered, text_only=text_only[name])
+                    and check.get("contaminated") == 0):
                 out[name] = {**{k: v for k, v in check.items() if k not in ("allowed", "recorded_by")},
                              "digest": digest, "recorded_by": check.get("recorded_by", release.name)}
     return out
 
 
-def allowed_of(release: Release, registered: dict[str, str]) -> str | None:
+def allowed_of(release: Release, registered: dict[str, str], *, text_only: bool = False) -> str | None:
     """The reason ``release`` was let out with although its samples overlap eval sets (``--allow-contamination``),
     when its recorded check (a merge: every input's) was made against the eval-set contents ``registered`` with
     today's n-gram size and matcher; else None. Then a check of any subset of its rows against ``registered`` finds a
@@ -110,10 +125,10 @@ def allowed_of(release: Release, registered: dict[str, str]) -> str | None:
     allowed = recorded.get("allowed")
     if not allowed:
         return None
-    return str(allowed) if same_basis(_checks_of(recorded), registered) else None
+    return str(allowed) if same_basis(_checks_of(recorded), registered, text_only=text_only) else None
 
 
-def not_carried(release: Release, registered: dict[str, str]) -> str | None:
+def not_carried(release: Release, registered: dict[str, str], *, text_only: bool = False) -> str | None:
     """For a refusal: ``release`` was let out with ``--allow-contamination REASON`` but the reason does not carry over
     to a check against ``registered`` (``allowed_of`` is None), why, and the fix; None when it had no such reason."""
     recorded = release.details.get("contamination") or {}
@@ -121,7 +136,8 @@ def not_carried(release: Release, registered: dict[str, str]) -> str | None:
     if not allowed:
         return None
     checks = _checks_of(recorded)
-    why = next((change for check in checks if (change := basis_change(check, registered)) is not None),
+    why = next((change for check in checks
+                if (change := basis_change(check, registered, text_only=text_only)) is not None),
                None if registered else "no eval set is registered now")
     if why is None:
         return None

@@ -27,7 +27,7 @@ from datahub.lake.lineage_rows import lineage_rows
 from datahub.progress import Progress, counted
 from datahub.release.evalset_gate import (NOTES, NOTHING_TO_CHECK, allowed_of, contamination_notes, no_notes,
                                           not_carried, recorded_clean_checks, refuse_evalsets_since,
-                                          registered_digests, rows_done)
+                                          registered_digests, rows_done, text_only_rows)
 from datahub.release.freeze import (PARAMS_KEY, check_key, freeze, params_text, refuse_other_allowance,
                                     refuse_other_try, refuse_taken, release_txn)
 from datahub.release.lookup import (BATCH_ROWS, PARTITION_IDS, ROW_BATCH_ROWS, RangeSplit, SortedIds, add_taken,
@@ -208,8 +208,8 @@ def redact(
             raise ReleaseError(f"release {source!r} has no source_uri column; redact it by --sample ID instead")
         # what the gate decides (reuse, carry) is decided again from the eval sets registered when it runs
         # (``_contamination_gate``); here only to refuse another try's allowance before any pass over the rows
-        allowed = allow_contamination if allow_contamination is not None else allowed_of(parent,
-                                                                                         registered_digests(lake))
+        allowed = allow_contamination if allow_contamination is not None else allowed_of(
+            parent, registered_digests(lake), text_only=text_only_rows(lake, parent))
         refuse_other_allowance(lake, new, allowed)  # before any pass over the rows, as create and merge do
 
         # pass 1 (ids and source_uri only): what goes, its ids sorted and spilled (freeze scans the ids that stay
@@ -322,17 +322,18 @@ def _contamination_gate(lake: Lake, new: str, parent: Release, *, allow_contamin
                 "reused_check_of": parent.name}
     from datahub.evalset.check import contamination
 
-    carried = allowed_of(parent, registered) if allow_contamination is None else None
+    text_only = text_only_rows(lake, parent)
+    carried = allowed_of(parent, registered, text_only=text_only) if allow_contamination is None else None
     allowed = allow_contamination if allow_contamination is not None else carried
     checked = rows_done(progress, "eval-set check", kept_rows) if progress else None
     found = contamination(lake, table=parent.table, version=parent.version, rows=kept(), progress=checked,
                           hits=contamination_notes(notes, allowed) if allowed is not None else no_notes)
     if not found.evalsets:  # the sets registered hold no item: nothing was checked, as create records nothing
         return None
-    if carried is not None and allowed_of(parent, found.evalset_digests) is None:
+    if carried is not None and allowed_of(parent, found.evalset_digests, text_only=text_only) is None:
         carried = allowed = None  # the check read other eval sets than the parent's reason was given for
     if found.count and allowed is None:
-        parent_reason = not_carried(parent, found.evalset_digests)
+        parent_reason = not_carried(parent, found.evalset_digests, text_only=text_only)
         raise ReleaseError(
             f"release {new!r} refused: in the rows of release {parent.name!r} that the redact keeps, "
             f"{found.describe()}\n"

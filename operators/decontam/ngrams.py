@@ -33,11 +33,16 @@ from operators.dedup.shingles import ShingleHasher, reference_shingle_hash, stri
 
 DEFAULT_NGRAM = 13
 # The version of what decides a match: ``normalize_for_ngrams``, ``NgramHasher``'s words and hashes, the index's
-# lookup, and which texts of a row are matched (``views``). Bump it with any change that can make a text match other eval items (or none): a recorded clean eval-set
-# check names it, and a release gate reuses a recorded check only when it is the same (``datahub.release.evalset_gate``).
-# Bump ``DecontaminateOp.version`` (op.py) with it: the operator's lineage and params hash name that one.
+# lookup, and which texts of a row are matched (``views``). Bump it with any change that can make a text match other
+# eval items (or none): a recorded clean eval-set check names it, and a release gate reuses a recorded check only when
+# it is the same (``datahub.release.evalset_gate``). Bump ``DecontaminateOp.version`` (op.py) with it: the operator's
+# lineage and params hash name that one.
 # 2: chat, preference and trajectory rows are matched by their conversation views too (``views.match_rows``)
 MATCHER_VERSION = 2
+# Earlier versions that match a table without conversation columns (``views.VIEW_COLUMNS``) exactly as this one does:
+# their checks of such a table stand for today's (2 changed only the conversation views). Empty it with any change to
+# how a text is matched; tests/operators/decontam/test_matcher_version.py compares their pinned text digests.
+SAME_ON_TEXT_TABLES = frozenset({1})
 _PUNCTUATION = r"[\p{P}\p{S}]"  # RE2: Unicode punctuation and symbols (as operators.dedup.normalize)
 BLOOM_BITS_PER_NGRAM = 32
 
