@@ -4,7 +4,9 @@ One JSON object per line (plain, .gz, .zst), ``source_offset`` = 1-based line nu
 Accepted layouts (the first present wins):
 
 - OpenAI: ``{"messages": [{"role", "content", "name"?, "tool_calls"?, "tool_call_id"?}, ...], "tools"?: [...]}``;
-  ``content`` may be a list of parts, whose ``text`` parts are joined by newlines.
+  ``content`` may be a list of parts, whose ``text`` parts are joined by newlines. The legacy function-calling
+  layout reads the same way: an assistant ``function_call`` is one tool call ``{"type": "function", "function":
+  ...}``, a ``function`` message a ``tool`` message (its ``name`` kept), ``functions`` the tools.
 - ShareGPT: ``{"conversations": [{"from": "human" | "gpt" | "system" | "function_call" | "observation" | "tool",
   "value": "..."}]}`` (``from`` mapped to user, assistant, system, assistant with tool_calls, tool, tool).
 
@@ -90,11 +92,19 @@ def openai_message(message: Any, where: str) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise RecordError("invalid_message", f"{where}: a {type(message).__name__}, expected an object with role and content")
     role = message.get("role")
+    if role == "function":  # OpenAI's legacy function calling: the function's reply is a tool message
+        role = "tool"
     if role not in ROLES:
         raise RecordError("invalid_message", f"{where}.role: {role!r} is not one of {', '.join(ROLES)}")
     tool_calls = message.get("tool_calls")
     if tool_calls is not None and not isinstance(tool_calls, list):
         raise RecordError("invalid_field", f"{where}.tool_calls: a {type(tool_calls).__name__}, expected a list of calls")
+    legacy_call = message.get("function_call")
+    if not tool_calls and legacy_call is not None:  # legacy: one call, {name, arguments}
+        if not isinstance(legacy_call, dict):
+            raise RecordError("invalid_field", f"{where}.function_call: a {type(legacy_call).__name__}, expected an "
+                                               "object with name and arguments")
+        tool_calls = [{"type": "function", "function": legacy_call}]
     return {"role": role, "content": content_text(message.get("content"), f"{where}.content"),
             "name": _optional_string(message, "name", where),
             "tool_calls": canonical_json(tool_calls) if tool_calls else None,
@@ -143,9 +153,10 @@ class ChatJsonlReader(JsonRecordsReader):
 
     def parse(self, record: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
         messages, key = parse_messages(record)
-        tools = record.get("tools")
+        tools_key = "tools" if record.get("tools") is not None or record.get("functions") is None else "functions"
+        tools = record.get(tools_key)  # `functions`: the legacy layout's tool schemas
         if tools is not None and not isinstance(tools, list):
-            raise RecordError("invalid_field", f"tools: a {type(tools).__name__}, expected a list of tool schemas")
-        meta = {k: v for k, v in record.items() if k not in (key, "tools")}
+            raise RecordError("invalid_field", f"{tools_key}: a {type(tools).__name__}, expected a list of tool schemas")
+        meta = {k: v for k, v in record.items() if k not in (key, tools_key)}
         fields = {"messages": messages, "tools": canonical_json(tools) if tools else None}
         return [(render_messages(messages), fields, meta)]

@@ -177,3 +177,21 @@ def test_anthropic_hh_transcripts_are_split_into_turns(tmp_path):
         ("user", "How do I list files?"), ("assistant", "Use ls."), ("user", "And hidden ones?")]
     assert [(m["role"], m["content"]) for m in row["chosen"]] == [("assistant", "ls -a")]
     assert [(m["role"], m["content"]) for m in row["rejected"]] == [("assistant", "I can't help.")]
+
+
+def test_chat_legacy_openai_function_calls_are_read_as_tool_calls(tmp_path):
+    """OpenAI's legacy function-calling layout (assistant `function_call`, role `function`; glaive and the older
+    fine-tuning format) was quarantined whole: "messages[2].role: 'function' is not one of ..."."""
+    call = {"name": "weather", "arguments": "{\"city\": \"Paris\"}"}
+    legacy = {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                           {"role": "assistant", "content": None, "function_call": call},
+                           {"role": "function", "name": "weather", "content": "12C"},
+                           {"role": "assistant", "content": "It is 12C."}],
+              "functions": [{"name": "weather"}]}
+    samples, bad = _run(tmp_path, "chat", [legacy])
+    assert not bad
+    messages = samples.column("messages")[0].as_py()
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(messages[1]["tool_calls"]) == [{"type": "function", "function": call}]
+    assert messages[2]["name"] == "weather" and messages[2]["content"] == "12C"
+    assert json.loads(samples.column("tools")[0].as_py()) == [{"name": "weather"}]
