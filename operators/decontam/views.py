@@ -6,9 +6,10 @@ role and step markers stand between a question and its answer, so an eval item (
 chat benchmark its user turns then its assistant turns: ``datahub.evalset.registry``) whose question is shorter than
 an n-gram shares no n-gram with a chat holding exactly it. So each such row is also matched as views built from its
 typed columns the way the registry builds an item's text: every turn alone, every question turn with the answer
-turn after it (``question\\nanswer``), and the whole conversation as its question turns then its answer turns (a
-preference: its prompt with the chosen reply, and with the rejected one; a trajectory: each step's observation as
-the question, its action as the answer). A row's count is the largest of its texts' (views overlap: a sum would
+turn after it (``question\\nanswer``), the whole conversation as its question turns then its answer turns, and its
+question turns alone (an item registered without answers, e.g. MT-Bench's ``turns``) (a preference: its prompt with
+the chosen reply, and with the rejected one; a trajectory: each step's observation as the question, its action as the
+answer). A row's count is the largest of its texts' (views overlap: a sum would
 count one n-gram several times), its first item that text's. Turns of ``SKIPPED_ROLES`` (system prompts, tool
 output) are left out as the registry leaves them out. The views of a batch are built with Arrow kernels and numpy,
 about three times the batch's conversation text.
@@ -109,6 +110,16 @@ def _views(table: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
                             pa.scalar("\n", pa.large_string()))
     owners.append(conversation[grouped][starts] % rows)
     views.append(joined.cast(pa.large_string()))
+    # its question turns alone (an item registered without answers: MT-Bench's ``turns``), where it has answers
+    questions = grouped[~answer[grouped]]
+    answered = np.unique(conversation[answer])
+    questions = questions[np.isin(conversation[questions], answered)]
+    if len(questions):
+        starts = np.flatnonzero(np.concatenate([[True], conversation[questions][1:] != conversation[questions][:-1]]))
+        offsets = np.concatenate([starts, [len(questions)]]).astype(np.int64)
+        owners.append(conversation[questions][starts] % rows)
+        views.append(pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets), text.take(pa.array(questions))),
+                                    pa.scalar("\n", pa.large_string())).cast(pa.large_string()))
     return np.concatenate(owners).astype(np.int64), pa.concat_arrays(views)
 
 

@@ -34,3 +34,21 @@ def test_the_operator_drops_a_chat_holding_the_item():
     marked = MarkContaminated(INDEX, 1, "decontaminate@2")(rows)
     assert marked.column(DROP_REASON).to_pylist() == ["contaminated", None, "contaminated", "contaminated"]
     assert marked.column(DROP_REF).to_pylist() == ["trivia@1:t1", None, "trivia@1:t1", "trivia@1:t1"]
+
+
+def test_a_chat_answering_a_benchmarks_question_turns_matches_an_item_registered_without_answers():
+    """MT-Bench's items are user turns only (``turns``): the registry's text is the turns, one per line; a chat that
+    asks them and answers each holds them apart, with the answers between."""
+    from operators.decontam.views import match_rows as match
+    from datahub.kinds.posttraining import MESSAGES, render_messages
+
+    turns = ["Name three primary colors.", "Now sort them by wavelength."]  # short: whole-text equality only
+    index = NgramIndex.build(pa.array(["\n".join(turns)]), ["mtbench@1:81"])
+    chat = [{"role": "user", "content": turns[0], "name": None, "tool_calls": None, "tool_call_id": None},
+            {"role": "assistant", "content": "Red, yellow and blue.", "name": None, "tool_calls": None,
+             "tool_call_id": None},
+            {"role": "user", "content": turns[1], "name": None, "tool_calls": None, "tool_call_id": None},
+            {"role": "assistant", "content": "Blue, yellow, red.", "name": None, "tool_calls": None,
+             "tool_call_id": None}]
+    table = pa.table({"text": [render_messages(chat)], "messages": pa.array([chat], MESSAGES)})
+    assert match(index, table).counts.tolist() == [1]
