@@ -326,6 +326,11 @@ class JobLease:
         if current is None:  # released between our create and read: try once more
             return self.acquire()
         holder = LeaseInfo.from_bytes(current)
+        if holder.run_id and holder.inputs is not None:  # a dead run's plan: ours until run_job writes its own, so a
+            # death or failure before that still leaves it for the next run (not a lease without any plan)
+            info = replace(info, run_id=holder.run_id, inputs=holder.inputs, run_full=holder.run_full,
+                           job_hash=holder.job_hash)
+            data = info.to_bytes()
         if not holder.is_stale():
             raise RunLockedError(
                 f"job {self.job!r} is already running on lake {self.lake.root}: lease {self.uri} {holder.describe()}. "

@@ -198,3 +198,23 @@ def test_a_run_that_fails_before_its_first_commit_releases_its_lease(tmp_path, m
     assert result.status == "succeeded" and result.run_id == failed_id
     assert not lease_path.exists()
     assert [r["status"] for r in list_runs(Lake(lake_root))] == ["failed (resumed)", "succeeded"]
+
+
+def test_a_takeover_keeps_the_plan_it_took_over_until_its_own_plan_replaces_it(tmp_path):
+    """The run that takes over a killed holder's lease knows that holder's plan only in memory until it writes its own
+    (run_job's first lease.update): dying or failing in between (reading the runs table with storage down) left its own
+    lease without any plan, so the run after it no longer knew which run to complete (new input meanwhile: another
+    run id, the killed run's committed samples ingested again). The takeover now carries the plan over."""
+    lake = Lake(tmp_path / "lake")
+    killed = JobLease(lake, "demo", ttl_s=0.05).acquire()
+    killed.update(run_id="demo-0123456789ab", inputs=[["a.jsonl", 3, "1"]], run_full=False, job_hash="h1")
+    time.sleep(0.1)  # never released, expired: as after a SIGKILL on another host
+    with pytest.raises(OSError):
+        with JobLease(lake, "demo") as taker:
+            assert taker.took_over is not None and taker.took_over.run_id == "demo-0123456789ab"
+            raise OSError("storage down while reading the runs table")
+    left = read_lease(lake, "demo")
+    assert left is not None and left.is_stale()
+    assert (left.run_id, left.inputs, left.run_full, left.job_hash) == ("demo-0123456789ab", [["a.jsonl", 3, "1"]],
+                                                                        False, "h1")
+    assert left.owner != killed.info.owner
