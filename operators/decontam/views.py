@@ -70,9 +70,26 @@ def _column(table: pa.Table | pa.RecordBatch, name: str) -> pa.Array:
     return column
 
 
+def _conversation_column(table: pa.Table | pa.RecordBatch, name: str, fields: tuple[str, ...]) -> bool:
+    """Whether ``table`` has column ``name`` as a list of structs with ``fields`` (a column of that name and another
+    type, e.g. a plain-text ``prompt`` of the user's own, is not a conversation and is left to ``text``)."""
+    if name not in table.schema.names:
+        return False
+    kind = table.schema.field(name).type
+    return ((pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_struct(kind.value_type)
+            and all(kind.value_type.get_field_index(f) >= 0 for f in fields))
+
+
+def _field(values: pa.StructArray, name: str) -> pa.Array:
+    """Field ``name`` of ``values``, null where the struct is (``flatten`` merges the struct's validity)."""
+    return values.flatten()[values.type.get_field_index(name)]
+
+
 def _views(table: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
     """(row of each view, the views' texts) of ``table``'s conversation columns."""
-    names = set(table.schema.names)
+    names = {name for name in MESSAGE_COLUMNS if _conversation_column(table, name, ("role", "content"))}
+    if _conversation_column(table, STEPS_COLUMN, ("observation", "action")):
+        names.add(STEPS_COLUMN)
     turns: list[tuple[np.ndarray, np.ndarray, pa.Array]] = []  # (conversation, is answer, text) of each turn
     rows = table.num_rows
     if "messages" in names:
@@ -138,12 +155,12 @@ def _message_turns(messages: pa.Array, conversations: np.ndarray) -> tuple[np.nd
     parents = np.asarray(pc.list_parent_indices(messages).to_numpy(zero_copy_only=False), dtype=np.int64)
     if not len(flat):
         return np.empty(0, np.int64), np.empty(0, bool), pa.array([], pa.string())
-    roles = pc.utf8_lower(pc.fill_null(flat.field("role"), ""))
+    roles = pc.utf8_lower(pc.fill_null(_field(flat, "role").cast(pa.string()), ""))
     answer = np.asarray(pc.is_in(roles, value_set=pa.array(sorted(ANSWER_ROLES))).to_numpy(zero_copy_only=False),
                         dtype=bool)
     skipped = np.asarray(pc.is_in(roles, value_set=pa.array(sorted(SKIPPED_ROLES))).to_numpy(zero_copy_only=False),
                          dtype=bool)
-    return _kept(conversations[parents], answer, flat.field("content"), ~skipped)
+    return _kept(conversations[parents], answer, _field(flat, "content").cast(pa.string()), ~skipped)
 
 
 def _step_turns(steps: pa.Array, conversations: np.ndarray) -> tuple[np.ndarray, np.ndarray, pa.Array]:
@@ -154,7 +171,7 @@ def _step_turns(steps: pa.Array, conversations: np.ndarray) -> tuple[np.ndarray,
     if not len(flat):
         return np.empty(0, np.int64), np.empty(0, bool), pa.array([], pa.string())
     n = len(flat)
-    text = pa.concat_arrays([flat.field("observation").cast(pa.string()), flat.field("action").cast(pa.string())])
+    text = pa.concat_arrays([_field(flat, "observation").cast(pa.string()), _field(flat, "action").cast(pa.string())])
     order = np.empty(2 * n, np.int64)
     order[0::2], order[1::2] = np.arange(n), np.arange(n) + n  # observation then action, step by step
     text = text.take(pa.array(order))

@@ -52,3 +52,22 @@ def test_a_chat_answering_a_benchmarks_question_turns_matches_an_item_registered
              "tool_call_id": None}]
     table = pa.table({"text": [render_messages(chat)], "messages": pa.array([chat], MESSAGES)})
     assert match(index, table).counts.tolist() == [1]
+
+
+def test_a_column_named_like_a_conversation_but_of_another_type_is_left_to_the_text():
+    """A text table with a plain-string ``prompt`` column of its own: matched by ``text`` alone, not an error."""
+    table = pa.table({"sample_id": ["a"], "text": [f"{QUESTION}\n{ANSWER}"], "prompt": ["a string, not messages"],
+                      "steps": pa.array([[1, 2]], pa.list_(pa.int64()))})
+    assert match_rows(INDEX, table).counts.tolist() == INDEX.match(table.column("text")).counts.tolist() == [5]
+
+
+def test_slices_and_null_messages_match_as_their_rows_do():
+    rows = leaked_rows()
+    whole = match_rows(INDEX, rows).counts.tolist()
+    for start in range(rows.num_rows):
+        assert match_rows(INDEX, rows.slice(start, 2)).counts.tolist() == whole[start:start + 2]
+    from datahub.kinds.posttraining import MESSAGES
+
+    nulls = pa.table({"text": ["x", "y"], "messages": pa.array([[None, {"role": "user", "content": QUESTION}], None],
+                                                               MESSAGES)})
+    assert match_rows(INDEX, nulls).counts.tolist() == [0, 0]
