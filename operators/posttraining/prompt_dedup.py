@@ -1,7 +1,9 @@
 """``prompt_dedup``: exact dedup on the prompt only, so one prompt with many answers keeps one sample.
 
-The key is the prompt's rendering (``datahub.kinds.posttraining``): for a ``chat``, its messages before the first
-assistant message; for a ``preference``, its ``prompt``; one ``<|ROLE|>`` block per message. It runs the
+The key is the sample's kind (``<|chat|>`` / ``<|preference|>``, so a chat and a preference pair on the same prompt
+are never each other's duplicates) then the prompt's rendering (``datahub.kinds.posttraining``): for a ``chat``,
+its messages before the first assistant message; for a ``preference``, its ``prompt``; one ``<|ROLE|>`` block per
+message. It runs the
 ``exact_dedup`` machinery unchanged (normalization, keep rule, incremental lake index, lineage), with the prompt
 standing in for ``text`` while it runs; dropped rows get reason ``duplicate_prompt`` and the usual ``dup_of`` ref.
 A dedup signature is a key function, not a new pipeline (DESIGN.md).
@@ -60,6 +62,9 @@ class PromptAsText:
             prompt = pc.if_else(pc.equal(kinds, "chat"), prompt_blocks(table.column("messages"), until_assistant=True), prompt)
         if "prompt" in table.column_names:
             prompt = pc.if_else(pc.equal(kinds, "preference"), prompt_blocks(table.column("prompt"), until_assistant=False), prompt)
+        # the kind leads the key: an SFT chat and a DPO pair on one prompt are different data (their sample_ids
+        # differ too); rows of other kinds keep a null key (binary_join_element_wise emits null for null)
+        prompt = pc.binary_join_element_wise("<|", kinds, "|>\n", prompt, "")
         text = table.column("text")
         table = table.append_column(FULL_TEXT, text)
         return table.set_column(table.column_names.index("text"), "text", prompt)
@@ -87,7 +92,7 @@ class PromptDedup(ExactDedup):
     """Exact duplicates of the prompt (chat: messages before the first assistant turn; preference: ``prompt``)."""
 
     name = "prompt_dedup"
-    version = "1"
+    version = "2"  # 2: the kind leads the key (its index rows are a new namespace: v1's are not matched)
     Params = ExactDedupParams
     kinds: ClassVar[frozenset[str]] = frozenset({"chat", "preference"})
 

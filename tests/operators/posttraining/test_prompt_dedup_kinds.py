@@ -1,0 +1,45 @@
+"""prompt_dedup keys the prompt per kind: an SFT chat and a DPO pair on the same prompt are different data (as their
+sample_ids are), so neither is dropped as the other's duplicate, in one job or across jobs sharing a lake."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.compute as pc
+
+from datahub.config.spec import validate_job_spec
+from datahub.engines.arrow import ArrowEngine
+from datahub.lake import Lake
+from datahub.pipeline.run import run_job
+
+CHAT = {"messages": [{"role": "user", "content": "Name a prime."}, {"role": "assistant", "content": "7."}]}
+PAIR = {"prompt": "Name a prime.", "chosen": "7 is prime.", "rejected": "8 is prime."}
+
+
+def _job(tmp_path, name, inputs):
+    for kind, records in inputs.items():
+        (tmp_path / f"{name}-{kind}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    spec = validate_job_spec({"name": name, "lake": {"root": str(tmp_path / "lake")},
+                              "inputs": [{"uri": str(tmp_path / f"{name}-{kind}.jsonl"), "kind": kind} for kind in inputs],
+                              "graph": {"prompts": {"op": "prompt_dedup"},
+                                        "samples": {"sink": "samples", "after": ["prompts"]}}},
+                             source=str(tmp_path / f"{name}.yaml"))
+    result = run_job(spec, engine=ArrowEngine())
+    assert result.status == "succeeded", result.error
+    return result
+
+
+def test_a_chat_and_a_preference_pair_on_one_prompt_are_both_kept(tmp_path):
+    result = _job(tmp_path, "both", {"chat": [CHAT, CHAT | {"messages": CHAT["messages"][:1] + [
+        {"role": "assistant", "content": "2."}]}], "preference": [PAIR]})
+    assert result.counts["dropped"] == {"duplicate_prompt": 1}  # the second chat on the prompt, not the pair
+    kinds = Lake(tmp_path / "lake").read("samples", columns=["kind"]).column("kind").to_pylist()
+    assert sorted(kinds) == ["chat", "preference"]
+
+
+def test_a_preference_pair_is_not_a_duplicate_of_a_chat_already_in_the_lake(tmp_path):
+    _job(tmp_path, "sft", {"chat": [CHAT]})
+    result = _job(tmp_path, "dpo", {"preference": [PAIR]})
+    assert result.counts["dropped_total"] == 0, result.counts
+    samples = Lake(tmp_path / "lake").read("samples", columns=["kind"])
+    assert pc.count(samples.column("kind")).as_py() == 2
