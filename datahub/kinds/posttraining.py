@@ -23,7 +23,11 @@ the content; a message's tool calls follow as ``<|tool_calls|>`` and their JSON;
 ``<|tool_call_id|>`` and the id. Blocks are joined by a newline. A preference renders its prompt, then
 ``<|chosen|>`` and the chosen reply, then ``<|rejected|>`` and the rejected one. A trajectory step renders as
 ``<|step N|>`` (N = step index in the episode) then ``<|observation|>``, ``<|action|>``, ``<|tool_call|>``,
-``<|tool_result|>`` and ``<|reward|>`` blocks for the parts present (``done`` as ``<|done|>``).
+``<|tool_result|>`` and ``<|reward|>`` blocks for the parts present (``done`` as ``<|done|>``). Each segment of an
+episode stored in several rows starts with ``<|episode HEX|>`` and a newline (``episode_header``: xxh3-128 of the
+episode's segment renderings joined by newlines), so a segment's ``sample_id`` depends on its whole episode: two
+episodes sharing their first 1,024 steps are different samples, a repeated episode is the same; an episode of one
+row renders without it.
 
 ``sample_id`` = lowercase hex of xxh3-128 over the kind's name, one ``0x00`` byte and the identity-normalized
 canonical rendering (``datahub.sample_id.identity_normalize``). Two conversations with the same prompt and
@@ -39,6 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 from datahub.kinds.base import KindSpec, register_kind
 from datahub.sample_id import sample_ids
@@ -113,6 +118,15 @@ def render_steps(steps: Sequence[Mapping[str, Any]], *, step_offset: int = 0) ->
             block.append("<|done|>")
         blocks.append("\n".join(block))
     return "\n".join(blocks)
+
+
+EPISODE_HEADER_PREFIX = "<|episode "
+
+
+def episode_header(segment_texts: Sequence[str]) -> str:
+    """The first line of every segment of an episode stored in several rows (see the module docstring)."""
+    digest = xxhash.xxh3_128_hexdigest("\n".join(segment_texts).encode("utf-8"))
+    return f"{EPISODE_HEADER_PREFIX}{digest}|>\n"
 
 
 def kind_sample_ids(kind: str, table: pa.Table) -> pa.Array:

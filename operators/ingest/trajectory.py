@@ -3,7 +3,8 @@
 Layout: ``{"episode_id"?: str, "steps": [{"observation"?, "action"?, "tool_call"?, "tool_result"?, "reward"?,
 "done"?}, ...], ...}``; ``tool_call`` may be an object (kept as canonical JSON) or a string. An episode longer than
 ``MAX_STEPS_PER_ROW`` becomes several rows (segments, ``step_offset`` 0, 1024, ...), so a 10k-step episode never
-fills one batch. Without ``episode_id`` it is null (``source_uri`` and ``source_offset`` name the episode). A bad step is
+fills one batch; each segment's rendering starts with its episode's header (``episode_header``), so segments of two
+episodes that share 1,024 steps are not one sample. Without ``episode_id`` it is null (``source_uri`` and ``source_offset`` name the episode). A bad step is
 quarantined with its index and field (``steps[7].reward: 'high' is not a number``).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from datahub.kinds.posttraining import MAX_STEPS_PER_ROW, canonical_json, render_steps
+from datahub.kinds.posttraining import MAX_STEPS_PER_ROW, canonical_json, episode_header, render_steps
 from operators.ingest.base import register_reader
 from operators.ingest.chat import JsonRecordsReader, RecordError
 
@@ -61,10 +62,15 @@ class TrajectoryJsonlReader(JsonRecordsReader):
         if episode is not None and not isinstance(episode, (str, int)):
             raise RecordError("invalid_field", f"episode_id: a {type(episode).__name__}, expected a string")
         meta = {k: v for k, v in record.items() if k not in ("steps", "episode_id")}
+        offsets = range(0, len(steps), self.steps_per_row)
+        texts = [render_steps(steps[o:o + self.steps_per_row], step_offset=o) for o in offsets]
+        if len(texts) > 1:  # a segment's identity includes its episode's (datahub.kinds.posttraining)
+            header = episode_header(texts)
+            texts = [header + text for text in texts]
         out = []
-        for offset in range(0, len(steps), self.steps_per_row):
-            segment = steps[offset:offset + self.steps_per_row]
-            fields = {"episode_id": None if episode is None else str(episode), "steps": segment,
-                      "step_offset": offset, "episode_steps": len(steps)}
-            out.append((render_steps(segment, step_offset=offset), fields, meta))
+        for offset, text in zip(offsets, texts):
+            fields = {"episode_id": None if episode is None else str(episode),
+                      "steps": steps[offset:offset + self.steps_per_row], "step_offset": offset,
+                      "episode_steps": len(steps)}
+            out.append((text, fields, meta))
         return out
