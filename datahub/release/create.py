@@ -36,7 +36,8 @@ def create_release(
     Refused when the name exists, when the latest result of any QA suite for that version
     failed, (with ``require_qa``) when no QA ran on it, or when samples share 13-grams with a
     registered eval set, unless ``allow_contamination`` gives the reason (recorded in the
-    release's details and in the contaminated samples' ``released`` lineage rows).
+    release's details and in the contaminated samples' ``released`` lineage rows). An eval set registered after the
+    check, while the release is written, refuses it before its record is committed (``freeze``; run it again).
     ``require_suites``: suites that must have a result on that version. ``datahub release create --require-qa``
     passes the table's kind-specific default suites (``datahub.qa.table_default_suites`` less ``samples.v1``), so a
     chat table checked by samples.v1 alone is refused until posttraining.v1 ran; a Python caller passes them the

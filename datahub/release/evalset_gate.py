@@ -4,7 +4,9 @@ A release records its eval-set check in ``details["contamination"]`` (``evalset.
 merge per input under ``releases``). A recorded check stands for a new one only when nothing its verdict depends on
 changed: the same rows (table, version, row count, digest of sample ids), the same eval-set contents (the digests of
 every set registered now), the same n-gram size and the same matcher (``ngrams.MATCHER_VERSION``: the text
-normalization and n-gram hashing that decide a match).
+normalization and n-gram hashing that decide a match; ``ngrams.SAME_ON_TEXT_TABLES``: older versions that match a
+table without conversation columns as today's). The eval sets a release's rows were checked against are compared with
+those registered again right before its lineage and its record are committed (``refuse_evalsets_since``).
 """
 
 from __future__ import annotations

@@ -253,7 +253,8 @@ def merge_releases(
     A merge is a new release, so it passes ``release create``'s eval-set gate: before anything is written, each
     input's frozen table version is checked (``evalset.check.contamination``, streamed); an overlap refuses the merge
     unless ``allow_contamination`` gives the reason, recorded in ``details["contamination"]`` (eval sets registered
-    after an input release was created would otherwise leak into the merge).
+    after an input release was created would otherwise leak into the merge). An eval set registered while the rows are
+    written refuses the merge before its record is committed (``freeze``; run it again).
     """
     if allow_contamination is not None and not allow_contamination.strip():
         raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "

@@ -176,7 +176,8 @@ def redact(
     against exactly the eval sets registered now, the reason carries over to the samples that stay
     (``carried_from``), as no new overlap is possible then. Both are decided when the check runs, and a carried reason
     is kept only when the check read the very eval-set contents and matcher the parent's reason was given for; an
-    eval set registered while the check reads refuses the redact before its rows are written (run it again).
+    eval set registered while the check reads refuses the redact before its rows are written, one registered while
+    they are written refuses it before its record is committed (``freeze``; run it again in both cases).
     """
     check_name(new)
     if allow_contamination is not None and not allow_contamination.strip():
