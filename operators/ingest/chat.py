@@ -29,6 +29,10 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
                   "function": "tool"}
 
 
+# content part types holding text: Chat Completions' "text", the Responses API's "input_text" / "output_text"
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
 class RecordError(ValueError):
     """A record that does not fit its kind: ``reason`` (a quarantine reason) and a detail naming the field."""
 
@@ -70,7 +74,7 @@ def content_text(value: Any, where: str) -> str | None:
         for i, part in enumerate(value):
             if isinstance(part, str):
                 texts.append(part)
-            elif isinstance(part, dict) and part.get("type", "text") == "text" and isinstance(part.get("text"), str):
+            elif isinstance(part, dict) and part.get("type", "text") in TEXT_PART_TYPES and isinstance(part.get("text"), str):
                 texts.append(part["text"])
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__

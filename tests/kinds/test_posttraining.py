@@ -230,3 +230,15 @@ def test_pii_redaction_keeps_a_segments_episode_header(tmp_path):
     texts = kept.sort_by("step_offset").column("text").to_pylist()
     assert all(t.startswith("<|episode ") for t in texts) and len({t.split("\n", 1)[0] for t in texts}) == 1
     assert "@example.com" not in "".join(texts) and texts[1].split("\n", 1)[1].startswith("<|step 1024|>")
+
+
+def test_chat_text_parts_of_the_responses_api_are_read(tmp_path):
+    """OpenAI Responses-API items carry text as {"type": "input_text" | "output_text", "text"}: they were quarantined
+    as unsupported_content ("an image part belongs in an image_text input"); an image part still is."""
+    record = {"messages": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+                           {"role": "assistant", "content": [{"type": "output_text", "text": "Hello."}]}]}
+    image = {"messages": [{"role": "user", "content": [{"type": "input_image", "image_url": "x.png"}]},
+                          {"role": "assistant", "content": "A cat."}]}
+    samples, bad = _run(tmp_path, "chat", [record, image])
+    assert [m["content"] for m in samples.column("messages")[0].as_py()] == ["Hi", "Hello."]
+    assert {line: reason for line, (reason, _) in bad.items()} == {2: "unsupported_content"}
