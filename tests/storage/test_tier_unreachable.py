@@ -84,3 +84,18 @@ def test_a_missing_file_on_a_tier_is_not_taken_for_an_unreachable_endpoint(stora
     tier = config.tier("local")
     with pytest.raises(FileNotFoundError):
         tier.read(tier.uri("r1", "manifest.json"))
+
+
+def test_a_tier_copy_from_python_to_an_unreachable_tier_raises_storage_error(storage, tmp_path: Path) -> None:
+    from datahub.export.tiering import apply_tiers, plan_tiers
+
+    full, port = storage
+    # the plan looks at every configured tier (leftovers): an unreachable hdfs tier there fails it, also as StorageError
+    config = validate_storage_config({"tiers": {name: full.tiers[name].model_dump() for name in ("archive", "local")}},
+                                     source="storage.yaml")
+    lake, version = make_lake(tmp_path / "lake", n=10)
+    export_table_version(lake, table="samples", version=version, release_name="r1", tier="local", storage=config)
+    plan = plan_tiers(lake, storage=config, targets={"r1": ["local", "archive"]})
+    with pytest.raises(StorageError) as caught:
+        apply_tiers(lake, plan, storage=config, workers=1)
+    _says_which_tier_and_how_to_fix(caught.value, "archive", "endpoint_url", port)
