@@ -12,9 +12,9 @@ Checks (each a drop reason, in this order; the signal is kept in ``quality`` eit
   (``quality.chat_empty_user``);
 - ``invalid_tool_call_json``: a tool call whose ``arguments`` string does not parse as JSON
   (``quality.chat_bad_tool_calls``);
-- ``unanswered_tool_call``: an assistant message's tool calls outnumber the tool messages right after it (a call
-  whose result never came); a conversation may end on its calls (a function-calling target)
-  (``quality.chat_unanswered_tool_calls``);
+- ``unanswered_tool_call``: an assistant message's tool calls outnumber the tool messages right after it, or (calls
+  and replies both carrying ids) a call's id is answered by none of them: a call whose result never came; a
+  conversation may end on its calls (a function-calling target) (``quality.chat_unanswered_tool_calls``);
 - ``truncated_assistant_turn``: the conversation ends with an assistant message cut off mid-sentence: an
   unclosed ```` ``` ```` fence, or at least ``truncation_min_chars`` characters ending in a letter, a comma or a
   hyphen (our heuristic; a reply ending in a command or number is not flagged) (``quality.chat_truncated``).
@@ -91,6 +91,7 @@ def unanswered_tool_calls(flat: Flat, roles: np.ndarray) -> np.ndarray:
     where = np.flatnonzero(as_bool(pc.is_valid(calls)) & (roles == ASSISTANT))
     unanswered = np.zeros(len(calls), dtype=bool)
     is_tool = roles == TOOL
+    reply_ids = flat.field("tool_call_id")
     for i, text in zip(where, calls.take(pa.array(where, pa.int64())).to_pylist()):
         end = int(flat.offsets[flat.parent[i] + 1])
         if i == end - 1:
@@ -98,16 +99,24 @@ def unanswered_tool_calls(flat: Flat, roles: np.ndarray) -> np.ndarray:
         replies = 0
         while i + 1 + replies < end and is_tool[i + 1 + replies]:
             replies += 1
-        unanswered[i] = replies < _call_count(text)
+        call_ids = _call_ids(text)
+        answered = reply_ids.slice(i + 1, replies).to_pylist()
+        # ids on both sides (OpenAI layout): every call's id must be answered; without ids, the count decides
+        if replies < len(call_ids):
+            unanswered[i] = True
+        elif all(call_ids) and all(answered) and set(call_ids) - set(answered):
+            unanswered[i] = True
     return flat.per_row(unanswered)
 
 
-def _call_count(text: str) -> int:
+def _call_ids(text: str) -> list[str | None]:
+    """One entry per call of a message: its ``id`` (None when it has none, or the JSON does not parse)."""
     try:
         calls = json.loads(text)
     except json.JSONDecodeError:
-        return 1
-    return len(calls) if isinstance(calls, list) else 1
+        return [None]
+    calls = calls if isinstance(calls, list) else [calls]
+    return [c.get("id") if isinstance(c, dict) and isinstance(c.get("id"), str) else None for c in calls]
 
 
 def _calls_parse(text: str) -> bool:
@@ -148,7 +157,7 @@ class ChatQuality(BatchOperator[ChatQualityParams]):
     """Per-turn checks of ``chat`` samples: turns, role order, empty turns, tool-call JSON and results, truncation."""
 
     name = "chat_quality"
-    version = "2"  # 2: empty_user_turn, unanswered_tool_call
+    version = "2"  # 2: empty_user_turn, unanswered_tool_call (by count, and by id where both sides carry ids)
     Params = ChatQualityParams
     params: ChatQualityParams
     annotates = True

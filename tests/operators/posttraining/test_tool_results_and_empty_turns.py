@@ -69,3 +69,20 @@ def test_trajectory_tool_call_without_a_result_is_dropped(tmp_path):
     kept, _, result = _run(tmp_path / "off", "trajectory", episodes,
                            {"steps": {"op": "trajectory_quality", "params": {"drop_unanswered_tool_calls": False}}})
     assert result.counts["dropped_total"] == 0 and kept.num_rows == 2
+
+
+def test_a_tool_reply_to_another_call_id_leaves_the_call_unanswered(tmp_path):
+    """The reply's tool_call_id names a call that was not made (the API refuses such a conversation): the call made
+    got no result. Replies without ids (ShareGPT observations) are matched by count alone."""
+    records = [
+        {"messages": [_user("Weather in Paris?"), _assistant(None, tool_calls=[_call("a")]), _tool("b", "12C"),
+                      _assistant("It is 12C.")]},
+        {"messages": [_user("Paris and Rome?"), _assistant(None, tool_calls=[_call("c"), _call("d")]),
+                      _tool("d", "20C"), _tool("c", "12C"), _assistant("12C and 20C.")]},  # any order is fine
+        {"conversations": [{"from": "human", "value": "Weather?"},
+                           {"from": "function_call", "value": "{\"name\": \"weather\", \"arguments\": {}}"},
+                           {"from": "observation", "value": "12C"}, {"from": "gpt", "value": "12C."}]},
+    ]
+    kept, _, result = _run(tmp_path, "chat", records, {"turns": {"op": "chat_quality"}})
+    assert result.counts["dropped"] == {"unanswered_tool_call": 1}, result.counts
+    assert kept.num_rows == 2
