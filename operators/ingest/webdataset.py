@@ -3,7 +3,8 @@
 A sample is the run of consecutive tar members sharing a key (the member path up to the first dot of its
 file name, as ``webdataset`` groups them): ``KEY.jpg`` / ``.jpeg`` / ``.png`` / ``.webp`` (the image),
 ``KEY.txt`` (the caption) and ``KEY.json`` (metadata; its ``caption`` field when there is no ``.txt``).
-``source_offset`` = the sample's ordinal in the shard (0-based); ``meta`` = the JSON object plus ``key``.
+``source_offset`` = the sample's ordinal in the shard (0-based); ``meta`` = the JSON object plus ``key`` (a JSON
+member that is not an object is kept as ``meta["json"]``).
 A member larger than ``max_record_bytes`` (image, caption or JSON) is not read: its sample is quarantined as
 ``oversize`` naming the member.
 Bad samples (no image, no caption, bad JSON, bad media) are quarantined with the reason; a shard that breaks
@@ -97,6 +98,8 @@ class WebDatasetReader(Reader):
                 return
             if isinstance(parsed, dict):
                 meta.update(parsed)
+            elif parsed is not None:  # a list or a scalar: kept, not dropped
+                meta["json"] = parsed
         caption: Any = None
         if "txt" in members:
             try:

@@ -259,3 +259,12 @@ def test_web_image_urls_that_fail_are_quarantined_not_a_failed_input(tmp_path, d
     rows = bad.to_pylist()
     assert [(r["source_offset"], r["reason"]) for r in rows] == [(2, "image_not_found"), (3, "image_not_found")]
     assert "gone.jpg" in rows[0]["detail"] and f":{closed}/x.jpg" in rows[1]["detail"]
+
+
+def test_webdataset_json_member_that_is_not_an_object_is_kept_in_meta(tmp_path, demo_members):
+    """A KEY.json holding a list or a string was dropped without a word; it is kept under meta['json']."""
+    picture = image_of(demo_members["img00000"])
+    path = _shard(tmp_path / "s.tar", {"a": {"jpg": picture, "txt": b"cap", "json": b'["tag1", "tag2"]'}})
+    samples, bad = read(path, "webdataset")
+    assert bad.num_rows == 0
+    assert json.loads(samples.column("meta")[0].as_py()) == {"json": ["tag1", "tag2"], "key": "a"}
