@@ -125,7 +125,7 @@ def plant(docs: list[str], items: list[dict[str, str]], plants: int, seed: int =
 def ours(docs: list[str], index) -> tuple[list[str | None], float]:
     from operators.decontam.op import MarkContaminated
 
-    mark = MarkContaminated(index, 1, "decontaminate@1")
+    mark = MarkContaminated(index, 1, "decontaminate@2")
     tables = [pa.table({"sample_id": pa.array([str(i) for i in range(lo, min(lo + BATCH, len(docs)))]),
                         "text": pa.array(docs[lo:lo + BATCH], pa.string())}) for lo in range(0, len(docs), BATCH)]
     mark(tables[0].slice(0, 10))  # warm-up (hash tables)
