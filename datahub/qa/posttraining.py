@@ -34,6 +34,13 @@ operator or merge wrote null instead of a list): the null list counts as an empt
 ``rejected_turns``, ``steps_count`` are then 0 and fail ``posttraining.v1``). So the derived columns read ``kind``
 when the table has it (``KIND_COLUMN``).
 
+``document_lengths`` gives ``samples.v1`` its ``document_length`` (``datahub.qa.validate``): ``text_length`` on
+document rows, null on rows of ``POSTTRAINING_KINDS``, whose ``text`` renders a whole conversation or up to 1,024
+steps (an agent rollout with terminal output runs to millions of characters), so the 1,000,000-character document
+bound does not judge them. posttraining.v1 sets no length bound of its own: ingest's ``limits.max_record_bytes`` already
+bounds a record per job (1 MB by default, 20 MB in jobs/trajectory-demo.yaml), and a constant here would contradict
+a job that raised it.
+
 On a row of another kind the source column is null, and so is every derived value. Great Expectations' column-map
 expectations (``expect_column_values_to_be_between``, ``..._to_be_in_set``) judge non-null values only, so in a table
 that mixes kinds each check sees the rows of its own kind: ``schemas/gx/posttraining.v1.json`` needs no ``mostly``
@@ -65,6 +72,8 @@ DERIVED: dict[str, Derived] = {}
 KIND_COLUMN = "kind"
 # the sample kind whose rows carry each list column (datahub.kinds.posttraining)
 LIST_KINDS = {"messages": "chat", "chosen": "preference", "rejected": "preference", "steps": "trajectory"}
+# the kinds whose ``text`` is a rendering of their list column, not a document (``document_lengths``)
+POSTTRAINING_KINDS: tuple[str, ...] = tuple(sorted(set(LIST_KINDS.values())))
 _Compute = Callable[["_Batch"], pa.Array]
 
 
@@ -120,6 +129,18 @@ def mistyped_sources(schema: pa.Schema) -> dict[str, str]:
 def judged_by_kind(schema: pa.Schema) -> bool:
     """The table has a text ``kind`` column: its rows of a kind are judged when their list column is null."""
     return KIND_COLUMN in schema.names and _is_text(schema.field(KIND_COLUMN).type)
+
+
+def document_lengths(table: pa.Table, lengths: pa.Array) -> pa.Array:
+    """``lengths`` (of the batch's ``text``) on document rows, null on rows of a ``POSTTRAINING_KINDS`` kind (by a
+    text ``kind`` column; a null kind, another kind, or no such column: a document, as ``datahub.kinds`` reads it).
+    ``datahub.qa.validate`` names it ``document_length``: samples.v1 bounds documents' length, not a rendered chat
+    or a 1,024-step trajectory's."""
+    if not judged_by_kind(table.schema):
+        return lengths
+    kinds = table.column(KIND_COLUMN).combine_chunks()
+    rendered = pc.is_in(kinds, value_set=pa.array(POSTTRAINING_KINDS, kinds.type))  # a null kind: false
+    return pc.if_else(rendered, pa.scalar(None, lengths.type), lengths)
 
 
 def derived_columns(schema: pa.Schema) -> list[Derived]:

@@ -1,6 +1,13 @@
 """Run suites on one table version: one streaming pass of aggregates (``datahub.qa.aggregates``) for the
 expectation types it covers, Great Expectations 1.x on a bounded sample for the others.
 
+Derived validation columns from ``text`` (suites name them like table columns): ``text_length`` (characters, every
+row), ``document_length`` (``text_length`` on document rows: kind ``text`` or ``image_text``, a null kind, or a table
+without ``kind``; null on chat, preference and trajectory rows, whose ``text`` renders a whole conversation or up to
+1,024 steps: ``datahub.qa.posttraining.document_lengths``) and ``text_id`` (equal texts share an id). Column-map
+expectations judge non-null values only, so samples.v1's 1,000,000-character bound on ``document_length`` leaves
+post-training rows alone while its ``text_length >= 1`` still judges every row.
+
 great_expectations and pandas are imported here only, when a suite needs them.
 """
 
@@ -26,6 +33,7 @@ from datahub.qa.posttraining import (
     KIND_COLUMN,
     compute_derived,
     derived_columns,
+    document_lengths,
     judged_by_kind,
     mistyped_sources,
 )
@@ -47,6 +55,7 @@ BATCH_BYTES = 32 * 2**20
 # scheduler (faster in 1 run of 3), so no wall win is claimed. The floor of any read size is one Parquet page, which
 # writers close once a 1,024-value write batch passes 1 MB (tests/qa/test_read_memory.py).
 READ_ROWS = 64
+DOCUMENT_LENGTH = "document_length"  # text_length of document rows (module docstring)
 
 
 def bounded_batches(reads: Iterable[pa.RecordBatch], *, max_rows: int) -> Iterator[pa.Table]:
@@ -92,9 +101,9 @@ def read_batches(dataset: Any, columns: Iterable[str], *, batch_rows: int, files
 
 def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
     """Columns suites can name -> the table columns they come from (``text_length`` and ``text_id`` from
-    ``text``, ``quality_<signal>`` from the ``quality`` struct, the post-training columns of
-    ``datahub.qa.posttraining`` from ``messages``, ``chosen``/``rejected`` or ``steps`` and ``kind``, flat columns
-    from themselves)."""
+    ``text``, ``document_length`` from ``text`` and ``kind`` when the table has it, ``quality_<signal>`` from the
+    ``quality`` struct, the post-training columns of ``datahub.qa.posttraining`` from ``messages``,
+    ``chosen``/``rejected`` or ``steps`` and ``kind``, flat columns from themselves)."""
     columns: dict[str, tuple[str, ...]] = {}
     for column in schema:
         if column.name == "quality" and pa.types.is_struct(column.type):
@@ -102,9 +111,10 @@ def validation_columns(schema: pa.Schema) -> dict[str, tuple[str, ...]]:
                 columns[f"quality_{child.name}"] = ("quality",)
         elif not pa.types.is_nested(column.type):
             columns[column.name] = (column.name,)
+    kind = (KIND_COLUMN,) if judged_by_kind(schema) else ()  # a row of the kind is judged when its list is null
     if "text" in schema.names:
         columns["text_length"] = columns["text_id"] = ("text",)
-    kind = (KIND_COLUMN,) if judged_by_kind(schema) else ()  # a row of the kind is judged when its list is null
+        columns[DOCUMENT_LENGTH] = ("text", *kind)  # which rows are documents
     for derived in derived_columns(schema):
         columns.setdefault(derived.name, derived.sources + kind)  # a stored column of that name wins
     return columns
@@ -136,8 +146,12 @@ def validation_batch(batch: pa.RecordBatch | pa.Table, wanted: set[str]) -> pa.T
             columns[name] = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
     if "text" in table.column_names:
         text = table.column("text").combine_chunks()
-        if "text_length" in wanted:
-            columns["text_length"] = pc.utf8_length(text)
+        if "text_length" in wanted or DOCUMENT_LENGTH in wanted:
+            lengths = pc.utf8_length(text)
+            if "text_length" in wanted:
+                columns["text_length"] = lengths
+            if DOCUMENT_LENGTH in wanted:
+                columns[DOCUMENT_LENGTH] = document_lengths(table, lengths)
         if "text_id" in wanted:
             hashes = np.zeros(len(text), dtype=np.uint64)
             valid = np.asarray(pc.is_valid(text))
@@ -367,7 +381,8 @@ def finish_pass(plan: PassPlan, done: Partial) -> list[tuple[bool, list[dict[str
 def validation_frame(table: pa.Table) -> Any:
     """The pandas frame suites see on one in-memory table: the table's flat columns plus derived ones.
 
-    ``text_length`` (characters), ``text_id`` (equal texts share an id, so the proportion of
+    ``text_length`` (characters), ``document_length`` (``text_length`` of document rows, null on post-training
+    ones), ``text_id`` (equal texts share an id, so the proportion of
     unique ids is 1 - exact-duplicate rate), ``quality_<signal>`` per quality struct field and the post-training
     columns of ``datahub.qa.posttraining``.
     """
@@ -375,6 +390,7 @@ def validation_frame(table: pa.Table) -> Any:
     if "text" in table.column_names:
         text = table.column("text").combine_chunks()
         columns["text_length"] = pc.utf8_length(text)
+        columns[DOCUMENT_LENGTH] = document_lengths(table, columns["text_length"])
         columns["text_id"] = pc.dictionary_encode(text).indices if len(text) else pa.array([], pa.int32())
     for name, values in compute_derived(table).items():
         columns.setdefault(name, values)

@@ -44,7 +44,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Validate a table version against QA suites and record the outcome in qa_results.
 
-        samples.v1: sample ids, text lengths, exact duplicates, quality signals.
+        samples.v1: sample ids, non-empty text, document lengths (at most
+        1,000,000 characters on text and image_text rows, a null or absent
+        kind being text; chat, preference and trajectory rows are not
+        documents: ingest's limits.max_record_bytes bounds them), exact
+        duplicates, quality signals.
 
         posttraining.v1, run by default on tables with chat, preference or
         trajectory columns, checks columns derived per batch from the nested
