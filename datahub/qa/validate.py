@@ -56,6 +56,7 @@ BATCH_BYTES = 32 * 2**20
 # writers close once a 1,024-value write batch passes 1 MB (tests/qa/test_read_memory.py).
 READ_ROWS = 64
 DOCUMENT_LENGTH = "document_length"  # text_length of document rows (module docstring)
+TEXT_DERIVED = ("text_length", DOCUMENT_LENGTH, "text_id")  # validation columns derived from ``text``
 
 
 def bounded_batches(reads: Iterable[pa.RecordBatch], *, max_rows: int) -> Iterator[pa.Table]:
@@ -235,6 +236,10 @@ def missing_column(suite: Suite, index: int, column: str, available: set[str],
         return (f"{where}: {column!r} is derived from {', '.join(derived.sources)} ({derived.kind} samples), but this "
                 f"table's {'; '.join(wrong)}: it does not hold {derived.kind} samples; run the suite on a table "
                 f"datahub wrote {derived.kind} samples to, or leave it out (--suite samples.v1)")
+    if column in TEXT_DERIVED:
+        return (f"{where}: {column!r} is derived from the text column, and this table has none (columns here: "
+                f"{', '.join(sorted(available))}); run the suite on a table with the samples schema's text column, "
+                f"or name suites for this table with --suite")
     if derived is not None:
         lacking = [source for source in derived.sources if source not in available]
         return (f"{where}: {column!r} is derived from {', '.join(derived.sources)} ({derived.kind} samples) and this "

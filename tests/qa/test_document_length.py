@@ -172,3 +172,16 @@ def test_qa_then_release_create_on_long_rollouts(lakes):
     made = runner.invoke(app, ["release", "create", "rollouts-1", "--lake", root, "--require-qa", "--json"])
     assert made.exit_code == 0, made.output + str(made.exception)
 
+
+def test_a_table_without_text_says_the_text_columns_are_derived_from_text(tmp_path):
+    """``text_length``, ``document_length`` and ``text_id`` are derived: the error says from what, not that no
+    column of that name is derived."""
+    from datahub.qa import run_suites
+
+    lake = Lake(tmp_path / "lake")
+    lake.commit("samples", pa.table({"sample_id": ["a"], "body": ["a document under another name"]}), txn="s/1")
+    [result] = run_suites(lake, suites=["samples.v1"], commit=False)
+    errors = {e["kwargs"]["column"]: e["error"] for e in result.failed_expectations}
+    for column in ("text_length", "document_length", "text_id"):
+        assert f"{column!r} is derived from the text column, and this table has none" in errors[column], errors
+        assert "columns here: body, sample_id" in errors[column]
