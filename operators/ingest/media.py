@@ -9,7 +9,9 @@ Where the image is:
 - Parquet: a binary column (``image``, ``jpg``, ``png``, ``webp``, ``image_bytes``), or a struct with ``bytes``
   and ``path`` (Hugging Face ``datasets.Image``); else a path/URI column;
 - JSONL and Parquet: a string field ``image_path``, ``image_uri``, ``image_url``, ``path`` or ``url``: an absolute
-  path, an ``s3://``/``hdfs://`` URI, or a path relative to the input file's folder (its base location).
+  path, an ``s3://``/``hdfs://`` URI, a web URL (``http(s)://``, ``operators.ingest.web``: one streamed GET,
+  failures quarantined per record as ``image_not_found`` (404/410), ``image_fetch_failed`` or ``oversize``), or a
+  path relative to the input file's folder (its base location).
 
 The caption is the input's ``text_field`` (``caption`` for LAION-style files). The other fields go to ``meta``.
 """
@@ -23,12 +25,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from datahub.errors import TransientError
 from datahub.kinds.media import (IMAGE, IMAGE_BYTE_SIZE, IMAGE_FORMAT, IMAGE_HEIGHT, IMAGE_SHA256, IMAGE_URI,
                                  IMAGE_WIDTH)
 from operators.ingest.base import RAW_PREVIEW_BYTES, InputFile, Reader, _Buffer, register_reader, text_field_problem
 from operators.ingest.jsonl import json_objects
 from operators.ingest.stream import StorageStream
+from operators.ingest.web import WebImage, fetch_web_image, is_web
 from operators.media.checks import MediaProblem, inspect_image
 
 BYTES_COLUMNS = ("image", "jpg", "png", "webp", "image_bytes")
@@ -78,37 +80,20 @@ def resolve(reference: str, base_uri: str) -> str:
     return posixpath.join(posixpath.dirname(base_uri), reference)
 
 
-WEB_SCHEMES = ("http://", "https://")
-WEB_TIMEOUT_S = 60  # one web image; aiohttp's default (300 s) let a hanging host stall the reader for minutes
+def fetch(uri: str, file: InputFile, *, max_bytes: int) -> WebImage:
+    """The referenced image's bytes, or the quarantine reason and detail if it is not there.
 
-
-def _web_options() -> dict[str, Any]:
-    import aiohttp
-
-    return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=WEB_TIMEOUT_S)}}
-
-
-def fetch(uri: str, file: InputFile) -> tuple[bytes | None, str | None]:
-    """``(bytes, None)`` of the referenced image, or ``(None, why)`` if it is not there.
-
-    A missing file is bad data (quarantined); a storage failure raises ``StorageError`` and the input is retried.
-    A web image (http/https, LAION-style ``url``) that cannot be fetched, a dead host included, is quarantined: a
-    web server is not the job's storage, and one dead link must not fail the input it is listed in.
+    A missing file is bad data (``image_not_found``); a storage failure raises ``StorageError`` and the input is
+    retried. A web image (http/https) is fetched by :func:`operators.ingest.web.fetch_web_image`: whatever goes
+    wrong with it quarantines that record only (a web server is not the job's storage).
     """
-    web = uri.lower().startswith(WEB_SCHEMES)
+    if is_web(uri):
+        return fetch_web_image(uri, max_bytes=max_bytes)
     try:
-        with StorageStream.open(uri, _web_options() if web else dict(file.storage_options)) as stream:
-            return stream.read(), None
-    except TransientError as exc:
-        if not web:
-            raise
-        return None, f"{exc}" if exc.__cause__ is None else f"{type(exc.__cause__).__name__}: {exc.__cause__}"
+        with StorageStream.open(uri, dict(file.storage_options)) as stream:
+            return WebImage(stream.read())
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    except OSError as exc:
-        if not web:
-            raise
-        return None, f"{type(exc).__name__}: {exc}"
+        return WebImage(None, "image_not_found", f"{type(exc).__name__}: {exc}")
 
 
 IMAGE_BATCH_ROWS = 64  # records per batch: images are up to max_record_bytes each, so batches stay bounded
@@ -153,11 +138,12 @@ class _ImageRecords:
                     reference, uri = value, resolve(value, file.uri)
                     break
         if image is None and reference is not None and uri is not None:
-            image, missing = fetch(uri, file)
-            if image is None:
-                buffer.quarantine(offset, "image_not_found", f"record {offset}: {uri}: {missing}",
+            fetched = fetch(uri, file, max_bytes=self.max_record_bytes)
+            if fetched.data is None:
+                buffer.quarantine(offset, fetched.reason or "image_not_found", f"record {offset}: {uri}: {fetched.detail}",
                                   raw if raw is not None else json.dumps({"path": reference}).encode())
                 return
+            image = fetched.data
         add_image_record(buffer, offset=offset, caption=caption, image=image, image_uri=uri, meta=record,
                          max_record_bytes=self.max_record_bytes, caption_field=file.text_field, record=raw,
                          fields=fields)

@@ -257,8 +257,10 @@ def test_web_image_urls_that_fail_are_quarantined_not_a_failed_input(tmp_path, d
     assert samples.column("text").to_pylist() == ["served", "served again"]
     assert samples.column("image").to_pylist() == [picture, picture]
     rows = bad.to_pylist()
-    assert [(r["source_offset"], r["reason"]) for r in rows] == [(2, "image_not_found"), (3, "image_not_found")]
-    assert "gone.jpg" in rows[0]["detail"] and f":{closed}/x.jpg" in rows[1]["detail"]
+    # a dead host is not known to have lost the image: image_fetch_failed (worth ingesting again), the cause named
+    assert [(r["source_offset"], r["reason"]) for r in rows] == [(2, "image_not_found"), (3, "image_fetch_failed")]
+    assert "gone.jpg" in rows[0]["detail"] and "HTTP 404" in rows[0]["detail"]
+    assert f":{closed}/x.jpg" in rows[1]["detail"] and "ConnectionRefusedError" in rows[1]["detail"]
 
 
 def test_webdataset_json_member_that_is_not_an_object_is_kept_in_meta(tmp_path, demo_members):
