@@ -218,3 +218,64 @@ def test_a_takeover_keeps_the_plan_it_took_over_until_its_own_plan_replaces_it(t
     assert (left.run_id, left.inputs, left.run_full, left.job_hash) == ("demo-0123456789ab", [["a.jsonl", 3, "1"]],
                                                                         False, "h1")
     assert left.owner != killed.info.owner
+
+
+_KILLED_RUN = ("import sys, yaml; from datahub.config.spec import validate_job_spec; "
+               "from datahub.engines.arrow import ArrowEngine; from datahub.pipeline.run import run_job; "
+               "run_job(validate_job_spec(yaml.safe_load(open(sys.argv[1]))), engine=ArrowEngine())")
+
+
+@pytest.mark.parametrize("interruption", ["ctrl-c", "raise"])
+def test_a_run_completing_a_killed_run_keeps_its_plan_when_stopped_before_the_commit(tmp_path, monkeypatch,
+                                                                                   interruption):
+    """A run killed after committing samples has no runs row: only its lease holds its plan (run id, input files).
+    The run that completes it and is stopped before its own commit (Ctrl-C after the graph, or an operator failing)
+    must leave that plan in the lease: with new input meanwhile, the next run would otherwise compute another run id
+    and ingest the killed run's committed files again (duplicate samples)."""
+    import os
+    import signal
+
+    import yaml
+
+    import datahub.pipeline.run as run_module
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.faults import KILL_AT_ENV
+    from tests.pipeline.corpus import REPO, docs, job_raw, make_corpus, write_jsonl
+
+    corpus = make_corpus(tmp_path / "corpus", files=2, per_file=5)
+    lake_root = tmp_path / "lake"
+    raw = job_raw(corpus, lake_root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(raw))
+    killed = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(job)], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, KILL_AT_ENV: "after_commit:samples", "PYTHONPATH": str(REPO)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    killed_plan = read_lease(Lake(lake_root), "crashjob")
+    assert killed_plan is not None and killed_plan.run_id
+    write_jsonl(corpus / "part-9.jsonl", docs("new", 4))  # new input arrives before the next run
+    spec = validate_job_spec(raw)
+    if interruption == "ctrl-c":
+        monkeypatch.setenv(KILL_AT_ENV, "after_graph@SIGINT")
+        with pytest.raises(KeyboardInterrupt):
+            run_job(spec, engine=ArrowEngine())
+        monkeypatch.delenv(KILL_AT_ENV)
+    else:
+        real_execute = run_module.execute_graph
+
+        def fails_after_the_graph(*args, **kwargs):
+            real_execute(*args, **kwargs)
+            raise RuntimeError("an operator failed")
+
+        monkeypatch.setattr(run_module, "execute_graph", fails_after_the_graph)
+        with pytest.raises(RuntimeError, match="an operator failed"):
+            run_job(spec, engine=ArrowEngine())
+        monkeypatch.setattr(run_module, "execute_graph", real_execute)
+    kept = read_lease(Lake(lake_root), "crashjob")
+    if interruption == "ctrl-c":  # no runs row was written: the lease is the only record of the plan
+        assert kept is not None and kept.run_id == killed_plan.run_id and kept.inputs == killed_plan.inputs
+    result = run_job(spec, engine=ArrowEngine())
+    ids = Lake(lake_root).read("samples").column("sample_id").to_pylist()
+    # 2 files x 5 + broken.jsonl's one good record + 4 new: what one clean run gives
+    assert len(ids) == len(set(ids)) == 15, f"{len(ids)} rows, {len(set(ids))} unique"
+    assert (result.resumed or {}).get("run_id") == killed_plan.run_id or result.run_id == killed_plan.run_id, result
