@@ -23,6 +23,7 @@ class KindSpec:
     description: str
     members: Members | None = None  # export: extension -> bytes per row (null: no member for that row)
     member_columns: tuple[str, ...] = ()  # columns written as members by ``members``, left out of ``.json``
+    id_fields: tuple[pa.Field, ...] = ()  # columns a reader hands to ``sample_ids`` only; never stored in the lake
 
 
 _REGISTRY: dict[str, KindSpec] = {}
@@ -35,7 +36,7 @@ def register_kind(spec: KindSpec) -> KindSpec:
     existing = _REGISTRY.get(spec.name)
     if existing is not None and existing is not spec:
         raise SpecError(f"sample kind {spec.name!r} is registered twice")
-    for field in spec.fields:
+    for field in (*spec.fields, *spec.id_fields):
         if field.name == KIND_COLUMN or field.name in ("sample_id", "text", "meta", "source_uri"):
             raise SpecError(f"sample kind {spec.name!r}: field {field.name!r} is a column every kind shares")
     _REGISTRY[spec.name] = spec

@@ -23,15 +23,16 @@ the content; a message's tool calls follow as ``<|tool_calls|>`` and their JSON;
 ``<|tool_call_id|>`` and the id. Blocks are joined by a newline. A preference renders its prompt, then
 ``<|chosen|>`` and the chosen reply, then ``<|rejected|>`` and the rejected one. A trajectory step renders as
 ``<|step N|>`` (N = step index in the episode) then ``<|observation|>``, ``<|action|>``, ``<|tool_call|>``,
-``<|tool_result|>`` and ``<|reward|>`` blocks for the parts present (``done`` as ``<|done|>``). Each segment of an
-episode stored in several rows starts with ``<|episode HEX|>`` and a newline (``episode_header``: xxh3-128 of the
-episode's segment renderings joined by newlines), so a segment's ``sample_id`` depends on its whole episode: two
-episodes sharing their first 1,024 steps are different samples, a repeated episode is the same; an episode of one
-row renders without it.
+``<|tool_result|>`` and ``<|reward|>`` blocks for the parts present (``done`` as ``<|done|>``).
 
 ``sample_id`` = lowercase hex of xxh3-128 over the kind's name, one ``0x00`` byte and the identity-normalized
 canonical rendering (``datahub.sample_id.identity_normalize``). Two conversations with the same prompt and
-different answers are two samples; a text document with the same characters is another sample again.
+different answers are two samples; a text document with the same characters is another sample again. A segment of
+an episode stored in several rows also hashes its episode's digest (``episode_digest``: xxh3-128 of the episode's
+segment renderings joined by newlines; the reader hands it over and it is not stored): kind, 0x00, ``episode``, the
+digest, 0x00 and the rendering. So two episodes sharing their first 1,024 steps are different samples, a repeated
+episode is the same, an episode of one row keeps the id above, and ``text`` stays the plain rendering (text-based
+dedup sees two equal segments of different episodes as equal texts).
 """
 
 from __future__ import annotations
@@ -120,20 +121,25 @@ def render_steps(steps: Sequence[Mapping[str, Any]], *, step_offset: int = 0) ->
     return "\n".join(blocks)
 
 
-EPISODE_HEADER_PREFIX = "<|episode "
+EPISODE_DIGEST = "episode_digest"
+TRAJECTORY_ID_FIELDS = (pa.field(EPISODE_DIGEST, pa.string()),)
 
 
-def episode_header(segment_texts: Sequence[str]) -> str:
-    """The first line of every segment of an episode stored in several rows (see the module docstring)."""
-    digest = xxhash.xxh3_128_hexdigest("\n".join(segment_texts).encode("utf-8"))
-    return f"{EPISODE_HEADER_PREFIX}{digest}|>\n"
+def episode_digest(segment_texts: Sequence[str]) -> str:
+    """What every segment of an episode stored in several rows adds to its ``sample_id`` (module docstring)."""
+    return xxhash.xxh3_128_hexdigest("\n".join(segment_texts).encode("utf-8"))
 
 
 def kind_sample_ids(kind: str, table: pa.Table) -> pa.Array:
-    """``sample_id`` of every row: xxh3-128 of the kind, 0x00 and the identity-normalized rendering (``text``)."""
+    """``sample_id`` of every row: xxh3-128 of the kind, 0x00 and the identity-normalized rendering (``text``);
+    with the episode's digest first where the table has an ``episode_digest`` for the row (module docstring)."""
     texts = table.column("text")
-    prefixed = pc.binary_join_element_wise(pa.scalar(kind + "\x00"), texts, "")
-    return sample_ids(prefixed)
+    digests = table.column(EPISODE_DIGEST) if EPISODE_DIGEST in table.column_names else None
+    if digests is None or digests.null_count == len(digests):
+        return sample_ids(pc.binary_join_element_wise(pa.scalar(kind + "\x00"), texts, ""))
+    episode = pc.binary_join_element_wise(pa.scalar(kind + "\x00episode "), digests, pa.scalar("\x00"), texts, "")
+    plain = pc.binary_join_element_wise(pa.scalar(kind + "\x00"), texts, "")
+    return sample_ids(pc.if_else(pc.is_null(digests), plain, episode))
 
 
 def _ids(kind: str) -> Any:
@@ -151,6 +157,6 @@ PREFERENCE = register_kind(KindSpec(
     name="preference", fields=PREFERENCE_FIELDS, sample_ids=_ids("preference"),
     description="a prompt with a chosen and a rejected reply (DPO/RLHF pairs); text = canonical rendering"))
 TRAJECTORY = register_kind(KindSpec(
-    name="trajectory", fields=TRAJECTORY_FIELDS, sample_ids=_ids("trajectory"),
+    name="trajectory", fields=TRAJECTORY_FIELDS, sample_ids=_ids("trajectory"), id_fields=TRAJECTORY_ID_FIELDS,
     description=f"an agent episode's steps (observation, action, tool call/result, reward, done), at most "
                 f"{MAX_STEPS_PER_ROW} steps per row (longer episodes are split in segments); text = canonical rendering"))

@@ -61,10 +61,11 @@ class ReadBatch:
 
 
 def raw_sample_schema(kind: str) -> pa.Schema:
-    """What a reader of ``kind`` produces: ``RAW_SAMPLE``, plus ``kind`` and the kind's own columns for other kinds."""
+    """What a reader of ``kind`` produces: ``RAW_SAMPLE``, plus ``kind`` and the kind's own and id columns."""
     if kind == DEFAULT_KIND:
         return RAW_SAMPLE
-    return pa.schema(list(RAW_SAMPLE) + [pa.field(KIND_COLUMN, pa.string())] + list(kind_spec(kind).fields))
+    spec = kind_spec(kind)  # id_fields: for the sample id only (datahub.kinds.base.KindSpec), never stored
+    return pa.schema(list(RAW_SAMPLE) + [pa.field(KIND_COLUMN, pa.string())] + list(spec.fields) + list(spec.id_fields))
 
 
 @dataclass

@@ -3,8 +3,9 @@
 Layout: ``{"episode_id"?: str, "steps": [{"observation"?, "action"?, "tool_call"?, "tool_result"?, "reward"?,
 "done"?}, ...], ...}``; ``tool_call`` may be an object (kept as canonical JSON) or a string. An episode longer than
 ``MAX_STEPS_PER_ROW`` becomes several rows (segments, ``step_offset`` 0, 1024, ...), so a 10k-step episode never
-fills one batch; each segment's rendering starts with its episode's header (``episode_header``), so segments of two
-episodes that share 1,024 steps are not one sample. Without ``episode_id`` it is null (``source_uri`` and ``source_offset`` name the episode). A bad step is
+fills one batch; each segment's sample id also hashes its episode's digest (``episode_digest``; the text stays the
+plain rendering), so segments of two episodes that share 1,024 steps are not one sample. Without ``episode_id`` it
+is null (``source_uri`` and ``source_offset`` name the episode). A bad step is
 quarantined with its index and field (``steps[7].reward: 'high' is not a number``).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from datahub.kinds.posttraining import MAX_STEPS_PER_ROW, canonical_json, episode_header, render_steps
+from datahub.kinds.posttraining import MAX_STEPS_PER_ROW, canonical_json, episode_digest, render_steps
 from operators.ingest.base import register_reader
 from operators.ingest.chat import JsonRecordsReader, RecordError
 
@@ -64,13 +65,12 @@ class TrajectoryJsonlReader(JsonRecordsReader):
         meta = {k: v for k, v in record.items() if k not in ("steps", "episode_id")}
         offsets = range(0, len(steps), self.steps_per_row)
         texts = [render_steps(steps[o:o + self.steps_per_row], step_offset=o) for o in offsets]
-        if len(texts) > 1:  # a segment's identity includes its episode's (datahub.kinds.posttraining)
-            header = episode_header(texts)
-            texts = [header + text for text in texts]
+        # a segment's identity includes its episode's (datahub.kinds.posttraining); one row keeps its old id
+        digest = episode_digest(texts) if len(texts) > 1 else None
         out = []
         for offset, text in zip(offsets, texts):
             fields = {"episode_id": None if episode is None else str(episode),
                       "steps": steps[offset:offset + self.steps_per_row], "step_offset": offset,
-                      "episode_steps": len(steps)}
+                      "episode_steps": len(steps), "episode_digest": digest}
             out.append((text, fields, meta))
         return out

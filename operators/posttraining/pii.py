@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.kinds import kinds_of
-from datahub.kinds.posttraining import EPISODE_HEADER_PREFIX, render_messages, render_preference, render_steps
+from datahub.kinds.posttraining import render_messages, render_preference, render_steps
 from datahub.operator import BatchOperator, add_quality_signals, register
 from operators.posttraining.messages import flatten
 from operators.quality.pii import PiiParams, RedactPii
@@ -77,7 +77,5 @@ def _rendered(table: pa.Table, changed: np.ndarray) -> pa.Array:
         elif kind == "preference":
             texts[row] = render_preference(columns["prompt"][j] or [], columns["chosen"][j], columns["rejected"][j])
         elif kind == "trajectory":
-            old = texts[row] or ""  # a segment keeps its episode's header line (datahub.kinds.posttraining)
-            header = old[:old.index("\n") + 1] if old.startswith(EPISODE_HEADER_PREFIX) and "\n" in old else ""
-            texts[row] = header + render_steps(columns["steps"][j], step_offset=columns["step_offset"][j] or 0)
+            texts[row] = render_steps(columns["steps"][j], step_offset=columns["step_offset"][j] or 0)
     return pa.array(texts, pa.string())

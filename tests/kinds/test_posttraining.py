@@ -93,10 +93,9 @@ def test_long_trajectory_is_split_in_bounded_segments(tmp_path):
     assert long.column("step_offset").to_pylist() == [0, MAX_STEPS_PER_ROW, 2 * MAX_STEPS_PER_ROW]
     assert [len(s) for s in long.column("steps").to_pylist()] == [1024, 1024, 552]
     assert set(long.column("episode_steps").to_pylist()) == {2600}
-    header, body = long.column("text")[1].as_py().split("\n", 1)
-    assert re.fullmatch(r"<\|episode [0-9a-f]{32}\|>", header)  # the episode's header on each of its segments
-    assert {t.split("\n", 1)[0] for t in long.column("text").to_pylist()} == {header}
+    body = long.column("text")[1].as_py()  # the plain rendering: trainers read text (decode="text")
     assert body.startswith("<|step 1024|>\n<|observation|>\no1024\n<|action|>\na1024\n<|reward|> 0.0")
+    assert "episode_digest" not in samples.column_names  # it goes into the sample_id only
     short = samples.filter(pc.is_null(samples.column("episode_id"))).to_pylist()[0]
     assert short["steps"][0]["tool_call"] == '{"name":"f"}'
     assert bad == {3: ("invalid_step", "steps[0]: no observation, action, tool_call or tool_result")}
@@ -203,33 +202,32 @@ def test_chat_legacy_openai_function_calls_are_read_as_tool_calls(tmp_path):
 
 def test_segments_of_different_episodes_never_share_a_sample_id(tmp_path):
     """Two episodes with the same first 1,024 steps and different ends gave their first segments one sample_id (the
-    segment's rendering alone): exact_dedup dropped episode B's head as a duplicate of A's, and B could no longer be
-    replayed from step 0. A segment's id now also depends on its whole episode; a repeated episode still collides."""
-    from tests.operators.posttraining.test_posttraining_ops import _run as run_graph
-
+    segment's rendering alone). A segment's id now also depends on its whole episode (an episode digest hashed with
+    the rendering) while its text stays the plain rendering: acbc58c put '<|episode HEX|>' into the text, which
+    trainers read. A repeated episode still gets the same ids; an episode of one row keeps its old id."""
     common = [{"observation": f"tick {i}", "action": "wait"} for i in range(MAX_STEPS_PER_ROW)]
     a = {"episode_id": "A", "steps": common + [{"observation": "door opens", "action": "go"}]}
     b = {"episode_id": "B", "steps": common + [{"observation": "alarm", "action": "run"}]}
-    kept, dropped, result = run_graph(tmp_path, "trajectory", [a, b, dict(a, episode_id="A-again")],
-                                      {"exact": {"op": "exact_dedup"}})
-    assert result.counts["dropped"] == {"exact_duplicate": 2}  # the repeated episode, both segments
-    segments = sorted(zip(kept.column("episode_id").to_pylist(), kept.column("step_offset").to_pylist()))
-    assert segments == [("A", 0), ("A", MAX_STEPS_PER_ROW), ("B", 0), ("B", MAX_STEPS_PER_ROW)]
-    assert len(set(kept.column("sample_id").to_pylist())) == 4
-    (tmp_path / "short").mkdir()
-    short, _ = _run(tmp_path / "short", "trajectory", [{"episode_id": "s", "steps": common[:3]}])
-    assert short.column("text")[0].as_py().startswith("<|step 0|>")  # a one-row episode renders as before
+    short = {"episode_id": "s", "steps": common[:3]}
+    samples, _ = _run(tmp_path, "trajectory", [a, b, dict(a, episode_id="A-again"), short])
+    ids = {(r["episode_id"], r["step_offset"]): r["sample_id"] for r in samples.to_pylist()}
+    texts = {(r["episode_id"], r["step_offset"]): r["text"] for r in samples.to_pylist()}
+    assert len({ids[e, o] for e in "AB" for o in (0, MAX_STEPS_PER_ROW)}) == 4
+    assert ids["A-again", 0] == ids["A", 0] and ids["A-again", MAX_STEPS_PER_ROW] == ids["A", MAX_STEPS_PER_ROW]
+    assert texts["A", 0] == texts["B", 0] and texts["A", 0].startswith("<|step 0|>")
+    assert not any("<|episode" in t for t in texts.values())
+    one_row = "trajectory\x00" + texts["s", 0]  # an episode of one row: the id as before the digest
+    assert ids["s", 0] == xxhash.xxh3_128_hexdigest(identity_normalize(one_row).encode("utf-8"))
 
 
-def test_pii_redaction_keeps_a_segments_episode_header(tmp_path):
+def test_pii_redaction_renders_a_segment_plainly(tmp_path):
     from tests.operators.posttraining.test_posttraining_ops import _run as run_graph
 
     steps = [{"observation": f"mail bob{i}@example.com", "action": "read"} for i in range(MAX_STEPS_PER_ROW + 2)]
     kept, _, _ = run_graph(tmp_path, "trajectory", [{"episode_id": "e", "steps": steps}],
                            {"pii": {"op": "redact_pii_messages"}})
     texts = kept.sort_by("step_offset").column("text").to_pylist()
-    assert all(t.startswith("<|episode ") for t in texts) and len({t.split("\n", 1)[0] for t in texts}) == 1
-    assert "@example.com" not in "".join(texts) and texts[1].split("\n", 1)[1].startswith("<|step 1024|>")
+    assert "@example.com" not in "".join(texts) and texts[1].startswith("<|step 1024|>")
 
 
 def test_chat_text_parts_of_the_responses_api_are_read(tmp_path):
