@@ -1,8 +1,10 @@
 """``trajectory_quality``: tool calls that do not parse or get no result, and episodes outside a step range.
 
 - ``invalid_tool_call_json``: a step's ``tool_call`` is not JSON (``quality.traj_bad_tool_calls``);
-- ``unanswered_tool_call``: a step with a ``tool_call`` and no ``tool_result`` (``quality.traj_unanswered_tool_calls``;
-  set ``drop_unanswered_tool_calls: false`` for data that puts a tool's output in the next step's observation);
+- ``unanswered_tool_call``: a step with a ``tool_call`` and no ``tool_result`` (``quality.traj_unanswered_tool_calls``
+  is always recorded; rows are dropped only with ``drop_unanswered_tool_calls: true``, off by default because ReAct /
+  SWE-agent data puts a tool's output in the next step's observation). Like ``invalid_tool_call_json`` it is decided
+  per row: in an episode stored in several rows only the segment holding the step is dropped;
 - ``too_few_steps`` / ``too_many_steps``: the episode's length (``episode_steps``, all segments) outside
   ``[min_steps, max_steps]`` (every segment of the episode is dropped alike).
 """
@@ -26,7 +28,7 @@ class TrajectoryQualityParams(Params):
     min_steps: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1)
     drop_invalid_tool_calls: bool = True
-    drop_unanswered_tool_calls: bool = True
+    drop_unanswered_tool_calls: bool = False  # opt-in: ReAct-style episodes have no tool_result (module docstring)
 
 
 def _parses(text: str) -> bool:
@@ -42,7 +44,7 @@ class TrajectoryQuality(BatchOperator[TrajectoryQualityParams]):
     """Unparseable tool calls and episode length bounds in ``trajectory`` samples."""
 
     name = "trajectory_quality"
-    version = "2"  # 2: unanswered_tool_call
+    version = "2"  # 2: the traj_unanswered_tool_calls signal (unanswered_tool_call drops are opt-in)
     Params = TrajectoryQualityParams
     params: TrajectoryQualityParams
     annotates = True

@@ -55,7 +55,9 @@ def test_chat_empty_user_turn_is_dropped(tmp_path):
     assert result.counts["dropped_total"] == 0 and kept.num_rows == 4
 
 
-def test_trajectory_tool_call_without_a_result_is_dropped(tmp_path):
+def test_trajectory_tool_call_without_a_result_is_flagged_and_dropped_only_when_asked(tmp_path):
+    """drop_unanswered_tool_calls defaulted to true and dropped every ReAct / SWE-agent episode (the tool's output is
+    the next step's observation) of a job that upgraded without changing its spec: it is opt-in; the signal stays."""
     episodes = [
         {"episode_id": "ok", "steps": [{"observation": "disk full", "tool_call": {"name": "df", "arguments": {}},
                                         "tool_result": "98%"}, {"observation": "98%", "action": "rm -r /tmp/x"}]},
@@ -63,12 +65,14 @@ def test_trajectory_tool_call_without_a_result_is_dropped(tmp_path):
                                               {"observation": "?", "action": "exit", "done": True}]},
     ]
     kept, _, result = _run(tmp_path, "trajectory", episodes, {"steps": {"op": "trajectory_quality"}})
+    assert result.counts["dropped_total"] == 0 and kept.num_rows == 2, result.counts
+    signals = dict(zip(kept.column("episode_id").to_pylist(),
+                       kept.column("quality").combine_chunks().field("traj_unanswered_tool_calls").to_pylist()))
+    assert signals == {"ok": 0, "no-result": 1}
+    kept, _, result = _run(tmp_path / "on", "trajectory", episodes,
+                           {"steps": {"op": "trajectory_quality", "params": {"drop_unanswered_tool_calls": True}}})
     assert result.counts["dropped"] == {"unanswered_tool_call": 1}, result.counts
     assert kept.column("episode_id").to_pylist() == ["ok"]
-    assert kept.column("quality").combine_chunks().field("traj_unanswered_tool_calls").to_pylist() == [0]
-    kept, _, result = _run(tmp_path / "off", "trajectory", episodes,
-                           {"steps": {"op": "trajectory_quality", "params": {"drop_unanswered_tool_calls": False}}})
-    assert result.counts["dropped_total"] == 0 and kept.num_rows == 2
 
 
 def test_a_tool_reply_to_another_call_id_leaves_the_call_unanswered(tmp_path):
