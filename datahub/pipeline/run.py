@@ -165,6 +165,9 @@ def run_job(
                         "or remove the qa: section")
     lake = Lake(spec.lake.root, storage_options=spec.lake.storage_options)
     with JobLease(lake, spec.name, source=_job_spec_path(source), full=full) as lease:
+        # A lease without a plan (none carried over from a killed holder) has nothing to complete: a failure before
+        # _run_leased writes one (the runs table unreadable, the engine not starting) must not leave it behind.
+        lease.keep_on_failure = lease.info.inputs is not None
         pending = pending_run(lake.read("runs"), spec.name, lease.took_over)
         if lease.took_over is not None and lease.took_over.left_by_failed_run:  # the lease said what it took over
             if pending is None:

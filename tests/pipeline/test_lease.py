@@ -279,3 +279,55 @@ def test_a_run_completing_a_killed_run_keeps_its_plan_when_stopped_before_the_co
     # 2 files x 5 + broken.jsonl's one good record + 4 new: what one clean run gives
     assert len(ids) == len(set(ids)) == 15, f"{len(ids)} rows, {len(set(ids))} unique"
     assert (result.resumed or {}).get("run_id") == killed_plan.run_id or result.run_id == killed_plan.run_id, result
+
+
+@pytest.mark.parametrize("failure", ["engine does not start", "runs table unreadable"])
+def test_a_run_failing_before_it_has_a_plan_leaves_no_lease(tmp_path, monkeypatch, failure):
+    """A run that fails before writing any plan (its engine does not start while it resumes a failed run, or reading
+    the runs table fails) has nothing to complete: it deletes its lease. It left an expired lease without a plan,
+    which `datahub runs` listed as an 'interrupted (killed?)' run and the next run reported taking over."""
+    import datahub.pipeline.run as run_module
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.history import list_runs
+    from tests.pipeline.corpus import job_raw, make_corpus
+
+    lake_root = tmp_path / "lake"
+    lease_path = lake_root / "_leases" / "crashjob.json"
+    spec = validate_job_spec(job_raw(make_corpus(tmp_path / "corpus", files=2, per_file=5), lake_root))
+    if failure == "engine does not start":
+        real_execute = run_module.execute_graph
+
+        def fails_after_the_graph(*args, **kwargs):
+            real_execute(*args, **kwargs)
+            raise RuntimeError("an operator failed")
+
+        monkeypatch.setattr(run_module, "execute_graph", fails_after_the_graph)
+        with pytest.raises(RuntimeError):
+            run_job(spec, engine=ArrowEngine())
+        monkeypatch.setattr(run_module, "execute_graph", real_execute)
+        assert not lease_path.exists()  # a failed run with a runs row: resumed from that row, not from a lease
+
+        class NoAnswer(ArrowEngine):
+            def start(self) -> None:
+                raise ConnectionError("ray cluster at ray://x:10001 did not answer")
+
+        monkeypatch.setattr(run_module, "make_engine", lambda config: NoAnswer())
+        with pytest.raises(ConnectionError):
+            run_job(spec)  # no engine passed: run_job starts its own to resume the failed run
+        expected = ["failed"]
+    else:
+        real_read = Lake.read
+
+        def runs_unreadable(self, table, *args, **kwargs):
+            if table == "runs":
+                raise OSError("storage did not answer reading the runs table")
+            return real_read(self, table, *args, **kwargs)
+
+        monkeypatch.setattr(Lake, "read", runs_unreadable)
+        with pytest.raises(OSError, match="runs table"):
+            run_job(spec, engine=ArrowEngine())
+        monkeypatch.setattr(Lake, "read", real_read)
+        expected = []
+    assert not lease_path.exists()
+    assert [r["status"] for r in list_runs(Lake(lake_root))] == expected
