@@ -10,6 +10,7 @@ import pyarrow.compute as pc
 
 from datahub.errors import LakeError
 from datahub.kinds.names import DEFAULT_KIND, KIND_COLUMN
+from datahub.lake.delta_log import deleted_row_counts
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
 from datahub.lake.timestamps import iso_utc_from_millis
@@ -29,7 +30,7 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
     for name in names:
         dt = lake.table(name)
         actions = pa.table(dt.get_add_actions(flatten=True))
-        rows, deleted, unknown = live_rows(dt, actions)
+        rows, deleted, unknown = live_rows(lake, name, dt, actions)
         info: dict[str, Any] = {
             "version": dt.version(),
             "rows": rows,  # None: unknown, and rows_unknown says why
@@ -52,23 +53,29 @@ def describe_lake(lake: Lake, table: str | None = None) -> dict[str, Any]:
             if KIND_COLUMN in (field["name"] for field in info["schema"]):
                 try:
                     info["kinds"] = kind_counts(lake, name, info["version"])
-                except LakeError as error:  # deletion vectors that cannot be read: unknown, as rows are
-                    if info["rows"] is not None:
-                        raise
-                    info["kinds"], info["kinds_unknown"] = None, info["rows_unknown"]
+                except UnreadableVectors as error:  # the deleted positions of a mixed file: unknown, and why
+                    info["kinds"], info["kinds_unknown"] = None, error.reason
         out["tables"][name] = info
     return out
 
 
-def live_rows(delta_table: Any, actions: pa.Table) -> tuple[int | None, int | None, str | None]:
+class UnreadableVectors(LakeError):
+    """Deletion vectors that had to be read (the deleted positions of a file of several kinds) could not be."""
+
+    def __init__(self, where: str, reason: str) -> None:
+        super().__init__(f"{where}: {reason}")
+        self.reason = reason
+
+
+def live_rows(lake: Lake, name: str, delta_table: Any, actions: pa.Table) -> tuple[int | None, int | None, str | None]:
     """The table's rows from the Delta log: (rows, rows deleted by deletion vectors or None without any, why rows
     are None when unknown).
 
     An add action's numRecords counts every row of its file, also those its deletion vector deletes (Spark and
-    Databricks DELETE/UPDATE/MERGE with ``delta.enableDeletionVectors``); those are read from the vectors
-    (``DeltaTable.deletion_vectors``: a keep-mask per file that has one, small next to the data) and taken off.
-    Unknown, rather than a wrong count, when a file's numRecords is missing (written without statistics) or a vector
-    cannot be read."""
+    Databricks DELETE/UPDATE/MERGE with ``delta.enableDeletionVectors``); the vector's ``cardinality`` in the log
+    says how many (``delta_log.deleted_row_counts``), so no vector is read and memory stays O(files). Unknown,
+    rather than a wrong count, when a file's numRecords is missing (written without statistics), or when the log
+    cannot be replayed here and a vector cannot be read."""
     counts = actions.column("num_records") if actions.num_rows else pa.array([], pa.int64())
     if counts.null_count:
         return None, None, (f"{counts.null_count} of its {len(counts)} data files have no row count in the Delta "
@@ -76,14 +83,24 @@ def live_rows(delta_table: Any, actions: pa.Table) -> tuple[int | None, int | No
     total = int(pc.sum(counts).as_py() or 0)
     if not _has_deletion_vectors(delta_table, actions):
         return total, None, None
-    deleted = 0
     try:
-        for batch in delta_table.deletion_vectors():
-            keep = pc.list_flatten(pa.record_batch(batch).column("selection_vector"))
-            deleted += int(pc.sum(pc.invert(keep)).as_py() or 0)  # False: deleted; rows past the mask are kept
-    except Exception as error:  # noqa: BLE001 - deltalake's error is the reason shown; the count is not made up
-        return None, None, _unreadable_vectors(error)
+        deleted = sum(deleted_counts(lake, name, delta_table, actions.column("path").to_pylist()).values())
+    except UnreadableVectors as error:
+        return None, None, error.reason
     return total - deleted, deleted, None
+
+
+def deleted_counts(lake: Lake, name: str, delta_table: Any, paths: list[str]) -> dict[str, int]:
+    """Rows deleted by each data file's vector, by path: from the log's ``cardinality``; where the log cannot be
+    replayed here (another store, a V2 checkpoint only), from the decoded vectors (a flag per row of those files)."""
+    try:
+        return deleted_row_counts(lake, name, delta_table.version(), paths)
+    except LakeError:
+        pass
+    try:
+        return {path: len(positions) for path, positions in deleted_positions(delta_table, paths).items()}
+    except Exception as error:  # noqa: BLE001 - deltalake's reason is shown; nothing is counted
+        raise UnreadableVectors(f"{lake.table_uri(name)}: {name}", _unreadable_vectors(error)) from error
 
 
 def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str, int]:
@@ -93,9 +110,10 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
     kind is all that is held), so a table of files written per kind reads no data file.
 
     Deletion vectors (Spark/Databricks DELETE with ``delta.enableDeletionVectors``): a file's numRecords and null
-    counts include the rows its vector deletes, so the vectors are read (``deleted_positions``) and applied: a file
-    of one kind counts its rows less the deleted ones, a file of several kinds is read with the deleted positions
-    left out. A vector that cannot be read is a ``LakeError`` naming the table: no count is made up."""
+    counts include the rows its vector deletes: a file of one kind counts its rows less its vector's cardinality
+    (from the log, no vector read); only a file of several kinds with a vector has its vector read
+    (``deleted_positions``) and its kind column read with those positions left out. A vector that cannot be read
+    is ``UnreadableVectors`` (a ``LakeError``) naming the table: no count is made up."""
     counts: dict[str, int] = {}
 
     def add(kind: str, rows: int) -> None:
@@ -109,17 +127,14 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
         return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
 
     partitioned = f"partition.{KIND_COLUMN}" in actions.column_names
-    deleted: dict[str, pa.Array] = {}  # data file (as the log names it) -> positions its vector deletes
+    deleted: dict[str, int] = {}  # data file (as the log names it) -> rows its vector deletes
     if _has_deletion_vectors(delta_table, actions):
-        try:
-            deleted = deleted_positions(delta_table, column("path"))
-        except Exception as error:  # noqa: BLE001 - deltalake's reason is shown; nothing is counted
-            raise LakeError(f"{lake.table_uri(table)}: {table}: {_unreadable_vectors(error)}") from error
+        deleted = deleted_counts(lake, table, delta_table, column("path"))
     mixed: list[str] = []
     for path, rows, value, nulls, low, high in zip(
             column("path"), column("num_records"), column(f"partition.{KIND_COLUMN}"),
             column(f"null_count.{KIND_COLUMN}"), column(f"min.{KIND_COLUMN}"), column(f"max.{KIND_COLUMN}")):
-        gone = len(deleted[path]) if path in deleted else 0
+        gone = deleted.get(path, 0)
         if rows is not None and partitioned:  # one kind per file: its partition value
             add(DEFAULT_KIND if value is None else str(value), rows - gone)
         elif rows is not None and nulls is not None and nulls == rows:
@@ -130,8 +145,16 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
         else:  # several kinds, no statistics (another writer, or written before the kind column), or deleted rows
             mixed.append(path)  # of a file of a kind and nulls: which of them went is in the file
     if mixed and deleted:  # delta-rs refuses to scan such a table: its files are read one by one, in row order
+        vectored = [path for path in mixed if path in deleted]  # only these files' vectors are decoded
+        try:
+            positions = deleted_positions(delta_table, vectored) if vectored else {}
+        except Exception as error:  # noqa: BLE001 - deltalake's reason is shown; nothing is counted
+            raise UnreadableVectors(f"{lake.table_uri(table)}: {table}", _unreadable_vectors(error)) from error
         for path in mixed:
-            for kind, rows in _file_kinds(lake, table, path, deleted.get(path)).items():
+            if path in deleted and len(positions.get(path, [])) != deleted[path]:
+                raise LakeError(f"{lake.table_uri(table)}: {table}: the deletion vector of {path} deletes "
+                                f"{len(positions.get(path, []))} rows, the log says {deleted[path]}")
+            for kind, rows in _file_kinds(lake, table, path, positions.get(path)).items():
                 add(kind, rows)
     elif mixed:
         dataset = lake.dataset(table, version)
@@ -148,9 +171,10 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
 
 
 def deleted_positions(delta_table: Any, paths: list[str]) -> dict[str, pa.Array]:
-    """The row positions each data file's deletion vector deletes, by the file's path as the add actions name it
-    (``DeltaTable.deletion_vectors`` gives fully qualified URIs and a keep-mask; files without a vector are left
-    out). Reads the vectors (inline in the log, or their own small files); raises what deltalake raises."""
+    """The row positions each of ``paths``' deletion vector deletes, by the file's path as the add actions name it
+    (``DeltaTable.deletion_vectors`` gives fully qualified URIs and a keep-mask; files without a vector and files
+    not in ``paths`` are left out, so only the positions of ``paths`` are kept). Reads the vectors (inline in the
+    log, or their own small files); raises what deltalake raises."""
     by_name = {unquote(path): path for path in paths}
     root = unquote(str(delta_table.table_uri)).rstrip("/") + "/"
     out: dict[str, pa.Array] = {}
@@ -160,8 +184,8 @@ def deleted_positions(delta_table: Any, paths: list[str]) -> dict[str, pa.Array]
             name = unquote(uri)
             path = by_name.get(name.removeprefix(root)) or next(  # a root spelt otherwise (file:/// or not)
                 (by_name[n] for n in by_name if name.endswith("/" + n)), None)
-            if path is None:
-                raise LakeError(f"a deletion vector names {uri}, a file the table's add actions do not hold")
+            if path is None:  # not asked for
+                continue
             mask = pc.invert(keep.values)
             out[path] = pc.indices_nonzero(mask)
     return out

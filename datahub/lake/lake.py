@@ -165,6 +165,18 @@ class Lake:
                             "lake")
         return filesystem.open_input_file(path)
 
+    def log_names(self, name: str) -> list[str]:
+        """The file names in table ``name``'s ``_delta_log`` folder (read with ``data_file``), for a reader of the
+        log itself; local or s3:// lakes only, as ``data_file``."""
+        import pyarrow.fs as pa_fs
+
+        filesystem = self._scan_filesystem(name)
+        if filesystem is None:
+            raise LakeError(f"{self.table_uri(name)}: its Delta log can be read directly only on a local or s3:// "
+                            "lake")
+        selector = pa_fs.FileSelector("_delta_log", allow_not_found=True)
+        return [info.base_name for info in filesystem.get_file_info(selector) if info.type == pa_fs.FileType.File]
+
     def _scan_filesystem(self, name: str) -> Any:
         import pyarrow.fs as pa_fs
 

@@ -109,20 +109,29 @@ def test_a_table_with_deletion_vectors_is_counted_without_its_deleted_rows(tmp_p
     assert info["kinds"] == {"chat": 1, "preference": 1, "text": 1} and info["rows"] == 3, info
 
 
-def test_kinds_are_unknown_when_a_deletion_vector_cannot_be_read(tmp_path):
-    """Rows and kinds alike: unknown with the reason (a LakeError from kind_counts), never the log's over-count."""
-    from datahub.errors import LakeError
-    from datahub.lake.describe import kind_counts
+def test_kinds_are_unknown_only_where_a_vector_that_must_be_read_cannot_be(tmp_path):
+    """A file of one kind is counted from its vector's cardinality in the log, so a vector file that is missing does
+    not matter; a file of several kinds needs its deleted positions: kinds unknown with the reason (an
+    UnreadableVectors from kind_counts), never the log's over-count, while rows stay known (the cardinality)."""
+    from datahub.lake.describe import UnreadableVectors, kind_counts
     from tests.lake.deletion_vectors import delete_rows
 
-    lake = Lake(tmp_path / "lake")
+    lake = Lake(tmp_path / "one")
     rows = sample_rows([f"doc {i}" for i in range(4)], "a.jsonl")
     lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(["chat"] * 4, pa.string())), txn="job-000000000001")
     delete_rows(lake, "samples", [1, 2], inline=False)
-    with pytest.raises(LakeError, match="samples: the table has deletion vectors .* could not be read: "):
+    info = describe_lake(lake, "samples")["tables"]["samples"]
+    assert (info["kinds"], info["rows"]) == ({"chat": 2}, 2), info
+
+    lake = Lake(tmp_path / "mixed")
+    rows = sample_rows([f"doc {i}" for i in range(4)], "a.jsonl")
+    kinds = pa.array(["chat", "preference", "chat", None], pa.string())
+    lake.commit("samples", rows.append_column(KIND_COLUMN, kinds), txn="job-000000000001")
+    delete_rows(lake, "samples", [1, 2], inline=False)
+    with pytest.raises(UnreadableVectors, match="samples: the table has deletion vectors .* could not be read: "):
         kind_counts(lake, "samples")
     info = describe_lake(lake, "samples")["tables"]["samples"]
-    assert info["kinds"] is None and info["rows"] is None, info
+    assert info["kinds"] is None and info["rows"] == 2, info
     assert info["kinds_unknown"].startswith("the table has deletion vectors"), info
 
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from datahub.lake import Lake
 from datahub.lake.describe import describe_lake
+from tests.ceph import ceph_s3  # noqa: F401
 from tests.release.helpers import sample_rows
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,19 +72,52 @@ def test_rows_of_a_table_with_deletion_vectors_do_not_count_the_deleted_rows(tmp
     assert describe_lake(lake, "samples")["tables"]["samples"]["history"][0]["operation"] == "DELETE"
 
 
-def test_rows_are_unknown_when_a_deletion_vector_cannot_be_read(tmp_path):
-    """A vector kept in a file that cannot be read: rows are None (unknown) with the reason, never numRecords (which
-    over-counts); `datahub inspect` prints 'unknown' and the reason."""
+def test_rows_of_a_table_with_deletion_vectors_come_from_the_log_without_reading_a_vector(tmp_path, monkeypatch):
+    """Rows are Σ numRecords − Σ deletionVector.cardinality from the log's add actions: no vector is decoded
+    (deltalake's ``deletion_vectors()`` holds a flag per row of every file with a vector: `datahub inspect` grew with
+    the table's rows). A vector kept in a file that is missing still gives the rows; so does a log whose commits
+    before a checkpoint are gone (the cardinality read from the checkpoint)."""
+    from deltalake import DeltaTable
+
     from tests.lake.deletion_vectors import delete_rows
+
+    def no_decoding(self, *args, **kwargs):
+        raise AssertionError("a deletion vector was decoded to count rows")
 
     lake = Lake(tmp_path / "lake")
     lake.commit("samples", sample_rows([f"document {i}" for i in range(6)], "a.jsonl"), txn="job-aaaaaaaaaaaa")
-    delete_rows(lake, "samples", [1, 4], inline=False)
+    delete_rows(lake, "samples", [1, 4], inline=False)  # its vector file does not exist
+    monkeypatch.setattr(DeltaTable, "deletion_vectors", no_decoding)
     info = describe_lake(lake)["tables"]["samples"]
-    assert info["rows"] is None, info
-    assert info["rows_unknown"].startswith("the table has deletion vectors (rows deleted without rewriting their files) "
-                                           "and they could not be read: "), info
+    assert (info["rows"], info["deleted_rows"], info.get("rows_unknown")) == (4, 2, None), info
     done = subprocess.run([sys.executable, "-m", "datahub.cli.main", "inspect", "--lake", lake.root], cwd=REPO,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stderr
-    assert "unknown" in done.stdout and "samples: rows unknown: the table has deletion vectors" in done.stdout, done.stdout
+    assert "unknown" not in done.stdout, done.stdout
+
+    lake = Lake(tmp_path / "checkpointed")
+    lake.commit("samples", sample_rows([f"document {i}" for i in range(6)], "a.jsonl"), txn="job-aaaaaaaaaaaa")
+    delete_rows(lake, "samples", [0, 2, 5])
+    lake.table("samples").create_checkpoint()
+    log = Path(lake.table_uri("samples")) / "_delta_log"
+    for commit in log.glob("*.json"):  # as a log cleanup after the checkpoint leaves it
+        commit.unlink()
+    info = describe_lake(lake, "samples")["tables"]["samples"]
+    assert (info["rows"], info["deleted_rows"]) == (3, 3), info
+
+
+def test_rows_with_deletion_vectors_on_ceph_s3_come_from_the_log(tmp_path, monkeypatch, ceph_s3):  # noqa: F811
+    """The log is listed and read through the lake's s3:// filesystem (real RGW), still without decoding a vector."""
+    from deltalake import DeltaTable
+
+    from tests.lake.deletion_vectors import delete_rows
+
+    local = Lake(tmp_path / "lake")
+    local.commit("samples", sample_rows([f"document {i}" for i in range(6)], "a.jsonl"), txn="job-aaaaaaaaaaaa")
+    delete_rows(local, "samples", [1, 4], inline=False)
+    bucket = ceph_s3.new_bucket("describe-dv")
+    ceph_s3.filesystem().put(str(tmp_path / "lake" / "samples"), f"{bucket}/lake/samples", recursive=True)
+    monkeypatch.setattr(DeltaTable, "deletion_vectors", lambda self, *a, **k: (_ for _ in ()).throw(AssertionError))
+    lake = Lake(f"s3://{bucket}/lake", storage_options=ceph_s3.storage_options())
+    info = describe_lake(lake, "samples")["tables"]["samples"]
+    assert (info["rows"], info["deleted_rows"]) == (4, 2), info
