@@ -128,7 +128,8 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
 
     partitioned = f"partition.{KIND_COLUMN}" in actions.column_names
     deleted: dict[str, int] = {}  # data file (as the log names it) -> rows its vector deletes
-    if _has_deletion_vectors(delta_table, actions):
+    has_vectors = _has_deletion_vectors(delta_table, actions)  # the feature, maybe no vector yet: no scan either
+    if has_vectors:
         deleted = deleted_counts(lake, table, delta_table, column("path"))
     mixed: list[str] = []
     for path, rows, value, nulls, low, high in zip(
@@ -144,7 +145,7 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
             add(str(low), rows - nulls - gone)
         else:  # several kinds, no statistics (another writer, or written before the kind column), or deleted rows
             mixed.append(path)  # of a file of a kind and nulls: which of them went is in the file
-    if mixed and deleted:  # delta-rs refuses to scan such a table: its files are read one by one, in row order
+    if mixed and has_vectors:  # delta-rs refuses to scan such a table: its files are read one by one, in row order
         vectored = [path for path in mixed if path in deleted]  # only these files' vectors are decoded
         try:
             positions = deleted_positions(delta_table, vectored) if vectored else {}

@@ -204,3 +204,24 @@ def test_equal_statistics_of_a_truncating_writer_are_not_taken_for_one_kind(tmp_
                                                         "maxValues": {KIND_COLUMN: prefix},
                                                         "nullCount": {KIND_COLUMN: 0}})
     assert kind_counts(lake, "samples") == {beta: 2, "chat": 1, alpha: 1}
+
+
+def test_a_table_with_the_deletion_vectors_feature_but_no_vector_yet_is_counted(tmp_path):
+    """Databricks' default for new tables (or a table after REORG PURGE): the protocol lists the deletionVectors
+    reader feature, no file has a vector. delta-rs refuses to scan such a table, so a file of several kinds is read
+    on its own as with vectors; `datahub inspect TABLE` raised DeltaProtocolError."""
+    import json
+
+    lake = Lake(tmp_path / "lake")
+    rows = sample_rows([f"doc {i}" for i in range(4)], "a.jsonl")
+    lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(["chat", None, "preference", "chat"], pa.string())),
+                txn="job-000000000001")
+    log = Path(lake.table_uri("samples")) / "_delta_log"
+    version = max(int(p.stem) for p in log.glob("*.json"))
+    protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+                "writerFeatures": ["deletionVectors"]}
+    (log / f"{version + 1:020d}.json").write_text(json.dumps({"protocol": protocol}) + "\n" + json.dumps(
+        {"commitInfo": {"timestamp": 1_765_000_000_000, "operation": "SET TBLPROPERTIES"}}) + "\n")
+    info = describe_lake(lake, "samples")["tables"]["samples"]
+    assert info["kinds"] == {"chat": 2, "preference": 1, "text": 1} and info["rows"] == 4, info
+    assert "deleted_rows" not in info or info["deleted_rows"] == 0, info
