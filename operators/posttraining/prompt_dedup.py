@@ -1,12 +1,17 @@
 """``prompt_dedup``: exact dedup on the prompt only, so one prompt with many answers keeps one sample.
 
-The key is the sample's kind (``<|chat|>`` / ``<|preference|>``, so a chat and a preference pair on the same prompt
-are never each other's duplicates) then the prompt's rendering (``datahub.kinds.posttraining``): for a ``chat``,
-its messages before the first assistant message; for a ``preference``, its ``prompt``; one ``<|ROLE|>`` block per
-message. It runs the
-``exact_dedup`` machinery unchanged (normalization, keep rule, incremental lake index, lineage), with the prompt
-standing in for ``text`` while it runs; dropped rows get reason ``duplicate_prompt`` and the usual ``dup_of`` ref.
-A dedup signature is a key function, not a new pipeline (DESIGN.md).
+The key is the prompt's rendering (``datahub.kinds.posttraining``): for a ``chat``, its messages before the first
+assistant message; for a ``preference``, ``<|preference|>`` then its ``prompt``; one ``<|ROLE|>`` block per message.
+So a chat and a preference pair on the same prompt are never each other's duplicates, and a chat's key is the one
+version 1 wrote. It runs the ``exact_dedup`` machinery unchanged (normalization, keep rule, incremental lake index,
+lineage), with the prompt standing in for ``text`` while it runs; dropped rows get reason ``duplicate_prompt`` and
+the usual ``dup_of`` ref. A dedup signature is a key function, not a new pipeline (DESIGN.md).
+
+Upgrading from version 1: its index rows are a namespace of their own (``exact_index``'s ``params_hash``), so an
+incremental run also looks them up. A new chat is matched against every prompt version 1 indexed; version 1 keyed a
+preference pair's prompt without its kind, so a chat may still be dropped as the duplicate of a pair indexed by
+version 1, and a new pair is not matched against version 1's pairs (``datahub run JOB --full`` over all inputs once
+indexes them anew).
 """
 
 from __future__ import annotations
@@ -20,8 +25,11 @@ import pyarrow.compute as pc
 
 from datahub.kinds import kinds_of
 from datahub.operator import DROP_OP, DROP_REASON, OperatorContext, register
-from operators.dedup.exact_op import ExactDedup
+from operators.dedup.exact_op import CONTENT_HASH, ExactDedup
+from operators.dedup.index import EXACT_INDEX, read_index
 from operators.dedup.params import ExactDedupParams
+from operators.dedup.ranking import lake_ranks
+from operators.dedup.steps import ROW_RANK, Select
 from operators.posttraining.messages import as_bool, flatten, strings
 
 if TYPE_CHECKING:
@@ -62,9 +70,10 @@ class PromptAsText:
             prompt = pc.if_else(pc.equal(kinds, "chat"), prompt_blocks(table.column("messages"), until_assistant=True), prompt)
         if "prompt" in table.column_names:
             prompt = pc.if_else(pc.equal(kinds, "preference"), prompt_blocks(table.column("prompt"), until_assistant=False), prompt)
-        # the kind leads the key: an SFT chat and a DPO pair on one prompt are different data (their sample_ids
-        # differ too); rows of other kinds keep a null key (binary_join_element_wise emits null for null)
-        prompt = pc.binary_join_element_wise("<|", kinds, "|>\n", prompt, "")
+        # a pair's kind leads its key: an SFT chat and a DPO pair on one prompt are different data (their sample_ids
+        # differ too); a chat's key stays version 1's, so the prompts it indexed are still matched (module docstring)
+        pair_key = pc.binary_join_element_wise("<|preference|>\n", prompt, "")
+        prompt = pc.if_else(pc.equal(kinds, "preference"), pair_key, prompt)
         text = table.column("text")
         table = table.append_column(FULL_TEXT, text)
         return table.set_column(table.column_names.index("text"), "text", prompt)
@@ -87,15 +96,51 @@ class RestoreText:
         return table
 
 
+class _LakeRows:
+    """Index rows as candidates: content hash and the lake rank of the sample (as ``exact_dedup``'s)."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return pa.table({CONTENT_HASH: pc.cast(table.column("content_hash"), pa.string()),
+                         ROW_RANK: pc.cast(lake_ranks(table.column("sample_id")), pa.string())})
+
+
 @register
 class PromptDedup(ExactDedup):
     """Exact duplicates of the prompt (chat: messages before the first assistant turn; preference: ``prompt``)."""
 
     name = "prompt_dedup"
-    version = "2"  # 2: the kind leads the key (its index rows are a new namespace: v1's are not matched)
+    version = "2"  # 2: a pair's kind leads its key (index rows in a new namespace; version 1's are looked up too)
     Params = ExactDedupParams
     kinds: ClassVar[frozenset[str]] = frozenset({"chat", "preference"})
 
     def apply(self, frame: Frame, context: OperatorContext) -> Frame:
         swapped = frame.map_batches(PromptAsText(), name="prompt_dedup.prompt")
         return super().apply(swapped, context).map_batches(RestoreText(self.op_id), name="prompt_dedup.restore")
+
+    @property
+    def version_1_params_hash(self) -> str:
+        """The namespace of the index rows version 1 wrote (same normalization): ``index_params_hash`` at version 1."""
+        return _PromptDedupVersion1(self.params).index_params_hash
+
+    def _shared_with_lake(self, hashes: Frame, context: OperatorContext) -> tuple[Frame, Frame | None, Frame | None]:
+        """As ``exact_dedup``'s, with the index rows of version 1 that a new key holds counted as the lake's too."""
+        shared, lake_rows, known = super()._shared_with_lake(hashes, context)
+        new_keys = hashes.groupby_agg([CONTENT_HASH], {"rows": (CONTENT_HASH, "count")}).map_batches(
+            Select((CONTENT_HASH,), ((CONTENT_HASH, "content_hash"),)), name="prompt_dedup.v1_keys")
+        index = read_index(context, EXACT_INDEX, columns=["content_hash", "sample_id"],
+                           params_hash=self.version_1_params_hash, among=("content_hash", new_keys))
+        if index is None:
+            return shared, lake_rows, known
+        v1_rows = index[0].map_batches(_LakeRows(), name="prompt_dedup.v1_rows").materialize()
+        if v1_rows.count() == 0:
+            return shared, lake_rows, known
+        in_v1 = v1_rows.map_batches(Select((CONTENT_HASH,)), name="prompt_dedup.v1_lake_keys")
+        shared = shared.union(in_v1).groupby_agg([CONTENT_HASH], {"n": (CONTENT_HASH, "count")},
+                                                 having=Select((CONTENT_HASH,))).materialize()
+        return shared, (v1_rows if lake_rows is None else lake_rows.union(v1_rows)), known
+
+
+class _PromptDedupVersion1(PromptDedup):
+    """Names version 1's index namespace only (not registered; never run)."""
+
+    version = "1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from datahub.config.spec import validate_job_spec
@@ -43,3 +44,26 @@ def test_a_preference_pair_is_not_a_duplicate_of_a_chat_already_in_the_lake(tmp_
     assert result.counts["dropped_total"] == 0, result.counts
     samples = Lake(tmp_path / "lake").read("samples", columns=["kind"])
     assert pc.count(samples.column("kind")).as_py() == 2
+
+
+def test_a_chat_prompt_indexed_by_prompt_dedup_v1_is_still_matched_after_the_upgrade(tmp_path, monkeypatch):
+    """0cc922a moved prompt_dedup@2's index to a new namespace, so a prompt that @1 indexed was never matched again and
+    a new input file brought its duplicates in. A chat's key is @1's (the prompt's rendering alone) and @1's
+    namespace is looked up too. The first run stands in for @1: same key text for a chat, index under version 1."""
+    from operators.dedup.exact import hex_digests, value_hashes
+    from operators.dedup.normalize import normalize_texts
+    from operators.dedup.params import ExactDedupParams
+    from operators.posttraining.prompt_dedup import PromptDedup
+
+    monkeypatch.setattr(PromptDedup, "version", "1")
+    _job(tmp_path, "v1", {"chat": [CHAT]})
+    monkeypatch.undo()
+    lake = Lake(tmp_path / "lake")
+    keys = lake.read("exact_index", columns=["content_hash"]).column("content_hash").to_pylist()
+    v1_text = normalize_texts(pa.array(["<|user|>\nName a prime."]), ExactDedupParams().normalization.build())
+    v1_key = hex_digests(value_hashes(v1_text))
+    assert keys == v1_key.to_pylist()  # the key prompt_dedup@1 wrote for this chat
+    again = {"messages": CHAT["messages"][:1] + [{"role": "assistant", "content": "11."}]}
+    result = _job(tmp_path, "v2", {"chat": [again]})  # a new input file, an incremental run
+    assert result.counts["dropped"] == {"duplicate_prompt": 1}, result.counts
+    assert lake.read("samples", columns=["kind"]).num_rows == 1
