@@ -1,10 +1,15 @@
 """``datahub evalset add/list``: benchmark items as versioned rows of the lake's ``evalsets`` table.
 
 Input: JSONL (optionally ``.gz``) or Parquet, one item per record. The prompt is the first of the fields
-``PROMPT_FIELDS`` present, the answer the first of ``ANSWER_FIELDS`` (a list or number answer is kept as
-JSON); the item id is the ``id`` field (else ``item_id``, else the 0-based record number). A record with no
-usable prompt or answer text is an error naming the file and line: an eval set is curated, so nothing is
-silently skipped. Adding a name again with other content makes version N+1; the same content is a no-op.
+``PROMPT_FIELDS`` present, else the fields of the first of the common benchmark layouts ``PROMPT_LAYOUTS`` present
+(SST-2's ``sentence``, WinoGrande's ``sentence, option1, option2``, MNLI's ``premise, hypothesis``, HellaSwag's
+``ctx, endings``, PIQA's ``goal, sol1, sol2``), else a conversation's user turns, or the fields named by
+``prompt_fields`` (``evalset add --prompt-field``); the answer is the first of ``ANSWER_FIELDS`` (a list or number
+answer is kept as JSON); the item id is the ``id`` field (else ``item_id``, else the 0-based record number). A record
+with no usable prompt or answer text is an error naming the file and line: an eval set is curated, so nothing is
+silently skipped. So is an item with no prompt (its text would be its label alone, e.g. "1") or of fewer than
+``MIN_ITEM_WORDS`` words: such a text matches every sample or chat turn that is just those words. Adding a name again
+with other content makes version N+1; the same content is a no-op.
 """
 
 from __future__ import annotations
@@ -27,9 +32,22 @@ from datahub.retry import retry_policy, storage_errors
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.sample_id import sample_ids
 from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE, ROW_GROUP_ROWS
+from operators.decontam.ngrams import normalize_for_ngrams
 from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES
 
 PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
+# Benchmarks whose question is in none of PROMPT_FIELDS: (first field, then the others present), the prompt their texts
+# one per line (a list field's strings one per line). Tried in this order when no PROMPT_FIELDS field is present.
+PROMPT_LAYOUTS = (
+    ("premise", "hypothesis"),  # MNLI, RTE, SNLI, ANLI
+    ("sentence", "option1", "option2"),  # WinoGrande (SST-2 and CoLA: sentence alone)
+    ("ctx", "endings"),  # HellaSwag
+    ("goal", "sol1", "sol2"),  # PIQA
+)
+# An item of fewer normalized words is refused (a label, "Tell me."): below 13 words an item matches a text only by
+# equality, and so short a text is what clean samples say ("1", "Positive.", "OK"). The matcher's floor for
+# conversation views is the same size (operators.decontam.views.MIN_VIEW_WORDS).
+MIN_ITEM_WORDS = 4
 ANSWER_FIELDS = ("answer", "output", "target", "label", "solution", "canonical_solution", "completion", "response")
 ID_FIELDS = ("id", "item_id", "task_id", "question_id")  # HumanEval's task_id, MT-Bench's question_id
 # chat benchmarks: OpenAI messages, ShareGPT conversations, MT-Bench turns (a list of user turns)
@@ -67,6 +85,23 @@ def _text(value: Any) -> str | None:
     if isinstance(value, str):
         return value if value.strip() else None
     return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _joined(record: dict[str, Any], fields: tuple[str, ...]) -> str | None:
+    """The texts of ``fields`` present in ``record``, one per line (a list of strings one item per line)."""
+    parts: list[str] = []
+    for name in fields:
+        value = record.get(name)
+        values = value if isinstance(value, list) and all(isinstance(v, str) for v in value) else [value]
+        parts.extend(t for t in (_text(v) for v in values) if t)
+    return "\n".join(parts) or None
+
+
+def _layout_prompt(record: dict[str, Any]) -> str | None:
+    for layout in PROMPT_LAYOUTS:
+        if _text(record.get(layout[0])) is not None:
+            return _joined(record, layout)
+    return None
 
 
 def _pick(record: dict[str, Any], fields: tuple[str, ...]) -> Any:
@@ -127,19 +162,30 @@ def _records(path: Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def read_items(path: str | Path) -> pa.Table:
-    """The items of an eval-set file as ``(item_id, prompt, answer, text)``; errors name file and line."""
+def read_items(path: str | Path, *, prompt_fields: tuple[str, ...] | list[str] | None = None) -> pa.Table:
+    """The items of an eval-set file as ``(item_id, prompt, answer, text)``; errors name file and line.
+    ``prompt_fields``: the fields whose texts (one per line) are each item's prompt, instead of the known names."""
     path = Path(path)
+    fields = tuple(prompt_fields or ())
     if path.is_dir():
         raise SpecError(f"{path}: a directory; give the eval-set file in it (JSONL, JSONL.gz or Parquet with "
                         "prompt/answer fields), one set per file")
     if not path.is_file():
         raise SpecError(f"{path}: no such eval-set file (JSONL, JSONL.gz or Parquet with prompt/answer fields)")
-    ids, prompts, answers = [], [], []
+    ids, prompts, answers, lines, found = [], [], [], [], []
     for number, (line, record) in enumerate(_records(path)):
-        prompt, answer = _text(_pick(record, PROMPT_FIELDS)), _text(_pick(record, ANSWER_FIELDS))
-        if prompt is None and answer is None:
-            prompt, answer = _conversation(record)
+        answer = _text(_pick(record, ANSWER_FIELDS))
+        if fields:
+            prompt = _joined(record, fields)
+            if prompt is None:
+                raise SpecError(f"{path}:{line}: none of the prompt fields {', '.join(fields)} (--prompt-field) has "
+                                f"text (got {', '.join(sorted(record)) or 'none'})")
+        else:
+            prompt = _text(_pick(record, PROMPT_FIELDS))
+            if prompt is None:
+                prompt = _layout_prompt(record)
+            if prompt is None and answer is None:
+                prompt, answer = _conversation(record)
         if prompt is None and answer is None:
             raise SpecError(f"{path}:{line}: no prompt or answer text; expected one of the fields "
                             f"{', '.join(PROMPT_FIELDS)} and/or {', '.join(ANSWER_FIELDS)}, or a conversation in "
@@ -148,6 +194,8 @@ def read_items(path: str | Path) -> pa.Table:
         ids.append(str(item_id) if item_id is not None else str(number))
         prompts.append(prompt)
         answers.append(answer)
+        lines.append(line)
+        found.append(", ".join(sorted(record)) or "none")
     if not ids:
         raise SpecError(f"{path}: no items; an eval set needs at least one record")
     seen: set[str] = set()
@@ -156,8 +204,32 @@ def read_items(path: str | Path) -> pa.Table:
             raise SpecError(f"{path}: item id {item_id!r} appears twice; ids must be unique within a set")
         seen.add(item_id)
     texts = [("\n".join(t for t in (p, a) if t)) for p, a in zip(prompts, answers)]
+    _refuse_short_items(path, ids, prompts, texts, lines, found)
     return pa.table({"item_id": pa.array(ids, pa.string()), "prompt": pa.array(prompts, pa.string()),
                      "answer": pa.array(answers, pa.string()), "text": pa.array(texts, pa.string())})
+
+
+def _refuse_short_items(path: Path, ids: list[str], prompts: list[str | None], texts: list[str], lines: list[int],
+                        found: list[str]) -> None:
+    """A SpecError for the first item with no prompt (its text would be its label alone) or under MIN_ITEM_WORDS
+    normalized words: it would match any clean sample or chat turn of just those words ("1", "Positive.")."""
+    normalized = pc.utf8_trim_whitespace(normalize_for_ngrams(pa.array(texts, pa.string())))
+    words = pc.list_value_length(pc.utf8_split_whitespace(normalized))  # an empty text: one empty word
+    words = pc.if_else(pc.equal(normalized, ""), 0, words)
+    for i, count in enumerate(words.to_pylist()):
+        if prompts[i] is None:
+            raise SpecError(
+                f"{path}:{lines[i]}: item {ids[i]!r} has no prompt, so its text would be its answer alone "
+                f"({texts[i][:60]!r}), which matches any sample or chat turn saying just that; fields found: "
+                f"{found[i]}. Put the question in a prompt field ({', '.join(PROMPT_FIELDS)}), use a known layout "
+                f"({'; '.join(', '.join(layout) for layout in PROMPT_LAYOUTS)}), or name the question's fields with "
+                "`datahub evalset add ... --prompt-field FIELD` (repeatable)")
+        if count < MIN_ITEM_WORDS:
+            raise SpecError(
+                f"{path}:{lines[i]}: item {ids[i]!r} is {count} word(s) ({texts[i][:60]!r}, fields found: "
+                f"{found[i]}); an item needs at least {MIN_ITEM_WORDS} words, or it matches any sample or chat turn "
+                "saying just that. Give its full question (or name the fields that hold it with --prompt-field "
+                "FIELD), or leave the item out")
 
 
 def _digest(items: pa.Table) -> str:
@@ -173,10 +245,16 @@ def _check_name(name: str) -> None:
                         "(it appears in lineage refs as NAME@VERSION:ITEM)")
 
 
-def add_evalset(lake: Lake, name: str, path: str | Path) -> EvalSet:
-    """Register the items of ``path`` as the next version of eval set ``name`` (a no-op for unchanged content)."""
+def add_evalset(lake: Lake, name: str, path: str | Path, *,
+                prompt_fields: tuple[str, ...] | list[str] | None = None) -> EvalSet:
+    """Register the items of ``path`` as the next version of eval set ``name`` (a no-op for unchanged content);
+    ``prompt_fields``: as ``read_items``."""
     _check_name(name)
-    items = read_items(path)
+    return _register(lake, name, read_items(path, prompt_fields=prompt_fields), path)
+
+
+def _register(lake: Lake, name: str, items: pa.Table, path: str | Path) -> EvalSet:
+    """Commit ``items`` (``read_items``' columns) as the next version of ``name`` unless its content is the latest."""
     digest = _digest(items)
     existing = [s for s in list_evalsets(lake, all_versions=True) if s.name == name]
     if existing and existing[-1].digest == digest:

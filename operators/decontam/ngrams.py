@@ -37,7 +37,8 @@ DEFAULT_NGRAM = 13
 # eval items (or none): a recorded clean eval-set check names it, and a release gate reuses a recorded check only when
 # it is the same (``datahub.release.evalset_gate``). Bump ``DecontaminateOp.version`` (op.py) with it: the operator's
 # lineage and params hash name that one.
-# 2: chat, preference and trajectory rows are matched by their conversation views too (``views.match_rows``)
+# 2: chat, preference and trajectory rows are matched by their conversation views too (``views.match_rows``; a view
+#    of fewer than ``views.MIN_VIEW_WORDS`` words matches nothing)
 MATCHER_VERSION = 2
 # Earlier versions that match a table without conversation columns (``views.VIEW_COLUMNS``) exactly as this one does:
 # their checks of such a table stand for today's (2 changed only the conversation views). Empty it with any change to
@@ -111,6 +112,11 @@ class NgramHasher:
 
     def __call__(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
         """Hashes (uint64) of the normalized word n-grams of every text and per-text offsets (``len(texts) + 1``)."""
+        hashes, offsets, _ = self.hashes_and_words(texts)
+        return hashes, offsets
+
+    def hashes_and_words(self, texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``self(texts)`` and each text's number of normalized words (int64)."""
         words = pc.ascii_split_whitespace(normalize_for_ngrams(texts))  # edge whitespace: empty words, dropped below
         list_offsets = np.frombuffer(words.buffers()[1], dtype=np.int64 if pa.types.is_large_list(words.type)
                                      else np.int32)[words.offset:words.offset + len(words) + 1].astype(np.int64)
@@ -127,8 +133,8 @@ class NgramHasher:
             kept_before = np.concatenate([[0], np.cumsum(keep, dtype=np.int64)])
             list_offsets = kept_before[list_offsets]
             indices = indices[keep]
-        hashes = word_hashes[indices]
-        return self._windows(hashes, list_offsets)
+        hashes, offsets = self._windows(word_hashes[indices], list_offsets)
+        return hashes, offsets, np.diff(list_offsets)
 
     def _windows(self, word_hashes: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         n = self.ngram
@@ -241,12 +247,17 @@ class NgramIndex:
             self._hasher = NgramHasher(self.ngram)
         return self._hasher
 
-    def match(self, texts: pa.Array | pa.ChunkedArray) -> Matches:
-        """Matched n-gram count and first matched item of every text (vectorized over the whole batch)."""
+    def match(self, texts: pa.Array | pa.ChunkedArray, *, min_words: int = 1) -> Matches:
+        """Matched n-gram count and first matched item of every text (vectorized over the whole batch); a text of
+        fewer than ``min_words`` normalized words matches nothing (``views.MIN_VIEW_WORDS``)."""
         n = len(texts)
         if n == 0 or len(self.hashes) == 0:
             return Matches(np.zeros(n, np.int64), np.full(n, -1, np.int64))
-        hashes, offsets = ngram_hashes(texts, self.hasher())
+        hashes, offsets, words = self.hasher().hashes_and_words(texts)
+        if min_words > 1:  # the short texts' one window each (all their words) is not looked up
+            windows = np.where(words >= min_words, np.diff(offsets), 0)
+            hashes = hashes[np.repeat(words >= min_words, np.diff(offsets))]
+            offsets = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64)
         maybe = np.flatnonzero(_bloom_test(self.bloom, hashes))
         candidates = hashes[maybe]
         position = np.searchsorted(self.hashes, candidates)

@@ -11,13 +11,15 @@ question turns alone (an item registered without answers, e.g. MT-Bench's ``turn
 the chosen reply, and with the rejected one; a trajectory: each step's observation as the question, its action as the
 answer). A row's count is the largest of its texts' (views overlap: a sum would
 count one n-gram several times), its first item that text's. Turns of ``SKIPPED_ROLES`` (system prompts, tool
-output) are left out as the registry leaves them out. The views of a batch are built with Arrow kernels and numpy,
-about three times the batch's conversation text.
+output) are left out as the registry leaves them out. A view of fewer than ``MIN_VIEW_WORDS`` words matches nothing
+(a clean "OK" or "1" turn is not an eval item). The views of a batch are built with Arrow kernels and numpy and
+matched one family at a time, folding each row's best as it goes: a batch holds its turns' text, one family's views
+(each at most about the conversation text) and that family's n-grams, not every view's n-grams at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +33,10 @@ SKIPPED_ROLES = frozenset({"system", "developer", "tool", "function", "observati
 MESSAGE_COLUMNS = ("messages", "prompt", "chosen", "rejected")  # list<MESSAGE> columns of chat and preference
 STEPS_COLUMN = "steps"
 VIEW_COLUMNS = (*MESSAGE_COLUMNS, STEPS_COLUMN)
+# A view (a turn, a pair, a conversation) of fewer words matches nothing: below 13 words a view matches an item only by
+# being equal to it, and a clean chat's "1", "Yes.", "Thank you." or "OK" would equal a label-only or very short item
+# ("1" of WinoGrande, "positive" of SST-2, registered before ``evalset add`` refused such items: registry.MIN_ITEM_WORDS)
+MIN_VIEW_WORDS = 4
 
 
 def matched_columns(names: Sequence[str]) -> list[str]:
@@ -41,25 +47,22 @@ def matched_columns(names: Sequence[str]) -> list[str]:
 
 def match_rows(index: NgramIndex, table: pa.Table | pa.RecordBatch) -> Matches:
     """Per row of ``table``: the matched n-gram count and first matched item of its ``text`` or of its conversation
-    views, whichever matches more (the text on a tie)."""
-    texts = _column(table, "text")
-    owners, views = _views(table)
-    if not len(views):
-        return index.match(texts)
-    rows = table.num_rows
-    everything = pa.concat_arrays([texts.cast(pa.large_string()), views.cast(pa.large_string())])
-    matches = index.match(everything)
-    counts, first = matches.counts[:rows].copy(), matches.first_item[:rows].copy()
-    view_counts, view_first = matches.counts[rows:], matches.first_item[rows:]
-    hit = np.flatnonzero(view_counts)
-    if len(hit):
+    views, whichever matches more (the text on a tie, then the earlier view family, then the earlier view). A view of
+    fewer than ``MIN_VIEW_WORDS`` words matches nothing."""
+    matches = index.match(_column(table, "text"))
+    counts, first = matches.counts.copy(), matches.first_item.copy()
+    for owners, views in _view_families(table):  # one family's views and n-grams held at a time, not all at once
+        found = index.match(views, min_words=MIN_VIEW_WORDS)
+        hit = np.flatnonzero(found.counts)
+        if not len(hit):
+            continue
         # per row, its best view (the most matches; the first view on a tie): sorted by row, then count descending
-        order = hit[np.lexsort((hit, -view_counts[hit], owners[hit]))]
+        order = hit[np.lexsort((hit, -found.counts[hit], owners[hit]))]
         row_of, best = np.unique(owners[order], return_index=True)
         chosen = order[best]
-        better = view_counts[chosen] > counts[row_of]
-        counts[row_of[better]] = view_counts[chosen[better]]
-        first[row_of[better]] = view_first[chosen[better]]
+        better = found.counts[chosen] > counts[row_of]
+        counts[row_of[better]] = found.counts[chosen[better]]
+        first[row_of[better]] = found.first_item[chosen[better]]
     return Matches(counts, first)
 
 
@@ -85,8 +88,9 @@ def _field(values: pa.StructArray, name: str) -> pa.Array:
     return values.flatten()[values.type.get_field_index(name)]
 
 
-def _views(table: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
-    """(row of each view, the views' texts) of ``table``'s conversation columns."""
+def _view_families(table: pa.Table | pa.RecordBatch) -> Iterator[tuple[np.ndarray, pa.Array]]:
+    """(row of each view, the views' texts) of ``table``'s conversation columns, one family of views at a time:
+    every turn, question-answer pairs, whole conversations, question turns alone."""
     names = {name for name in MESSAGE_COLUMNS if _conversation_column(table, name, ("role", "content"))}
     if _conversation_column(table, STEPS_COLUMN, ("observation", "action")):
         names.add(STEPS_COLUMN)
@@ -105,28 +109,27 @@ def _views(table: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
         turns.append(_step_turns(_column(table, STEPS_COLUMN), np.arange(rows) + 3 * rows))
     turns = [t for t in turns if len(t[2])]
     if not turns:
-        return np.empty(0, np.int64), pa.array([], pa.large_string())
+        return
     conversation = np.concatenate([t[0] for t in turns])
     answer = np.concatenate([t[1] for t in turns])
     text = pa.concat_arrays([t[2].cast(pa.large_string()) for t in turns])
     # stable by conversation: a conversation's turns keep their order (a preference's prompt before its reply)
     order = np.argsort(conversation, kind="stable")
     conversation, answer, text = conversation[order], answer[order], text.take(pa.array(order))
-    owners: list[np.ndarray] = [conversation % rows]  # every turn alone
-    views: list[pa.Array] = [text]
+    del turns
+    yield conversation % rows, text  # every turn alone
     pair = np.flatnonzero((~answer[:-1]) & answer[1:] & (conversation[:-1] == conversation[1:]))
     if len(pair):  # a question turn and the answer turn right after it
-        owners.append(conversation[pair] % rows)
-        views.append(pc.binary_join_element_wise(text.take(pa.array(pair)), text.take(pa.array(pair + 1)),
-                                                 pa.scalar("\n", pa.large_string())))
+        yield conversation[pair] % rows, pc.binary_join_element_wise(
+            text.take(pa.array(pair)), text.take(pa.array(pair + 1)), pa.scalar("\n", pa.large_string()))
     # the whole conversation: its question turns, then its answer turns, one per line (as the registry joins them)
     grouped = np.lexsort((np.arange(len(conversation)), answer, conversation))
     starts = np.flatnonzero(np.concatenate([[True], conversation[grouped][1:] != conversation[grouped][:-1]]))
     offsets = np.concatenate([starts, [len(grouped)]]).astype(np.int64)
     joined = pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets), text.take(pa.array(grouped))),
                             pa.scalar("\n", pa.large_string()))
-    owners.append(conversation[grouped][starts] % rows)
-    views.append(joined.cast(pa.large_string()))
+    yield conversation[grouped][starts] % rows, joined.cast(pa.large_string())
+    del joined
     # its question turns alone (an item registered without answers: MT-Bench's ``turns``), where it has answers
     questions = grouped[~answer[grouped]]
     answered = np.unique(conversation[answer])
@@ -134,10 +137,9 @@ def _views(table: pa.Table | pa.RecordBatch) -> tuple[np.ndarray, pa.Array]:
     if len(questions):
         starts = np.flatnonzero(np.concatenate([[True], conversation[questions][1:] != conversation[questions][:-1]]))
         offsets = np.concatenate([starts, [len(questions)]]).astype(np.int64)
-        owners.append(conversation[questions][starts] % rows)
-        views.append(pc.binary_join(pa.LargeListArray.from_arrays(pa.array(offsets), text.take(pa.array(questions))),
-                                    pa.scalar("\n", pa.large_string())).cast(pa.large_string()))
-    return np.concatenate(owners).astype(np.int64), pa.concat_arrays(views)
+        yield conversation[questions][starts] % rows, pc.binary_join(
+            pa.LargeListArray.from_arrays(pa.array(offsets), text.take(pa.array(questions))),
+            pa.scalar("\n", pa.large_string())).cast(pa.large_string())
 
 
 def _kept(conversation: np.ndarray, answer: np.ndarray, text: pa.Array, keep: np.ndarray

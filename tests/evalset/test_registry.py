@@ -48,10 +48,10 @@ def test_field_aliases_gzip_and_record_numbers(tmp_path):
     path = tmp_path / "b.jsonl.gz"
     with gzip.open(path, "wt") as handle:
         handle.write(json.dumps({"prompt": "p one", "output": ["a", "b"]}) + "\n\n")
-        handle.write(json.dumps({"input": "p two", "target": 3}) + "\n")
+        handle.write(json.dumps({"input": "p two of four", "target": 3}) + "\n")
     items = read_items(path)
     assert items.column("item_id").to_pylist() == ["0", "1"]
-    assert items.column("text").to_pylist() == ['p one\n["a", "b"]', "p two\n3"]
+    assert items.column("text").to_pylist() == ['p one\n["a", "b"]', "p two of four\n3"]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -124,3 +124,52 @@ def test_a_chat_benchmarks_system_prompt_is_not_part_of_its_items(tmp_path):
         {"role": "assistant", "content": "SIGTERM."}]}) + "\n")
     (item,) = read_items(path).to_pylist()
     assert item["prompt"] == "Which signal does kill send by default?" and item["answer"] == "SIGTERM."
+
+
+LAYOUTS = [  # (record, the item text read) of benchmarks whose question is in none of PROMPT_FIELDS
+    ({"idx": 0, "sentence": "a gorgeous, witty, seductive movie .", "label": 1},
+     "a gorgeous, witty, seductive movie .\n1"),  # SST-2
+    ({"id": "w1", "sentence": "The trophy does not fit into the suitcase because _ is too large.",
+      "option1": "the trophy", "option2": "the suitcase", "answer": "1"},
+     "The trophy does not fit into the suitcase because _ is too large.\nthe trophy\nthe suitcase\n1"),  # WinoGrande
+    ({"premise": "A man inspects a uniform.", "hypothesis": "The man is sleeping.", "label": "contradiction"},
+     "A man inspects a uniform.\nThe man is sleeping.\ncontradiction"),  # MNLI
+    ({"ctx": "A woman is outside with a bucket and a dog.", "endings": ["She rinses the bucket.", "She sits."],
+      "label": "0"}, "A woman is outside with a bucket and a dog.\nShe rinses the bucket.\nShe sits.\n0"),  # HellaSwag
+    ({"goal": "How do I ready a guinea pig cage?", "sol1": "Fill it with paper.", "sol2": "Fill it with jam.",
+      "label": 0}, "How do I ready a guinea pig cage?\nFill it with paper.\nFill it with jam.\n0"),  # PIQA
+]
+
+
+def test_common_benchmark_layouts_are_read_with_their_question(tmp_path):
+    """These layouts have no prompt field: the item text was the label alone ("1"), which matched any chat turn "1"
+    and indexed none of the benchmark's words."""
+    path = tmp_path / "layouts.jsonl"
+    path.write_text("".join(json.dumps(record) + "\n" for record, _ in LAYOUTS))
+    assert read_items(path).column("text").to_pylist() == [text for _, text in LAYOUTS]
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"id": "w1", "label": 1, "idx": 7}, r"short.jsonl:2: item 'w1' has no prompt.*fields found: id, idx, label.*"
+                                         r"--prompt-field FIELD"),
+    ({"id": "w1", "text": "The trophy does not fit.", "answer": "1"}, r"short.jsonl:2: item 'w1' has no prompt"),
+    ({"id": "w1", "prompt": "Thank you.", "answer": None}, r"short.jsonl:2: item 'w1' is 2 word\(s\).*fields found: "
+                                                           r"answer, id, prompt.*at least 4 words"),
+    ({"id": "w1", "question": "Yes?", "answer": "No."}, r"short.jsonl:2: item 'w1' is 2 word"),
+])
+def test_an_item_without_a_prompt_or_of_few_words_is_refused(tmp_path, record, message):
+    path = tmp_path / "short.jsonl"
+    path.write_text(json.dumps({"id": "ok", "question": "What is the capital city of France?", "answer": "Paris"})
+                    + "\n" + json.dumps(record) + "\n")
+    with pytest.raises(SpecError, match=message):
+        add_evalset(Lake(tmp_path / "lake"), "bench", path)
+
+
+def test_prompt_fields_name_the_question(tmp_path):
+    path = tmp_path / "custom.jsonl"
+    path.write_text(json.dumps({"id": "c1", "text": "The trophy does not fit.", "choice": "the trophy",
+                                "answer": "1"}) + "\n")
+    items = read_items(path, prompt_fields=["text", "choice"])
+    assert items.column("text").to_pylist() == ["The trophy does not fit.\nthe trophy\n1"]
+    with pytest.raises(SpecError, match=r"custom.jsonl:1: none of the prompt fields question_text"):
+        read_items(path, prompt_fields=["question_text"])

@@ -30,13 +30,20 @@ def register(app: typer.Typer) -> None:
                                              "answer/output fields, or a conversation (messages, conversations, "
                                              "turns); optional id (id, task_id, question_id)."),
         lake: str = typer.Option(..., "--lake", help=LAKE_HELP),
+        prompt_field: Optional[list[str]] = typer.Option(
+            None, "--prompt-field", help="A field holding the item's question (repeatable; their texts one per "
+                                         "line), for a layout the known names miss. Known without it: "
+                                         "sentence/option1/option2, premise/hypothesis, ctx/endings, goal/sol1/sol2."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
-        """Register a benchmark's items as the next version of an eval set (unchanged content: no new version)."""
+        """Register a benchmark's items as the next version of an eval set (unchanged content: no new version).
+        An item with no question, or under 4 words (a label alone, e.g. "1"), is refused: it would match any
+        sample or chat turn saying just that."""
         from datahub.cli.lake_option import open_lake
         from datahub.evalset import add_evalset
 
-        result = add_evalset(open_lake(lake, must_exist=False), name, path)  # may be a new lake's first table
+        result = add_evalset(open_lake(lake, must_exist=False), name, path,  # may be a new lake's first table
+                             prompt_fields=prompt_field)
         if as_json:
             print_json(result.as_dict())
             return
