@@ -28,7 +28,10 @@ from operators.decontam import ngrams
 from operators.decontam.ngrams import DEFAULT_NGRAM, NgramIndex
 from operators.decontam.views import match_rows, matched_columns
 
-BATCH_ROWS = 1024  # ~5 MB of text per batch at 5 KB/doc; the n-gram arrays are ~10x the text
+# ~5 MB of text per batch at 5 KB/doc. Matching a batch grows the process ~15x its text (the n-gram arrays: 75 MB for
+# 4.8 MB); a batch of chats ~1.1-1.3x that, its conversation views being matched one family at a time
+# (operators.decontam.views; tests/operators/decontam/test_views_memory.py)
+BATCH_ROWS = 1024
 HITS = pa.schema([("sample_id", pa.string()), ("ref", pa.string())])  # a contaminated sample and its first eval item
 EXAMPLES = 5  # refs kept when the contaminated ids are streamed (``describe``'s examples)
 
