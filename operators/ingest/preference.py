@@ -3,10 +3,12 @@
 Layouts: ``{"prompt": str | messages, "chosen": str | messages, "rejected": str | messages}`` with optional
 ``score_chosen`` / ``chosen_score`` and ``score_rejected`` / ``rejected_score``; chosen and rejected may be
 whole conversations that begin with the prompt's messages (UltraFeedback-binarized), which are then taken off
-them. Without ``prompt``, ``chosen`` and ``rejected`` are whole conversations (message lists, or Anthropic
-HH-RLHF transcripts ``"\n\nHuman: ...\n\nAssistant: ..."``) whose common leading messages become the prompt;
-two with none in common are quarantined (``missing_field``). A string prompt is one user message, a string
-reply one assistant message. A bad record is quarantined naming the field.
+each reply that repeats them. Without ``prompt``, ``chosen`` and ``rejected`` are whole conversations (message
+lists, or Anthropic HH-RLHF transcripts ``"\n\nHuman: ...\n\nAssistant: ..."``) whose common leading messages
+become the prompt; two that share none and begin with different questions (a user or system turn) answer different
+prompts and are quarantined (``missing_field``), while two bare replies (plain strings, or assistant messages only:
+reward-model data) are kept with an empty prompt. A string prompt is one user message, a string reply one
+assistant message. A bad record is quarantined naming the field.
 """
 
 from __future__ import annotations
@@ -71,14 +73,15 @@ class PreferenceJsonlReader(JsonRecordsReader):
             rejected = _turns(record.get("rejected"), "rejected", "assistant")
         if has_prompt:
             prompt = _turns(record["prompt"], "prompt", "user")
-            n = len(prompt)
-            if len(chosen) > n and len(rejected) > n and chosen[:n] == prompt and rejected[:n] == prompt:
-                chosen, rejected = chosen[n:], rejected[n:]  # whole conversations repeating the prompt
+            n = len(prompt)  # whole conversations repeating the prompt: taken off each reply that does
+            chosen = chosen[n:] if len(chosen) > n and chosen[:n] == prompt else chosen
+            rejected = rejected[n:] if len(rejected) > n and rejected[:n] == prompt else rejected
         else:  # whole conversations: the shared leading messages are the prompt
             shared = 0
             while shared < min(len(chosen), len(rejected)) - 1 and chosen[shared] == rejected[shared]:
                 shared += 1
-            if shared == 0:
+            asks = chosen[0]["role"] != "assistant" or rejected[0]["role"] != "assistant"
+            if shared == 0 and asks:  # bare replies (no question in either) are kept with an empty prompt
                 raise RecordError("missing_field", "no field 'prompt', and chosen and rejected share no leading "
                                                    "message to take it from (a pair must answer the same prompt)")
             prompt, chosen, rejected = chosen[:shared], chosen[shared:], rejected[shared:]

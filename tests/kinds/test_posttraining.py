@@ -157,15 +157,32 @@ def test_preference_conversations_that_repeat_the_prompt_are_not_doubled(tmp_pat
 
 def test_preference_without_a_prompt_to_share_is_quarantined(tmp_path):
     """Without `prompt`, the prompt is chosen's and rejected's shared leading turns; replies to two different
-    questions (or bare replies) gave an empty prompt and were kept as a pair."""
+    questions gave an empty prompt and were kept as a pair (cc8df0f quarantines them). Two bare replies (reward-model
+    data: plain strings, or assistant messages only) have no question to disagree on: kept with an empty prompt, as
+    before cc8df0f quarantined them too."""
     records = [{"chosen": [{"role": "user", "content": "Q1?"}, {"role": "assistant", "content": "a"}],
                 "rejected": [{"role": "user", "content": "Q2?"}, {"role": "assistant", "content": "b"}]},
                {"chosen": "a", "rejected": "b"},
-               {"prompt": "Q3?", "chosen": "c", "rejected": "d"}]
+               {"prompt": "Q3?", "chosen": "c", "rejected": "d"},
+               {"chosen": [{"role": "assistant", "content": "e"}], "rejected": [{"role": "assistant", "content": "f"}]}]
     samples, bad = _run(tmp_path, "preference", records)
-    assert samples.column("source_offset").to_pylist() == [3]
-    assert {line: reason for line, (reason, _) in bad.items()} == {1: "missing_field", 2: "missing_field"}
+    assert samples.column("source_offset").to_pylist() == [2, 3, 4]
+    assert {line: reason for line, (reason, _) in bad.items()} == {1: "missing_field"}
     assert "prompt" in bad[1][1] and "share" in bad[1][1]
+    bare = samples.to_pylist()[0]
+    assert bare["prompt"] == [] and [m["content"] for m in bare["chosen"]] == ["a"]
+
+
+def test_a_prompt_repeated_by_one_reply_is_taken_off_that_reply(tmp_path):
+    """The prompt was taken off the replies only when both repeated it: one whole conversation beside a bare reply
+    kept the prompt twice in the conversation."""
+    records = [{"prompt": "Q?", "chosen": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "yes"}],
+                "rejected": "no"}]
+    samples, bad = _run(tmp_path, "preference", records)
+    assert not bad
+    row = samples.to_pylist()[0]
+    assert [(m["role"], m["content"]) for m in row["chosen"]] == [("assistant", "yes")]
+    assert [(m["role"], m["content"]) for m in row["rejected"]] == [("assistant", "no")]
 
 
 def test_anthropic_hh_transcripts_are_split_into_turns(tmp_path):
