@@ -7,14 +7,24 @@ import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from datahub.settings import progress_forced
 
 
 def print_json(data: Any) -> None:
-    """``data`` as strict JSON: NaN and infinities (not JSON; jq, JSON.parse and Go refuse them) print as null."""
-    sys.stdout.write(json.dumps(_finite(data), indent=2, default=str, sort_keys=True, allow_nan=False) + "\n")
+    """``data`` as strict JSON: NaN and infinities (not JSON; jq, JSON.parse and Go refuse them) print as null; a
+    datetime as ISO 8601 UTC with 'Z' (``lake.timestamps.iso_utc``), the one form of every --json date-time."""
+    sys.stdout.write(json.dumps(_finite(data), indent=2, default=_json_value, sort_keys=True, allow_nan=False) + "\n")
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        from datahub.lake.timestamps import iso_utc  # datahub.lake imports pyarrow: not on `datahub --help`
+
+        return iso_utc(value)
+    return str(value)
 
 
 def _finite(value: Any) -> Any:

@@ -40,3 +40,23 @@ def test_runs_and_inspect_json_print_iso_8601_utc_times_in_one_format(tmp_path):
     history = json.loads(described.stdout)["tables"]["runs"]["history"]
     assert history and all(ISO_UTC.match(h["time"]) for h in history), history
     assert all(round(datetime.fromisoformat(h["time"]).timestamp() * 1000) == h["timestamp"] for h in history)
+
+
+def test_lineage_json_and_any_datetime_given_to_print_json_print_iso_8601_utc_with_z(tmp_path, capsys):
+    """`lineage SAMPLE --json` printed its events' ``ts`` as ``...+00:00``; print_json (every command's --json)
+    printed a datetime object as str() (``2026-12-07 22:42:20.739963+00:00``). Both now print the 'Z' form."""
+    from datahub.cli.output import print_json
+
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=3)
+    lake_root = tmp_path / "lake"
+    assert run_job(validate_job_spec(job_raw(corpus, lake_root)), engine=ArrowEngine()).status == "succeeded"
+    sample_id = Lake(lake_root).read("samples", columns=["sample_id"]).column(0)[0].as_py()
+    story = run_cli(["lineage", sample_id, "--lake", str(lake_root), "--json"])
+    assert story.returncode == 0, story.stderr
+    times = [event["ts"] for event in json.loads(story.stdout)["events"]]
+    assert times and all(ISO_UTC.match(t) for t in times), times
+
+    print_json({"created": datetime(2026, 12, 7, 22, 42, 20, 739963, tzinfo=timezone.utc),
+                "naive": datetime(2026, 12, 7, 22, 42, 20, 739963)})
+    assert json.loads(capsys.readouterr().out) == {"created": "2026-12-07T22:42:20.739963Z",
+                                                   "naive": "2026-12-07T22:42:20.739963Z"}
