@@ -14,7 +14,7 @@ from operators.decontam.views import match_rows
 
 # MATCHER_VERSION -> sha256 of what the matcher makes of TEXTS (normalized texts, 13-gram and 3-gram hashes, owners,
 # and an index of ITEMS' lookup of them: counts and first items)
-PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf", 2: "26e0fbccc290f5b6d3ba8ebe8ce98a1a2b8bc00471784d5b8d751e382aa8f769"}
+PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf", 2: "b94c882c9dc5e091aa9534b452e7200cf6d3d3481e1c5da565bc654f7dfcb9aa"}
 # ... of rows without conversation columns only (version 1's digest above is this part alone)
 PINNED_TEXT = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf",
                2: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf"}
@@ -50,7 +50,10 @@ def _matcher_digest(*, views: bool = True) -> str:
 
 
 def _conversations() -> pa.Table:
-    """Chat and trajectory rows whose turns split ITEMS between a question and an answer (``text``: a rendering)."""
+    """Chat, preference and trajectory rows whose turns split ITEMS between a question and an answer (``text``: a
+    rendering), each matched by one view family at 13-grams: a question with its answer (row 0), question turns with
+    answers between them (MT-Bench: row 3, its question turns alone), a preference's prompt with its chosen reply
+    (row 4), a trajectory step (row 2); and turns equal to the 2-word item (rows 1 and 5: below MIN_VIEW_WORDS)."""
     from datahub.kinds.posttraining import MESSAGES, STEPS
 
     def chat(*turns):
@@ -59,11 +62,22 @@ def _conversations() -> pa.Table:
 
     messages = [chat(("system", "be brief"), ("user", "The quick brown fox"), ("assistant", "jumps over the lazy dog"),
                      ("user", "again and again")),
-                chat(("user", "short"), ("assistant", "one")), None]
+                chat(("user", "short"), ("assistant", "one")), None,
+                chat(("user", "the quick brown fox jumps"), ("assistant", "sure, noted"),
+                     ("user", "over the lazy dog again and again"), ("assistant", "fine")),
+                None,
+                chat(("user", "say it"), ("assistant", "Short one!"), ("user", "and once more, please"),
+                     ("assistant", "short one"))]
     steps = [None, None, [{"observation": "tabs and newlines", "action": "and spaces", "tool_call": None,
-                           "tool_result": None, "reward": None, "done": None}]]
-    return pa.table({"text": pa.array(["<|user|> x", "<|user|> y", "<|step 0|> z"], pa.string()),
-                     "messages": pa.array(messages, MESSAGES), "steps": pa.array(steps, STEPS)})
+                           "tool_result": None, "reward": None, "done": None}], None, None, None]
+    prompt = [None] * 4 + [chat(("user", "TABS AND NEWLINES AND SPACES"))] + [None]
+    chosen = [None] * 4 + [chat(("assistant", "TABS AND NEWLINES AND SPACES TABS AND NEWLINES"))] + [None]
+    rejected = [None] * 4 + [chat(("assistant", "no idea, sorry"))] + [None]
+    return pa.table({"text": pa.array(["<|user|> x", "<|user|> y", "<|step 0|> z", "<|user|> w", "<|prompt|> v",
+                                       "<|user|> u"], pa.string()),
+                     "messages": pa.array(messages, MESSAGES), "steps": pa.array(steps, STEPS),
+                     "prompt": pa.array(prompt, MESSAGES), "chosen": pa.array(chosen, MESSAGES),
+                     "rejected": pa.array(rejected, MESSAGES)})
 
 
 def test_the_matchers_output_is_the_one_pinned_to_its_version():
