@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import datahub.release.freeze as freeze_module
+from datahub.release.freeze import committed_params
 from datahub.errors import EvalSetsChangedError, ReleaseError, TransientError
 from datahub.evalset import add_evalset
 from datahub.lake import Lake
@@ -93,6 +94,7 @@ def test_a_set_registered_while_a_redacts_rows_are_written_refuses_its_record(tm
                                                    r"\[bench@1\] only"):
         redact(lake, "child", source="parent", sample_ids=[sample_id_of(CLEAN[0])], reason="PII #1")
     assert [r.name for r in list_releases(lake)] == ["parent"]
+    assert committed_params(lake, "lineage", "child") is None  # refused before the lineage commit, not only the record
     monkeypatch.undo()
     with pytest.raises(ReleaseError, match=r"overlap eval sets \[heldout@1: 1 sample\(s\)\]"):
         redact(lake, "child", source="parent", sample_ids=[sample_id_of(CLEAN[0])], reason="PII #1")
@@ -116,6 +118,7 @@ def test_a_set_registered_while_a_merges_rows_are_written_refuses_its_record(tmp
     with pytest.raises(EvalSetsChangedError, match=r"heldout@1 registered since"):
         merge_releases(lake, "m", sources=["a", "b"])
     assert [r.name for r in list_releases(lake)] == ["a", "b"]
+    assert committed_params(lake, "lineage", "m") is None  # refused before the lineage commit, not only the record
     monkeypatch.undo()
     with pytest.raises(ReleaseError, match=r"heldout@1: 1 sample\(s\)"):
         merge_releases(lake, "m", sources=["a", "b"])
