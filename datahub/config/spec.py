@@ -10,7 +10,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from types import UnionType
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -214,7 +214,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
         if not all(keys):
             raise SpecError(f"{source}: --set {item!r}: the key path has an empty part (two dots, or a dot at an end): "
                             f"expected KEY.PATH=VALUE, {_SET_EXAMPLE}")
-        _check_set_path(raw, keys, item=item, source=source)
+        _check_set_path(raw, keys, item=item, source=source, new_nodes=_new_nodes(overrides))
         node: Any = raw
         for depth, key in enumerate(keys):
             if isinstance(node, list) and key.isdigit() and int(key) >= len(node):
@@ -228,8 +228,12 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
                 continue
             if not isinstance(node, dict):
                 raise SpecError(f"{source}: --set {path}: {key!r} is not inside a mapping")
-            if not isinstance(node.get(key), (dict, list)):  # absent or null (``qa:`` with nothing under it)
+            if node.get(key) is None:  # absent or null (``qa:`` with nothing under it)
                 node[key] = {}
+            elif not isinstance(node[key], (dict, list)):  # a value set in the file: never replaced by a mapping
+                at = ".".join(keys[:depth + 1])
+                raise SpecError(f"{source}: --set {item}: {at} is a value ({node[key]!r}), not a mapping: set it "
+                                f"with --set {at}=VALUE")
             node = node[key]
         try:
             value = yaml.safe_load(text) if text.strip() else ""
@@ -245,8 +249,16 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
     return raw
 
 
-def _check_set_path(raw: dict[str, Any], keys: list[str], *, item: str, source: str) -> None:
-    """Refuse a --set path that the job spec's models have no place for, naming the nearest keys."""
+def _new_nodes(overrides: list[str]) -> set[str]:
+    """Graph nodes the --set items add: those they give an op: or a sink: (graph.NAME.op=...)."""
+    paths = [item.partition("=")[0].strip().split(".") for item in overrides if "=" in item]
+    return {keys[1] for keys in paths if len(keys) == 3 and keys[0] == "graph" and keys[2] in ("op", "sink")}
+
+
+def _check_set_path(raw: dict[str, Any], keys: list[str], *, item: str, source: str,
+                    new_nodes: Collection[str] = ()) -> None:
+    """Refuse a --set path that the job spec's models have no place for, naming the nearest keys; a graph node
+    that is not in the spec is accepted when it is in ``new_nodes`` (the --set items give it op: or sink:)."""
     model: Any = JobSpec
     node: Any = raw
     for depth, key in enumerate(keys):
@@ -264,10 +276,12 @@ def _check_set_path(raw: dict[str, Any], keys: list[str], *, item: str, source: 
             value_type = get_args(model)[1]
             if value_type is NodeSpec:  # graph: the nodes the spec has
                 names = list(node) if isinstance(node, dict) else []
-                if key not in names:
+                if key not in names and key not in new_nodes:
                     raise SpecError(f"{source}: --set {item}: the job's graph has no node {key!r}"
                                     f"{did_you_mean(key, names) or ';'} its nodes: {', '.join(names) or 'none'}; fix the "
-                                    "path, or add the node to the job spec (a node needs op: or sink:, and after:)")
+                                    "path, or add the node to the job spec (a node needs op: or sink:, and after:); "
+                                    f"to add a node, give it op: or sink: too, e.g. --set graph.{key}.op=OPERATOR "
+                                    f"--set graph.{key}.after=[NODE]")
             else:
                 return  # free-form keys (params, storage_options, conf): the operator or the store checks them
             model = value_type

@@ -219,3 +219,26 @@ def test_set_of_an_operator_param_it_does_not_have_names_its_params_and_the_set_
     assert str(info.value) == (f"{path}: graph.normalize.params.unicode_from: unknown field; did you mean "
                                "'unicode_form'? the fields here: unicode_form, collapse_spaces, max_blank_lines, strip; "
                                f"remove it or check the spelling; set by --set {item}")
+
+
+def test_set_under_a_scalar_of_a_free_form_mapping_is_refused_naming_the_item(tmp_path):
+    """`--set graph.normalize.params.a.b=1` where `a: 5` replaced the 5 with {b: 1} silently (bd2d78a; before, an
+    error): only an absent or null key becomes a mapping."""
+    text = error_of(tmp_path, BASE.replace("{op: normalize_text}", "{op: normalize_text, params: {a: 5}}"),
+                    ["graph.normalize.params.a.b=1"])
+    assert "--set graph.normalize.params.a.b=1: graph.normalize.params.a is a value (5), not a mapping" in text, text
+    assert "--set graph.normalize.params.a=VALUE" in text, text
+    spec = load_job_spec(write(tmp_path, BASE.replace("{op: normalize_text}", "{op: normalize_text, params: {a: null}}")),
+                         ["graph.normalize.params.a.b=1"])  # null: nothing is replaced
+    assert spec.graph["normalize"].params == {"a": {"b": 1}}
+
+
+def test_set_can_add_a_graph_node_that_it_gives_an_op_or_a_sink(tmp_path):
+    """Adding a node with --set worked before bd2d78a (refused since: 'the job's graph has no node'): a new node is
+    accepted when the same --set items give it op: or sink:; a path to a node nothing creates is still refused."""
+    path = write(tmp_path, BASE)
+    spec = load_job_spec(path, ["graph.dedup.after=[normalize]", "graph.dedup.op=exact_dedup",
+                                "graph.samples.after=[dedup]"])
+    assert spec.graph["dedup"].op == "exact_dedup" and spec.graph["samples"].after == ["dedup"]
+    with pytest.raises(SpecError, match="the job's graph has no node 'dedupp'.* to add a node, give it op: or sink:"):
+        load_job_spec(path, ["graph.dedupp.params.threshold=0.9"])
