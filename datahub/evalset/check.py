@@ -75,8 +75,9 @@ def contamination(lake: Lake, *, table: str = "samples", version: int | None = N
 
     ``hits``: the contaminated samples are handed to it instead of being held, as ``HITS`` tables (sample_id, ref of
     its first eval item), in sample_id order, one row per sample; ``refs`` then keeps the first ``examples`` of them
-    (by sample_id). ``rows``: check these batches (``sample_id``, ``text`` and the conversation columns; e.g. the rows of ``table`` at
-    ``version`` that a ``release redact`` keeps) instead of the whole version, which then only names what they are."""
+    (by sample_id). ``rows``: check these batches (``sample_id``, ``text`` and the conversation columns; e.g. the rows
+    of ``table`` at ``version`` that a ``release redact`` keeps) instead of the whole version, which then only names
+    what they are."""
     version = int(lake.table(table).version()) if version is None else version
     names = lake.dataset(table, version).schema.names
     problem = not_of_samples(table, names, reads="the eval-set check reads samples", lake_ref=lake.ref)

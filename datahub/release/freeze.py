@@ -338,8 +338,9 @@ def freeze(
 
     The samples are ``sample_ids`` (with ``released_reason`` per row), or when None, the ``sample_id`` column of
     ``table`` at ``version``, scanned in bounded batches (the reason then is ``reason_prefix`` + the row's
-    ``reason_column``, or ``released_reason_of(ids)`` per scanned batch, or the release kind). Lineage is written in sorted chunks of ``LINEAGE_CHUNK_ROWS``; what
-    is held is bounded: the distinct ids are sorted in runs spilled to local disk (``datahub.lake.external_sort``).
+    ``reason_column``, or ``released_reason_of(ids)`` per scanned batch, or the release kind). Lineage is written in
+    sorted chunks of ``LINEAGE_CHUNK_ROWS``; what is held is bounded: the distinct ids are sorted in runs spilled to
+    local disk (``datahub.lake.external_sort``).
     ``released_notes``: a stream of (``sample_id``, ``note``) tables sorted by sample_id, one row per id (e.g.
     ``SortedRuns.merged()``), read once along the released ids: a released row of such an id gets the note in its
     reason (``REASON; NOTE``, or the note alone), e.g. an allowed eval-set contamination (``allow_contamination``,

@@ -184,7 +184,8 @@ def redact(
         raise ReleaseError("--allow-contamination needs a reason (it is recorded in the release), e.g. "
                            '--allow-contamination "eval set is the held-out split, not the one we score on"')
     if not reason or not reason.strip():
-        raise ReleaseError("redact needs --reason TEXT (e.g. 'copyright take-down request #123'); it is recorded in lineage")
+        raise ReleaseError("redact needs --reason TEXT (e.g. 'copyright take-down request #123'); it is recorded in "
+                           "lineage")
     with SortedIds(run_rows=partition_ids) as given:
         if sample_ids is not None:
             given.add(pa.array(sample_ids if isinstance(sample_ids, list) else list(sample_ids), pa.string()))
@@ -242,7 +243,8 @@ def redact(
 
             checked = _contamination_gate(
                 lake, new, parent, allow_contamination=allow_contamination, notes=notes, kept_rows=kept_rows,
-                kept=lambda: rows_kept(dataset, gone_checked, columns=matched_columns(dataset.schema.names)), progress=progress)
+                kept=lambda: rows_kept(dataset, gone_checked, columns=matched_columns(dataset.schema.names)),
+                progress=progress)
             if allow_contamination is None:  # the parent's reason, when it carried over
                 allowed = checked.get("allowed") if checked is not None else None
             if count and source_uri is not None:  # the given ids and the rows from the source
@@ -262,7 +264,8 @@ def redact(
                     yield lineage_rows(block, run_id=release_txn(new), op=REDACT_OP, action="dropped",
                                        reason=f"redacted: {reason}", ref=ref, ts=ts, sort=False)
 
-            _refuse_evalsets_since(lake, new, checked)  # one registered since the check (or during contained_in's reads)
+            # one registered since the check (or during contained_in's reads)
+            _refuse_evalsets_since(lake, new, checked)
 
             # pass 2: every column of the rows that stay, streamed into the commit; written here and committed as add
             # actions: delta-rs's writer buffers up to a target-size file of rows

@@ -35,7 +35,8 @@ STEPS_COLUMN = "steps"
 VIEW_COLUMNS = (*MESSAGE_COLUMNS, STEPS_COLUMN)
 # A view (a turn, a pair, a conversation) of fewer words matches nothing: below 13 words a view matches an item only by
 # being equal to it, and a clean chat's "1", "Yes.", "Thank you." or "OK" would equal a label-only or very short item
-# ("1" of WinoGrande, "positive" of SST-2, registered before ``evalset add`` refused such items: registry.MIN_ITEM_WORDS)
+# ("1" of WinoGrande, "positive" of SST-2, registered before ``evalset add`` refused such items:
+# ``datahub.evalset.registry.MIN_ITEM_WORDS``)
 MIN_VIEW_WORDS = 4
 
 

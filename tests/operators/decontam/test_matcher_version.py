@@ -14,7 +14,8 @@ from operators.decontam.views import match_rows
 
 # MATCHER_VERSION -> sha256 of what the matcher makes of TEXTS (normalized texts, 13-gram and 3-gram hashes, owners,
 # and an index of ITEMS' lookup of them: counts and first items)
-PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf", 2: "b94c882c9dc5e091aa9534b452e7200cf6d3d3481e1c5da565bc654f7dfcb9aa"}
+PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf",
+          2: "b94c882c9dc5e091aa9534b452e7200cf6d3d3481e1c5da565bc654f7dfcb9aa"}
 # ... of rows without conversation columns only (version 1's digest above is this part alone)
 PINNED_TEXT = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf",
                2: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf"}

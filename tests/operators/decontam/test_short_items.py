@@ -37,7 +37,8 @@ def _chat_rows(*chats: list[dict]) -> pa.Table:
 
 CLEAN = [_message("user", "Reply with just the number: how many moons does Earth have?"), _message("assistant", "1"),
          _message("user", "Is that right?"), _message("assistant", "Yes."), _message("user", "Thank you."),
-         _message("assistant", "OK"), _message("user", "Sentiment of 'great film'?"), _message("assistant", "Positive."),
+         _message("assistant", "OK"), _message("user", "Sentiment of 'great film'?"),
+         _message("assistant", "Positive."),
          _message("user", "True"), _message("assistant", "Done.")]
 LEAK = [_message("user", "hello"), _message("assistant", "hi"), _message("user", QUESTION),
         _message("assistant", ANSWER)]
