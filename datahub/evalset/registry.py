@@ -34,6 +34,7 @@ from datahub.sample_id import sample_ids
 from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE, ROW_GROUP_ROWS
 from operators.decontam.ngrams import normalize_for_ngrams
 from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES
+from operators.ingest.chat import TEXT_PART_TYPES
 
 PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
 # Benchmarks whose question is in none of PROMPT_FIELDS: (first field, then the others present), the prompt their texts
@@ -120,8 +121,9 @@ def _content(message: Any) -> tuple[str | None, str | None]:
         return None, _text(message)
     role = message.get("role", message.get("from"))
     content = message.get("content", message.get("value"))
-    if isinstance(content, list):  # OpenAI content parts: the text ones
-        content = "\n".join(p.get("text") or "" for p in content if isinstance(p, dict) and p.get("type") == "text")
+    if isinstance(content, list):  # OpenAI content parts: the text ones (Chat Completions' and the Responses API's)
+        content = "\n".join(p.get("text") or "" for p in content
+                            if isinstance(p, dict) and p.get("type") in TEXT_PART_TYPES)
     return (str(role).lower() if role is not None else None), _text(content)
 
 
@@ -241,8 +243,8 @@ def _digest(items: pa.Table) -> str:
 
 def _check_name(name: str) -> None:
     if not name or not set(name) <= _NAME_CHARS or "@" in name or ":" in name or not name[0].isalnum():
-        raise SpecError(f"eval set name {name!r}: use letters, digits, '_', '.' or '-', starting with a letter or digit "
-                        "(it appears in lineage refs as NAME@VERSION:ITEM)")
+        raise SpecError(f"eval set name {name!r}: use letters, digits, '_', '.' or '-', starting with a letter or "
+                        "digit (it appears in lineage refs as NAME@VERSION:ITEM)")
 
 
 def add_evalset(lake: Lake, name: str, path: str | Path, *,
@@ -307,7 +309,8 @@ def list_evalsets(lake: Lake, *, all_versions: bool = False) -> list[EvalSet]:
         return []
     grouped = pa.concat_tables(partial).group_by(["evalset", "version"], use_threads=False).aggregate([
         ("source_uri_first", "first"), ("digest_first", "first"), ("added_min", "min"), ("evalset_count", "sum")])
-    grouped = grouped.rename_columns({"source_uri_first_first": "source_uri_first", "digest_first_first": "digest_first",
+    grouped = grouped.rename_columns({"source_uri_first_first": "source_uri_first",
+                                      "digest_first_first": "digest_first",
                                       "added_min_min": "added_min", "evalset_count_sum": "evalset_count"})
     grouped = grouped.sort_by([("evalset", "ascending"), ("version", "ascending")])
     out: list[EvalSet] = []

@@ -173,3 +173,14 @@ def test_prompt_fields_name_the_question(tmp_path):
     assert items.column("text").to_pylist() == ["The trophy does not fit.\nthe trophy\n1"]
     with pytest.raises(SpecError, match=r"custom.jsonl:1: none of the prompt fields question_text"):
         read_items(path, prompt_fields=["question_text"])
+
+
+def test_responses_api_content_parts_are_read_as_text(tmp_path):
+    """The OpenAI Responses API's ``input_text`` / ``output_text`` parts (as the chat reader reads them): an item in that
+    layout lost its text (only ``text`` parts were read), so it registered as no prompt or a partial one."""
+    path = tmp_path / "responses.jsonl"
+    path.write_text(json.dumps({"id": "r1", "messages": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Which signal does kill send by default?"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "SIGTERM, signal number 15."}]}]}) + "\n")
+    item = read_items(path).to_pylist()[0]
+    assert (item["prompt"], item["answer"]) == ("Which signal does kill send by default?", "SIGTERM, signal number 15.")
