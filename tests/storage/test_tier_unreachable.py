@@ -14,6 +14,7 @@ from datahub.errors import StorageError, TransientError
 from datahub.export import export_table_version
 from datahub.retry import retry
 from datahub.storage import validate_storage_config
+from tests.ceph import ceph_s3  # noqa: F401
 from tests.export.helpers import make_lake
 
 
@@ -79,11 +80,32 @@ def test_export_from_python_to_an_unreachable_tier_raises_storage_error(storage,
     _says_which_tier_and_how_to_fix(caught.value, "archive", "endpoint_url", port)
 
 
-def test_a_missing_file_on_a_tier_is_not_taken_for_an_unreachable_endpoint(storage) -> None:
-    config, _ = storage
-    tier = config.tier("local")
+@pytest.mark.ceph
+def test_a_missing_key_or_a_refused_signature_is_not_taken_for_an_unreachable_endpoint(ceph_s3, tmp_path) -> None:  # noqa: F811
+    """On the real RGW, which answers: a missing key stays FileNotFoundError and a wrong secret's refusal names
+    what RGW said, neither becomes '... did not answer' (only a failure to answer is classified so). A cfs tier, as
+    before, never reaches that classification, so it could not tell."""
+    bucket = ceph_s3.new_bucket("tier-answers")
+
+    def ceph_tier(secret: str):
+        credentials = tmp_path / f"ceph-{len(secret)}.credentials"
+        credentials.write_text(f"access_key_id={ceph_s3.key}\nsecret_access_key={secret}\n")
+        return validate_storage_config({"tiers": {"archive": {
+            "kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": bucket, "prefix": "releases",
+            "s3_region": ceph_s3.region, "credentials": {"file": str(credentials)}}}}, source="storage.yaml").tier("archive")
+
+    tier = ceph_tier(ceph_s3.secret)
+    tier.publish(tier.uri("r1", "manifest.json"), b"{}")
     with pytest.raises(FileNotFoundError):
-        tier.read(tier.uri("r1", "manifest.json"))
+        tier.read(tier.uri("r1", "missing.json"))
+    wrong = ceph_tier(ceph_s3.secret + "-wrong")
+    for operation in (lambda: wrong.read(wrong.uri("r1", "manifest.json")),
+                      lambda: wrong.publish(wrong.uri("r1", "other.json"), b"{}")):
+        with pytest.raises(Exception) as caught:
+            operation()
+        assert " did not answer" not in str(caught.value), caught.value
+        assert any(said in str(caught.value) for said in ("Forbidden", "SignatureDoesNotMatch", "AccessDenied")), \
+            caught.value  # what RGW answered
 
 
 def test_a_tier_copy_from_python_to_an_unreachable_tier_raises_storage_error(storage, tmp_path: Path) -> None:
