@@ -140,7 +140,8 @@ class _ImageRecords:
         if image is None and reference is not None and uri is not None:
             fetched = fetch(uri, file, max_bytes=self.max_record_bytes)
             if fetched.data is None:
-                buffer.quarantine(offset, fetched.reason or "image_not_found", f"record {offset}: {uri}: {fetched.detail}",
+                buffer.quarantine(offset, fetched.reason or "image_not_found",
+                                  f"record {offset}: {uri}: {fetched.detail}",
                                   raw if raw is not None else json.dumps({"path": reference}).encode())
                 return
             image = fetched.data
