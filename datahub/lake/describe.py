@@ -126,15 +126,17 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
     def column(name: str) -> list[Any]:
         return actions.column(name).to_pylist() if name in actions.column_names else [None] * actions.num_rows
 
-    partitioned = f"partition.{KIND_COLUMN}" in actions.column_names
+    stored = _stored_kind_column(delta_table)  # its name in the files, the log's statistics and partition values
+    partitioned = f"partition.{stored}" in actions.column_names
+    partition_kind: dict[str, str] = {}  # a mixed file of a partitioned table: its kind (not a column of its file)
     deleted: dict[str, int] = {}  # data file (as the log names it) -> rows its vector deletes
     has_vectors = _has_deletion_vectors(delta_table, actions)  # the feature, maybe no vector yet: no scan either
     if has_vectors:
         deleted = deleted_counts(lake, table, delta_table, column("path"))
     mixed: list[str] = []
     for path, rows, value, nulls, low, high in zip(
-            column("path"), column("num_records"), column(f"partition.{KIND_COLUMN}"),
-            column(f"null_count.{KIND_COLUMN}"), column(f"min.{KIND_COLUMN}"), column(f"max.{KIND_COLUMN}")):
+            column("path"), column("num_records"), column(f"partition.{stored}"),
+            column(f"null_count.{stored}"), column(f"min.{stored}"), column(f"max.{stored}")):
         gone = deleted.get(path, 0)
         if rows is not None and partitioned:  # one kind per file: its partition value
             add(DEFAULT_KIND if value is None else str(value), rows - gone)
@@ -144,6 +146,8 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
             add(DEFAULT_KIND, nulls)
             add(str(low), rows - nulls - gone)
         else:  # several kinds, no statistics (another writer, or written before the kind column), or deleted rows
+            if partitioned:
+                partition_kind[path] = DEFAULT_KIND if value is None else str(value)
             mixed.append(path)  # of a file of a kind and nulls: which of them went is in the file
     if mixed and has_vectors:  # delta-rs refuses to scan such a table: its files are read one by one, in row order
         vectored = [path for path in mixed if path in deleted]  # only these files' vectors are decoded
@@ -155,7 +159,8 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
             if path in deleted and len(positions.get(path, [])) != deleted[path]:
                 raise LakeError(f"{lake.table_uri(table)}: {table}: the deletion vector of {path} deletes "
                                 f"{len(positions.get(path, []))} rows, the log says {deleted[path]}")
-            for kind, rows in _file_kinds(lake, table, path, positions.get(path)).items():
+            for kind, rows in _file_kinds(lake, table, path, positions.get(path), column=stored,
+                                          kind=partition_kind.get(path)).items():
                 add(kind, rows)
     elif mixed:
         dataset = lake.dataset(table, version)
@@ -192,8 +197,10 @@ def deleted_positions(delta_table: Any, paths: list[str]) -> dict[str, pa.Array]
     return out
 
 
-def _file_kinds(lake: Lake, table: str, path: str, gone: pa.Array | None) -> dict[str, int]:
-    """Rows per kind of one data file, the positions in ``gone`` left out; its kind column only, a batch at a time."""
+def _file_kinds(lake: Lake, table: str, path: str, gone: pa.Array | None, *, column: str = KIND_COLUMN,
+                kind: str | None = None) -> dict[str, int]:
+    """Rows per kind of one data file, the positions in ``gone`` left out; its kind column (stored as ``column``)
+    only, a batch at a time. ``kind``: the file's partition value (a partition column is not in the file)."""
     import numpy as np
     import pyarrow.parquet as pq
 
@@ -201,11 +208,11 @@ def _file_kinds(lake: Lake, table: str, path: str, gone: pa.Array | None) -> dic
     dead = np.sort(np.asarray(gone, dtype=np.int64)) if gone is not None else np.empty(0, np.int64)
     with lake.data_file(table, unquote(path)) as handle:
         parquet = pq.ParquetFile(handle)
-        if KIND_COLUMN not in parquet.schema_arrow.names:  # written before the kind column: every row is text
+        if kind is not None or column not in parquet.schema_arrow.names:  # else written before the kind column
             alive = parquet.metadata.num_rows - len(dead)
-            return {DEFAULT_KIND: alive} if alive else {}
+            return {kind or DEFAULT_KIND: alive} if alive else {}
         start = 0
-        for batch in parquet.iter_batches(batch_size=KIND_BATCH_ROWS, columns=[KIND_COLUMN], use_threads=False):
+        for batch in parquet.iter_batches(batch_size=KIND_BATCH_ROWS, columns=[column], use_threads=False):
             kinds = pc.fill_null(batch.column(0).cast(pa.string()), DEFAULT_KIND)
             low, high = np.searchsorted(dead, [start, start + batch.num_rows])
             if high > low:  # positions in the file -> in this batch
@@ -230,6 +237,17 @@ STATS_PREFIX_CHARS = 32  # writers may truncate string statistics to a prefix (S
 def _one_value(low: object, high: object) -> bool:
     """Whether a file's min and max show one value: equal strings shorter than any truncated statistic."""
     return isinstance(low, str) and low == high and len(low) < STATS_PREFIX_CHARS
+
+
+def _stored_kind_column(delta_table: Any) -> str:
+    """The kind column's name in the data files and the log: its physical name under column mapping (name or id
+    mode, common on Databricks: ``col-<uuid>``), else ``kind``."""
+    if delta_table.metadata().configuration.get("delta.columnMapping.mode", "none") == "none":
+        return KIND_COLUMN
+    for field in delta_table.schema().fields:
+        if field.name == KIND_COLUMN:
+            return str(field.metadata.get("delta.columnMapping.physicalName") or KIND_COLUMN)
+    return KIND_COLUMN
 
 
 def _has_deletion_vectors(delta_table: Any, actions: pa.Table) -> bool:

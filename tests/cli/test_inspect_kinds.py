@@ -225,3 +225,60 @@ def test_a_table_with_the_deletion_vectors_feature_but_no_vector_yet_is_counted(
     info = describe_lake(lake, "samples")["tables"]["samples"]
     assert info["kinds"] == {"chat": 2, "preference": 1, "text": 1} and info["rows"] == 4, info
     assert "deleted_rows" not in info or info["deleted_rows"] == 0, info
+
+
+def _feature_commit(lake: Lake) -> None:
+    """The deletionVectors reader feature, no vector: delta-rs refuses to scan, so files are read one by one."""
+    log = Path(lake.table_uri("samples")) / "_delta_log"
+    version = max(int(p.stem) for p in log.glob("*.json"))
+    protocol = {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+                "writerFeatures": ["deletionVectors"]}
+    (log / f"{version + 1:020d}.json").write_text(json.dumps({"protocol": protocol}) + "\n" + json.dumps(
+        {"commitInfo": {"timestamp": 1_765_000_000_000, "operation": "SET TBLPROPERTIES"}}) + "\n")
+
+
+def test_a_file_read_on_its_own_takes_its_kind_from_its_partition_or_its_physical_column_name(tmp_path):
+    """A file read on its own (a table delta-rs cannot scan) was counted as all text when its file has no 'kind'
+    column: a partition column is not in the file (a file of a table partitioned by kind, committed without
+    numRecords), and under column mapping (Databricks, name mode) the column is stored as its physical name."""
+    from deltalake import DeltaTable
+    from deltalake.transaction import AddAction
+
+    lake = Lake(tmp_path / "partitioned")
+    rows = sample_rows([f"doc {i}" for i in range(3)], "a.jsonl")
+    lake.commit("samples", rows.append_column(KIND_COLUMN, pa.array(["chat", None, "chat"], pa.string())),
+                txn="job-000000000001", partition_by=[KIND_COLUMN])
+    uri = lake.table_uri("samples")
+    local = Path(uri) / "kind=preference" / "external.parquet"
+    local.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(sample_rows([f"other {i}" for i in range(4)], "b.jsonl"), local)  # no kind column: a partition
+    table = DeltaTable(uri)
+    table.create_write_transaction([AddAction("kind=preference/external.parquet", local.stat().st_size,
+                                              {KIND_COLUMN: "preference"}, 1_765_000_000_000, True, "")],
+                                   mode="append", schema=table.schema(), partition_by=[KIND_COLUMN])
+    _feature_commit(lake)
+    assert describe_lake(lake, "samples")["tables"]["samples"]["kinds"] == {"preference": 4, "chat": 2, "text": 1}
+
+    root = tmp_path / "mapped" / "samples"
+    (root / "_delta_log").mkdir(parents=True)
+    pq.write_table(pa.table({"col-a1": ["s1", "s2", "s3", "s4"], "col-k2": ["chat", None, "preference", "chat"]}),
+                   root / "part-0.parquet")
+
+    def field(name: str, physical: str, number: int) -> dict:
+        return {"name": name, "type": "string", "nullable": True,
+                "metadata": {"delta.columnMapping.id": number, "delta.columnMapping.physicalName": physical}}
+
+    schema = {"type": "struct", "fields": [field("sample_id", "col-a1", 1), field(KIND_COLUMN, "col-k2", 2)]}
+    actions = [
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["columnMapping", "deletionVectors"],
+                      "writerFeatures": ["columnMapping", "deletionVectors"]}},
+        {"metaData": {"id": "mapped", "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
+                      "partitionColumns": [], "createdTime": 1_765_000_000_000,
+                      "configuration": {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "2"}}},
+        {"add": {"path": "part-0.parquet", "partitionValues": {}, "size": (root / "part-0.parquet").stat().st_size,
+                 "modificationTime": 1_765_000_000_000, "dataChange": True}},
+        {"commitInfo": {"timestamp": 1_765_000_000_000, "operation": "WRITE"}},
+    ]
+    (root / "_delta_log" / f"{0:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+    info = describe_lake(Lake(tmp_path / "mapped"), "samples")["tables"]["samples"]
+    assert info["kinds"] == {"chat": 2, "preference": 1, "text": 1}, info
