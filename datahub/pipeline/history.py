@@ -46,8 +46,9 @@ def list_runs(lake: Lake, *, job: str | None = None) -> list[dict[str, Any]]:
     for lease in list_leases(lake):
         if job and lease.job != job:
             continue
-        if lease.run_id in succeeded:
-            continue  # killed after its runs row: nothing to resume
+        if lease.run_id in succeeded and lease.is_stale():
+            continue  # killed after its runs row: nothing to resume (a live holder carries that plan until it writes
+            # its own, run_job's first lease.update: it is listed, as running)
         if lease.run_id in recorded and lease.is_stale():
             continue  # a failed run left its plan behind: its runs row above already says how to resume
         stale = lease.is_stale()

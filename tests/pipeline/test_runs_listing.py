@@ -118,3 +118,26 @@ def test_the_resume_hint_of_an_interrupted_run_names_the_lake_yaml_runs_was_give
     [item] = json.loads(listed.stdout)
     assert item["status"] == "interrupted"
     assert item["hint"] == f"interrupted, re-run with: datahub run /jobs/demo.yaml --lake {lake_file}"
+
+
+def test_a_live_run_carrying_a_succeeded_runs_plan_is_listed_as_running(tmp_path):
+    """A run that took over the lease of a run killed after its runs row carries that (succeeded) run's id until it
+    writes its own plan; `runs` skipped every lease with a succeeded run id, so the live run was missing from the
+    listing meanwhile. Only a stale such lease (the killed one: nothing to resume) is left out."""
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.lease import JobLease
+
+    lake_root = tmp_path / "lake"
+    spec = validate_job_spec(job_raw(make_corpus(tmp_path / "corpus", files=1, per_file=3), lake_root))
+    done = run_job(spec, engine=ArrowEngine())
+    lake = Lake(lake_root)
+    live = JobLease(lake, "crashjob", ttl_s=3600).acquire()  # the taker, before it writes its own plan
+    live.update(run_id=done.run_id, inputs=[])
+    assert [r["status"] for r in list_runs(lake)] == ["succeeded", "running"]
+    live.release()
+    stale = JobLease(lake, "crashjob", ttl_s=0.01).acquire()
+    stale.update(run_id=done.run_id, inputs=[])
+    import time
+
+    time.sleep(0.05)  # expired, never released: a killed holder whose run is recorded as succeeded
+    assert [r["status"] for r in list_runs(lake)] == ["succeeded"]
