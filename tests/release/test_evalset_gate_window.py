@@ -125,3 +125,34 @@ def test_a_set_registered_while_a_merges_rows_are_written_refuses_its_record(tmp
     merged = merge_releases(lake, "m", sources=["a", "b"], allow_contamination="heldout is a dev split")
     assert get_release(lake, "m").details["contamination"]["evalsets"] == ["bench@1", "heldout@1"]
     assert merged.details["contamination"]["contaminated"] == 1
+
+
+def _merge_inputs(tmp_path) -> Lake:
+    lake = _bench_lake(tmp_path)
+    add_samples(lake, ["a third corpus document about mountains, rivers and the snow of the long alpine winter"],
+                "s3://bucket/c.jsonl", table="other", run_id="job-cccccccccccc")
+    create_release(lake, "a")
+    create_release(lake, "b", table="other")
+    return lake
+
+
+@pytest.mark.parametrize("command, where", [("redact", "release_child"), ("redact", "lineage"), ("merge", "lineage")])
+def test_a_clean_set_registered_mid_write_is_checked_by_the_same_command_run_again(tmp_path, monkeypatch, command,
+                                                                                    where):
+    """As for create above: redact (while its rows or its lineage are written) and merge (its lineage) refuse, and
+    the same command run again checks the rows against the new set too and finishes the release."""
+    lake = _parent_lake(tmp_path) if command == "redact" else _merge_inputs(tmp_path)
+    module = freeze_module if where == "lineage" else sys.modules["datahub.release.redact"]
+    _registering_in(monkeypatch, module, lake, tmp_path, items=UNRELATED, table_prefix=where)
+
+    def run():
+        if command == "redact":
+            return redact(lake, "child", source="parent", sample_ids=[sample_id_of(CLEAN[0])], reason="PII #1")
+        return merge_releases(lake, "m", sources=["a", "b"])
+
+    with pytest.raises(EvalSetsChangedError):
+        run()
+    monkeypatch.undo()
+    released = run()
+    assert released.details["contamination"]["evalsets"] == ["bench@1", "heldout@1"]
+    assert released.details["contamination"].get("allowed") is None
