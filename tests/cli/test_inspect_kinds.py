@@ -270,9 +270,11 @@ def test_a_file_read_on_its_own_takes_its_kind_from_its_partition_or_its_physica
 
     schema = {"type": "struct", "fields": [field("sample_id", "col-a1", 1), field(KIND_COLUMN, "col-k2", 2)]}
     actions = [
-        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["columnMapping", "deletionVectors"],
+        {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
+                      "readerFeatures": ["columnMapping", "deletionVectors"],
                       "writerFeatures": ["columnMapping", "deletionVectors"]}},
-        {"metaData": {"id": "mapped", "format": {"provider": "parquet", "options": {}}, "schemaString": json.dumps(schema),
+        {"metaData": {"id": "mapped", "format": {"provider": "parquet", "options": {}},
+                      "schemaString": json.dumps(schema),
                       "partitionColumns": [], "createdTime": 1_765_000_000_000,
                       "configuration": {"delta.columnMapping.mode": "name", "delta.columnMapping.maxColumnId": "2"}}},
         {"add": {"path": "part-0.parquet", "partitionValues": {}, "size": (root / "part-0.parquet").stat().st_size,

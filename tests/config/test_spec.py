@@ -228,8 +228,8 @@ def test_set_under_a_scalar_of_a_free_form_mapping_is_refused_naming_the_item(tm
                     ["graph.normalize.params.a.b=1"])
     assert "--set graph.normalize.params.a.b=1: graph.normalize.params.a is a value (5), not a mapping" in text, text
     assert "--set graph.normalize.params.a=VALUE" in text, text
-    spec = load_job_spec(write(tmp_path, BASE.replace("{op: normalize_text}", "{op: normalize_text, params: {a: null}}")),
-                         ["graph.normalize.params.a.b=1"])  # null: nothing is replaced
+    with_null = BASE.replace("{op: normalize_text}", "{op: normalize_text, params: {a: null}}")
+    spec = load_job_spec(write(tmp_path, with_null), ["graph.normalize.params.a.b=1"])  # null: nothing is replaced
     assert spec.graph["normalize"].params == {"a": {"b": 1}}
 
 

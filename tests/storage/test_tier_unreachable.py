@@ -81,7 +81,8 @@ def test_export_from_python_to_an_unreachable_tier_raises_storage_error(storage,
 
 
 @pytest.mark.ceph
-def test_a_missing_key_or_a_refused_signature_is_not_taken_for_an_unreachable_endpoint(ceph_s3, tmp_path) -> None:  # noqa: F811
+def test_a_missing_key_or_a_refused_signature_is_not_taken_for_an_unreachable_endpoint(
+        ceph_s3, tmp_path) -> None:  # noqa: F811
     """On the real RGW, which answers: a missing key stays FileNotFoundError and a wrong secret's refusal names
     what RGW said, neither becomes '... did not answer' (only a failure to answer is classified so). A cfs tier, as
     before, never reaches that classification, so it could not tell."""
@@ -92,7 +93,8 @@ def test_a_missing_key_or_a_refused_signature_is_not_taken_for_an_unreachable_en
         credentials.write_text(f"access_key_id={ceph_s3.key}\nsecret_access_key={secret}\n")
         return validate_storage_config({"tiers": {"archive": {
             "kind": "ceph", "endpoint_url": ceph_s3.endpoint_url, "bucket": bucket, "prefix": "releases",
-            "s3_region": ceph_s3.region, "credentials": {"file": str(credentials)}}}}, source="storage.yaml").tier("archive")
+            "s3_region": ceph_s3.region, "credentials": {"file": str(credentials)}}}},
+            source="storage.yaml").tier("archive")
 
     tier = ceph_tier(ceph_s3.secret)
     tier.publish(tier.uri("r1", "manifest.json"), b"{}")
