@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 from datahub.errors import LakeError, SpecError
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
+from datahub.lake.timestamps import iso_utc
 from datahub.retry import retry_policy, storage_errors
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.sample_id import sample_ids
@@ -76,7 +77,7 @@ class EvalSet:
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
-        out["added"] = self.added.isoformat()
+        out["added"] = iso_utc(self.added)  # every --json date-time: ISO 8601 UTC with Z
         return out
 
 

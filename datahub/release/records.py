@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from datahub.close_names import did_you_mean
 from datahub.errors import ReleaseError
 from datahub.lake.lake import Lake
+from datahub.lake.timestamps import iso_utc
 
 RELEASES_TABLE = "releases"
 CHANNELS_TABLE = "release_channels"
@@ -94,7 +95,7 @@ class Release:
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
-        out["created"] = self.created.isoformat()
+        out["created"] = iso_utc(self.created)  # every --json date-time: ISO 8601 UTC with Z
         for key in ("parents", "run_ids", "jobs", "channels"):
             out[key] = list(out[key])
         return out
