@@ -75,11 +75,18 @@ def resolve_topology(rank: int | None, world_size: int | None) -> tuple[int, int
 
 def require_state(dataset: object, state: object) -> None:
     """A ``load_state_dict`` argument that is not a state (None from an empty checkpoint, a checkpoint's path, the
-    whole checkpoint's tensor) is refused with what to pass, before a field of it is read."""
+    whole checkpoint dict the state is an entry of) is refused with what to pass, before a field of it is read."""
+    name = type(dataset).__name__
     if not isinstance(state, Mapping):
-        name = type(dataset).__name__
         raise TypeError(f"{name}.load_state_dict takes the dict state_dict() returned (e.g. "
                         f"torch.load(path)[\"data\"]); got {type(state).__name__} {str(state)[:80]!r}")
+    if "format" not in state:  # the README's checkpoint: {"data": dataset.state_dict(...), "model": ..., ...}
+        inside = [key for key, value in state.items()
+                  if isinstance(value, Mapping) and str(value.get("format", "")).startswith("datahub.loader")]
+        if inside:
+            keys = ", ".join(repr(key) for key in list(state)[:8]) + (", ..." if len(state) > 8 else "")
+            raise ValueError(f"{name}.load_state_dict got a whole checkpoint (keys {keys}), not a state: pass "
+                             f"checkpoint[{inside[0]!r}], the dict state_dict() returned")
 
 
 def int_setting(field: str, value: Any, *, minimum: int | None = None) -> int:

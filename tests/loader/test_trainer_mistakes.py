@@ -52,6 +52,26 @@ def test_load_state_dict_of_something_not_a_state_names_what_to_pass(tmp_path: P
             dataset.load_state_dict(state)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("key", ["data", "loader"])
+def test_load_state_dict_of_the_whole_checkpoint_says_to_pass_its_data_entry(tmp_path: Path, key: str) -> None:
+    # the README saves {"data": dataset.state_dict(...), "model": ..., "step": ...}; passing that whole dict said
+    # "not a ReleaseDataset state (format None, expected 'datahub.loader/3')", which does not say what to pass
+    write_release(tmp_path / "export", samples_per_shard=(3,))
+    prefixes, _ = write_tokens(tmp_path / "tok", files=1, documents=4)
+    datasets: list[Any] = [ReleaseDataset(str(tmp_path / "export" / "manifest.json")),
+                           PackedDataset(prefixes, seq_len=8)]
+    datasets.append(MixtureDataset({"a": datasets[1]}, {"a": 1.0}, batch_size=2))
+    for dataset in datasets:
+        checkpoint = {"model": {"w": 1}, key: dataset.state_dict(), "step": 3}
+        with pytest.raises(ValueError, match=rf"{type(dataset).__name__}.load_state_dict got a whole checkpoint "
+                                             rf"\(keys 'model', '{key}', 'step'\), not a state: pass "
+                                             rf"checkpoint\['{key}'\]"):
+            dataset.load_state_dict(checkpoint)
+        dataset.load_state_dict(checkpoint[key])
+    with pytest.raises(ValueError, match=r"not a ReleaseDataset state \(format None"):  # no state inside: as before
+        datasets[0].load_state_dict({"model": {"w": 1}, "data": {"step": 3}})
+
+
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("shuffle_buffer", -1, r"shuffle_buffer must be >= 0; got -1"),
     ("prefetch_shards", -1, r"prefetch_shards must be >= 0; got -1"),
