@@ -23,7 +23,10 @@ Items of one worker are unpickled in the order it sent them (one FIFO result que
 suffices. A ring file is unlinked when its worker exits (the trainer's mapping outlives it while views remain); the
 trainer unmaps it once no batch views it (when its last batch is collected, or at ``set_epoch``/``load_state_dict``,
 which also give back the pages a kept batch does not use), since a removed file's pages stay in /dev/shm while
-mapped: fresh workers each epoch otherwise found the last epoch's rings still there, twice the memory;
+mapped: fresh workers each epoch otherwise found the last epoch's rings still there, twice the memory. Fresh
+workers are forked from the trainer and inherit its mappings: the saving needs ``set_epoch``/``load_state_dict``
+before each epoch's ``iter(loader)`` (the README's loop), else a worker whose last batch was dropped before it
+exited leaves its ring mapped, and the next epoch's workers hold it until they exit;
 files of workers that died without exiting (SIGKILL) are removed by the next ring made on the machine. A worker
 holds a shared ``flock`` on its ring file while it lives, and the sweep removes only files it can lock exclusively:
 the kernel drops a dead process's lock whatever its PID namespace, whereas a PID in the name means nothing to a
@@ -267,7 +270,14 @@ class _Pending:
 class _RingView:
     """The trainer's mapping of one worker's ring. ``region`` gives an item's bytes as a memoryview of the ring,
     ``array`` as a numpy array over them; once that object (kept alive by every view of the item) and every earlier
-    item's are garbage, the ring's release mark moves past them."""
+    item's are garbage, the ring's release mark moves past them.
+
+    Each view holds 2 file descriptors while mapped (mmap's duplicate, and ``handle`` for the worker's flock), and
+    every DataLoader worker forked meanwhile inherits them until it exits: 2 per worker as a rule (one ring each),
+    at most 2 x (_MAX_RINGS + 4 rings outgrown, log2(_CAPACITY / _MIN_CAPACITY)) = 16 per worker while kept batches
+    pin its rings. A finished worker's ring is closed once no batch views it (when its last batch is collected, or
+    at the next ``set_epoch``/``load_state_dict`` or ring mapped), so a trainer that keeps batches of every epoch
+    holds 2 per ring they pin."""
 
     def __init__(self, path: str) -> None:
         try:
@@ -280,7 +290,8 @@ class _RingView:
         except BaseException:
             os.close(handle)
             raise
-        # kept to ask whether the worker still holds its flock on the ring (``finished``), closed with the view
+        # kept to ask whether the worker still holds its flock on the ring (``finished``), closed with the view. With
+        # the duplicate Python's mmap keeps, a mapped ring costs 2 descriptors (see the class docstring)
         self.handle = handle
         weakref.finalize(self, os.close, handle)
         self.path = path
