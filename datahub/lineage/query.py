@@ -18,6 +18,7 @@ import pyarrow.dataset as ds
 
 from datahub.lake.lake import Lake
 from datahub.lake.scan import scan_batches
+from datahub.lake.timestamps import iso_utc
 from datahub.progress import Progress, counted
 
 LINEAGE_TABLE = "lineage"
@@ -120,7 +121,7 @@ def story_from_events(sample_id: str, rows: list[dict[str, Any]]) -> SampleStory
     events = []
     for row in rows:
         event = {k: row[k] for k in ("action", "op", "params_hash", "reason", "run_id")}
-        event["ts"] = row["ts"].isoformat() if row["ts"] is not None else None
+        event["ts"] = iso_utc(row["ts"])  # the 'Z' form of every --json date-time
         event["ref"] = _ref(row["ref"])
         events.append(event)
     origins = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import tarfile
 
 import pyarrow as pa
@@ -68,6 +69,8 @@ def test_story_of_modified_annotated_released_exported_sample(lineage_lake):
     modified, annotated = story.events[1], story.events[2]
     assert modified["params_hash"] and annotated["params_hash"] and modified["params_hash"] != annotated["params_hash"]
     assert {e["run_id"] for e in story.events[:3]} == {run_id}
+    # the Python API gives times as every --json date-time: ISO 8601 UTC with 'Z' (it gave isoformat()'s +00:00)
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", e["ts"]) for e in story.events)
     released = story.events[3]
     assert (released["ref"], released["run_id"]) == ("lin-1", "release/lin-1") and story.releases == ["lin-1"]
     # the export event names the shard (its URI on the tier) and the tar member that holds the sample
