@@ -1,11 +1,13 @@
 """``prompt_dedup``: exact dedup on the prompt only, so one prompt with many answers keeps one sample.
 
 The key is the prompt's rendering (``datahub.kinds.posttraining``): for a ``chat``, its messages before the first
-assistant message; for a ``preference``, ``<|preference|>`` then its ``prompt``; one ``<|ROLE|>`` block per message.
-So a chat and a preference pair on the same prompt are never each other's duplicates, and a chat's key is the one
-version 1 wrote. It runs the ``exact_dedup`` machinery unchanged (normalization, keep rule, incremental lake index,
-lineage), with the prompt standing in for ``text`` while it runs; dropped rows get reason ``duplicate_prompt`` and
-the usual ``dup_of`` ref. A dedup signature is a key function, not a new pipeline (DESIGN.md).
+assistant message; for a ``preference``, its ``prompt``; one ``<|ROLE|>`` block per message. A pair's kind is hashed
+in after normalization, so a chat and a preference pair on the same prompt are never each other's duplicates, and a
+chat's key is the one version 1 wrote. A prompt that normalizes to nothing (a reward-model pair without one) gets a
+per-sample key, so such pairs are never each other's duplicates. It runs the ``exact_dedup`` machinery (normalization,
+keep rule, incremental lake index, lineage), with the prompt standing in for ``text`` while it runs and its own
+key step (``PromptContentHash``); dropped rows get reason ``duplicate_prompt`` and the usual ``dup_of`` ref. A dedup
+signature is a key function, not a new pipeline (DESIGN.md).
 
 Upgrading from version 1: its index rows are a namespace of their own (``exact_index``'s ``params_hash``), so an
 incremental run also looks them up. A new chat is matched against every prompt version 1 indexed; version 1 keyed a
@@ -16,6 +18,7 @@ indexes them anew).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -25,10 +28,12 @@ import pyarrow.compute as pc
 
 from datahub.kinds import kinds_of
 from datahub.operator import DROP_OP, DROP_REASON, OperatorContext, register
+from operators.dedup.exact import hex_digests, value_hashes
 from operators.dedup.exact_op import CONTENT_HASH, ExactDedup
 from operators.dedup.index import EXACT_INDEX, read_index
+from operators.dedup.normalize import Normalization, normalize_texts
 from operators.dedup.params import ExactDedupParams
-from operators.dedup.ranking import lake_ranks
+from operators.dedup.ranking import lake_ranks, row_ranks
 from operators.dedup.steps import ROW_RANK, Select
 from operators.posttraining.messages import as_bool, flatten, strings
 
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
     from datahub.engines.frame import Frame
 
 FULL_TEXT = "_prompt_dedup_text"
+PAIR_KEY_PREFIX = "preference\x00"  # hashed before a pair's normalized prompt (a chat's starts with a role)
 REASON = "duplicate_prompt"
 
 
@@ -70,10 +76,6 @@ class PromptAsText:
             prompt = pc.if_else(pc.equal(kinds, "chat"), prompt_blocks(table.column("messages"), until_assistant=True), prompt)
         if "prompt" in table.column_names:
             prompt = pc.if_else(pc.equal(kinds, "preference"), prompt_blocks(table.column("prompt"), until_assistant=False), prompt)
-        # a pair's kind leads its key: an SFT chat and a DPO pair on one prompt are different data (their sample_ids
-        # differ too); a chat's key stays version 1's, so the prompts it indexed are still matched (module docstring)
-        pair_key = pc.binary_join_element_wise("<|preference|>\n", prompt, "")
-        prompt = pc.if_else(pc.equal(kinds, "preference"), pair_key, prompt)
         text = table.column("text")
         table = table.append_column(FULL_TEXT, text)
         return table.set_column(table.column_names.index("text"), "text", prompt)
@@ -96,6 +98,29 @@ class RestoreText:
         return table
 
 
+@dataclass(frozen=True)
+class PromptContentHash:
+    """``exact_dedup``'s key step with a pair's kind hashed in after normalization (``PAIR_KEY_PREFIX``).
+
+    An SFT chat and a DPO pair on one prompt are different data (their sample_ids differ too); a chat's key stays
+    version 1's, so the prompts it indexed are still matched. A prompt that normalizes to nothing (a reward-model pair
+    without one) keeps its per-sample ``empty:`` key, so bare pairs are not each other's duplicates.
+    """
+
+    normalization: Normalization
+    keep_by: str | None
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        ranks = row_ranks(table, self.keep_by)
+        normalized = pc.fill_null(normalize_texts(table.column("text"), self.normalization), "")
+        empty = pc.equal(pc.utf8_length(normalized), 0)
+        pair = pc.and_(pc.equal(kinds_of(table), "preference"), pc.invert(empty))
+        keyed = pc.if_else(pair, pc.binary_join_element_wise(PAIR_KEY_PREFIX, normalized, ""), normalized)
+        hashes = hex_digests(value_hashes(keyed))
+        hashes = pc.if_else(empty, pc.binary_join_element_wise("empty:", ranks, ""), hashes)
+        return table.append_column(CONTENT_HASH, hashes).append_column(ROW_RANK, ranks)
+
+
 class _LakeRows:
     """Index rows as candidates: content hash and the lake rank of the sample (as ``exact_dedup``'s)."""
 
@@ -112,6 +137,10 @@ class PromptDedup(ExactDedup):
     version = "2"  # 2: a pair's kind leads its key (index rows in a new namespace; version 1's are looked up too)
     Params = ExactDedupParams
     kinds: ClassVar[frozenset[str]] = frozenset({"chat", "preference"})
+
+    def content_hash_step(self) -> Callable[[pa.Table], pa.Table]:
+        """The key step: a pair's kind hashed in after normalization (``PromptContentHash``)."""
+        return PromptContentHash(self.params.normalization.build(), self.params.keep_by)
 
     def apply(self, frame: Frame, context: OperatorContext) -> Frame:
         swapped = frame.map_batches(PromptAsText(), name="prompt_dedup.prompt")

@@ -67,3 +67,14 @@ def test_a_chat_prompt_indexed_by_prompt_dedup_v1_is_still_matched_after_the_upg
     result = _job(tmp_path, "v2", {"chat": [again]})  # a new input file, an incremental run
     assert result.counts["dropped"] == {"duplicate_prompt": 1}, result.counts
     assert lake.read("samples", columns=["kind"]).num_rows == 1
+
+
+def test_reward_model_pairs_without_a_prompt_are_not_duplicates_of_each_other(tmp_path):
+    """e77b8de put ``<|preference|>`` into a pair's key text, so an empty prompt normalized to "preference" and every
+    bare pair (reward-model data) shared one key: 4 of 5 were dropped. An empty prompt keeps its per-sample key; pairs
+    that share a prompt are still duplicates."""
+    bare = [{"chosen": f"answer {i} good", "rejected": f"answer {i} bad"} for i in range(5)]
+    shared = [PAIR, PAIR | {"chosen": "11 is prime."}]
+    result = _job(tmp_path, "rm", {"preference": bare + shared})
+    assert result.counts["dropped"] == {"duplicate_prompt": 1}, result.counts  # the second pair on "Name a prime."
+    assert Lake(tmp_path / "lake").read("samples", columns=["kind"]).num_rows == 6
