@@ -22,7 +22,7 @@ sends through the pipe.
 Items of one worker are unpickled in the order it sent them (one FIFO result queue), so one release mark per ring
 suffices. A ring file is unlinked when its worker exits (the trainer's mapping outlives it while views remain); the
 trainer unmaps it once no batch views it (when its last batch is collected, or at ``set_epoch``/``load_state_dict``,
-which also give back the pages a kept batch does not use), since a removed file's pages stay in /dev/shm while
+which also give back the pages no kept batch uses), since a removed file's pages stay in /dev/shm while
 mapped: fresh workers each epoch otherwise found the last epoch's rings still there, twice the memory. Fresh
 workers are forked from the trainer and inherit its mappings: the saving needs ``set_epoch``/``load_state_dict``
 before each epoch's ``iter(loader)`` (the README's loop), else a worker whose last batch was dropped before it
@@ -253,14 +253,15 @@ def _reserve(size: int) -> tuple[_Ring, tuple[int, int]] | None:
 
 
 class _Pending:
-    """An item the trainer holds: its end mark in the worker's stream, and whether it is garbage yet. ``release``
-    is the callback of a weak reference to the object every view of the item keeps alive (a plain weakref: a
-    ``weakref.finalize`` per item cost the trainer ~2 us each to make and to call, twice per token batch)."""
+    """An item the trainer holds: its end mark in the worker's stream, its bytes' place in the ring (offset, size),
+    and whether it is garbage yet. ``release`` is the callback of a weak reference to the object every view of the
+    item keeps alive (a plain weakref: a ``weakref.finalize`` per item cost the trainer ~2 us each to make and to
+    call, twice per token batch)."""
 
-    __slots__ = ("view", "end", "freed", "ref")
+    __slots__ = ("view", "end", "offset", "size", "freed", "ref")
 
-    def __init__(self, view: _RingView, end: int) -> None:
-        self.view, self.end, self.freed = view, end, False
+    def __init__(self, view: _RingView, end: int, offset: int, size: int) -> None:
+        self.view, self.end, self.offset, self.size, self.freed = view, end, offset, size, False
         self.ref: weakref.ref[Any] | None = None
 
     def release(self, _gone: Any = None) -> None:
@@ -304,9 +305,9 @@ class _RingView:
         if _HEADER + offset + size > len(self.view):
             raise WorkerBatchLostError(f"shared-memory ring {self.path}: a batch at {offset}+{size} lies past its end")
 
-    def _hold(self, item: Any, end: int) -> None:
+    def _hold(self, item: Any, end: int, offset: int, size: int) -> None:
         """Release the item's bytes (in the worker's order) once ``item`` is garbage."""
-        entry = _Pending(self, end)
+        entry = _Pending(self, end, offset, size)
         entry.ref = weakref.ref(item, entry.release)  # the entry (in pending) keeps the weakref, so it fires
         with self.lock:
             self.pending.append(entry)
@@ -314,7 +315,7 @@ class _RingView:
     def region(self, offset: int, size: int, end: int) -> memoryview:
         self._check(offset, size)
         window = self.view[_HEADER + offset : _HEADER + offset + size]
-        self._hold(window, end)  # fires when the last view of the item is gone
+        self._hold(window, end, offset, size)  # fires when the last view of the item is gone
         return window
 
     def array(self, offset: int, size: int, end: int) -> np.ndarray:
@@ -322,7 +323,7 @@ class _RingView:
         (numpy stops collapsing a view's base at it: its own base is a memoryview, not an array)."""
         self._check(offset, size)
         base = np.frombuffer(self.map, dtype=np.uint8, count=size, offset=_HEADER + offset)
-        self._hold(base, end)
+        self._hold(base, end, offset, size)
         return base
 
     def _free(self, entry: _Pending) -> None:
@@ -355,18 +356,21 @@ class _RingView:
 
     def free_unused(self) -> None:
         """Give the pages no batch views back to /dev/shm (``MADV_REMOVE``), for a ring whose worker exited (nothing
-        writes it again) while the trainer keeps a batch of it. The batches alive lie in the stream's
-        [release mark, last batch's end), the rest of the ring is free; page 0 (the header) is kept."""
+        writes it again) while the trainer keeps batches of it: every page outside the bytes of the items not yet
+        garbage (each entry's offset and size), the gaps between kept batches too; page 0 (the header) is kept."""
         with self.lock:
             if not self.pending:
                 return
             capacity = len(self.view) - _HEADER
-            end, mark = self.pending[-1].end, int(self.released[0])
-            free = capacity - (end - mark)
-            start = end % capacity
-            ranges = [(start, min(capacity, start + free)), (0, max(0, start + free - capacity))]
+            live = sorted((entry.offset, entry.offset + entry.size) for entry in self.pending if not entry.freed)
+            free, at = [], 0
+            for low, high in live:  # an item never wraps (``_Ring.reserve``)
+                if low > at:
+                    free.append((at, low))
+                at = max(at, high)
+            free.append((at, capacity))
             page = mmap.PAGESIZE
-            for low, high in ranges:
+            for low, high in free:  # whole pages inside a free range only: low rounded up, high down
                 low = max(page, -(-(_HEADER + low) // page) * page)
                 high = (_HEADER + high) // page * page
                 if high > low:
