@@ -28,7 +28,20 @@ def deleted_row_counts(lake: Lake, table: str, version: int, live_paths: list[st
     ``live_paths`` (the add actions of ``version``) names it; files without a vector are left out. No vector is read.
 
     Raises ``LakeError`` when the log cannot be replayed here (a store other than local or s3://, commits removed
-    before a checkpoint, a V2 checkpoint only, or a live file no add action names)."""
+    before a checkpoint, a V2 checkpoint only, or a live file no add action names), and when a log file cannot be
+    read or parsed (the store's error, a commit removed by log cleanup while it is read, a half-written checkpoint,
+    bad JSON): the caller falls back to another way of counting, or says why the rows are unknown."""
+    try:
+        return _replay(lake, table, version, live_paths)
+    except LakeError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any read or parse failure is "cannot replay", never a wrong count
+        text = str(error).strip().splitlines()
+        raise LakeError(f"{lake.table_uri(table)}/_delta_log: could not be read: {type(error).__name__}"
+                        + (f": {text[0]}" if text else "")) from error
+
+
+def _replay(lake: Lake, table: str, version: int, live_paths: list[str]) -> dict[str, int]:
     names = lake.log_names(table)
     commits = {int(m.group(1)) for m in map(_COMMIT.match, names) if m}
     parts: dict[int, dict[int, set[str]]] = {}  # version -> parts count -> files

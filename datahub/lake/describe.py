@@ -95,12 +95,14 @@ def deleted_counts(lake: Lake, name: str, delta_table: Any, paths: list[str]) ->
     replayed here (another store, a V2 checkpoint only), from the decoded vectors (a flag per row of those files)."""
     try:
         return deleted_row_counts(lake, name, delta_table.version(), paths)
-    except LakeError:
-        pass
+    except LakeError as error:  # any failure to read or parse the log, too: counted another way
+        log_error = error
     try:
         return {path: len(positions) for path, positions in deleted_positions(delta_table, paths).items()}
     except Exception as error:  # noqa: BLE001 - deltalake's reason is shown; nothing is counted
-        raise UnreadableVectors(f"{lake.table_uri(name)}: {name}", _unreadable_vectors(error)) from error
+        raise UnreadableVectors(f"{lake.table_uri(name)}: {name}",
+                                f"{_unreadable_vectors(error)}; nor could the Delta log give their counts: "
+                                f"{log_error}") from error
 
 
 def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str, int]:
@@ -156,9 +158,10 @@ def kind_counts(lake: Lake, table: str, version: int | None = None) -> dict[str,
         except Exception as error:  # noqa: BLE001 - deltalake's reason is shown; nothing is counted
             raise UnreadableVectors(f"{lake.table_uri(table)}: {table}", _unreadable_vectors(error)) from error
         for path in mixed:
-            if path in deleted and len(positions.get(path, [])) != deleted[path]:
-                raise LakeError(f"{lake.table_uri(table)}: {table}: the deletion vector of {path} deletes "
-                                f"{len(positions.get(path, []))} rows, the log says {deleted[path]}")
+            if path in deleted and len(positions.get(path, [])) != deleted[path]:  # this table's kinds: unknown
+                raise UnreadableVectors(f"{lake.table_uri(table)}: {table}",
+                                        f"the deletion vector of {path} deletes {len(positions.get(path, []))} rows, "
+                                        f"the log says {deleted[path]}: the table's log and vectors disagree")
             for kind, rows in _file_kinds(lake, table, path, positions.get(path), column=stored,
                                           kind=partition_kind.get(path)).items():
                 add(kind, rows)

@@ -284,3 +284,23 @@ def test_a_file_read_on_its_own_takes_its_kind_from_its_partition_or_its_physica
     (root / "_delta_log" / f"{0:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
     info = describe_lake(Lake(tmp_path / "mapped"), "samples")["tables"]["samples"]
     assert info["kinds"] == {"chat": 2, "preference": 1, "text": 1}, info
+
+
+def test_a_vector_that_disagrees_with_the_log_leaves_the_kinds_unknown_not_inspect_failing(tmp_path):
+    """A mixed file's decoded vector deletes other than the log's ``cardinality`` says: that table's kinds are
+    unknown with both numbers, and the rest of `inspect` is shown (a plain LakeError stopped it)."""
+    from tests.lake.deletion_vectors import delete_rows
+
+    lake = Lake(tmp_path / "lake")
+    rows = sample_rows([f"doc {i}" for i in range(4)], "a.jsonl")
+    kinds = pa.array(["chat", "preference", "chat", None], pa.string())
+    lake.commit("samples", rows.append_column(KIND_COLUMN, kinds), txn="job-000000000001")
+    delete_rows(lake, "samples", [1, 2])
+    last = max((Path(lake.table_uri("samples")) / "_delta_log").glob("*.json"))
+    last.write_text(last.read_text().replace('"cardinality": 2', '"cardinality": 3'))
+    info = describe_lake(lake, "samples")["tables"]["samples"]
+    assert info["kinds"] is None and info["rows"] == 1, info
+    assert "deletes 2 rows, the log says 3" in info["kinds_unknown"], info
+    done = subprocess.run([sys.executable, "-m", "datahub.cli.main", "inspect", "samples", "--lake", lake.root],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0 and "the log says 3" in done.stdout, (done.stdout, done.stderr)

@@ -121,3 +121,53 @@ def test_rows_with_deletion_vectors_on_ceph_s3_come_from_the_log(tmp_path, monke
     lake = Lake(f"s3://{bucket}/lake", storage_options=ceph_s3.storage_options())
     info = describe_lake(lake, "samples")["tables"]["samples"]
     assert (info["rows"], info["deleted_rows"]) == (4, 2), info
+
+
+def _breaks(kind: str):
+    """A read of the Delta log as it can fail under ``deleted_row_counts``: the store's error, a commit removed by
+    log cleanup between listing and reading, a commit or checkpoint half written (bad JSON, a truncated Parquet)."""
+    import io
+
+    import pyarrow as pa
+
+    def data_file(self, name, path):
+        if not path.startswith("_delta_log/"):
+            return real(self, name, path)
+        if kind == "store":
+            raise OSError("When reading information for key '_delta_log/...': AWS Error NETWORK_CONNECTION")
+        if kind == "cleaned":
+            raise FileNotFoundError(path)
+        with real(self, name, path) as handle:
+            data = handle.read()
+        return pa.PythonFile(io.BytesIO(data[: len(data) // 2] if kind == "half" else b'{"add": {"pa\xff'), mode="r")
+
+    real = Lake.data_file
+    return data_file
+
+
+def test_a_delta_log_that_cannot_be_read_falls_back_to_the_vectors_or_rows_unknown(tmp_path, monkeypatch):
+    """Any failure to read or parse the log (not only a LakeError) falls back to decoding the vectors, and where that
+    fails too, rows are unknown with the reason: `datahub inspect` ended in a traceback (an OSError from S3, a
+    commit removed mid-read, a half-written checkpoint, bad JSON)."""
+    from tests.lake.deletion_vectors import delete_rows
+
+    inline = Lake(tmp_path / "inline")
+    inline.commit("samples", sample_rows([f"document {i}" for i in range(6)], "a.jsonl"), txn="job-aaaaaaaaaaaa")
+    delete_rows(inline, "samples", [1, 4])
+    lost = Lake(tmp_path / "lost")  # the vector in a file that does not exist: no fallback either
+    lost.commit("samples", sample_rows([f"document {i}" for i in range(6)], "a.jsonl"), txn="job-aaaaaaaaaaaa")
+    delete_rows(lost, "samples", [1, 4], inline=False)
+    checkpointed = Lake(tmp_path / "checkpointed")
+    checkpointed.commit("samples", sample_rows([f"document {i}" for i in range(6)], "a.jsonl"),
+                        txn="job-aaaaaaaaaaaa")
+    delete_rows(checkpointed, "samples", [0, 2, 5])
+    checkpointed.table("samples").create_checkpoint()
+    for kind in ("store", "cleaned", "half", "bad json"):
+        with monkeypatch.context() as patch:
+            patch.setattr(Lake, "data_file", _breaks(kind))
+            info = describe_lake(inline)["tables"]["samples"]
+            assert (info["rows"], info["deleted_rows"]) == (4, 2), (kind, info)
+            info = describe_lake(checkpointed)["tables"]["samples"]
+            assert (info["rows"], info["deleted_rows"]) == (3, 3), (kind, info)
+            info = describe_lake(lost, "samples")["tables"]["samples"]
+            assert info["rows"] is None and "could not be read" in info["rows_unknown"], (kind, info)

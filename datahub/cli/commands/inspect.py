@@ -58,7 +58,9 @@ def register(app: typer.Typer) -> None:
                 out.print(f"  {f['name']}: {f['type']}")
             if "kinds" in t:  # rows per sample kind (a null kind is text)
                 out.print("[bold]kinds[/]")
-                for kind, rows in t["kinds"].items():
+                if t["kinds"] is None:  # deletion vectors that had to be read could not be, or disagree with the log
+                    out.print(f"  unknown: {plain(t['kinds_unknown'])}", soft_wrap=True)
+                for kind, rows in (t["kinds"] or {}).items():
                     out.print(f"  {plain(kind)}: {rows}")
             out.print("[bold]history[/]")
             for h in t["history"]:
