@@ -7,9 +7,11 @@ Input: JSONL (optionally ``.gz``) or Parquet, one item per record. The prompt is
 ``prompt_fields`` (``evalset add --prompt-field``); the answer is the first of ``ANSWER_FIELDS`` (a list or number
 answer is kept as JSON); the item id is the ``id`` field (else ``item_id``, else the 0-based record number). A record
 with no usable prompt or answer text is an error naming the file and line: an eval set is curated, so nothing is
-silently skipped. So is an item with no prompt (its text would be its label alone, e.g. "1") or of fewer than
-``MIN_ITEM_WORDS`` words: such a text matches every sample or chat turn that is just those words. Adding a name again
-with other content makes version N+1; the same content is a no-op.
+silently skipped. So is an item of fewer than ``MIN_ITEM_WORDS`` words (its label alone, e.g. "1", or a very short
+question and answer; an item with a question in a script written without spaces has no floor): such a text matches
+every sample or chat turn that is just those words; every such item of a file is named at once. An answer-only item
+(a reference completion) of more words is kept: it matches by its n-grams. Adding a name again with other content
+makes version N+1; the same content is a no-op.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from datahub.retry import retry_policy, storage_errors
 from datahub.lake.lineage_rows import lineage_rows
 from datahub.sample_id import sample_ids
 from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE, ROW_GROUP_ROWS
-from operators.decontam.ngrams import normalize_for_ngrams
-from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES
+from operators.decontam.ngrams import NgramHasher
+from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES, unspaced_script
 from operators.ingest.chat import TEXT_PART_TYPES
 
 PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
@@ -46,10 +48,15 @@ PROMPT_LAYOUTS = (
     ("ctx", "endings"),  # HellaSwag
     ("goal", "sol1", "sol2"),  # PIQA
 )
-# An item of fewer normalized words is refused (a label, "Tell me."): below 13 words an item matches a text only by
-# equality, and so short a text is what clean samples say ("1", "Positive.", "OK"). The matcher's floor for
-# conversation views is the same size (operators.decontam.views.MIN_VIEW_WORDS).
+# An item of fewer words (question and answer together, counted by the matcher's own tokenizer, NgramHasher) is
+# refused (a label, "Tell me."): below 13 words an item matches a text only by equality, and so short a text is what
+# clean samples say ("1", "Positive.", "OK", "Thank you."). It counts the question with the answer because the matcher
+# sees them together (a chat's question+answer view), so "Capital of France?" + "Paris" (4) is kept and caught inside a
+# chat, and "Largest planet?" + "Jupiter" (3) is refused: a 3-word pair is what clean chats say ("Really?" / "Yes,
+# really."). The matcher's floor for conversation views must not be higher
+# (operators.decontam.views.MIN_VIEW_WORDS <= MIN_ITEM_WORDS), or a registrable item inside a chat is not matched.
 MIN_ITEM_WORDS = 4
+SHORT_ITEMS_SHOWN = 10  # items named by the error refusing a file's short items (then how many more)
 ANSWER_FIELDS = ("answer", "output", "target", "label", "solution", "canonical_solution", "completion", "response")
 ID_FIELDS = ("id", "item_id", "task_id", "question_id")  # HumanEval's task_id, MT-Bench's question_id
 # chat benchmarks: OpenAI messages, ShareGPT conversations, MT-Bench turns (a list of user turns)
@@ -113,6 +120,16 @@ def _pick(record: dict[str, Any], fields: tuple[str, ...]) -> Any:
     return None
 
 
+def _part_text(part: Any) -> str:
+    """A content part's text as ``operators.ingest.chat.content_text`` reads it (a string, or a text part whose type is
+    one of ``TEXT_PART_TYPES`` or absent); "" for other parts (an image's), which an item leaves out, not refuses."""
+    if isinstance(part, str):
+        return part
+    if isinstance(part, dict) and part.get("type", "text") in TEXT_PART_TYPES and isinstance(part.get("text"), str):
+        return str(part["text"])
+    return ""
+
+
 def _content(message: Any) -> tuple[str | None, str | None]:
     """(role, text) of one message: OpenAI {role, content (a string or text parts)}, ShareGPT {from, value}, or a
     plain string (an MT-Bench user turn)."""
@@ -123,8 +140,7 @@ def _content(message: Any) -> tuple[str | None, str | None]:
     role = message.get("role", message.get("from"))
     content = message.get("content", message.get("value"))
     if isinstance(content, list):  # OpenAI content parts: the text ones (Chat Completions' and the Responses API's)
-        content = "\n".join(p.get("text") or "" for p in content
-                            if isinstance(p, dict) and p.get("type") in TEXT_PART_TYPES)
+        content = "\n".join(t for t in map(_part_text, content) if t)
     return (str(role).lower() if role is not None else None), _text(content)
 
 
@@ -192,7 +208,8 @@ def read_items(path: str | Path, *, prompt_fields: tuple[str, ...] | list[str] |
         if prompt is None and answer is None:
             raise SpecError(f"{path}:{line}: no prompt or answer text; expected one of the fields "
                             f"{', '.join(PROMPT_FIELDS)} and/or {', '.join(ANSWER_FIELDS)}, or a conversation in "
-                            f"{', '.join(CONVERSATION_FIELDS)} (got {', '.join(sorted(record)) or 'none'})")
+                            f"{', '.join(CONVERSATION_FIELDS)} (got {', '.join(sorted(record)) or 'none'}), or "
+                            "name the fields holding the question with `datahub evalset add ... --prompt-field FIELD`")
         item_id = _pick(record, ID_FIELDS)
         ids.append(str(item_id) if item_id is not None else str(number))
         prompts.append(prompt)
@@ -214,25 +231,31 @@ def read_items(path: str | Path, *, prompt_fields: tuple[str, ...] | list[str] |
 
 def _refuse_short_items(path: Path, ids: list[str], prompts: list[str | None], texts: list[str], lines: list[int],
                         found: list[str]) -> None:
-    """A SpecError for the first item with no prompt (its text would be its label alone) or under MIN_ITEM_WORDS
-    normalized words: it would match any clean sample or chat turn of just those words ("1", "Positive.")."""
-    normalized = pc.utf8_trim_whitespace(normalize_for_ngrams(pa.array(texts, pa.string())))
-    words = pc.list_value_length(pc.utf8_split_whitespace(normalized))  # an empty text: one empty word
-    words = pc.if_else(pc.equal(normalized, ""), 0, words)
-    for i, count in enumerate(words.to_pylist()):
-        if prompts[i] is None:
-            raise SpecError(
-                f"{path}:{lines[i]}: item {ids[i]!r} has no prompt, so its text would be its answer alone "
-                f"({texts[i][:60]!r}), which matches any sample or chat turn saying just that; fields found: "
-                f"{found[i]}. Put the question in a prompt field ({', '.join(PROMPT_FIELDS)}), use a known layout "
-                f"({'; '.join(', '.join(layout) for layout in PROMPT_LAYOUTS)}), or name the question's fields with "
-                "`datahub evalset add ... --prompt-field FIELD` (repeatable)")
-        if count < MIN_ITEM_WORDS:
-            raise SpecError(
-                f"{path}:{lines[i]}: item {ids[i]!r} is {count} word(s) ({texts[i][:60]!r}, fields found: "
-                f"{found[i]}); an item needs at least {MIN_ITEM_WORDS} words, or it matches any sample or chat turn "
-                "saying just that. Give its full question (or name the fields that hold it with --prompt-field "
-                "FIELD), or leave the item out")
+    """A SpecError naming every item (the first ``SHORT_ITEMS_SHOWN``, and how many) of fewer than MIN_ITEM_WORDS
+    words, counted as the matcher counts them: it would match any clean sample or chat turn of just those words ("1",
+    "Positive."). An item with a prompt in a script written without spaces has no floor (``UNSPACED_SCRIPTS``)."""
+    array = pa.array(texts, pa.string())
+    words = NgramHasher().hashes_and_words(array)[2]
+    unspaced = unspaced_script(array)
+    short = [i for i in range(len(texts))
+             if words[i] < MIN_ITEM_WORDS and not (unspaced[i] and prompts[i] is not None)]
+    if not short:
+        return
+    named = []
+    for i in short[:SHORT_ITEMS_SHOWN]:
+        what = (f"has no prompt, so its text is its answer alone, {words[i]} word(s)" if prompts[i] is None
+                else f"is {words[i]} word(s)")
+        named.append(f"{path}:{lines[i]}: item {ids[i]!r} {what} ({texts[i][:60]!r}, fields found: {found[i]})")
+    more = f"\n... and {len(short) - SHORT_ITEMS_SHOWN} more" if len(short) > SHORT_ITEMS_SHOWN else ""
+    raise SpecError(
+        f"{path}: {len(short)} item{'s' if len(short) > 1 else ''} under {MIN_ITEM_WORDS} words:\n" + "\n".join(named)
+        + more + f"\nAn item needs at least {MIN_ITEM_WORDS} words, its question and answer together (a word: a run "
+        "of letters and digits between spaces and punctuation; a question in Chinese, Japanese or Thai has no "
+        "floor), or it matches any sample or chat turn saying just that. Give each its full question: put it in a "
+        "prompt field "
+        f"({', '.join(PROMPT_FIELDS)}), use a known layout ({'; '.join(', '.join(x) for x in PROMPT_LAYOUTS)}), or "
+        "name the fields that hold it with `datahub evalset add ... --prompt-field FIELD` (repeatable); or leave "
+        "these items out")
 
 
 def _digest(items: pa.Table) -> str:

@@ -247,16 +247,18 @@ class NgramIndex:
             self._hasher = NgramHasher(self.ngram)
         return self._hasher
 
-    def match(self, texts: pa.Array | pa.ChunkedArray, *, min_words: int = 1) -> Matches:
+    def match(self, texts: pa.Array | pa.ChunkedArray, *, min_words: int | np.ndarray = 1) -> Matches:
         """Matched n-gram count and first matched item of every text (vectorized over the whole batch); a text of
-        fewer than ``min_words`` normalized words matches nothing (``views.MIN_VIEW_WORDS``)."""
+        fewer than ``min_words`` normalized words (one for all, or one per text) matches nothing
+        (``views.MIN_VIEW_WORDS``)."""
         n = len(texts)
         if n == 0 or len(self.hashes) == 0:
             return Matches(np.zeros(n, np.int64), np.full(n, -1, np.int64))
         hashes, offsets, words = self.hasher().hashes_and_words(texts)
-        if min_words > 1:  # the short texts' one window each (all their words) is not looked up
-            windows = np.where(words >= min_words, np.diff(offsets), 0)
-            hashes = hashes[np.repeat(words >= min_words, np.diff(offsets))]
+        if np.any(np.asarray(min_words) > 1):  # the short texts' one window each (all their words) is not looked up
+            long_enough = words >= min_words
+            windows = np.where(long_enough, np.diff(offsets), 0)
+            hashes = hashes[np.repeat(long_enough, np.diff(offsets))]
             offsets = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64)
         maybe = np.flatnonzero(_bloom_test(self.bloom, hashes))
         candidates = hashes[maybe]

@@ -12,9 +12,10 @@ the chosen reply, and with the rejected one; a trajectory: each step's observati
 answer). A row's count is the largest of its texts' (views overlap: a sum would
 count one n-gram several times), its first item that text's. Turns of ``SKIPPED_ROLES`` (system prompts, tool
 output) are left out as the registry leaves them out. A view of fewer than ``MIN_VIEW_WORDS`` words matches nothing
-(a clean "OK" or "1" turn is not an eval item). The views of a batch are built with Arrow kernels and numpy and
-matched one family at a time, folding each row's best as it goes: a batch holds its turns' text, one family's views
-(each at most about the conversation text) and that family's n-grams, not every view's n-grams at once.
+(a clean "OK" or "1" turn is not an eval item), unless it holds a script written without spaces
+(``UNSPACED_SCRIPTS``). The views of a batch are built with Arrow kernels and numpy and matched one family at a
+time, folding each row's best as it goes: a batch holds its turns' text, one family's views (each at most about the
+conversation text) and that family's n-grams, not every view's n-grams at once.
 """
 
 from __future__ import annotations
@@ -38,6 +39,19 @@ VIEW_COLUMNS = (*MESSAGE_COLUMNS, STEPS_COLUMN)
 # ("1" of WinoGrande, "positive" of SST-2, registered before ``evalset add`` refused such items:
 # ``datahub.evalset.registry.MIN_ITEM_WORDS``)
 MIN_VIEW_WORDS = 4
+# Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Burmese): the matcher's words are
+# whitespace runs (``NgramHasher``), so such a sentence is one word, or a few split at punctuation, and a floor in words
+# says nothing about its length. A view (and an eval item: the registry) holding one of their letters has no floor.
+UNSPACED_SCRIPTS = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]"
+
+
+def unspaced_script(texts: pa.Array) -> np.ndarray:
+    """Per text: whether it holds a letter of a script written without spaces (``UNSPACED_SCRIPTS``); no regex runs
+    over an all-ASCII batch (most of a corpus), and none copies the texts."""
+    if len(texts) == 0 or pc.all(pc.fill_null(pc.string_is_ascii(texts), True)).as_py():
+        return np.zeros(len(texts), dtype=bool)
+    found = pc.fill_null(pc.match_substring_regex(texts, pattern=UNSPACED_SCRIPTS), False)
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def matched_columns(names: Sequence[str]) -> list[str]:
@@ -49,11 +63,11 @@ def matched_columns(names: Sequence[str]) -> list[str]:
 def match_rows(index: NgramIndex, table: pa.Table | pa.RecordBatch) -> Matches:
     """Per row of ``table``: the matched n-gram count and first matched item of its ``text`` or of its conversation
     views, whichever matches more (the text on a tie, then the earlier view family, then the earlier view). A view of
-    fewer than ``MIN_VIEW_WORDS`` words matches nothing."""
+    fewer than ``MIN_VIEW_WORDS`` words matches nothing, unless it holds a letter of ``UNSPACED_SCRIPTS``."""
     matches = index.match(_column(table, "text"))
     counts, first = matches.counts.copy(), matches.first_item.copy()
     for owners, views in _view_families(table):  # one family's views and n-grams held at a time, not all at once
-        found = index.match(views, min_words=MIN_VIEW_WORDS)
+        found = index.match(views, min_words=np.where(unspaced_script(views), 1, MIN_VIEW_WORDS))
         hit = np.flatnonzero(found.counts)
         if not len(hit):
             continue

@@ -150,11 +150,11 @@ def test_common_benchmark_layouts_are_read_with_their_question(tmp_path):
 
 
 @pytest.mark.parametrize("record, message", [
-    ({"id": "w1", "label": 1, "idx": 7}, r"short.jsonl:2: item 'w1' has no prompt.*fields found: id, idx, label.*"
+    ({"id": "w1", "label": 1, "idx": 7}, r"(?s)short.jsonl:2: item 'w1' has no prompt.*fields found: id, idx, label.*"
                                          r"--prompt-field FIELD"),
     ({"id": "w1", "text": "The trophy does not fit.", "answer": "1"}, r"short.jsonl:2: item 'w1' has no prompt"),
-    ({"id": "w1", "prompt": "Thank you.", "answer": None}, r"short.jsonl:2: item 'w1' is 2 word\(s\).*fields found: "
-                                                           r"answer, id, prompt.*at least 4 words"),
+    ({"id": "w1", "prompt": "Thank you.", "answer": None}, r"(?s)short.jsonl:2: item 'w1' is 2 word\(s\).*fields "
+                                                           r"found: answer, id, prompt.*at least 4 words"),
     ({"id": "w1", "question": "Yes?", "answer": "No."}, r"short.jsonl:2: item 'w1' is 2 word"),
 ])
 def test_an_item_without_a_prompt_or_of_few_words_is_refused(tmp_path, record, message):
@@ -184,3 +184,77 @@ def test_responses_api_content_parts_are_read_as_text(tmp_path):
         {"role": "assistant", "content": [{"type": "output_text", "text": "SIGTERM, signal number 15."}]}]}) + "\n")
     item = read_items(path).to_pylist()[0]
     assert (item["prompt"], item["answer"]) == ("Which signal does kill send by default?", "SIGTERM, signal number 15.")
+
+
+LONG_ANSWER = ("The mitochondria produce most of the chemical energy needed to power the biochemical reactions of the "
+               "cell")
+
+
+@pytest.mark.parametrize("field", ["output", "target", "completion", "response", "solution"])
+def test_an_answer_only_item_of_many_words_is_accepted(tmp_path, field):
+    """Reference completions and summarization targets have no prompt: a long one is matched by its 13-grams, so it
+    cannot flag a clean "1" or "OK". They were accepted before this session and refused by 3d8bb43 (review finding 1);
+    only a short one (a label) is refused."""
+    path = tmp_path / "answers.jsonl"
+    path.write_text(json.dumps({"id": "a1", field: LONG_ANSWER}) + "\n")
+    items = read_items(path)
+    assert items.column("text").to_pylist() == [LONG_ANSWER]
+    assert add_evalset(Lake(tmp_path / "lake"), "answers", path).items == 1
+
+
+def test_items_in_unspaced_scripts_are_accepted(tmp_path):
+    """Chinese, Japanese and Thai have no spaces between words: the matcher (``NgramHasher``) sees a sentence as one
+    word, so a floor counted in its words says nothing about such an item. C-Eval- and CMMLU-style items were refused
+    as "2 word(s)" (review finding 2)."""
+    path = tmp_path / "cjk.jsonl"
+    records = [{"id": "z", "question": "中国的首都是哪座城市？", "answer": "北京"},
+               {"id": "j", "question": "日本の首都はどこですか", "answer": "東京"},
+               {"id": "t", "question": "เมืองหลวงของประเทศไทยคือเมืองอะไร", "answer": "กรุงเทพ"}]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    assert add_evalset(Lake(tmp_path / "lake"), "cjk", path).items == 3
+
+
+def test_the_floor_counts_words_as_the_matcher_does(tmp_path):
+    """U+2028, U+1680 and U+0085 separate words for ``utf8_split_whitespace`` but not for the matcher, which saw
+    this item as one word: a chat turn equal to it was floored and not matched (review finding 6)."""
+    path = tmp_path / "seps.jsonl"
+    path.write_text(json.dumps({"id": "s", "question": "alpha\u2028beta\u1680gamma", "answer": "delta"}) + "\n")
+    with pytest.raises(SpecError, match=r"item 's' is 2 word\(s\)"):
+        read_items(path)
+
+
+def test_every_short_item_of_a_file_is_named_at_once(tmp_path):
+    """A set with 30 short items needed 30 edit-and-rerun rounds: the error named the first only (review finding 3).
+    It now gives the count and the first ``SHORT_ITEMS_SHOWN`` items."""
+    path = tmp_path / "many.jsonl"
+    records = [{"id": "ok", "question": "What is the capital city of France?", "answer": "Paris"}]
+    records += [{"id": f"s{i}", "question": "Largest planet?", "answer": "Jupiter"} for i in range(30)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(SpecError) as error:
+        read_items(path)
+    message = str(error.value)
+    assert "30 items" in message and "many.jsonl:2: item 's0' is 3 word(s)" in message
+    assert "many.jsonl:11: item 's9'" in message and "many.jsonl:12:" not in message and "20 more" in message
+
+
+def test_a_plain_text_field_error_names_the_prompt_field_option(tmp_path):
+    """LAMBADA's and MBPP's ``text``: ``--prompt-field text`` is the fix, and the error did not say so."""
+    path = tmp_path / "lambada.jsonl"
+    path.write_text(json.dumps({"id": "l1", "text": "She opened the door and saw her old friend standing there"})
+                    + "\n")
+    with pytest.raises(SpecError, match=r"lambada.jsonl:1: no prompt or answer text.*--prompt-field FIELD"):
+        read_items(path)
+    assert read_items(path, prompt_fields=["text"]).num_rows == 1
+
+
+def test_string_and_untyped_content_parts_are_read_as_the_chat_reader_reads_them(tmp_path):
+    """``operators.ingest.chat.content_text`` reads a string part and a dict part with no ``type`` as text; the
+    registry dropped both (review finding 8). An image part is still left out of the item's text."""
+    path = tmp_path / "parts.jsonl"
+    path.write_text(json.dumps({"id": "p1", "messages": [
+        {"role": "user", "content": ["Which signal does kill send", {"text": "by default?"},
+                                     {"type": "image_url", "image_url": {"url": "x.png"}}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "SIGTERM, signal number 15."}]}]}) + "\n")
+    item = read_items(path).to_pylist()[0]
+    assert (item["prompt"], item["answer"]) == ("Which signal does kill send\nby default?",
+                                                "SIGTERM, signal number 15.")

@@ -7,11 +7,13 @@ the release gate nor dropped by ``decontaminate@2``. A short real question with 
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pytest
 
 from datahub.errors import ReleaseError
-from datahub.evalset.registry import _register
+from datahub.evalset.registry import MIN_ITEM_WORDS, _register, add_evalset
 from datahub.kinds.base import row_fields
 from datahub.kinds.posttraining import kind_sample_ids, render_messages
 from datahub.lake import Lake
@@ -20,7 +22,7 @@ from datahub.operator import DROP_REASON, DROP_REF
 from datahub.release import create_release
 from operators.decontam.ngrams import NgramIndex
 from operators.decontam.op import MarkContaminated
-from operators.decontam.views import match_rows
+from operators.decontam.views import MIN_VIEW_WORDS, match_rows
 from tests.release.test_evalset_kinds import _message, _rows
 
 # label-only and very short items as an older datahub registered them (the registry refuses them now)
@@ -79,3 +81,50 @@ def test_the_release_gate_passes_a_clean_chat_against_a_legacy_set_of_short_item
 def test_the_release_gate_refuses_a_chat_holding_a_short_question_and_its_answer(tmp_path):
     with pytest.raises(ReleaseError, match=r"1 sample\(s\) of samples v\d+ overlap eval sets \[old@1: 1 sample"):
         create_release(_legacy_lake(tmp_path, CLEAN, LEAK), "r")
+
+
+def test_the_view_floor_is_no_higher_than_the_registrys():
+    """Every item ``evalset add`` accepts must be matchable inside a chat: a view of an item's own words is as long as
+    the item, so the floor loses nothing only while it is at most the registry's."""
+    assert MIN_VIEW_WORDS <= MIN_ITEM_WORDS
+
+
+BOUNDARY = ("Capital of France?", "Paris")  # MIN_ITEM_WORDS words exactly: 3 of question, 1 of answer
+
+
+def test_an_item_of_exactly_the_registrys_floor_is_caught_inside_a_chat(tmp_path):
+    """A floor above 4 (review finding 4: MIN_VIEW_WORDS = 5 passed every test) lets this registrable item leak."""
+    path = tmp_path / "boundary.jsonl"
+    path.write_text(json.dumps({"id": "b1", "question": BOUNDARY[0], "answer": BOUNDARY[1]}) + "\n")
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "boundary", path)
+    chat = [_message("system", "You are helpful."), _message("user", BOUNDARY[0]), _message("assistant", BOUNDARY[1])]
+    index = NgramIndex.build(pa.array([f"{BOUNDARY[0]}\n{BOUNDARY[1]}"]), ["boundary@1:b1"])
+    assert match_rows(index, _chat_rows(chat, CLEAN)).counts.tolist() == [1, 0]
+    lake.commit("samples", _chat_rows(chat, CLEAN), txn="job-bbbbbbbbbbbb",
+                metadata={"datahub.run_id": "job-bbbbbbbbbbbb"})
+    with pytest.raises(ReleaseError, match=r"1 sample\(s\) of samples v\d+ overlap eval sets \[boundary@1: 1 sample"):
+        create_release(lake, "r")
+
+
+CJK = ("中国的首都是哪座城市？", "北京")  # 2 words to the matcher (whitespace runs after punctuation to spaces)
+
+
+def test_an_item_in_a_script_without_spaces_is_caught_inside_a_chat(tmp_path):
+    """``evalset add`` accepts it (the matcher sees a CJK sentence as one word, so no word floor applies to it), and
+    the views' floor must not drop it either: it was caught by the pair view before the floor, missed at 3d8bb43
+    (review finding 2). A clean CJK chat of other words still matches nothing."""
+    path = tmp_path / "cjk.jsonl"
+    path.write_text(json.dumps({"id": "z", "question": CJK[0], "answer": CJK[1]}, ensure_ascii=False) + "\n")
+    lake = Lake(tmp_path / "lake")
+    add_evalset(lake, "cjk", path)
+    leak = [_message("user", "你好"), _message("assistant", "你好！"), _message("user", CJK[0]),
+            _message("assistant", CJK[1])]
+    clean = [_message("user", "上海在哪里？"), _message("assistant", "中国东部"), _message("user", "好"),
+             _message("assistant", "北京")]
+    index = NgramIndex.build(pa.array([f"{CJK[0]}\n{CJK[1]}"]), ["cjk@1:z"])
+    assert match_rows(index, _chat_rows(leak, clean)).counts.tolist() == [1, 0]
+    lake.commit("samples", _chat_rows(leak, clean), txn="job-cccccccccccc",
+                metadata={"datahub.run_id": "job-cccccccccccc"})
+    with pytest.raises(ReleaseError, match=r"1 sample\(s\) of samples v\d+ overlap eval sets \[cjk@1: 1 sample"):
+        create_release(lake, "r")
