@@ -14,17 +14,20 @@ from operators.decontam.views import match_rows
 
 # MATCHER_VERSION -> sha256 of what the matcher makes of TEXTS (normalized texts, 13-gram and 3-gram hashes, owners,
 # and an index of ITEMS' lookup of them: counts and first items)
-PINNED = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf",
-          2: "b94c882c9dc5e091aa9534b452e7200cf6d3d3481e1c5da565bc654f7dfcb9aa"}
-# ... of rows without conversation columns only (version 1's digest above is this part alone)
-PINNED_TEXT = {1: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf",
-               2: "9cfbc05e9dbae53088e360264a548082646fd9a36eadf897df518274ddd40bcf"}
+PINNED = {1: "43e565d07fa65159bfabfbc1e0d8d41be5fa9892c21634f3d577bea190a5a33f",
+          2: "ad848c8bdf6d115b74eb16d57e8835adf10ec3607773a0c31b2a5eb581946e61"}
+# ... of rows without conversation columns only (version 1's digest above is this part alone). Recomputed when
+# match_rows of a text-only table joined the recipe (the path check.py and op.py take for text tables): the same value
+# from the tree before the views' floor (3d8bb43~1), whose text matching is version 1's
+PINNED_TEXT = {1: "43e565d07fa65159bfabfbc1e0d8d41be5fa9892c21634f3d577bea190a5a33f",
+               2: "43e565d07fa65159bfabfbc1e0d8d41be5fa9892c21634f3d577bea190a5a33f"}
 TEXTS = ["The Quick, Brown fox -- jumps over the lazy dog; again & again!",
          "ＦＵＬＬＷＩＤＴＨ Ｔｅｘｔ and «quotes» — em-dash, Ça va? Straße costs 5€ ± 2 ©2024 ①", "short one", "", None,
          "tabs\tand\nnewlines  and   spaces " * 3]
 ITEMS = ["newlines and spaces tabs and newlines and spaces tabs and newlines and spaces extra words here",
          "the quick brown fox jumps over the lazy dog again and again", "short one",
-         "TABS AND NEWLINES AND SPACES TABS AND NEWLINES AND SPACES TABS AND NEWLINES"]
+         "TABS AND NEWLINES AND SPACES TABS AND NEWLINES AND SPACES TABS AND NEWLINES",
+         "Capital of France?\nParis", "中国的首都是哪座城市？\n北京"]
 
 
 def _matcher_digest(*, views: bool = True) -> str:
@@ -43,6 +46,10 @@ def _matcher_digest(*, views: bool = True) -> str:
         matches = index.match(texts)
         digest.update(np.ascontiguousarray(matches.counts, dtype=np.int64).tobytes())
         digest.update(np.ascontiguousarray(matches.first_item, dtype=np.int64).tobytes())
+        # the path a table without conversation columns takes in a check and in decontaminate (check.py, op.py)
+        rows = match_rows(index, pa.table({"text": texts}))
+        digest.update(np.ascontiguousarray(rows.counts, dtype=np.int64).tobytes())
+        digest.update(np.ascontiguousarray(rows.first_item, dtype=np.int64).tobytes())
         if views:  # which texts of a conversation row are matched (version 2: the rendering and its views)
             rows = match_rows(index, _conversations())
             digest.update(np.ascontiguousarray(rows.counts, dtype=np.int64).tobytes())
@@ -54,7 +61,9 @@ def _conversations() -> pa.Table:
     """Chat, preference and trajectory rows whose turns split ITEMS between a question and an answer (``text``: a
     rendering), each matched by one view family at 13-grams: a question with its answer (row 0), question turns with
     answers between them (MT-Bench: row 3, its question turns alone), a preference's prompt with its chosen reply
-    (row 4), a trajectory step (row 2); and turns equal to the 2-word item (rows 1 and 5: below MIN_VIEW_WORDS)."""
+    (row 4), a trajectory step (row 2); turns equal to the 2-word item (rows 1 and 5: below MIN_VIEW_WORDS); a pair
+    of exactly MIN_VIEW_WORDS words (row 6: a higher floor loses it); a Chinese pair of 2 words (row 7: no floor in a
+    script without spaces)."""
     from datahub.kinds.posttraining import MESSAGES, STEPS
 
     def chat(*turns):
@@ -68,14 +77,16 @@ def _conversations() -> pa.Table:
                      ("user", "over the lazy dog again and again"), ("assistant", "fine")),
                 None,
                 chat(("user", "say it"), ("assistant", "Short one!"), ("user", "and once more, please"),
-                     ("assistant", "short one"))]
+                     ("assistant", "short one")),
+                chat(("user", "Capital of France?"), ("assistant", "Paris")),
+                chat(("user", "中国的首都是哪座城市？"), ("assistant", "北京"))]
     steps = [None, None, [{"observation": "tabs and newlines", "action": "and spaces", "tool_call": None,
-                           "tool_result": None, "reward": None, "done": None}], None, None, None]
-    prompt = [None] * 4 + [chat(("user", "TABS AND NEWLINES AND SPACES"))] + [None]
-    chosen = [None] * 4 + [chat(("assistant", "TABS AND NEWLINES AND SPACES TABS AND NEWLINES"))] + [None]
-    rejected = [None] * 4 + [chat(("assistant", "no idea, sorry"))] + [None]
+                           "tool_result": None, "reward": None, "done": None}], None, None, None, None, None]
+    prompt = [None] * 4 + [chat(("user", "TABS AND NEWLINES AND SPACES"))] + [None] * 3
+    chosen = [None] * 4 + [chat(("assistant", "TABS AND NEWLINES AND SPACES TABS AND NEWLINES"))] + [None] * 3
+    rejected = [None] * 4 + [chat(("assistant", "no idea, sorry"))] + [None] * 3
     return pa.table({"text": pa.array(["<|user|> x", "<|user|> y", "<|step 0|> z", "<|user|> w", "<|prompt|> v",
-                                       "<|user|> u"], pa.string()),
+                                       "<|user|> u", "<|user|> t", "<|user|> s"], pa.string()),
                      "messages": pa.array(messages, MESSAGES), "steps": pa.array(steps, STEPS),
                      "prompt": pa.array(prompt, MESSAGES), "chosen": pa.array(chosen, MESSAGES),
                      "rejected": pa.array(rejected, MESSAGES)})
