@@ -282,6 +282,62 @@ def test_a_run_completing_a_killed_run_keeps_its_plan_when_stopped_before_the_co
 
 
 @pytest.mark.parametrize("failure", ["engine does not start", "runs table unreadable"])
+def test_a_run_completing_a_killed_run_keeps_its_plan_when_it_fails_before_starting(tmp_path, monkeypatch, failure):
+    """A run that takes over a SIGKILLed run's lease (the killed run's plan only in the lease: no runs row) and fails
+    before it starts that run (its engine does not start, the runs table cannot be read) keeps the plan in the lease:
+    with ``keep_on_failure`` off the lease was deleted, and the next run with new input computed another run id and
+    ingested the killed run's committed files again."""
+    import os
+    import signal
+
+    import yaml
+
+    import datahub.pipeline.run as run_module
+    from datahub.config.spec import validate_job_spec
+    from datahub.engines.arrow import ArrowEngine
+    from datahub.pipeline.faults import KILL_AT_ENV
+    from tests.pipeline.corpus import REPO, docs, job_raw, make_corpus, write_jsonl
+
+    corpus = make_corpus(tmp_path / "corpus", files=2, per_file=5)
+    lake_root = tmp_path / "lake"
+    raw = job_raw(corpus, lake_root)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(raw))
+    killed = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(job)], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, KILL_AT_ENV: "after_commit:samples", "PYTHONPATH": str(REPO)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    killed_plan = read_lease(Lake(lake_root), "crashjob")
+    assert killed_plan is not None and killed_plan.run_id and killed_plan.inputs
+    spec = validate_job_spec(raw)
+    with monkeypatch.context() as patch:
+        if failure == "engine does not start":
+            class NoAnswer(ArrowEngine):
+                def start(self) -> None:
+                    raise ConnectionError("ray cluster at ray://x:10001 did not answer")
+
+            patch.setattr(run_module, "make_engine", lambda config: NoAnswer())
+            with pytest.raises(ConnectionError):
+                run_job(spec)  # no engine passed: run_job starts its own to complete the killed run
+        else:
+            real_read = Lake.read
+
+            def runs_unreadable(self, table, *args, **kwargs):
+                if table == "runs":
+                    raise OSError("storage did not answer reading the runs table")
+                return real_read(self, table, *args, **kwargs)
+
+            patch.setattr(Lake, "read", runs_unreadable)
+            with pytest.raises(OSError, match="runs table"):
+                run_job(spec, engine=ArrowEngine())
+    kept = read_lease(Lake(lake_root), "crashjob")
+    assert kept is not None and (kept.run_id, kept.inputs) == (killed_plan.run_id, killed_plan.inputs), kept
+    write_jsonl(corpus / "part-9.jsonl", docs("new", 4))  # new input arrives before the next run
+    run_job(spec, engine=ArrowEngine())
+    ids = Lake(lake_root).read("samples").column("sample_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 15, f"{len(ids)} rows, {len(set(ids))} unique"
+
+
+@pytest.mark.parametrize("failure", ["engine does not start", "runs table unreadable"])
 def test_a_run_failing_before_it_has_a_plan_leaves_no_lease(tmp_path, monkeypatch, failure):
     """A run that fails before writing any plan (its engine does not start while it resumes a failed run, or reading
     the runs table fails) has nothing to complete: it deletes its lease. It left an expired lease without a plan,
