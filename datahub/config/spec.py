@@ -214,7 +214,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
         if not all(keys):
             raise SpecError(f"{source}: --set {item!r}: the key path has an empty part (two dots, or a dot at an end): "
                             f"expected KEY.PATH=VALUE, {_SET_EXAMPLE}")
-        _check_set_path(raw, keys, item=item, source=source, new_nodes=_new_nodes(overrides))
+        _check_set_path(raw, keys, item=item, source=source, new_nodes=_new_nodes(overrides),
+                        placed_nodes=_new_nodes(overrides, fields=("after",)))
         node: Any = raw
         for depth, key in enumerate(keys):
             if isinstance(node, list) and key.isdigit() and int(key) >= len(node):
@@ -249,16 +250,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], *, source: str) -
     return raw
 
 
-def _new_nodes(overrides: list[str]) -> set[str]:
-    """Graph nodes the --set items add: those they give an op: or a sink: (graph.NAME.op=...)."""
+def _new_nodes(overrides: list[str], *, fields: tuple[str, ...] = ("op", "sink")) -> set[str]:
+    """Graph nodes the --set items give one of ``fields`` (graph.NAME.op=...): by default those they add."""
     paths = [item.partition("=")[0].strip().split(".") for item in overrides if "=" in item]
-    return {keys[1] for keys in paths if len(keys) == 3 and keys[0] == "graph" and keys[2] in ("op", "sink")}
+    return {keys[1] for keys in paths if len(keys) == 3 and keys[0] == "graph" and keys[2] in fields}
 
 
 def _check_set_path(raw: dict[str, Any], keys: list[str], *, item: str, source: str,
-                    new_nodes: Collection[str] = ()) -> None:
+                    new_nodes: Collection[str] = (), placed_nodes: Collection[str] = ()) -> None:
     """Refuse a --set path that the job spec's models have no place for, naming the nearest keys; a graph node
-    that is not in the spec is accepted when it is in ``new_nodes`` (the --set items give it op: or sink:)."""
+    that is not in the spec is accepted when it is in ``new_nodes`` (the --set items give it op: or sink:), unless
+    its name is close to an existing node's (a typo of it) and it is not in ``placed_nodes`` (given after: too)."""
     model: Any = JobSpec
     node: Any = raw
     for depth, key in enumerate(keys):
@@ -276,6 +278,11 @@ def _check_set_path(raw: dict[str, Any], keys: list[str], *, item: str, source: 
             value_type = get_args(model)[1]
             if value_type is NodeSpec:  # graph: the nodes the spec has
                 names = list(node) if isinstance(node, dict) else []
+                close = did_you_mean(key, names)
+                if key not in names and key in new_nodes and close and key not in placed_nodes:
+                    raise SpecError(f"{source}: --set {item}: the job's graph has no node {key!r}{close} its nodes: "
+                                    f"{', '.join(names)}; fix the path, or, to add a node {key!r} on purpose, place "
+                                    f"it in the same --set items, e.g. --set graph.{key}.after=[NODE]")
                 if key not in names and key not in new_nodes:
                     raise SpecError(f"{source}: --set {item}: the job's graph has no node {key!r}"
                                     f"{did_you_mean(key, names) or ';'} its nodes: {', '.join(names) or 'none'}; fix the "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,21 @@ def test_set_can_add_a_graph_node_that_it_gives_an_op_or_a_sink(tmp_path):
     assert spec.graph["dedup"].op == "exact_dedup" and spec.graph["samples"].after == ["dedup"]
     with pytest.raises(SpecError, match="the job's graph has no node 'dedupp'.* to add a node, give it op: or sink:"):
         load_job_spec(path, ["graph.dedupp.params.threshold=0.9"])
+
+
+def test_set_refuses_a_new_node_named_like_an_existing_one_unless_it_is_placed_with_after(tmp_path):
+    """`--set graph.promptS.op=exact_dedup` on jobs/chat-demo.yaml added a node 'promptS' (0421b10; before: "did you
+    mean 'prompts'?"), and only build_graph refused it, saying its output goes nowhere. A new node whose name is
+    close to an existing node is refused with the suggestion unless the same items give it after: too; the README's
+    new-node form on a normalize -> samples job still works."""
+    text = error_of(tmp_path, Path("jobs/chat-demo.yaml").read_text(), ["graph.promptS.op=exact_dedup"])
+    assert "the job's graph has no node 'promptS'; did you mean 'prompts'?" in text, text
+    assert "--set graph.promptS.after=[NODE]" in text, text
+    text = error_of(tmp_path, BASE, ["graph.normalise.op=exact_dedup"])
+    assert "did you mean 'normalize'?" in text, text
+    spec = load_job_spec(write(tmp_path, BASE), ["graph.exact.op=exact_dedup", "graph.exact.after=[normalize]",
+                                                 "graph.samples.after=[exact]"])
+    assert spec.graph["exact"].after == ["normalize"] and spec.graph["samples"].after == ["exact"]
+    spec = load_job_spec(write(tmp_path, BASE), ["graph.normalise.op=exact_dedup", "graph.normalise.after=[normalize]",
+                                                 "graph.samples.after=[normalise]"])  # on purpose: placed with after:
+    assert spec.graph["normalise"].op == "exact_dedup"
