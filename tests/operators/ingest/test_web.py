@@ -25,6 +25,7 @@ class _Server:
         self.picture = picture
         self.requests: list[tuple[str, str]] = []
         self.release = threading.Event()
+        self.hanging = threading.Event()  # set once a hang.jpg request is recorded (the client may time out first)
         self.flaky_served = False
         server = self
 
@@ -41,6 +42,7 @@ class _Server:
                 server.requests.append(("GET", self.path))
                 name = self.path.rsplit("/", 1)[-1]
                 if name == "hang.jpg":
+                    server.hanging.set()
                     server.release.wait(30)
                     return
                 if name == "flaky.jpg" and not server.flaky_served:
@@ -125,6 +127,7 @@ def test_a_hanging_host_costs_one_request_within_the_image_timeout(server):
     got = fetch_web_image(f"{server.base}/hang.jpg", max_bytes=1_000_000, timeout_s=0.5, backoff_s=0.01)
     assert (got.data, got.reason) == (None, "image_fetch_failed")
     assert got.detail is not None and "timed out" in got.detail
+    assert server.hanging.wait(30)  # the handler thread may record the request after the client gave up
     assert server.requests == [("GET", "/hang.jpg")]
 
 
