@@ -4,11 +4,13 @@ deltalake 1.6's ``get_add_actions`` leaves out ``add.deletionVector``, and its `
 flag per row of every file that has a vector. The protocol's ``deletionVector.cardinality`` (PROTOCOL.md, "Deletion
 Vector Descriptor Schema") is the number of rows a vector deletes, so live rows are Σ numRecords − Σ cardinality,
 read from the log's add actions: the newest complete checkpoint at or before the version (only its
-``add.path`` and ``add.deletionVector.cardinality`` columns, a batch at a time), then the JSON commits after it.
+``add.path`` and ``add.deletionVector.cardinality`` columns, a batch at a time), then the JSON commits after it (a
+line at a time). Only the live files' counts are kept: memory grows with the number of files, not with rows.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from typing import Any
@@ -59,18 +61,19 @@ def _replay(lake: Lake, table: str, version: int, live_paths: list[str]) -> dict
     if missing:
         raise LakeError(f"{lake.table_uri(table)}/_delta_log: commit {missing[0]} is missing and no checkpoint before "
                         "it could be read")
-    cardinality: dict[str, int] = {}  # unquoted path -> rows its vector deletes (0: no vector)
+    wanted = {unquote(path) for path in live_paths}  # only the live files' adds are kept: O(live files)
+    cardinality: dict[str, int] = {}  # unquoted live path -> rows its vector deletes (0: no vector)
     for name in checkpoint_files:
-        _read_checkpoint(lake, table, name, cardinality)
+        _read_checkpoint(lake, table, name, wanted, cardinality)
     for at in range(start, version + 1):
         with lake.data_file(table, f"_delta_log/{at:020d}.json") as handle:
-            text = handle.read().decode("utf-8")
-        for line in text.splitlines():
-            if '"add"' not in line:
-                continue
-            add = json.loads(line).get("add")
-            if add:
-                cardinality[unquote(add["path"])] = int((add.get("deletionVector") or {}).get("cardinality") or 0)
+            for line in io.TextIOWrapper(handle, encoding="utf-8"):  # a line (an action) at a time
+                if '"add"' not in line:
+                    continue
+                add = json.loads(line).get("add")
+                added = unquote(add["path"]) if add else None
+                if added in wanted:  # the last add of a path wins (a DV update re-adds it)
+                    cardinality[added] = int((add.get("deletionVector") or {}).get("cardinality") or 0)
     out: dict[str, int] = {}
     for path in live_paths:
         name = unquote(path)
@@ -81,7 +84,7 @@ def _replay(lake: Lake, table: str, version: int, live_paths: list[str]) -> dict
     return out
 
 
-def _read_checkpoint(lake: Lake, table: str, name: str, cardinality: dict[str, int]) -> None:
+def _read_checkpoint(lake: Lake, table: str, name: str, wanted: set[str], cardinality: dict[str, int]) -> None:
     import pyarrow.parquet as pq
 
     with lake.data_file(table, f"_delta_log/{name}") as handle:
@@ -92,9 +95,16 @@ def _read_checkpoint(lake: Lake, table: str, name: str, cardinality: dict[str, i
         has_vectors = add.get_field_index("deletionVector") >= 0
         columns = ["add.path"] + (["add.deletionVector.cardinality"] if has_vectors else [])
         for batch in parquet.iter_batches(batch_size=_CHECKPOINT_BATCH_ROWS, columns=columns, use_threads=False):
-            fields: Any = batch.column(0).flatten()  # the add's nulls (rows of other actions) carried into its fields
-            paths = fields[0].to_pylist()
-            counts = fields[1].flatten()[0].to_pylist() if has_vectors else [None] * len(paths)
+            adds = _children(batch.column("add"))  # by name; the add's nulls (other actions' rows) carried into them
+            paths = adds["path"].to_pylist()
+            counts = (_children(adds["deletionVector"])["cardinality"].to_pylist() if has_vectors
+                      else [None] * len(paths))
             for path, count in zip(paths, counts):
-                if path is not None:
-                    cardinality[unquote(path)] = int(count or 0)
+                unquoted = unquote(path) if path is not None else None
+                if unquoted in wanted:
+                    cardinality[unquoted] = int(count or 0)
+
+
+def _children(struct: Any) -> dict[str, Any]:
+    """A struct column's fields by name, each with the struct's own nulls (``flatten``)."""
+    return {field.name: child for field, child in zip(struct.type, struct.flatten())}

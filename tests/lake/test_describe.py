@@ -171,3 +171,28 @@ def test_a_delta_log_that_cannot_be_read_falls_back_to_the_vectors_or_rows_unkno
             assert (info["rows"], info["deleted_rows"]) == (3, 3), (kind, info)
             info = describe_lake(lost, "samples")["tables"]["samples"]
             assert info["rows"] is None and "could not be read" in info["rows_unknown"], (kind, info)
+
+
+def test_a_checkpoints_add_fields_are_taken_by_name_and_only_live_files_are_kept(tmp_path):
+    """The checkpoint's ``add.path`` and ``add.deletionVector.cardinality`` are found by name, not by position (a
+    writer may order the struct's fields otherwise), and a file added then removed is not kept."""
+    import pyarrow.parquet as pq
+
+    from datahub.lake.delta_log import deleted_row_counts
+
+    log = tmp_path / "lake" / "t" / "_delta_log"
+    log.mkdir(parents=True)
+    vector = pa.struct([("storageType", pa.string()), ("cardinality", pa.int64())])
+    add = pa.struct([("deletionVector", vector), ("size", pa.int64()), ("path", pa.string())])
+    remove = pa.struct([("path", pa.string())])
+    actions = pa.table({
+        "remove": pa.array([None, None, {"path": "gone.parquet"}], remove),
+        "add": pa.array([{"deletionVector": {"storageType": "i", "cardinality": 2}, "size": 1, "path": "a%20b.parquet"},
+                         {"deletionVector": None, "size": 1, "path": "c.parquet"}, None], add),
+    })
+    pq.write_table(actions, log / "00000000000000000003.checkpoint.parquet")
+    (log / "00000000000000000004.json").write_text(json.dumps({"add": {"path": "d.parquet", "deletionVector": {
+        "storageType": "i", "cardinality": 1}}}) + "\n" + json.dumps({"commitInfo": {"operation": "DELETE"}}) + "\n")
+    lake = Lake(tmp_path / "lake")
+    assert deleted_row_counts(lake, "t", 4, ["a%20b.parquet", "c.parquet", "d.parquet"]) == {"a%20b.parquet": 2,
+                                                                                             "d.parquet": 1}
