@@ -16,17 +16,6 @@ _COLORS = {"ingested": "cyan", "modified": "yellow", "annotated": "blue", "dropp
            "released": "green", "exported": "green"}
 
 
-def _story_json(story: SampleStory) -> dict[str, object]:
-    """The story for --json, its events' times in the 'Z' form of every --json date-time (the story gives them as
-    ``isoformat()``, ``...+00:00``)."""
-    from datetime import datetime
-
-    from datahub.lake.timestamps import iso_utc
-
-    events = [{**event, "ts": event["ts"] and iso_utc(datetime.fromisoformat(event["ts"]))} for event in story.events]
-    return {**story.as_dict(), "events": events}
-
-
 def _print_story(story: SampleStory) -> None:
     out = console()
     out.print(f"[bold]sample {plain(story.sample_id)}[/]  fate: [bold]{story.fate}[/]", soft_wrap=True)
@@ -148,6 +137,6 @@ def register(app: typer.Typer) -> None:
             return
         assert sample_id is not None
         sample_story = sample_lineage(root, sample_id)
-        print_json(_story_json(sample_story)) if as_json else _print_story(sample_story)
+        print_json(sample_story.as_dict()) if as_json else _print_story(sample_story)
         if not sample_story.events:
             raise typer.Exit(1)
