@@ -8,7 +8,8 @@ Input: JSONL (optionally ``.gz``) or Parquet, one item per record. The prompt is
 answer is kept as JSON); the item id is the ``id`` field (else ``item_id``, else the 0-based record number). A record
 with no usable prompt or answer text is an error naming the file and line: an eval set is curated, so nothing is
 silently skipped. So is an item of fewer than ``MIN_ITEM_WORDS`` words (its label alone, e.g. "1", or a very short
-question and answer; an item with a question in a script written without spaces has no floor): such a text matches
+question and answer; in a script written without spaces, Chinese, Japanese or Thai, letters and digits are counted
+instead, since the matcher sees such a sentence as one word): such a text matches
 every sample or chat turn that is just those words; every such item of a file is named at once. An answer-only item
 (a reference completion) of more words is kept: it matches by its n-grams. Adding a name again with other content
 makes version N+1; the same content is a no-op.
@@ -36,7 +37,7 @@ from datahub.lake.lineage_rows import lineage_rows
 from datahub.sample_id import sample_ids
 from operators.decontam.evalsets import EVALSETS, EVALSETS_TABLE, ROW_GROUP_ROWS
 from operators.decontam.ngrams import NgramHasher
-from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES, unspaced_script
+from operators.decontam.views import ANSWER_ROLES, SKIPPED_ROLES, unspaced_long_enough
 from operators.ingest.chat import TEXT_PART_TYPES
 
 PROMPT_FIELDS = ("prompt", "question", "input", "query", "problem", "instruction")
@@ -233,12 +234,11 @@ def _refuse_short_items(path: Path, ids: list[str], prompts: list[str | None], t
                         found: list[str]) -> None:
     """A SpecError naming every item (the first ``SHORT_ITEMS_SHOWN``, and how many) of fewer than MIN_ITEM_WORDS
     words, counted as the matcher counts them: it would match any clean sample or chat turn of just those words ("1",
-    "Positive."). An item with a prompt in a script written without spaces has no floor (``UNSPACED_SCRIPTS``)."""
+    "Positive."). An item in a script written without spaces is counted in letters and digits (``UNSPACED_SCRIPTS``)."""
     array = pa.array(texts, pa.string())
     words = NgramHasher().hashes_and_words(array)[2]
-    unspaced = unspaced_script(array)
-    short = [i for i in range(len(texts))
-             if words[i] < MIN_ITEM_WORDS and not (unspaced[i] and prompts[i] is not None)]
+    spared = unspaced_long_enough(array, MIN_ITEM_WORDS)  # Chinese, Japanese, Thai: letters and digits, not words
+    short = [i for i in range(len(texts)) if words[i] < MIN_ITEM_WORDS and not spared[i]]
     if not short:
         return
     named = []
@@ -250,9 +250,8 @@ def _refuse_short_items(path: Path, ids: list[str], prompts: list[str | None], t
     raise SpecError(
         f"{path}: {len(short)} item{'s' if len(short) > 1 else ''} under {MIN_ITEM_WORDS} words:\n" + "\n".join(named)
         + more + f"\nAn item needs at least {MIN_ITEM_WORDS} words, its question and answer together (a word: a run "
-        "of letters and digits between spaces and punctuation; a question in Chinese, Japanese or Thai has no "
-        "floor), or it matches any sample or chat turn saying just that. Give each its full question: put it in a "
-        "prompt field "
+        "of letters and digits between spaces and punctuation; in Chinese, Japanese or Thai, a letter or digit), or "
+        "it matches any sample or chat turn saying just that. Give each its full question: put it in a prompt field "
         f"({', '.join(PROMPT_FIELDS)}), use a known layout ({'; '.join(', '.join(x) for x in PROMPT_LAYOUTS)}), or "
         "name the fields that hold it with `datahub evalset add ... --prompt-field FIELD` (repeatable); or leave "
         "these items out")

@@ -22,6 +22,7 @@ one cache-friendly bit test, and only the rest are binary-searched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -247,16 +248,20 @@ class NgramIndex:
             self._hasher = NgramHasher(self.ngram)
         return self._hasher
 
-    def match(self, texts: pa.Array | pa.ChunkedArray, *, min_words: int | np.ndarray = 1) -> Matches:
+    def match(self, texts: pa.Array | pa.ChunkedArray, *, min_words: int = 1,
+              spare: Callable[[pa.Array], np.ndarray] | None = None) -> Matches:
         """Matched n-gram count and first matched item of every text (vectorized over the whole batch); a text of
-        fewer than ``min_words`` normalized words (one for all, or one per text) matches nothing
-        (``views.MIN_VIEW_WORDS``)."""
+        fewer than ``min_words`` normalized words matches nothing (``views.MIN_VIEW_WORDS``) unless ``spare`` (given
+        those texts only) says True for it (``views.unspaced_long_enough``)."""
         n = len(texts)
         if n == 0 or len(self.hashes) == 0:
             return Matches(np.zeros(n, np.int64), np.full(n, -1, np.int64))
         hashes, offsets, words = self.hasher().hashes_and_words(texts)
-        if np.any(np.asarray(min_words) > 1):  # the short texts' one window each (all their words) is not looked up
+        if min_words > 1:  # the short texts' one window each (all their words) is not looked up
             long_enough = words >= min_words
+            short = np.flatnonzero(~long_enough & (words > 0))
+            if spare is not None and len(short):
+                long_enough[short[spare(texts.take(pa.array(short)))]] = True
             windows = np.where(long_enough, np.diff(offsets), 0)
             hashes = hashes[np.repeat(long_enough, np.diff(offsets))]
             offsets = np.concatenate([[0], np.cumsum(windows)]).astype(np.int64)

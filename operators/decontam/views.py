@@ -12,8 +12,8 @@ the chosen reply, and with the rejected one; a trajectory: each step's observati
 answer). A row's count is the largest of its texts' (views overlap: a sum would
 count one n-gram several times), its first item that text's. Turns of ``SKIPPED_ROLES`` (system prompts, tool
 output) are left out as the registry leaves them out. A view of fewer than ``MIN_VIEW_WORDS`` words matches nothing
-(a clean "OK" or "1" turn is not an eval item), unless it holds a script written without spaces
-(``UNSPACED_SCRIPTS``). The views of a batch are built with Arrow kernels and numpy and matched one family at a
+(a clean "OK" or "1" turn is not an eval item); in a script written without spaces (``UNSPACED_SCRIPTS``), one of
+fewer letters and digits. The views of a batch are built with Arrow kernels and numpy and matched one family at a
 time, folding each row's best as it goes: a batch holds its turns' text, one family's views (each at most about the
 conversation text) and that family's n-grams, not every view's n-grams at once.
 """
@@ -41,17 +41,32 @@ VIEW_COLUMNS = (*MESSAGE_COLUMNS, STEPS_COLUMN)
 MIN_VIEW_WORDS = 4
 # Scripts written without spaces between words (Chinese, Japanese, Thai, Lao, Khmer, Burmese): the matcher's words are
 # whitespace runs (``NgramHasher``), so such a sentence is one word, or a few split at punctuation, and a floor in words
-# says nothing about its length. A view (and an eval item: the registry) holding one of their letters has no floor.
+# says nothing about its length. A text holding one of their letters is held to the floor in letters and digits
+# instead: "是", "好的", "谢谢你" (a clean chat's turn, a legacy label) stay under it, a question with its answer does not.
 UNSPACED_SCRIPTS = r"[\p{Han}\p{Hiragana}\p{Katakana}\p{Thai}\p{Lao}\p{Khmer}\p{Myanmar}]"
+_LETTER_OR_DIGIT = r"[\p{L}\p{N}]"
 
 
-def unspaced_script(texts: pa.Array) -> np.ndarray:
-    """Per text: whether it holds a letter of a script written without spaces (``UNSPACED_SCRIPTS``); no regex runs
-    over an all-ASCII batch (most of a corpus), and none copies the texts."""
+def unspaced_long_enough(texts: pa.Array | pa.ChunkedArray, floor: int) -> np.ndarray:
+    """Per text: whether it holds a letter of a script written without spaces (``UNSPACED_SCRIPTS``) and at least
+    ``floor`` letters and digits. No regex runs over an all-ASCII batch (most of a corpus); only such texts are
+    copied. The matcher asks it of the views under the word floor only (``NgramIndex.match(spare=)``)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks else pa.array([], pa.string())
+    out = np.zeros(len(texts), dtype=bool)
     if len(texts) == 0 or pc.all(pc.fill_null(pc.string_is_ascii(texts), True)).as_py():
-        return np.zeros(len(texts), dtype=bool)
-    found = pc.fill_null(pc.match_substring_regex(texts, pattern=UNSPACED_SCRIPTS), False)
-    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+        return out
+    unspaced = pc.fill_null(pc.match_substring_regex(texts, pattern=UNSPACED_SCRIPTS), False)
+    rows = np.flatnonzero(np.asarray(unspaced.to_numpy(zero_copy_only=False), dtype=bool))
+    if len(rows):
+        letters = pc.count_substring_regex(texts.take(pa.array(rows)), pattern=_LETTER_OR_DIGIT)
+        out[rows] = np.asarray(letters.to_numpy(zero_copy_only=False)) >= floor
+    return out
+
+
+def _spared(views: pa.Array) -> np.ndarray:
+    """Of views under MIN_VIEW_WORDS words: those in a script without spaces with enough letters to be matched."""
+    return unspaced_long_enough(views, MIN_VIEW_WORDS)
 
 
 def matched_columns(names: Sequence[str]) -> list[str]:
@@ -63,11 +78,11 @@ def matched_columns(names: Sequence[str]) -> list[str]:
 def match_rows(index: NgramIndex, table: pa.Table | pa.RecordBatch) -> Matches:
     """Per row of ``table``: the matched n-gram count and first matched item of its ``text`` or of its conversation
     views, whichever matches more (the text on a tie, then the earlier view family, then the earlier view). A view of
-    fewer than ``MIN_VIEW_WORDS`` words matches nothing, unless it holds a letter of ``UNSPACED_SCRIPTS``."""
+    fewer than ``MIN_VIEW_WORDS`` words (in a script written without spaces: letters and digits) matches nothing."""
     matches = index.match(_column(table, "text"))
     counts, first = matches.counts.copy(), matches.first_item.copy()
     for owners, views in _view_families(table):  # one family's views and n-grams held at a time, not all at once
-        found = index.match(views, min_words=np.where(unspaced_script(views), 1, MIN_VIEW_WORDS))
+        found = index.match(views, min_words=MIN_VIEW_WORDS, spare=_spared)
         hit = np.flatnonzero(found.counts)
         if not len(hit):
             continue

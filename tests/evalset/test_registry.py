@@ -205,13 +205,21 @@ def test_an_answer_only_item_of_many_words_is_accepted(tmp_path, field):
 def test_items_in_unspaced_scripts_are_accepted(tmp_path):
     """Chinese, Japanese and Thai have no spaces between words: the matcher (``NgramHasher``) sees a sentence as one
     word, so a floor counted in its words says nothing about such an item. C-Eval- and CMMLU-style items were refused
-    as "2 word(s)" (review finding 2)."""
+    as "2 word(s)" (review finding 2). Such an item is held to the floor in letters and digits: a label ("正面") or
+    a 3-letter question and answer is what clean chats say, and is refused."""
     path = tmp_path / "cjk.jsonl"
     records = [{"id": "z", "question": "中国的首都是哪座城市？", "answer": "北京"},
                {"id": "j", "question": "日本の首都はどこですか", "answer": "東京"},
                {"id": "t", "question": "เมืองหลวงของประเทศไทยคือเมืองอะไร", "answer": "กรุงเทพ"}]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     assert add_evalset(Lake(tmp_path / "lake"), "cjk", path).items == 3
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"id": "s1", "sentence": "这部电影很好看", "label": "正面"}, ensure_ascii=False) + "\n"
+                     + json.dumps({"id": "s2", "label": "正面"}, ensure_ascii=False) + "\n"
+                     + json.dumps({"id": "s3", "question": "对吗？", "answer": "对"}, ensure_ascii=False) + "\n")
+    with pytest.raises(SpecError, match=r"2 items under 4 words:\n.*short.jsonl:2: item 's2' has no prompt.*\n.*"
+                                        r"short.jsonl:3: item 's3'"):
+        read_items(short)
 
 
 def test_the_floor_counts_words_as_the_matcher_does(tmp_path):

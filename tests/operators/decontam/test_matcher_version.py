@@ -62,8 +62,8 @@ def _conversations() -> pa.Table:
     rendering), each matched by one view family at 13-grams: a question with its answer (row 0), question turns with
     answers between them (MT-Bench: row 3, its question turns alone), a preference's prompt with its chosen reply
     (row 4), a trajectory step (row 2); turns equal to the 2-word item (rows 1 and 5: below MIN_VIEW_WORDS); a pair
-    of exactly MIN_VIEW_WORDS words (row 6: a higher floor loses it); a Chinese pair of 2 words (row 7: no floor in a
-    script without spaces)."""
+    of exactly MIN_VIEW_WORDS words (row 6: a higher floor loses it); a Chinese pair of 2 words (row 7: a script without
+    spaces is held to the floor in letters)."""
     from datahub.kinds.posttraining import MESSAGES, STEPS
 
     def chat(*turns):

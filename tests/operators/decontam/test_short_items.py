@@ -111,9 +111,10 @@ CJK = ("中国的首都是哪座城市？", "北京")  # 2 words to the matcher 
 
 
 def test_an_item_in_a_script_without_spaces_is_caught_inside_a_chat(tmp_path):
-    """``evalset add`` accepts it (the matcher sees a CJK sentence as one word, so no word floor applies to it), and
-    the views' floor must not drop it either: it was caught by the pair view before the floor, missed at 3d8bb43
-    (review finding 2). A clean CJK chat of other words still matches nothing."""
+    """``evalset add`` accepts it (the matcher sees a CJK sentence as one word: the floor counts its letters), and the
+    views' floor must not drop it either: it was caught by the pair view before the floor, missed at 3d8bb43 (review
+    finding 2). A clean CJK chat of other words, or of turns as short as a legacy label ("是", "好的"), matches
+    nothing."""
     path = tmp_path / "cjk.jsonl"
     path.write_text(json.dumps({"id": "z", "question": CJK[0], "answer": CJK[1]}, ensure_ascii=False) + "\n")
     lake = Lake(tmp_path / "lake")
@@ -122,8 +123,11 @@ def test_an_item_in_a_script_without_spaces_is_caught_inside_a_chat(tmp_path):
             _message("assistant", CJK[1])]
     clean = [_message("user", "上海在哪里？"), _message("assistant", "中国东部"), _message("user", "好"),
              _message("assistant", "北京")]
-    index = NgramIndex.build(pa.array([f"{CJK[0]}\n{CJK[1]}"]), ["cjk@1:z"])
-    assert match_rows(index, _chat_rows(leak, clean)).counts.tolist() == [1, 0]
+    legacy = ["是", "好的", "正面", "谢谢你"]  # label-only or tiny items an older registry accepted
+    index = NgramIndex.build(pa.array([f"{CJK[0]}\n{CJK[1]}", *legacy]), ["cjk@1:z", *(f"old@1:{t}" for t in legacy)])
+    polite = [_message("user", "是吗？"), _message("assistant", "是"), _message("user", "好的"),
+              _message("assistant", "谢谢你"), _message("user", "正面")]
+    assert match_rows(index, _chat_rows(leak, clean, polite)).counts.tolist() == [1, 0, 0]
     lake.commit("samples", _chat_rows(leak, clean), txn="job-cccccccccccc",
                 metadata={"datahub.run_id": "job-cccccccccccc"})
     with pytest.raises(ReleaseError, match=r"1 sample\(s\) of samples v\d+ overlap eval sets \[cjk@1: 1 sample"):
