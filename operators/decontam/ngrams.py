@@ -39,7 +39,7 @@ DEFAULT_NGRAM = 13
 # it is the same (``datahub.release.evalset_gate``). Bump ``DecontaminateOp.version`` (op.py) with it: the operator's
 # lineage and params hash name that one.
 # 2: chat, preference and trajectory rows are matched by their conversation views too (``views.match_rows``; a view
-#    of fewer than ``views.MIN_VIEW_WORDS`` words matches nothing)
+#    of fewer than ``views.MIN_VIEW_WORDS`` words, or in Chinese/Japanese/Thai letters and digits, matches nothing)
 MATCHER_VERSION = 2
 # Earlier versions that match a table without conversation columns (``views.VIEW_COLUMNS``) exactly as this one does:
 # their checks of such a table stand for today's (2 changed only the conversation views). Empty it with any change to
