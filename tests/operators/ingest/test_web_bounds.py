@@ -6,6 +6,7 @@ that would take 60 s, checked with a 30 s join), and byte bounds count what the 
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 from collections.abc import Callable, Iterator
 
@@ -67,8 +68,8 @@ class _Server:
                 if name == "drip-status":
                     self.wfile.write(b"HTTP/1.1 200 ")
                     self._drip(b"O" * 300)
-                elif name == "drip-headers":
-                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                elif name == "drip-headers":  # a 404 cut off at the deadline must not read as image_not_found
+                    self.wfile.write(b"HTTP/1.1 404 Not Found\r\nX-Slow: ")
                     self._drip(b"a" * 300)
                 elif name == "drip-chunk-size":
                     self.wfile.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;")
@@ -182,11 +183,9 @@ def test_a_body_cut_short_is_a_fetch_failure_tried_again_not_an_image(server):
 def test_errors_that_do_not_pass_on_retry_are_not_tried_again(url):
     """Refused connections and invalid URLs (unknown hosts, certificate errors too) were tried three times, with
     sleeps, per record."""
-    import socket
-
-    with socket.socket() as s:
+    with socket.socket() as s:  # bound, not listening, for the whole fetch: no other process can take the port
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    got = fetch_web_image(url.format(closed=closed), max_bytes=10, retries=2, backoff_s=0.01)
+        got = fetch_web_image(url.format(closed=closed), max_bytes=10, retries=2, backoff_s=0.01)
     assert (got.data, got.reason) == (None, "image_fetch_failed")
     assert got.detail is not None and "tries" not in got.detail, got.detail
