@@ -92,10 +92,19 @@ def _follow(url: str, *, max_bytes: int, timeout_s: float, deadline: float) -> W
             location = _get(target, max_bytes=max_bytes, timeout_s=timeout_s, deadline=deadline, watchdog=watchdog)
             if isinstance(location, WebImage):
                 return location
-            target = _encoded(urllib.parse.urljoin(target, location))
+            target = _encoded(urllib.parse.urljoin(target, _as_utf8(location)))
         raise _Failed(f"more than {WEB_MAX_REDIRECTS} redirects (WEB_MAX_REDIRECTS), the last to {target}")
     finally:
         watchdog.close()
+
+
+def _as_utf8(header: str) -> str:
+    """A header value as UTF-8: ``http.client`` decodes headers as latin-1, servers send UTF-8 (requests'
+    ``get_redirect_target`` does the same); the latin-1 text when it is not UTF-8."""
+    try:
+        return header.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return header
 
 
 def _encoded(url: str) -> str:
@@ -125,10 +134,11 @@ def _get(url: str, *, max_bytes: int, timeout_s: float, deadline: float, watchdo
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise _Retry(f"timed out after {timeout_s:g} s (WEB_TIMEOUT_S)")
-    connection = (http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=remaining,
-                                              context=_tls_context())
+    # The port is always given: without one, http.client reads the last ":1" of an IPv6 host such as "::1" as the port.
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    connection = (http.client.HTTPSConnection(parts.hostname or "", port, timeout=remaining, context=_tls_context())
                   if parts.scheme == "https" else
-                  http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=remaining))
+                  http.client.HTTPConnection(parts.hostname or "", port, timeout=remaining))
     connection._create_connection = watchdog.connect  # type: ignore[attr-defined]  # the socket the watchdog shuts
     try:
         target = parts.path + (f"?{parts.query}" if parts.query else "")

@@ -23,7 +23,7 @@ SENT_BOUND = 20_000_000  # what loopback socket buffers can absorb, with a wide 
 class _Server:
     """A loopback server whose paths script how it misbehaves; records each request's path and the bytes sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.paths: list[str] = []
         self.sent = 0
         self.stop = threading.Event()
@@ -84,6 +84,9 @@ class _Server:
                     self._redirect("/loop")
                 elif name == "redirect-big":
                     self._redirect("/a.jpg", body=HUGE)
+                elif name == "utf8-redirect":  # raw UTF-8 in a header, as some servers send it
+                    self.wfile.write("HTTP/1.1 302 Found\r\nLocation: /été.jpg\r\nContent-Length: 0\r\n\r\n"
+                                     .encode("utf-8"))
                 elif name == "to-ftp":
                     self._redirect("ftp://127.0.0.1:9/a.jpg")
                 elif name == "big-unsized":
@@ -100,9 +103,13 @@ class _Server:
                     self.end_headers()
                     self.wfile.write(PICTURE)
 
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        class Server(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            daemon_threads = True
+
+        self.httpd = Server((host, 0), Handler)
+        self.port = self.httpd.server_address[1]
+        self.base = f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
@@ -169,6 +176,35 @@ def test_urls_with_spaces_and_non_ascii_characters_are_percent_encoded(server):
         got = fetch_web_image(f"{server.base}/{path}", max_bytes=1_000_000)
         assert got.data == PICTURE, (path, got)
     assert server.paths == ["/a%20b.jpg", "/%C3%A9t%C3%A9.jpg", "/q.jpg?x=a%7Cb", "/done%20already.jpg"]
+
+
+def test_a_redirect_location_in_raw_utf8_is_followed_as_utf8(server):
+    """http.client decodes header values as latin-1: /été.jpg was requested as /%C3%83%C2%A9t%C3%83%C2%A9.jpg."""
+    got = fetch_web_image(f"{server.base}/utf8-redirect", max_bytes=1_000_000)
+    assert got.data == PICTURE, got
+    assert server.paths == ["/utf8-redirect", "/%C3%A9t%C3%A9.jpg"]
+
+
+def test_an_ipv6_url_without_a_port_connects_to_the_default_port(monkeypatch):
+    """http.client read the last ":1" of "::1" as the port when none was given: [::1]/x.jpg never connected."""
+    try:
+        served = _Server("::1")
+    except OSError as exc:
+        pytest.skip(f"no IPv6 loopback on this machine: {exc}")
+    create_connection = socket.create_connection
+    asked: list[tuple[str, int]] = []
+
+    def to_the_test_server(address, *args, **kwargs):  # port 80 needs root: send it to the server's port
+        asked.append(address)
+        return create_connection(("::1", served.port) if address == ("::1", 80) else address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", to_the_test_server)
+    try:
+        got = fetch_web_image("http://[::1]/x.jpg", max_bytes=1_000_000, timeout_s=30.0, retries=0)
+    finally:
+        served.close()
+    assert got.data == PICTURE, got
+    assert asked == [("::1", 80)] and served.paths == ["/x.jpg"]
 
 
 def test_a_body_cut_short_is_a_fetch_failure_tried_again_not_an_image(server):
