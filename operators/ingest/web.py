@@ -10,6 +10,9 @@ shuts it down), so a server dripping any part of its answer costs at most ``WEB_
 
 Not bounded by the deadline: the host name lookup (``getaddrinfo`` cannot be interrupted), and a connect tries
 each address of the host with the time left.
+
+Proxy settings (``HTTP_PROXY``, ``HTTPS_PROXY``) are ignored, as fsspec/aiohttp did (``trust_env`` off): every URL
+is fetched directly. Credentials in a URL (``user:password@host``) are not sent.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import functools
 import http.client
 import io
+import re
 import socket
 import ssl
 import threading
@@ -35,6 +39,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 # Characters left as they are when a URL is percent-encoded: reserved ones and "%" (already encoded), as requests'
 # requote_uri does; a space, a control character or non-ASCII text is encoded (UTF-8), as aiohttp (yarl) did.
 _URL_SAFE = "!#$%&'()*+,/:;=?@[]~"
+# A "%" that starts no %XX escape ("/100%.jpg") is encoded as %25, as requests does; a valid escape is kept as is.
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,8 @@ def is_web(uri: str) -> bool:
 
 
 class _Retry(Exception):
-    """A failure that may pass on another try (5xx, 429, timeout, body cut short); its text is the detail."""
+    """A failure that may pass on another try (5xx, 429, timeout, body cut short, temporary DNS failure); its text
+    is the detail."""
 
 
 class _Failed(Exception):
@@ -107,6 +114,10 @@ def _as_utf8(header: str) -> str:
         return header
 
 
+def _quoted(text: str) -> str:
+    return urllib.parse.quote(_LONE_PERCENT.sub("%25", text), safe=_URL_SAFE)
+
+
 def _encoded(url: str) -> str:
     """``url`` percent-encoded (UTF-8) with an IDNA host; only http and https are fetched."""
     try:
@@ -121,8 +132,8 @@ def _encoded(url: str) -> str:
         netloc = f"[{host}]" if ":" in host else host
         if parts.port is not None:  # raises ValueError for a port out of range
             netloc += f":{parts.port}"
-        path = urllib.parse.quote(parts.path or "/", safe=_URL_SAFE)
-        query = urllib.parse.quote(parts.query, safe=_URL_SAFE)
+        path = _quoted(parts.path or "/")
+        query = _quoted(parts.query)
     except (ValueError, UnicodeError) as exc:
         raise _Failed(f"invalid URL: {type(exc).__name__}: {exc}") from exc
     return urllib.parse.urlunsplit((parts.scheme.lower(), netloc, path, query, ""))
@@ -166,6 +177,8 @@ def _get(url: str, *, max_bytes: int, timeout_s: float, deadline: float, watchdo
             raise _Retry(f"timed out after {timeout_s:g} s (WEB_TIMEOUT_S): {type(exc).__name__}") from exc
         if isinstance(exc, (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected,
                             http.client.IncompleteRead)):  # the connection dropped: the next one may hold
+            raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+        if isinstance(exc, socket.gaierror) and exc.errno == socket.EAI_AGAIN:  # "temporary failure in name resolution"
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
         if isinstance(exc, (OSError, http.client.HTTPException, ValueError, UnicodeError)):
             # refused, unknown host, certificate, invalid URL or status line: a retry gives the same answer
@@ -222,7 +235,11 @@ class _Watchdog:
         connected = socket.create_connection(address, timeout, source_address)
         with self._lock:
             self._release()
-            self._socket = connected.dup()
+            try:
+                self._socket = connected.dup()
+            except OSError:  # out of file descriptors: the connection is not handed on, so close it here
+                connected.close()
+                raise
             if self.fired:
                 self._shut()
         return connected

@@ -172,10 +172,11 @@ def test_redirects_are_followed_at_most_five_hops_and_only_to_http(server):
 
 def test_urls_with_spaces_and_non_ascii_characters_are_percent_encoded(server):
     """fsspec/aiohttp percent-encoded such URLs; urllib refused them (InvalidURL, UnicodeEncodeError)."""
-    for path in ["a b.jpg", "été.jpg", "q.jpg?x=a|b", "done%20already.jpg"]:
+    for path in ["a b.jpg", "été.jpg", "q.jpg?x=a|b", "done%20already.jpg", "100%.jpg", "5%25%zz.jpg?p=1%"]:
         got = fetch_web_image(f"{server.base}/{path}", max_bytes=1_000_000)
         assert got.data == PICTURE, (path, got)
-    assert server.paths == ["/a%20b.jpg", "/%C3%A9t%C3%A9.jpg", "/q.jpg?x=a%7Cb", "/done%20already.jpg"]
+    assert server.paths == ["/a%20b.jpg", "/%C3%A9t%C3%A9.jpg", "/q.jpg?x=a%7Cb", "/done%20already.jpg",
+                            "/100%25.jpg", "/5%25%25zz.jpg?p=1%25"]  # a lone "%" is encoded, as requests does
 
 
 def test_a_redirect_location_in_raw_utf8_is_followed_as_utf8(server):
@@ -205,6 +206,40 @@ def test_an_ipv6_url_without_a_port_connects_to_the_default_port(monkeypatch):
         served.close()
     assert got.data == PICTURE, got
     assert asked == [("::1", 80)] and served.paths == ["/x.jpg"]
+
+
+def test_a_temporary_name_lookup_failure_is_tried_again(monkeypatch):
+    """EAI_AGAIN (a DNS hiccup on a loaded worker) quarantined every URL of a batch at the first try."""
+    lookups: list[str] = []
+
+    def hiccup(host, *args, **kwargs):
+        lookups.append(host)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", hiccup)
+    got = fetch_web_image("http://images.invalid/x.jpg", max_bytes=10, retries=2, backoff_s=0.01)
+    assert (got.data, got.reason) == (None, "image_fetch_failed")
+    assert got.detail is not None and "after 3 tries" in got.detail, got.detail
+    assert lookups == ["images.invalid"] * 3
+
+
+def test_a_connection_whose_duplicate_fails_is_closed_not_left_for_gc(server, monkeypatch):
+    """The watchdog's dup() can fail (out of file descriptors): the connected socket was left open for GC."""
+    create_connection = socket.create_connection
+    opened: list[socket.socket] = []
+
+    def recorded(*args, **kwargs):
+        opened.append(create_connection(*args, **kwargs))
+        return opened[-1]
+
+    def no_descriptors(self):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(socket, "create_connection", recorded)
+    monkeypatch.setattr(socket.socket, "dup", no_descriptors)
+    got = fetch_web_image(f"{server.base}/a.jpg", max_bytes=1_000_000, retries=0)
+    assert got.reason == "image_fetch_failed" and got.detail is not None and "Too many open files" in got.detail
+    assert len(opened) == 1 and opened[0].fileno() == -1  # closed
 
 
 def test_a_body_cut_short_is_a_fetch_failure_tried_again_not_an_image(server):
