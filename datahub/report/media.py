@@ -84,10 +84,13 @@ def _largest_clusters(lake: Lake, run_ids: list[str], top: int) -> list[tuple[st
     """(keeper sample_id, cluster size) of the ``top`` largest duplicate clusters dropped by these runs.
 
     A keeper dropped by a later operator (an exact-dedup keeper that image_dedup then drops as a near copy) is
-    followed to the sample that kept it, so each cluster is counted once, under a sample still in the table."""
+    followed to the sample that kept it, so each cluster is counted once, under a sample still in the table. Every
+    drop row is one dropped record: an exact copy has its keeper's sample_id (ref ``dup_of`` itself), so one
+    sample_id may have several rows (its copies, and itself dropped as a near copy of another keeper)."""
     if not lake.exists("lineage") or not run_ids:
         return []
-    dup_of: dict[str, str] = {}
+    dup_of: dict[str, str] = {}  # sample_id -> the other sample it was dropped as a copy of
+    dropped: Counter[str] = Counter()  # sample_id -> its drop rows (records)
     # scan_batches, filtered here: the dataset scanner read ahead of this per-row loop whatever its readahead said
     lineage = lake.dataset("lineage")
     runs = pa.array(run_ids, lineage.schema.field("run_id").type)  # the scan's batches have its schema
@@ -101,7 +104,9 @@ def _largest_clusters(lake: Lake, run_ids: list[str], top: int) -> list[tuple[st
             except ValueError:
                 keeper = None
             if keeper and sample_id:
-                dup_of[sample_id] = keeper
+                dropped[sample_id] += 1
+                if keeper != sample_id:
+                    dup_of[sample_id] = keeper
 
     def root(sample_id: str) -> str:
         seen = {sample_id}
@@ -110,7 +115,9 @@ def _largest_clusters(lake: Lake, run_ids: list[str], top: int) -> list[tuple[st
             seen.add(sample_id)
         return sample_id
 
-    sizes = Counter(root(dropped) for dropped in dup_of)  # each dropped sample once, under its cluster's keeper
+    sizes: Counter[str] = Counter()  # each dropped record once, under its cluster's keeper
+    for sample_id, records in dropped.items():
+        sizes[root(sample_id)] += records
     return [(keeper, n + 1) for keeper, n in sizes.most_common(top)]
 
 

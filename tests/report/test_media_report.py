@@ -65,11 +65,13 @@ def test_datahub_report_has_the_images_section(demo, tmp_path):
     lake = Lake(root)
     drops = [r for r in lake.read("lineage", columns=["sample_id", "ref", "action"]).to_pylist()
              if r["action"] == "dropped" and r["ref"] and json.loads(r["ref"]).get("dup_of")]
-    dup_of = {r["sample_id"]: json.loads(r["ref"])["dup_of"] for r in drops}
+    # an exact copy has its keeper's sample_id (dup_of itself): only a drop as a copy of another sample is followed
+    dup_of = {r["sample_id"]: json.loads(r["ref"])["dup_of"] for r in drops
+              if json.loads(r["ref"])["dup_of"] != r["sample_id"]}
     kept = set(lake.read("samples", columns=["sample_id"]).column("sample_id").to_pylist())
     roots = set()
-    for sample_id in dup_of:
-        seen = {sample_id}  # an exact copy has its keeper's sample_id: dup_of itself
+    for sample_id in {r["sample_id"] for r in drops}:
+        seen = {sample_id}
         while sample_id in dup_of and dup_of[sample_id] not in seen:
             sample_id = dup_of[sample_id]
             seen.add(sample_id)
@@ -102,3 +104,23 @@ def test_tables_without_images_have_no_media_section(tmp_path):
     lake = Lake(tmp_path / "lake")
     lake.commit("samples", pa.table({"sample_id": ["a"], "text": ["t"]}), txn="seed/1")
     assert media_plots(lake, out_dir=tmp_path / "out") == {}
+
+
+def test_cluster_sizes_count_every_dropped_copy_including_exact_copies_of_a_later_dropped_keeper(tmp_path):
+    """An exact copy has its keeper's sample_id (its lineage ref is dup_of itself), so one sample_id can have several
+    drop rows: E's two exact copies (dup_of E) and E itself, dropped as a near copy of K (dup_of K). The cluster is
+    K, K's exact copy, E and E's two copies: x5 under K. Keyed by sample_id, the last row read won: E (or K) was
+    taken for its own keeper and the sheet showed K x2, or nothing for E's cluster (seen on the image demo)."""
+    import pyarrow as pa
+
+    from datahub.report.media import _largest_clusters
+
+    def ref(keeper: str) -> str:
+        return json.dumps({"dup_of": keeper})
+
+    lake = Lake(tmp_path / "lake")
+    # the near-copy row first, the exact-copy rows after it, as the demo lake's lineage has them
+    rows = [("E", ref("K")), ("E", ref("E")), ("E", ref("E")), ("K", ref("K")), ("B", ref("A"))]
+    lake.commit("lineage", pa.table({"action": ["dropped"] * len(rows), "run_id": ["r1"] * len(rows),
+                                     "sample_id": [s for s, _ in rows], "ref": [r for _, r in rows]}), txn="seed/1")
+    assert _largest_clusters(lake, ["r1"], 24) == [("K", 5), ("A", 2)]
