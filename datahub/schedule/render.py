@@ -41,6 +41,12 @@ def k8s_name(job: str) -> str:
     return (f"datahub-{name}"[:52]).rstrip("-")
 
 
+def configmap_key(file_name: str) -> str:
+    """``file_name`` as a ConfigMap data key, which must match ``[-._a-zA-Z0-9]+`` (Kubernetes refuses others):
+    each other character becomes '-' (``night job.yaml`` -> ``night-job.yaml``)."""
+    return re.sub(r"[^-._a-zA-Z0-9]", "-", file_name)
+
+
 class _KeepUnset(dict):  # type: ignore[type-arg]
     """The environment for ``expand_env`` at render time: a ``${VAR}`` set here expands, ``${VAR:-default}`` unset
     here takes its default (as ``datahub run`` would), and ``${VAR}`` unset and without a default stays as written
@@ -184,7 +190,8 @@ def render_k8s_cronjob(spec: JobSpec, *, spec_text: str, spec_file: str, image: 
         meta["namespace"] = namespace
     data = {spec_file: spec_text}
     if lake_file is not None:  # the pod has no file of the rendering machine: it reads the lake YAML from the mount
-        lake_name = lake_file[0] if lake_file[0] != spec_file else f"lake-{lake_file[0]}"
+        lake_name = configmap_key(lake_file[0])
+        lake_name = lake_name if lake_name != spec_file else f"lake-{lake_name}"
         data[lake_name] = lake_file[1]
         lake = f"{SPEC_MOUNT}/{lake_name}"
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "name": f"{name}-spec"},
@@ -333,7 +340,7 @@ def render_jobs(job_files: list[str | os.PathLike[str]], *, target: Target, out:
             lake = str(Path(lake).resolve())  # read on this host (cron) or the workers (airflow), as the job file is
         if target == "k8s-cronjob":
             _spec_credentials(source)
-            text = render_k8s_cronjob(spec, spec_text=Path(source).read_text(), spec_file=Path(source).name,
+            text = render_k8s_cronjob(spec, spec_text=Path(source).read_text(), spec_file=configmap_key(Path(source).name),
                                       image=image, lake=lake, namespace=namespace, source=source, lake_file=lake_file)
             path = out_dir / f"{k8s_name(spec.name)}.yaml"
         elif target == "cron":

@@ -311,3 +311,24 @@ def test_an_airflow_dag_names_the_variables_the_job_needs(tmp_path):
     text = dag.path.read_text()
     assert "# Needs in the Airflow worker's environment: AWS_ACCESS_KEY_ID (the job spec reads them as ${VAR})" in text
     compile(text, str(dag.path), "exec")
+
+
+def test_configmap_keys_of_job_and_lake_files_with_spaces_are_valid_kubernetes_keys(tmp_path):
+    """A ConfigMap's data keys must match [-._a-zA-Z0-9]+ (kubectl apply refuses "a valid config key must consist of
+    alphanumeric characters, '-', '_' or '.'"): `night job.yaml` was written as a key as it is, so the manifest of a
+    job file with a space in its name could not be applied. The key (and the path the pod reads) now replaces such
+    characters with '-'; the file's text is kept."""
+    import re
+
+    corpus = make_corpus(tmp_path / "corpus", files=1, per_file=2)
+    job = write_job(tmp_path / "night job.yaml", {**job_raw(corpus, "s3://lake/prod", name="night"),
+                                                  "schedule": "0 3 * * *"})
+    lake_file = tmp_path / "prod lake+eu.yaml"
+    lake_file.write_text("root: s3://lake/prod\n")
+    (rendered,) = render_jobs([job], target="k8s-cronjob", out=tmp_path / "k8s", lake=str(lake_file))
+    config_map, cron = yaml.safe_load_all(rendered.path.read_text())
+    assert all(re.fullmatch(r"[-._a-zA-Z0-9]+", key) for key in config_map["data"]), list(config_map["data"])
+    assert config_map["data"]["night-job.yaml"] == job.read_text()
+    assert config_map["data"]["prod-lake-eu.yaml"] == lake_file.read_text()
+    (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"] == ["run", "/etc/datahub/jobs/night-job.yaml", "--lake", "/etc/datahub/jobs/prod-lake-eu.yaml"]
