@@ -245,6 +245,7 @@ try:  # Airflow 3
 except ImportError:  # Airflow 2
     from airflow.operators.bash import BashOperator
 
+# {exit_codes}
 JOB_COMMAND = {command!r}
 
 with DAG(
@@ -261,6 +262,12 @@ with DAG(
 '''
 
 
+# What a scheduler sees of `datahub run` (its --help says the same); a comment in the cron line and the DAG.
+RUN_EXIT_CODES = ("`datahub run` exits 0 when the run succeeded or had nothing new to do, 2 when the spec or an input "
+                  "is wrong or the job is already running,\n# another non-zero status when the run failed (`datahub "
+                  "runs --lake LAKE` shows its error and the command that resumes it).")
+
+
 def render_airflow_dag(spec: JobSpec, *, job_path: str, lake: str | None = None, source: str = "<spec>",
                        needs: list[str] | None = None) -> str:
     """A DAG file with one BashOperator running ``datahub run job_path`` on the schedule; ``needs``: the ``${VARS}``
@@ -270,7 +277,7 @@ def render_airflow_dag(spec: JobSpec, *, job_path: str, lake: str | None = None,
             if needs else "")
     return _DAG_TEMPLATE.format(job=spec.name, source=source, command=command, dag_id=f"datahub_{spec.name}".replace("-", "_"),
                                 description=spec.description or f"datahub run {spec.name}", schedule=_schedule(spec, source),
-                                needs=note)
+                                needs=note, exit_codes=RUN_EXIT_CODES)
 
 
 def datahub_executable() -> list[str]:
@@ -310,6 +317,7 @@ def render_crontab(spec: JobSpec, *, job_path: str, lake: str | None = None, sou
             "# The schedule is in the cron daemon's time zone (the k8s-cronjob and airflow renders use UTC). flock -n\n"
             "# skips a start while the previous run still holds the lock; cron mails what the run prints (set MAILTO, or\n"
             "# append >> LOGFILE 2>&1); `datahub runs --lake LAKE` lists runs, a failed one with its resume command.\n"
+            f"# {RUN_EXIT_CODES}\n"
             f"{_schedule(spec, source)} {command}\n")
 
 

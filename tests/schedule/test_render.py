@@ -332,3 +332,20 @@ def test_configmap_keys_of_job_and_lake_files_with_spaces_are_valid_kubernetes_k
     assert config_map["data"]["prod-lake-eu.yaml"] == lake_file.read_text()
     (container,) = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["run", "/etc/datahub/jobs/night-job.yaml", "--lake", "/etc/datahub/jobs/prod-lake-eu.yaml"]
+
+
+def test_help_and_rendered_files_name_the_exit_codes(jobs, tmp_path):
+    """A scheduler branches on exit codes: `schedule render --help` says its own, and the cron line's and the DAG's
+    comments say what `datahub run`'s mean (2: the spec or an input is wrong, or the job is already running;
+    another non-zero status: the run failed, `datahub runs` shows how to resume). Before, none of them did."""
+    from typer.main import get_command
+
+    from datahub.cli.main import app
+
+    render = get_command(app).commands["schedule"].commands["render"]  # type: ignore[attr-defined]
+    assert "Exit 0 when every file was written; 2" in " ".join((render.help or "").split())
+    for target in ("cron", "airflow"):
+        (written,) = render_jobs([jobs[0]], target=target, out=tmp_path / target, lake="/data/lake")
+        comments = " ".join(line.lstrip("# ") for line in written.path.read_text().splitlines() if line.startswith("#"))
+        assert ("`datahub run` exits 0 when the run succeeded or had nothing new to do, 2 when the spec or an input "
+                "is wrong or the job is already running") in comments, comments

@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the written files as JSON."),
     ) -> None:
         """Write one CronJob manifest (concurrencyPolicy Forbid), Airflow DAG or crontab line (flock -n) per job; each
-        calls `datahub run`. Lake and input paths must be absolute (a scheduled run does not start in this directory)."""
+        calls `datahub run`. Lake and input paths must be absolute (a scheduled run does not start in this directory).
+        Exit 0 when every file was written; 2 when a spec, path or option is refused (then nothing is written)."""
         from datahub.cli.arguments import given
         from datahub.schedule.render import Target, render_jobs
 
