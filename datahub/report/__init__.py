@@ -9,6 +9,7 @@ largest duplicate clusters); other tables have none.
 from __future__ import annotations
 
 import html
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,7 @@ def _render(lake: Lake, data: ReportData, report: Report) -> str:
     parts.append("<h2 id='quarantine'>Quarantine</h2>")
     if data.quarantine:
         parts.append(f"<p>{sum(data.quarantine.values())} records quarantined by the runs that wrote this table; "
-                     f"examples: <code>datahub quarantine --lake {esc(lake.root)}</code></p>")
+                     f"examples: <code>datahub quarantine --lake {esc(shlex.quote(str(lake.root)))}</code></p>")
         parts.append("<table><tr><th>reason</th><th>records</th></tr>")
         for reason, n in data.quarantine.most_common():
             parts.append(f"<tr><td>{esc(str(reason))}</td><td>{n}</td></tr>")

@@ -22,3 +22,19 @@ def test_report_lists_quarantine_reasons(tmp_path, job_spec):
     assert "3 records quarantined" in section
     assert "<tr><td>invalid_json</td><td>2</td></tr>" in section and "<tr><td>missing_text_field</td><td>1</td></tr>" in section
     assert "datahub quarantine --lake" in section
+
+
+def test_the_quarantine_command_in_the_report_is_quoted_for_a_lake_path_with_spaces(tmp_path, job_spec):
+    """The section names `datahub quarantine --lake LAKE` for the examples; with the lake in 'my lakes/' the path was
+    printed bare, so the command copied from the page looked for a lake 'my'."""
+    import html
+    import re
+    import shlex
+
+    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "a document about rivers and towns"}) + "\n{broken\n")
+    root = tmp_path / "my lakes" / "it's here"
+    spec = job_spec(inputs=[{"uri": str(tmp_path / "a.jsonl")}], lake_root=root)
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    page = build_report(Lake(spec.lake.root), out_dir=tmp_path / "report").index.read_text()
+    (command,) = re.findall(r"examples: <code>([^<]*)</code>", page)
+    assert shlex.split(html.unescape(command)) == ["datahub", "quarantine", "--lake", str(root)]
