@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from datahub.errors import LakeError
 from datahub.lake.lake import Lake
 from datahub.progress import Progress
 from datahub.report.data import ReportData, collect
@@ -64,6 +65,11 @@ def build_report(lake: Lake, *, out_dir: str | Path, table: str = "samples", ver
     from datahub.report import plots
     from datahub.report.media import media_plots
 
+    if table == "samples" and version is None and not lake.exists(table) and lake.exists("quarantine"):
+        # the runs so far wrote no sample: say where the records went, not only that the table is missing
+        quarantined = lake.dataset("quarantine").count_rows()  # from the files' footers
+        raise LakeError(f"{lake.table_uri(table)}: no sample was written to lake {lake.root} yet ({quarantined} records "
+                        f"quarantined); see why: datahub quarantine --lake {shlex.quote(lake.ref)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data = collect(lake, table=table, version=version, progress=progress)

@@ -38,3 +38,22 @@ def test_the_quarantine_command_in_the_report_is_quoted_for_a_lake_path_with_spa
     page = build_report(Lake(spec.lake.root), out_dir=tmp_path / "report").index.read_text()
     (command,) = re.findall(r"examples: <code>([^<]*)</code>", page)
     assert shlex.split(html.unescape(command)) == ["datahub", "quarantine", "--lake", str(root)]
+
+
+def test_a_lake_whose_runs_quarantined_every_record_names_the_quarantine_command(tmp_path, job_spec):
+    """A first run whose every record was quarantined writes no samples table: the report said only "no Delta table
+    'samples' ... (its tables: lineage, quarantine, runs; datahub inspect ...)", not why or where to look."""
+    import pytest
+
+    from datahub.errors import LakeError
+
+    (tmp_path / "a.jsonl").write_text("{broken\n" + json.dumps({"no_text": 1}) + "\n")
+    spec = job_spec(inputs=[{"uri": str(tmp_path / "a.jsonl")}])
+    assert run_job(spec, engine=ArrowEngine()).status == "succeeded"
+    lake = Lake(spec.lake.root)
+    assert not lake.exists("samples") and lake.exists("quarantine")
+    with pytest.raises(LakeError) as refused:
+        build_report(lake, out_dir=tmp_path / "report")
+    message = str(refused.value)
+    assert "no sample was written" in message and "2 records quarantined" in message, message
+    assert f"datahub quarantine --lake {lake.ref}" in message, message
