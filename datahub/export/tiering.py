@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -52,6 +53,8 @@ from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
 from datahub.storage.tier import STALE_PARTIAL_S, Tier
+
+ShardProgress = Callable[[int, int], None]  # (shards done, shards to copy) of one move
 
 log = logging.getLogger(__name__)
 
@@ -269,11 +272,15 @@ def apply_tiers(lake: Lake, plan: TierPlan, *, storage: StorageConfig,
         manifest = read_lake_manifest(lake, move.release)
         if manifest is None:
             raise SpecError(f"release {move.release!r}: its manifest vanished from {lake.root}/_exports; re-run `datahub export`")
+        # a copy of a whole release is one move: a count per shard keeps a long one from being silent
+        stage = f"{move.release} {move.action} -> {move.tier}: shards"
+        shard_done = partial(report, stage)
         if move.action == "copy":
             _copy(lake, manifest, move.tier, storage=storage, workers=workers, cap=cap, verify=move.verify,
-                  hashed=hashed)
+                  hashed=hashed, progress=shard_done)
         elif move.action == "repair":
-            _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap)
+            _repair(manifest, move.tier, storage=storage, verify=move.verify, workers=workers, cap=cap,
+                    progress=shard_done)
         elif not _delete(lake, manifest, move.tier, storage=storage, cap=cap, hashed=hashed,
                          token_only=move.token_only):
             continue
@@ -295,7 +302,7 @@ def damaged_replicas(manifest: Manifest, tier: Tier, *, verify: bool, cap: Bandw
 
 
 def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verify: bool, workers: int,
-            cap: BandwidthCap | None = None) -> list[str]:
+            cap: BandwidthCap | None = None, progress: ShardProgress | None = None) -> list[str]:
     """Copy intact replicas from other tiers over the damaged replicas on ``tier_name``."""
     dest = storage.tier(tier_name)
     damaged = set(damaged_replicas(manifest, dest, verify=verify, cap=cap))
@@ -304,7 +311,7 @@ def _repair(manifest: Manifest, tier_name: str, *, storage: StorageConfig, verif
                     manifest.release, ", ".join(sorted(damaged)))
     shards = [s for s in manifest.shards if s.name in damaged]
     _copy_shards(manifest, shards, dest, storage=storage, skip_tier=tier_name, workers=workers, check_existing=False,
-                 cap=cap)
+                 cap=cap, progress=progress)
     # what a killed earlier repair left (temp files, open uploads); not a concurrent writer's (see _copy)
     dest.sweep_partials(dest.uri(manifest.release), older_than=STALE_PARTIAL_S)
     return sorted(damaged)
@@ -386,15 +393,18 @@ class _SourceChunks:
 
 
 def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, storage: StorageConfig,
-                 skip_tier: str | None, workers: int, check_existing: bool, cap: BandwidthCap | None = None) -> list[int]:
+                 skip_tier: str | None, workers: int, check_existing: bool, cap: BandwidthCap | None = None,
+                 progress: ShardProgress | None = None) -> list[int]:
     """Copy shard by shard through ``ShardCopySink``, ``workers`` tasks (one shard each) at once on threads
     of this process, all under one ``cap``; returns the indices of the shards written (those already intact on
-    ``dest`` are kept)."""
+    ``dest`` are kept). ``progress(done, total)`` is called with 0 first, then as each shard is finished."""
     sink = ShardCopySink(manifest, dest, storage, skip_tier, check_existing, cap)
     index = {s.name: i for i, s in enumerate(manifest.shards)}
     window = max(1, workers)
     results: list[list[int]] = []
+    report = progress or (lambda done, total: None)
     sink.start()
+    report(0, len(shards))
     try:
         with ThreadPoolExecutor(max_workers=window, thread_name_prefix="datahub-tier-copy") as pool:
             pending: deque[tuple[ShardRecord, Future[list[int]]]] = deque()
@@ -402,6 +412,7 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
             def finish() -> None:
                 shard, future = pending.popleft()
                 results.append(future.result())
+                report(len(results), len(shards))
                 checkpoint(f"tier:after_shard:{index[shard.name]}")  # crash tests: verified on the tier, not published
 
             for shard in shards:  # at most ``workers`` copies in flight; a failure stops new ones (a re-run resumes)
@@ -418,21 +429,22 @@ def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, s
 
 
 def _copy(lake: Lake, manifest: Manifest, tier_name: str, *, storage: StorageConfig, workers: int = 2,
-          cap: BandwidthCap | None = None, verify: bool = False, hashed: HashedParts | None = None) -> None:
+          cap: BandwidthCap | None = None, verify: bool = False, hashed: HashedParts | None = None,
+          progress: ShardProgress | None = None) -> None:
     """The release's shards onto ``tier_name`` (unless its manifest names the tier already), then its token files
     (those missing there or damaged: by size, by sha256 too with ``verify``)."""
     dest = storage.tier(tier_name)
     if tier_name not in manifest.tiers:
-        _copy_text(lake, manifest, dest, storage=storage, workers=workers, cap=cap)
+        _copy_text(lake, manifest, dest, storage=storage, workers=workers, cap=cap, progress=progress)
     copy_token_files(lake, manifest.release, dest, storage=storage, workers=workers, cap=cap, verify=verify,
                      hashed=hashed)
 
 
 def _copy_text(lake: Lake, manifest: Manifest, dest: Tier, *, storage: StorageConfig, workers: int,
-               cap: BandwidthCap | None) -> None:
+               cap: BandwidthCap | None, progress: ShardProgress | None = None) -> None:
     tier_name = dest.name
     _copy_shards(manifest, list(manifest.shards), dest, storage=storage, skip_tier=None, workers=workers,
-                 check_existing=True, cap=cap)
+                 check_existing=True, cap=cap, progress=progress)
     replicas = {shard.name: {**shard.replicas, tier_name: dest.uri(manifest.release, shard.name)}
                 for shard in manifest.shards}
     updated = manifest.with_replicas(replicas)

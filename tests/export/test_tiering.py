@@ -558,3 +558,24 @@ def test_tier_apply_moves_token_files_with_the_release_and_never_leaves_a_named_
     assert len(apply_tiers(lake, plan, storage=storage)) == 1
     assert tier.children(tier.uri("r")) == [] and token_files_only_on([text_tier])
     move_there_and_off()
+
+
+def test_apply_reports_each_copied_shard_so_a_long_copy_is_not_silent(tmp_path) -> None:
+    """A copy or repair of many shards is one move: without a count per shard, `datahub tier apply` printed nothing
+    from its start to the end of the move (24 s at --max-mb-s 0.05 for 5 small shards; hours for a large release)."""
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 40)
+    storage = cfs_storage(("a", tmp_path / "a"), ("b", tmp_path / "b"))
+    export_table_version(lake, table="samples", version=version, release_name="r", tier="a", storage=storage,
+                         shard_samples=10)
+    calls: list[tuple[str, int, int | None]] = []
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage,
+                progress=lambda stage, done, total=None: calls.append((stage, done, total)))
+    assert calls == [("r copy -> b: shards", n, 4) for n in range(5)] + [("moves", 1, 1)]
+    manifest = read_lake_manifest(lake, "r")
+    Path(manifest.shards[2].replicas["b"]).unlink()
+    calls.clear()
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage,
+                progress=lambda stage, done, total=None: calls.append((stage, done, total)))
+    assert calls == [("r repair -> b: shards", 0, 1), ("r repair -> b: shards", 1, 1), ("moves", 1, 1)]
