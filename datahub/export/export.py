@@ -38,7 +38,7 @@ import mmap
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass
@@ -98,6 +98,26 @@ def parse_size(value: str | int) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise SpecError(f"--shard-size: cannot parse {value!r}; use e.g. 256MB, 1GiB or a byte count")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _settings_difference(before: Any, now: Mapping[str, Any]) -> str:
+    """What differs from an earlier export's settings, and the options that export again with them."""
+    if not isinstance(before, Mapping):
+        return f"the manifest records {before!r}"
+    def shown(value: Any) -> str:
+        return "none" if value is None else str(value)
+
+    differs = [f"{key}: {shown(now.get(key))} now, {shown(before.get(key))} before"
+               for key in sorted(set(before) | set(now)) if before.get(key) != now.get(key)]
+    options = []
+    if before.get("shard_size") is not None and (before.get("shard_samples") is not None
+                                                 or before["shard_size"] != DEFAULT_SHARD_SIZE):
+        options.append(f"--shard-size {before['shard_size']}")
+    for key, option in (("shard_samples", "--shard-samples"), ("shuffle_seed", "--shuffle-seed")):
+        if before.get(key) is not None:
+            options.append(f"{option} {before[key]}")
+    same = " ".join(options) or "no --shard-size, --shard-samples or --shuffle-seed"
+    return "; ".join(differs) + f"; to add a tier to that export, run it with {same}"
 
 
 def export_release(lake: Lake, release_name: str, *, tier: str | Tier, storage: StorageConfig | None = None,
@@ -162,8 +182,9 @@ def export_table_version(
     existing = read_lake_manifest(lake, release_name)
     if existing is not None and existing.export.get("key") != export_key:
         raise ReleaseError(
-            f"release {release_name!r} was exported before with other settings ({existing.export.get('settings')}); "
-            "shards of a release are immutable: export under a new release name, or copy replicas with `datahub tier apply`"
+            f"release {release_name!r} was exported before with other settings "
+            f"({_settings_difference(existing.export.get('settings'), settings)}); shards of a release are immutable: "
+            "export under a new release name, or copy replicas with `datahub tier apply`"
         )
     if existing is not None and target.name in existing.tiers:
         _repair(existing, target, source, settings, engine=engine, workers=workers, verify=verify,

@@ -496,3 +496,18 @@ def test_a_seeded_export_counts_its_rows_from_the_delta_log_and_reads_the_ids_on
     version = dots.commit("samples", table.set_column(0, "sample_id", pa.array(["a.b", "c", "d", "e", "f"])), txn="t")
     with pytest.raises(IntegrityError, match="'a.b' is not a valid shard key"):
         _export(dots, version, cfs_storage(("cfs", tmp_path / "cfs-dots")), shuffle_seed=5)
+
+
+def test_exporting_again_with_other_settings_names_what_differs_and_the_options_that_match(tmp_path) -> None:
+    """`datahub export R --tier ceph` after `datahub export R --tier cfs --shard-samples 40` was refused with the
+    whole settings dict of the first export, leaving the user to diff it against options they never wrote down."""
+    lake, version = make_lake(tmp_path / "lake", 20)
+    storage = cfs_storage(("cfs", tmp_path / "cfs"), ("other", tmp_path / "other"))
+    _export(lake, version, storage, shard_samples=15, shuffle_seed=7)
+    with pytest.raises(ReleaseError) as refused:
+        _export(lake, version, storage, tier="other")
+    message = str(refused.value)
+    assert "shard_size: 256000000 now, none before" in message
+    assert "shard_samples: none now, 15 before" in message
+    assert "shuffle_seed: none now, 7 before" in message
+    assert "--shard-samples 15 --shuffle-seed 7" in message
