@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -111,7 +112,7 @@ class Lake:
                 latest = None
             if latest is not None and version is not None and version > latest:
                 raise LakeError(f"{self.table_uri(name)}: no version {version} of table {name!r}; its latest is "
-                                f"{latest} (datahub inspect --lake {self.ref} {name} shows it)") from None
+                                f"{latest} (datahub inspect --lake {shlex.quote(str(self.ref))} {name} shows it)") from None
             raise
 
     def _no_table(self, name: str) -> str:
@@ -128,7 +129,7 @@ class Lake:
             return f"{where}; run a job that writes it first (datahub run JOB.yaml)"
         shown = ", ".join(known[:TABLES_NAMED]) + (f" and {len(known) - TABLES_NAMED} more" if len(known) > TABLES_NAMED
                                                    else "")
-        return f"{where}{did_you_mean(name, known)} (its tables: {shown}; datahub inspect --lake {self.ref})"
+        return f"{where}{did_you_mean(name, known)} (its tables: {shown}; datahub inspect --lake {shlex.quote(str(self.ref))})"
 
     def tables(self) -> list[str]:
         import fsspec

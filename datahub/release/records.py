@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -140,7 +141,7 @@ def get_release(lake: Lake, name: str) -> Release:
         known = rows.column("name").to_pylist() if rows.num_rows else []
         raise ReleaseError(
             f"no release {name!r} in lake {lake.root}{did_you_mean(name, known)} "
-            f"(list them with: datahub release list --lake {lake.ref})"
+            f"(list them with: datahub release list --lake {shlex.quote(str(lake.ref))})"
         )
     channels = tuple(sorted(c for c, r in channel_pointers(lake).items() if r == name))
     return release_from_row(match.to_pylist()[0], channels)

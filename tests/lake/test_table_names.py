@@ -51,3 +51,16 @@ def test_inspect_and_qa_name_the_table_they_meant(tmp_path):
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert "no Delta table 'sample'" in err and "did you mean 'samples'?" in err, (args, err)
         assert "Traceback" not in result.stderr
+
+
+def test_the_commands_named_in_the_errors_are_quoted_for_a_lake_path_with_spaces(tmp_path):
+    # the hint is meant to be pasted into a shell: an unquoted path with a space ran `inspect` on a non-lake
+    lake = Lake(tmp_path / "night lake")
+    add_samples(lake, ["a small document about rivers and the valley towns"], "s3://b/a.jsonl", run_id="job-aaaaaaaaaaaa")
+    quoted = f"datahub inspect --lake '{lake.ref}'"
+    with pytest.raises(LakeError) as missing:
+        lake.table("sample")
+    assert str(missing.value).endswith(f"{quoted})"), str(missing.value)
+    with pytest.raises(LakeError) as too_new:
+        lake.read("samples", version=99)
+    assert f"({quoted} samples shows it)" in str(too_new.value), str(too_new.value)
