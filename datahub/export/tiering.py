@@ -367,8 +367,11 @@ class ShardCopySink(Sink[list[int], list[int]]):
                 raise IntegrityError(f"tier {self.dest.name}: {uri} does not match what was written (size "
                                      f"{shard.size}, sha256 {expected[:12]}...); check the tier's health and re-run")
             return
-        raise IntegrityError(f"release {self.manifest.release!r}: no intact replica of {shard.name} to copy from "
-                             f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release")
+        release = self.manifest.release
+        raise IntegrityError(f"release {release!r}: no intact replica of {shard.name} to copy from "
+                             f"({'; '.join(problems) or 'no configured tier holds one'}); re-export the release: "
+                             f"`datahub export {release} --tier {self.dest.name}` (with the options of its first "
+                             "export) rewrites missing or damaged shards from the lake")
 
     def commit(self, results: list[list[int]]) -> list[int]:
         return sorted(index for result in results for index in result)
@@ -388,8 +391,8 @@ class _SourceChunks:
     def __iter__(self) -> Iterator[bytes]:
         try:
             yield from self.tier.chunks(self.uri)
-        except (OSError, StorageError) as exc:
-            raise _SourceError(str(exc)) from exc
+        except (OSError, StorageError) as exc:  # the class says why: s3fs's FileNotFoundError is only the path
+            raise _SourceError(f"{type(exc).__name__}: {exc}") from exc
 
 
 def _copy_shards(manifest: Manifest, shards: list[ShardRecord], dest: Tier, *, storage: StorageConfig,

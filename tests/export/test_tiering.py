@@ -579,3 +579,23 @@ def test_apply_reports_each_copied_shard_so_a_long_copy_is_not_silent(tmp_path) 
     apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage,
                 progress=lambda stage, done, total=None: calls.append((stage, done, total)))
     assert calls == [("r repair -> b: shards", 0, 1), ("r repair -> b: shards", 1, 1), ("moves", 1, 1)]
+
+
+def test_a_shard_missing_on_every_tier_is_named_with_why_and_the_export_that_rewrites_it(tmp_path) -> None:
+    """Both replicas of a shard gone: the apply said only `(ceph: export-walk/releases/r/r-000002.tar); re-export the
+    release` (s3fs's FileNotFoundError is just the path), neither that it was missing nor which command repairs it."""
+    from datahub.errors import IntegrityError
+    from tests.export.helpers import cfs_storage
+
+    lake, version = make_lake(tmp_path / "lake", 40)
+    storage = cfs_storage(("a", tmp_path / "a"), ("b", tmp_path / "b"))
+    export_table_version(lake, table="samples", version=version, release_name="r", tier="a", storage=storage,
+                         shard_samples=10)
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
+    for replica in read_lake_manifest(lake, "r").shards[1].replicas.values():
+        Path(replica).unlink()
+    with pytest.raises(IntegrityError) as failed:
+        apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"r": ["a", "b"]}), storage=storage)
+    message = str(failed.value)
+    assert "b: FileNotFoundError:" in message
+    assert "`datahub export r --tier a` (with the options of its first export)" in message
