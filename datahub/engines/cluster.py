@@ -2,7 +2,9 @@
 engine's own client tries: a TCP connect with a bound, so a wrong or stopped address is one line naming it in
 seconds instead of Ray's minutes of GCS retries or Spark's minute of Java stack traces.
 
-Only the port is checked: a listening port that is not the cluster (another service) is left to the engine.
+A Ray address is also sent the HTTP/2 preface its gRPC server takes: a port that answers with something other
+than an HTTP/2 frame or a TLS record (the Ray dashboard, an S3 gateway: HTTP/1) is refused, since Ray's GCS
+client retries it for minutes. Silence or a closed connection is left to the engine.
 """
 
 from __future__ import annotations
@@ -19,6 +21,11 @@ CONNECT_TIMEOUT_S = 10.0
 RAY_GCS_PORT = 6379  # `ray start --head` default
 RAY_CLIENT_PORT = 10001  # Ray Client server default (ray://)
 SPARK_MASTER_PORT = 7077  # standalone master default
+RAY_DASHBOARD_PORT = 8265  # the dashboard's HTTP port: the address users copy by mistake
+# how long a listening port may take to answer the HTTP/2 preface; silence is left to the engine
+REPLY_TIMEOUT_S = 2.0
+# RFC 9113 section 3.4: the client connection preface, then an empty SETTINGS frame
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 
 
 def split_host_port(hostport: str, default_port: int) -> tuple[str, int] | None:
@@ -46,6 +53,24 @@ def _connect_error(host: str, port: int, timeout_s: float) -> str | None:
         return (exc.strerror or str(exc)).lower()
 
 
+def _not_grpc_answer(host: str, port: int, timeout_s: float) -> str | None:
+    """The start of what ``host:port`` answers to the HTTP/2 preface when it is neither an HTTP/2 frame (a gRPC
+    server sends SETTINGS first, RFC 9113 section 3.4) nor a TLS record; None for those, silence or an error."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as connection:
+            connection.sendall(HTTP2_PREFACE)
+            reply = connection.recv(256)
+    except OSError:  # TimeoutError included
+        return None
+    if not reply:
+        return None
+    if len(reply) >= 9 and reply[3] == 0x04:  # an HTTP/2 frame header of type SETTINGS
+        return None
+    if reply[0] in (0x14, 0x15, 0x16, 0x17) and reply[1:2] == b"\x03":  # a TLS record (a TLS-wrapped GCS)
+        return None
+    return reply.split(b"\n", 1)[0].strip().decode("latin-1")[:80]
+
+
 def check_ray_address(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Refuse a Ray cluster address that cannot be reached: ``host:port`` of the head's GCS, or ``ray://host:port``
     of its Ray Client server (which needs ``ray[client]``). ``auto`` and ``local`` are Ray's to resolve."""
@@ -68,6 +93,16 @@ def check_ray_address(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> 
     host, port = where
     why = _connect_error(host, port, timeout_s)
     if why is None:
+        answer = _not_grpc_answer(host, port, min(timeout_s, REPLY_TIMEOUT_S))
+        if answer is not None:
+            server = "Ray Client server" if client else "Ray GCS"
+            raise EngineUnavailableError(
+                f"the Ray address {address} is not a {server}: that port does not answer as a gRPC server (it "
+                f"answered {answer!r}, as a web server or the Ray dashboard, port {RAY_DASHBOARD_PORT}, does); "
+                "give the head's "
+                + (f"Ray Client address (ray://host:{RAY_CLIENT_PORT})" if client
+                   else f"GCS address (`ray status` on the head node prints it; port {RAY_GCS_PORT} by default)")
+                + "; --address / engine.address")
         return
     start = (f"`ray start --head --ray-client-server-port {port}`" if client
              else f"`ray start --head --port {port}`")

@@ -7,9 +7,11 @@ The ports are real closed ports on 127.0.0.1 (bound to find a free one, then rel
 
 from __future__ import annotations
 
+import http.server
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -101,3 +103,32 @@ def test_a_ray_client_check_is_a_missing_dependency_when_grpc_is_absent(monkeypa
     monkeypatch.setitem(sys.modules, "grpc", None)
     with pytest.raises(MissingDependencyError, match=r"pip install 'ray\[client\]'"):
         check_ray_address("ray://head:10001")
+
+
+def test_a_port_that_answers_http1_is_refused_as_not_a_ray_gcs():
+    # e.g. the Ray dashboard (8265) or an S3 gateway given as engine.address: Ray's GCS client retried it for
+    # minutes ("Failed to connect to GCS ... within 5 seconds", again and again) before this check
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(EngineUnavailableError) as raised:
+            check_ray_address(address)
+        message = str(raised.value)
+        assert f"Ray address {address} is not a Ray GCS" in message and "not answer as a gRPC server" in message
+        assert "ray status" in message and "6379" in message and "engine.address" in message
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_real_ray_gcs_passes_the_check(ray_engine):
+    import ray
+
+    gcs_address = ray.get_runtime_context().gcs_address
+    check_ray_address(gcs_address)  # a gRPC (HTTP/2) server: its reply is no HTTP/1 status line
