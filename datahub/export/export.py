@@ -53,7 +53,8 @@ from datahub.allocator import arrow_pool
 from datahub.engines.base import Engine
 from datahub.engines.registry import engine_in_scope
 from datahub.errors import IntegrityError, ReleaseError, SpecError
-from datahub.shards.manifest import Manifest, ShardRecord, publish_lake_manifest, read_lake_manifest
+from datahub.shards.manifest import (Manifest, ShardRecord, lake_manifest_uri, publish_lake_manifest,
+                                     read_lake_manifest)
 from datahub.export.plan import (ORDER, BucketPlan, IdSample, KeyBuckets, SummaryPlan, bucket_count, checked_ids,
                                  export_ordering, index_reserve, member_bytes, order_hash, sort_buckets)
 from datahub.export.samples import (KEY_COLUMN, TEXT_COLUMN, binary_columns, encoded_rows, export_columns,
@@ -66,7 +67,7 @@ from datahub.shards.index import ShardIndex, index_member
 from datahub.shards.tar import BLOCK, RECORD, end_of_archive, header_blocks
 from datahub.export.write import ROUTED, ShardDone, ShardWriter, hashing_thread, shard_name
 from datahub.export.exported_lineage import commit_shard_index
-from datahub.lake.lake import Lake
+from datahub.lake.lake import Lake, fsspec_options
 from datahub.pipeline.faults import checkpoint
 from datahub.progress import Progress
 from datahub.release.records import get_release
@@ -179,6 +180,10 @@ def export_table_version(
     source = TableSource(lake, table, int(version))
     sweep_stale(EXPORT_PREFIX, parent=spill_dir)  # what killed exports left (their runs: the release's size)
 
+    withdrawn = read_withdrawal(lake, release_name)
+    if withdrawn is not None:  # exporting again would publish a manifest without the mark: trainers read it again
+        raise ReleaseError(f"release {release_name!r} was withdrawn at {withdrawn.get('at')} ({withdrawn.get('reason')}"
+                           f"; `datahub tier remove`): it is not exported again; export the release that replaced it")
     existing = read_lake_manifest(lake, release_name)
     if existing is not None and existing.export.get("key") != export_key:
         raise ReleaseError(
@@ -771,6 +776,24 @@ def _intact(tier: Tier, uri: str, size: int, sha256: str, *, verify: bool) -> bo
     if tier.size(uri) != size:
         return False
     return not verify or tier.verify(uri, size=size, sha256=sha256)
+
+
+WITHDRAWN_KEY = "withdrawn"  # in a manifest's JSON: {"reason": ..., "at": ISO time} (``datahub tier remove``)
+
+
+def read_withdrawal(lake: Lake, release: str) -> dict[str, Any] | None:
+    """The withdrawal mark of ``release``'s lake manifest (``datahub tier remove``), or None (not withdrawn, or no
+    export). Read from the raw JSON: the ``Manifest`` model does not carry it, so a mark is never dropped by it."""
+    import fsspec
+
+    uri = lake_manifest_uri(lake, release)
+    fs, path = fsspec.core.url_to_fs(uri, **fsspec_options(lake.storage_options))
+    try:
+        data = json.loads(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+    mark = data.get(WITHDRAWN_KEY) if isinstance(data, dict) else None
+    return dict(mark) if isinstance(mark, dict) else None
 
 
 def publish_manifest(lake: Lake, manifest: Manifest, *, storage: StorageConfig | None,

@@ -24,12 +24,14 @@ that state behind, since it drops the token manifests before the text manifest.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -38,13 +40,13 @@ import pyarrow as pa
 from datahub.close_names import did_you_mean
 from datahub.engines.sink import Sink
 from datahub.errors import IntegrityError, SpecError, StorageError
-from datahub.export.export import EXPORT_OP, publish_manifest
+from datahub.export.export import EXPORT_OP, WITHDRAWN_KEY, publish_manifest, read_withdrawal
 from datahub.export.exported_lineage import commit_shard_index
 from datahub.export.token_copies import (HashedParts, check_other_replicas, copy_token_files, drop_token_replicas,
                                          token_copies, token_replicas_on)
-from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, read_lake_manifest
+from datahub.shards.manifest import MANIFEST_NAME, Manifest, ShardRecord, lake_manifest_uri, read_lake_manifest
 from datahub.shards.token_manifest import TokenManifest, read_lake_token_manifests, token_dir
-from datahub.lake.lake import Lake
+from datahub.lake.lake import Lake, fsspec_options
 from datahub.pipeline.faults import checkpoint
 from datahub.release.events import ReleaseActivity, release_activity
 from datahub.release.records import list_releases, release_exists
@@ -52,7 +54,7 @@ from datahub.shards.index import embedded_keys, index_tar
 from datahub.storage.bandwidth import BandwidthCap
 from datahub.storage.config import StorageConfig
 from datahub.storage.policy import ReleaseState, desired_tiers, storage_class
-from datahub.storage.tier import STALE_PARTIAL_S, Tier
+from datahub.storage.tier import STALE_PARTIAL_S, Tier, _publish_posix
 
 ShardProgress = Callable[[int, int], None]  # (shards done, shards to copy) of one move
 
@@ -179,10 +181,17 @@ def plan_tiers(
     names = releases if releases is not None else exported_releases(lake)
     targets = dict(targets or {})
     manifests: dict[str, Manifest] = {}
-    for name in names:
+    for name in list(names):
         manifest = read_lake_manifest(lake, name)
         if manifest is None:
             raise _no_manifest(lake, name)
+        withdrawn = read_withdrawal(lake, name)
+        if withdrawn is not None:  # taken down (`tier remove`): never copied or repaired again
+            if name in targets:
+                raise SpecError(f"release {name!r} was withdrawn at {withdrawn.get('at')} ({withdrawn.get('reason')}); "
+                                "it is not placed on tiers again")
+            names = [n for n in names if n != name]
+            continue
         manifests[name] = manifest
     if states is None:
         states = release_states(lake, [n for n in names if n not in targets], manifests=manifests)
@@ -569,3 +578,112 @@ def _shard_keys(manifest: Manifest, index: int, dest: Tier, storage: StorageConf
     if keys is None or len(keys) != record.samples:
         keys = index_tar(_read_verified(manifest, record, storage, cap=cap), where=record.name).keys
     return pa.array(keys, pa.string())
+
+
+@dataclass(frozen=True)
+class Removal:
+    """What ``remove_release`` did: the withdrawal mark and, per tier, the files and bytes it deleted."""
+
+    release: str
+    reason: str
+    withdrawn_at: str
+    removed: dict[str, dict[str, int]]  # tier -> {"files": n, "bytes": b}; only tiers where something went
+
+    @property
+    def files(self) -> int:
+        return sum(r["files"] for r in self.removed.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(r["bytes"] for r in self.removed.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"release": self.release, "reason": self.reason, "withdrawn_at": self.withdrawn_at,
+                "files": self.files, "bytes": self.bytes, "removed": self.removed}
+
+
+def remove_release(lake: Lake, release: str, *, reason: str, storage: StorageConfig,
+                   now: datetime | None = None) -> Removal:
+    """Take an export down (DMCA, PII): mark its manifests withdrawn (reason, time), the lake's first, then every
+    tier copy, so the loader refuses the release from then on whatever happens next; then delete its shards, token
+    files and leftovers on every configured tier (a tier's ``manifest.json`` stays, marked, so a trainer pointed at
+    the tier is told why). A re-run finishes a killed one and keeps the first mark; once done it deletes nothing."""
+    if not reason.strip():
+        raise SpecError("--reason is empty; say why the release is taken down (e.g. 'DMCA notice 2026-12-07')")
+    uri = lake_manifest_uri(lake, release)
+    raw = _raw_json(lake, uri)
+    if raw is None:
+        raise _no_manifest(lake, release)
+    mark = raw.get(WITHDRAWN_KEY) or {"reason": reason, "at": (now or datetime.now(timezone.utc)).isoformat()}
+    marked = (json.dumps({**raw, WITHDRAWN_KEY: mark}, indent=1) + "\n").encode()
+    if raw.get(WITHDRAWN_KEY) != mark:
+        _publish_lake_json(lake, uri, marked)
+    checkpoint("tier:remove:after_lake_mark")
+    for token_uri in _lake_token_manifest_uris(lake, release):  # what PackedDataset opens: marked the same way
+        token_raw = _raw_json(lake, token_uri)
+        if token_raw is not None and token_raw.get(WITHDRAWN_KEY) != mark:
+            _publish_lake_json(lake, token_uri, (json.dumps({**token_raw, WITHDRAWN_KEY: mark}, indent=1) + "\n").encode())
+    removed: dict[str, dict[str, int]] = {}
+    for name in sorted(storage.tiers):
+        tier = storage.tier(name)
+        manifest_uri = tier.uri(release, MANIFEST_NAME)
+        if tier.exists(manifest_uri) and tier.read(manifest_uri) != marked:
+            tier.publish(manifest_uri, marked)  # a tier copy of the manifest refuses readers too
+        files = bytes_ = 0
+        fs = tier.filesystem()
+        for entry in tier.children(tier.uri(release)):
+            if entry == MANIFEST_NAME:
+                continue
+            entry_uri = tier.uri(release, entry)
+            for size in _file_sizes(fs, tier, entry_uri):
+                files += 1
+                bytes_ += size
+            tier.delete(entry_uri, recursive=True)
+            checkpoint("tier:remove:after_entry")
+        if files:
+            removed[name] = {"files": files, "bytes": bytes_}
+            log.info("tier %s: removed %d files, %d bytes of withdrawn release %r", name, files, bytes_, release)
+    return Removal(release, str(mark.get("reason", reason)), str(mark.get("at", "")), removed)
+
+
+def _file_sizes(fs: Any, tier: Tier, uri: str) -> list[int]:
+    """Sizes of the files at ``uri`` (one file, or every file under a directory)."""
+    path = tier._path(uri)
+    found = fs.find(path, detail=True)
+    return [int(info.get("size") or 0) for info in found.values() if info.get("type", "file") == "file"]
+
+
+def _lake_token_manifest_uris(lake: Lake, release: str) -> list[str]:
+    """``{lake}/_exports/{release}/tokens-SHA12.json``: the release's token manifests in the lake."""
+    import fsspec
+
+    folder = f"{lake.root}/_exports/{release}"
+    fs, path = fsspec.core.url_to_fs(folder, **fsspec_options(lake.storage_options))
+    try:
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []
+    return [f"{folder}/{name}" for name in sorted(names) if name.startswith("tokens-") and name.endswith(".json")]
+
+
+def _raw_json(lake: Lake, uri: str) -> dict[str, Any] | None:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(uri, **fsspec_options(lake.storage_options))
+    try:
+        data = json.loads(fs.cat_file(path))
+    except FileNotFoundError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _publish_lake_json(lake: Lake, uri: str, data: bytes) -> None:
+    """Replace a lake JSON file atomically (rename on POSIX, one PUT on S3)."""
+    import fsspec
+
+    if lake.is_local:
+        _publish_posix(Path(uri.removeprefix("file://")), data)
+        return
+    fs, path = fsspec.core.url_to_fs(uri, **fsspec_options(lake.storage_options))
+    fs.pipe_file(path, data)
+    fs.invalidate_cache(path.rsplit("/", 1)[0])

@@ -129,6 +129,12 @@ def _parse(data: dict[str, Any], *, where: str) -> Manifest:
                             "PackedDataset), not of WebDataset shards; read it with PackedDataset(path, seq_len=N), "
                             "or give the release's manifest.json (RELEASE/manifest.json on the tier, or "
                             "LAKE/_exports/RELEASE/manifest.json)")
+    withdrawn = data.get("withdrawn") if isinstance(data, dict) else None
+    if withdrawn:  # `datahub tier remove` took it down (DMCA, PII): its shards are gone from every tier
+        mark = withdrawn if isinstance(withdrawn, dict) else {}
+        raise ManifestError(f"{where}: release {data.get('release')!r} was withdrawn at {mark.get('at', '?')}: "
+                            f"{mark.get('reason', 'no reason recorded')}; its shards were removed from every tier "
+                            "(`datahub tier remove`); train on the release that replaced it")
     try:
         return Manifest.from_dict(data, where=where, strict=False)
     except IntegrityError as error:

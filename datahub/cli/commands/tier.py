@@ -108,6 +108,12 @@ TOUCH_EXAMPLES = """Examples:
   datahub tier touch corpus-v1 --lake lake/ --reader pretrain-7b"""
 
 
+REMOVE_EXAMPLES = """Examples:
+  # take down an export after `datahub release redact corpus-v2 --from corpus-v1 ...`
+  datahub tier remove --release corpus-v1 --reason "DMCA notice 2026-12-07" \\
+      --lake lake/ --storage storage.yaml --json"""
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(tier_app, name="tier")
 
@@ -191,3 +197,27 @@ def touch(release: str = typer.Argument(..., help="The release that was read."),
         print_json({"release": release, "recorded": recorded})
         return
     console().print(f"read of {release} recorded" if recorded else f"read of {release} already recorded today")
+
+
+@tier_app.command("remove", epilog=REMOVE_EXAMPLES)
+def remove(release: str = typer.Option(..., "--release", help="The exported release to take down."),
+           reason: str = typer.Option(..., "--reason", help="Why (DMCA notice, PII report): kept in its manifests and "
+                                                            "shown to every trainer that opens it."),
+           lake: str = _LAKE, storage: list[Path] = _STORAGE,
+           as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Take an export down: mark its manifests withdrawn (reason, time; the lake's first, so the loader refuses it
+    from then on), then delete its shards and token files from every tier. Safe to re-run: a killed run is finished,
+    a finished one deletes nothing. `tier plan/apply` never place a withdrawn release again."""
+    from datahub.export.tiering import remove_release
+
+    the_lake, config, _, _ = _inputs(lake, storage, [release], None)
+    done = remove_release(the_lake, release, reason=reason, storage=config)
+    if as_json:
+        print_json(done.as_dict())
+        return
+    out = console()
+    out.print(plain(f"{release}: withdrawn at {done.withdrawn_at} ({done.reason})"), soft_wrap=True)
+    for name, what in sorted(done.removed.items()):
+        out.print(plain(f"  {name}: removed {what['files']} files, {what['bytes']} bytes"), soft_wrap=True)
+    out.print(f"total: removed {done.files} files, {done.bytes} bytes" if done.files
+              else "nothing to remove: no tier holds its files")
