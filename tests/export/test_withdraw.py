@@ -100,3 +100,28 @@ def test_a_remove_killed_after_the_mark_is_refused_by_the_loader_and_finished_by
     for tier in ("hot", "cold"):
         assert _files(tmp_path / tier / "r") == ["manifest.json"]
     assert remove_release(lake, "r", reason=REASON, storage=storage).removed == {}
+
+
+def test_remove_after_redact_takes_the_old_release_down_and_leaves_the_new_one(tmp_path) -> None:
+    from datahub.export import export_release
+    from datahub.release import create_release, redact
+
+    storage = _storage(tmp_path)
+    lake, _ = make_lake(tmp_path / "lake", 60)
+    create_release(lake, "old")
+    export_release(lake, "old", tier="hot", storage=storage, shard_samples=20)
+    apply_tiers(lake, plan_tiers(lake, storage=storage, targets={"old": ["hot", "cold"]}), storage=storage)
+    ids = lake.read("samples", columns=["sample_id"]).column("sample_id").to_pylist()
+    redact(lake, "new", source="old", sample_ids=[ids[0]], reason="PII: phone number")
+    export_release(lake, "new", tier="hot", storage=storage, shard_samples=20)
+    new_files = _files(tmp_path / "hot" / "new")
+
+    done = remove_release(lake, "old", reason="PII: phone number", storage=storage)
+
+    assert set(done.removed) == {"hot", "cold"}
+    for tier in ("hot", "cold"):
+        assert _files(tmp_path / tier / "old") == ["manifest.json"]
+    with pytest.raises(ManifestError, match="PII: phone number"):
+        load_manifest("old", lake=str(tmp_path / "lake"))
+    assert _files(tmp_path / "hot" / "new") == new_files  # the redacted release stays readable
+    assert load_manifest("new", lake=str(tmp_path / "lake")).num_samples == 59
