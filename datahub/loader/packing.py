@@ -260,6 +260,12 @@ def _manifest_json(where: str) -> Any:
     if isinstance(data, dict) and "shards" in data and "files" not in data:
         raise ManifestError(f"{where}: the manifest of a text export (WebDataset shards, read by ReleaseDataset), not "
                             f"of token files; {hint}")
+    withdrawn = data.get("withdrawn") if isinstance(data, dict) else None
+    if withdrawn:  # `datahub tier remove` took the release down (DMCA, PII): its token files are gone from every tier
+        mark = withdrawn if isinstance(withdrawn, dict) else {}
+        raise ManifestError(f"{where}: release {data.get('release')!r} was withdrawn at {mark.get('at', '?')}: "
+                            f"{mark.get('reason', 'no reason recorded')}; its token files were removed from every tier "
+                            "(`datahub tier remove`); train on the release that replaced it")
     return data
 
 

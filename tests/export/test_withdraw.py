@@ -12,6 +12,7 @@ from datahub.export import export_table_version
 from datahub.export.tiering import apply_tiers, plan_tiers, remove_release
 from datahub.export.tokens import export_table_tokens
 from datahub.lake import Lake
+from datahub.loader import PackedDataset
 from datahub.loader.errors import ManifestError
 from datahub.loader.manifest import load_manifest
 from datahub.storage import StorageConfig, Tier, validate_storage_config
@@ -61,6 +62,9 @@ def test_remove_deletes_every_file_on_both_tiers_and_the_loader_refuses_with_the
 
     token_manifests = sorted((tmp_path / "lake" / "_exports" / "r").glob("tokens-*.json"))
     assert token_manifests and all(REASON in p.read_text() for p in token_manifests)  # marked for PackedDataset too
+    for token_manifest in token_manifests:  # PackedDataset names the reason, not a missing token file
+        with pytest.raises(ManifestError, match=r"release 'r' was withdrawn at .*DMCA notice 2026-12-07 #41"):
+            PackedDataset(str(token_manifest), seq_len=16)
 
     again = remove_release(lake, "r", reason="another reason", storage=storage)  # nothing left: a no-op
     assert again.removed == {} and again.reason == REASON and again.withdrawn_at == done.withdrawn_at
