@@ -14,7 +14,7 @@ from datahub.cli.main import app
 from tests.cli.conftest import datahub
 
 COMMANDS = [("run",), ("runs",), ("schedule", "render"), ("tier", "plan"), ("tier", "apply"), ("tier", "touch"),
-            ("quarantine",), ("lineage",), ("report",), ("inspect",), ("export",)]
+            ("tier", "remove"), ("quarantine",), ("lineage",), ("report",), ("inspect",), ("export",)]
 
 
 def _command(path: tuple[str, ...]) -> Any:
