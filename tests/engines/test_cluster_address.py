@@ -132,3 +132,28 @@ def test_a_real_ray_gcs_passes_the_check(ray_engine):
 
     gcs_address = ray.get_runtime_context().gcs_address
     check_ray_address(gcs_address)  # a gRPC (HTTP/2) server: its reply is no HTTP/1 status line
+
+
+def test_a_spark_master_port_that_is_not_a_master_is_one_error_line_not_a_traceback(tmp_path):
+    # Spark retries a listening non-master for about a minute, then pyspark raised a Py4JJavaError ("Cannot call
+    # methods on a stopped SparkContext") that the CLI printed as a Python traceback, exit 1
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    master = f"spark://127.0.0.1:{server.server_address[1]}"
+    (tmp_path / "lake").mkdir()
+    command = [DATAHUB, "qa", "--lake", str(tmp_path / "lake"), "--no-record", "--engine", "spark", "--address", master]
+    try:
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in _error_lines(result.stderr) if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: the Spark master {master} did not take"), errors
+    assert "engine.master" in errors[0]

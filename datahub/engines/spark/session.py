@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from datahub.engines.cluster import check_spark_master
 from datahub.engines.cpus import usable_cpus
 from datahub.engines.spark.quiet import driver_log_options, pandas_notice_ignored
-from datahub.errors import MissingDependencyError, TerminalError
+from datahub.errors import EngineUnavailableError, MissingDependencyError, TerminalError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -107,8 +107,19 @@ def build_session(spec: EngineSpec, *, environ: Mapping[str, str] | None = None)
     builder: Any = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
-    with pandas_notice_ignored():  # pyspark's pandas-3 notice on its first session (datahub passes it no pandas)
-        session = builder.getOrCreate()
+    try:
+        with pandas_notice_ignored():  # pyspark's pandas-3 notice on its first session (datahub passes it no pandas)
+            session = builder.getOrCreate()
+    except Exception as exc:
+        master = conf.get("spark.master") or ""
+        # a spark:// port that listens but is not a master: Spark retries it for a minute, stops its context and
+        # pyspark raises a Py4JJavaError about the stopped context, which the CLI showed as a traceback
+        if not master.startswith("spark://") or "stopped SparkContext" not in str(exc):
+            raise
+        raise EngineUnavailableError(
+            f"the Spark master {master} did not take this application (Spark gave up: all masters unresponsive); "
+            "a port answers there, but not as a Spark standalone master: check the master URL (the master's web "
+            "UI, port 8080, shows it); --address / engine.master / spark.master / SPARK_MASTER") from None
     configure_context(session, conf)
     return session
 
