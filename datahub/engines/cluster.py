@@ -85,7 +85,12 @@ def check_ray_address(address: str, *, timeout_s: float = CONNECT_TIMEOUT_S) -> 
                 f"Ray address {address}: a ray:// address connects through the Ray Client, which needs "
                 "`pip install 'ray[client]'`; or, on a machine inside the cluster, give the head's GCS address "
                 f"(host:{RAY_GCS_PORT}, no ray://)") from None
-    elif "://" in address:  # another scheme (http:// of the dashboard): Ray's own error says what it takes
+    elif address.startswith(("http://", "https://")):  # ray.init raised a ValueError about RAY_ADDRESS: a traceback
+        raise EngineUnavailableError(
+            f"the Ray address {address} is an HTTP address (the Ray dashboard or job API, port {RAY_DASHBOARD_PORT}), "
+            f"which ray.init does not take; give the head's GCS address host:port (`ray status` on the head node "
+            f"prints it; port {RAY_GCS_PORT} by default) or ray://host:{RAY_CLIENT_PORT}; --address / engine.address")
+    elif "://" in address:  # another scheme (a Ray client builder module): Ray's own error says what it takes
         return
     where = split_host_port(address.removeprefix("ray://"), RAY_CLIENT_PORT if client else RAY_GCS_PORT)
     if where is None:

@@ -157,3 +157,13 @@ def test_a_spark_master_port_that_is_not_a_master_is_one_error_line_not_a_traceb
     errors = [line for line in _error_lines(result.stderr) if line.startswith("error:")]
     assert len(errors) == 1 and errors[0].startswith(f"error: the Spark master {master} did not take"), errors
     assert "engine.master" in errors[0]
+
+
+def test_an_http_ray_address_names_the_gcs_address_instead():
+    # Ray refuses http(s):// (the dashboard / job API) with a ValueError about RAY_ADDRESS: a traceback, exit 1
+    for address in ("http://127.0.0.1:8265", "https://head:8265"):
+        with pytest.raises(EngineUnavailableError) as raised:
+            check_ray_address(address)
+        message = str(raised.value)
+        assert f"Ray address {address}" in message and "dashboard" in message
+        assert "6379" in message and "engine.address" in message
